@@ -1,0 +1,90 @@
+"""The abstract state of one block pool: the variables of the specification.
+
+Blocks are numbers ``0 .. num_blocks-1``; block 0 is the null block.  Every
+per-block variable is a tuple indexed by block id (a function over block ids,
+in TLA+ terms).  The state is immutable: actions return a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.impl.events import KVCacheEvent
+
+BlockId = int
+Key = bytes  # block hash + 4-byte big-endian KV-cache group id
+Chunk = tuple[tuple[int, ...], tuple[Any, ...] | None]  # one hash chunk: tokens, extra keys
+Content = tuple[Chunk, ...]  # a token prefix, chunk by chunk (ghost)
+Watcher = Any  # an opaque reuse callback; compared by identity
+
+NULL: BlockId = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Primary:
+    """A block's primary index key and the prefix length (tokens) it covers."""
+
+    key: Key
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """Configuration (first five fields) and the variables of one pool."""
+
+    num_blocks: int
+    caching: bool
+    hash_block_size: int
+    events_on: bool
+    medium: str
+
+    ref: tuple[int, ...]
+    """Reference count per block; block 0's count moves but means nothing."""
+    free: tuple[BlockId, ...]
+    """The free queue, head first: the order in which blocks are handed out."""
+    primary: tuple[Primary | None, ...]
+    """Per block: its primary hash key, if it is cached."""
+    secondary: tuple[tuple[Key, ...], ...]
+    """Per block: further (partial-prefix) keys, in insertion order."""
+    index: Mapping[Key, tuple[BlockId, ...]]
+    """The prefix-cache index, a multimap; a lookup returns the first block."""
+    watchers: Mapping[BlockId, Watcher]
+    """Reuse callbacks of unpinned blocks, in registration order."""
+    events: tuple[KVCacheEvent, ...]
+    """Events emitted and not yet taken."""
+    fired: tuple[tuple[Watcher, BlockId], ...]
+    """Reuse notifications delivered so far (callback, block)."""
+
+    holds: tuple[Content, ...]
+    """Ghost: the prefix whose KV each block holds, as written by its owner."""
+    names: Mapping[Key, Content]
+    """Ghost: the prefix each index key stands for."""
+
+
+def initial_state(
+    num_blocks: int,
+    caching: bool,
+    hash_block_size: int,
+    events_on: bool = False,
+    medium: str = "GPU",
+) -> PoolState:
+    """A fresh pool: every block but the null block free, in id order."""
+    return PoolState(
+        num_blocks=num_blocks,
+        caching=caching,
+        hash_block_size=hash_block_size,
+        events_on=events_on,
+        medium=medium,
+        ref=(0,) * num_blocks,
+        free=tuple(range(1, num_blocks)),
+        primary=(None,) * num_blocks,
+        secondary=((),) * num_blocks,
+        index={},
+        watchers={},
+        events=(),
+        fired=(),
+        holds=((),) * num_blocks,
+        names={},
+    )
