@@ -1,0 +1,71 @@
+"""Block metadata: one object per physical KV-cache block."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import BlockHashConflictError
+from .keys import BlockHashWithGroupId
+
+if TYPE_CHECKING:
+    from .pool import BlockPool
+
+
+class KVCacheBlock:
+    """A block's id, reference count, primary hash and free-list links.
+
+    Only the pool changes these fields; the links belong to the free queue.
+    """
+
+    __slots__ = (
+        "_block_hash",
+        "_block_hash_num_tokens",
+        "block_id",
+        "is_null",
+        "next_free_block",
+        "pool",
+        "prev_free_block",
+        "ref_cnt",
+    )
+
+    def __init__(self, block_id: int, ref_cnt: int = 0, *, pool: BlockPool | None = None) -> None:
+        self.block_id = block_id
+        self.ref_cnt = ref_cnt
+        self.pool = pool
+        self._block_hash: BlockHashWithGroupId | None = None
+        self._block_hash_num_tokens: int | None = None
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
+        self.is_null = False
+
+    @property
+    def block_hash(self) -> BlockHashWithGroupId | None:
+        """The primary index key, while the block is cached."""
+        return self._block_hash
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """How many prefix tokens the primary key covers."""
+        return self._block_hash_num_tokens
+
+    def set_block_hash(self, block_hash: BlockHashWithGroupId, num_tokens: int | None = None) -> None:
+        """Give an unhashed block its primary key."""
+        if self._block_hash is not None:
+            raise BlockHashConflictError(f"block {self.block_id} already has a hash")
+        self._block_hash = block_hash
+        self._block_hash_num_tokens = num_tokens
+
+    def reset_hash(self) -> None:
+        """Forget the primary key (the block left the prefix cache)."""
+        self._block_hash = None
+        self._block_hash_num_tokens = None
+
+    def __repr__(self) -> str:
+        prev_id = self.prev_free_block.block_id if self.prev_free_block else None
+        next_id = self.next_free_block.block_id if self.next_free_block else None
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"_block_hash={self._block_hash!r}, "
+            f"_block_hash_num_tokens={self._block_hash_num_tokens}, "
+            f"prev_free_block={prev_id}, next_free_block={next_id})"
+        )

@@ -1,0 +1,114 @@
+"""The free queue: a doubly linked list threaded through the blocks.
+
+Its order is the eviction order: ``popleft`` hands out the head.  Links live
+in the blocks themselves, so removing a block from the middle (a prefix hit
+on an idle cached block) is O(1) and no node objects are allocated.  Two
+sentinels bracket the list so that no operation needs an emptiness branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from .block import KVCacheBlock
+from .errors import NotEnoughFreeBlocksError, UnknownBlockError
+
+
+class FreeKVCacheBlockQueue:
+    """Free blocks, head first; ``num_free_blocks`` is kept in step."""
+
+    __slots__ = ("fake_free_list_head", "fake_free_list_tail", "num_free_blocks")
+
+    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self.fake_free_list_head = KVCacheBlock(-1)
+        self.fake_free_list_tail = KVCacheBlock(-1)
+        prev = self.fake_free_list_head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = prev
+        self.num_free_blocks = len(blocks)
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the head block."""
+        if self.num_free_blocks == 0:
+            raise NotEnoughFreeBlocksError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take the first ``n`` blocks, in order."""
+        if n > self.num_free_blocks or n < 0:
+            raise NotEnoughFreeBlocksError(f"Cannot get {n} free blocks from the pool")
+        out: list[KVCacheBlock] = []
+        if n == 0:
+            return out
+        head = self.fake_free_list_head
+        block = head.next_free_block
+        append = out.append
+        for _ in range(n):
+            append(block)  # type: ignore[arg-type]
+            nxt = block.next_free_block  # type: ignore[union-attr]
+            block.prev_free_block = block.next_free_block = None  # type: ignore[union-attr]
+            block = nxt
+        head.next_free_block = block
+        block.prev_free_block = head  # type: ignore[union-attr]
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a block from anywhere in the queue."""
+        prev = block.prev_free_block
+        nxt = block.next_free_block
+        if prev is None or nxt is None:
+            raise UnknownBlockError(f"block {block.block_id} is not in the free queue")
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put a block at the tail (evicted last)."""
+        self.append_n((block,))
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put blocks at the tail, in order."""
+        if not blocks:
+            return
+        tail = self.fake_free_list_tail
+        prev = tail.prev_free_block
+        for block in blocks:
+            prev.next_free_block = block  # type: ignore[union-attr]
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = tail  # type: ignore[union-attr]
+        tail.prev_free_block = prev
+        self.num_free_blocks += len(blocks)
+
+    def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Put blocks at the head, in order (the first is handed out first)."""
+        if not blocks:
+            return
+        head = self.fake_free_list_head
+        after = head.next_free_block
+        prev = head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = after
+        after.prev_free_block = prev  # type: ignore[union-attr]
+        self.num_free_blocks += len(blocks)
+
+    def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:
+        """Free blocks in eviction order, after ``cursor`` (from the head if None)."""
+        block = (cursor or self.fake_free_list_head).next_free_block
+        tail = self.fake_free_list_tail
+        while block is not None and block is not tail:
+            yield block
+            block = block.next_free_block
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Every free block, head first."""
+        return list(self.iter_blocks_after(None))

@@ -1,0 +1,629 @@
+"""The block pool: allocation, freeing and prefix caching of KV-cache blocks.
+
+Same public names, signatures and observable behaviour as vLLM's ``BlockPool``
+(0.31.0), with three differences a caller can rely on:
+
+* misuse raises a typed :class:`~kvpool.impl.errors.BlockPoolError` and is
+  refused before anything changes (vLLM uses ``assert`` or corrupts state);
+* the choices vLLM leaves open follow :mod:`kvpool.model.actions`;
+* user callbacks (reuse watchers, the metrics collector) run after the pool
+  has reached its new state.  Every callback due is called once, in vLLM's
+  order, even if an earlier one raised; then the first exception propagates
+  (later ones are attached as notes).  The operation stays done, except in
+  ``get_new_blocks``: there the caller would lose the blocks, so they go back
+  to the head of the free queue, in order, before the exception propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .block import KVCacheBlock
+from .errors import (
+    BlockHashConflictError,
+    BlockNotInUseError,
+    CachingDisabledError,
+    InvalidArgumentError,
+    NotEnoughFreeBlocksError,
+    NullBlockError,
+    UnknownBlockError,
+)
+from .events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+from .free_queue import FreeKVCacheBlockQueue
+from .hash_index import BlockHashToBlockMap
+from .hashing import (
+    generate_block_hash_extra_keys,
+    get_mm_features_in_window,
+    resolve_block_hashes,
+    to_event_extra_keys,
+)
+from .keys import (
+    MAX_GROUP_ID,
+    BlockHash,
+    BlockHashWithGroupId,
+    get_block_hash,
+    get_group_id,
+    maybe_convert_block_hash,
+)
+from .metrics import KVCacheMetricsCollector
+
+logger = logging.getLogger("kvpool")
+logger.addHandler(logging.NullHandler())
+
+ReuseWatcher = Callable[[KVCacheBlock], None]
+_Call = tuple[Callable[..., Any], tuple[Any, ...]]
+_SUFFIXES = [g.to_bytes(4, "big") for g in range(64)]
+
+
+def _group_suffix(group_id: int) -> bytes:
+    """The 4 bytes a group id adds to a key; refuses ids that do not fit."""
+    if type(group_id) is int and 0 <= group_id < 64:
+        return _SUFFIXES[group_id]
+    if not isinstance(group_id, int) or not 0 <= group_id <= MAX_GROUP_ID:
+        raise InvalidArgumentError(f"kv_cache_group_id {group_id!r} is not a 32-bit id")
+    return group_id.to_bytes(4, "big")
+
+
+def _run(calls: list[_Call]) -> BaseException | None:
+    """Call each callback once; return the first exception, others as notes."""
+    first: BaseException | None = None
+    for fn, args in calls:
+        try:
+            fn(*args)
+        except Exception as exc:  # user code: keep going, report afterwards
+            if first is None:
+                first = exc
+            else:
+                first.add_note(f"kvpool: a later callback also raised {exc!r}")
+    return first
+
+
+class BlockPool:
+    """Allocates, frees and caches KV-cache blocks; see the module docstring.
+
+    The free queue is the eviction order.  Freed blocks without a hash go to
+    its head (reused first, their KV is worthless); hashed ones to its tail,
+    so idle cached prefixes are evicted least-recently-freed first.  A cached
+    block's hash is removed lazily, when the block is handed out again.
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: KVCacheMetricsCollector | None = None,
+        medium: str = MEDIUM_GPU,
+    ) -> None:
+        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks <= 0:
+            raise InvalidArgumentError(f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}")
+        if not isinstance(hash_block_size, int) or hash_block_size <= 0:
+            raise InvalidArgumentError(f"hash_block_size must be a positive int, got {hash_block_size!r}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.medium = medium
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i, pool=self) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # Secondary (partial-prefix) keys per block, as an insertion-ordered set.
+        self.cached_block_hashes_by_block: dict[int, dict[BlockHashWithGroupId, None]] = {}
+        # Block 0 stands in for skipped positions in block tables; never free, never cached.
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
+        self.metrics_collector = metrics_collector
+        self._reuse_watchers: dict[int, ReuseWatcher] = {}
+
+    # ------------------------------------------------------------------ checks
+
+    def _own(self, block: Any) -> KVCacheBlock:
+        if getattr(block, "pool", None) is not self or not isinstance(block, KVCacheBlock):
+            raise UnknownBlockError(f"{block!r} is not a block of this pool")
+        return block
+
+    def _check_block_size(self, block_size: Any) -> None:
+        if not isinstance(block_size, int) or block_size <= 0 or block_size % self.hash_block_size:
+            raise InvalidArgumentError(
+                f"block_size {block_size!r} is not a positive multiple of {self.hash_block_size}")
+
+    @staticmethod
+    def _check_count(name: str, value: Any) -> None:
+        if not isinstance(value, int) or value < 0:
+            raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+
+    def _release(self, blocks: list[Any], what: str) -> list[KVCacheBlock]:
+        """Drop one reference per listing of an own block, all or none.
+
+        Returns the real blocks that became idle, in the order they did.
+        Blocks of other pools are skipped (their pool releases them).
+        """
+        idle: list[KVCacheBlock] = []
+        done = 0
+        try:
+            for block in blocks:
+                if block.pool is not self:
+                    done += 1
+                    continue
+                block.ref_cnt -= 1
+                done += 1
+                if block.ref_cnt <= 0 and not block.is_null:
+                    if block.ref_cnt < 0:
+                        raise BlockNotInUseError(
+                            f"{what} block {block.block_id}: more releases than references")
+                    idle.append(block)
+        except BaseException as exc:
+            for block in blocks[:done]:
+                if block.pool is self:
+                    block.ref_cnt += 1
+            if isinstance(exc, AttributeError):
+                raise UnknownBlockError(f"{what}: not a KV-cache block: {exc}") from None
+            raise
+        return idle
+
+    def _check_release(self, blocks: list[KVCacheBlock], what: str) -> None:
+        """Raise as :meth:`_release` would, without changing anything."""
+        self._release(blocks, what)
+        for block in blocks:
+            block.ref_cnt += 1
+
+    # ----------------------------------------------------------- hash entries
+
+    def _drop_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
+        """Remove every index entry of ``block``, primary first."""
+        primary = block._block_hash
+        if primary is None:
+            return []
+        index = self.cached_block_hash_to_block
+        removed = [primary] if index.pop(primary, block.block_id) is not None else []
+        extra = self.cached_block_hashes_by_block.pop(block.block_id, None)
+        if extra:
+            removed.extend(k for k in extra if index.pop(k, block.block_id) is not None)
+        block._block_hash = None
+        block._block_hash_num_tokens = None
+        return removed
+
+    def _emit_removed(self, removed: list[BlockHashWithGroupId]) -> None:
+        if not self.enable_kv_cache_events:
+            return
+        for key in removed:
+            self.kv_event_queue.append(BlockRemoved(
+                block_hashes=[maybe_convert_block_hash(get_block_hash(key))],
+                medium=self.medium, group_idx=get_group_id(key)))
+
+    def _add_key(self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None) -> None:
+        """Index ``block`` under ``key``: as its primary key if it has none."""
+        if block._block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+            return
+        if block._block_hash is None:
+            block._block_hash = key
+            block._block_hash_num_tokens = num_tokens
+        else:
+            self.cached_block_hashes_by_block.setdefault(block.block_id, {})[key] = None
+        self.cached_block_hash_to_block.insert(key, block)
+
+    def _stored(
+        self, request: Any, hashes: list[Any], parent: Any, start: int, end: int,
+        block_size: int, group_id: int, extra_keys: list[Any],
+    ) -> BlockStored:
+        lora = request.lora_request
+        return BlockStored(
+            block_hashes=hashes, parent_block_hash=parent,
+            token_ids=request.all_token_ids[start:end], block_size=block_size,
+            lora_id=lora.adapter_id if lora else None, medium=self.medium,
+            lora_name=lora.name if lora else None, extra_keys=to_event_extra_keys(extra_keys),
+            group_idx=group_id, session_id=request.session_id)
+
+    # ------------------------------------------------------------- prefix cache
+
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: list[int]
+    ) -> list[KVCacheBlock] | None:
+        """The first block cached under ``block_hash`` in each group, or None on any miss."""
+        cache = self.cached_block_hash_to_block._cache
+        out: list[KVCacheBlock] = []
+        for group_id in kv_cache_group_ids:
+            entry = cache.get(block_hash + _group_suffix(group_id))
+            if entry is None:
+                return None
+            out.append(entry if type(entry) is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
+        return out
+
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: list[bool] | None = None,
+    ) -> None:
+        """Index the blocks that became full since the last call.
+
+        ``blocks[num_cached_blocks:num_full_blocks]`` get the request's hashes at
+        ``block_size`` granularity; null and masked-out blocks are skipped.  A
+        block that already has a hash must be a partial entry being promoted.
+        """
+        self._check_count("num_cached_blocks", num_cached_blocks)
+        self._check_count("num_full_blocks", num_full_blocks)
+        self._check_block_size(block_size)
+        suffix = _group_suffix(kv_cache_group_id)
+        if num_cached_blocks >= num_full_blocks:
+            if num_cached_blocks > num_full_blocks:
+                raise InvalidArgumentError("num_cached_blocks exceeds num_full_blocks")
+            return
+        if not self.enable_caching:
+            raise CachingDisabledError("cache_full_blocks on a pool without prefix caching")
+        if num_full_blocks > len(blocks):
+            raise InvalidArgumentError(f"num_full_blocks {num_full_blocks} > {len(blocks)} blocks")
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        if block_mask is not None and len(block_mask) != len(new_blocks):
+            raise InvalidArgumentError(
+                f"block_mask has {len(block_mask)} entries, want {len(new_blocks)}")
+        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        if len(hashes) < num_full_blocks:
+            raise InvalidArgumentError(
+                f"request has {len(hashes)} block hashes, want {num_full_blocks}")
+        end_tokens = num_cached_blocks * block_size
+        for i, blk in enumerate(new_blocks):
+            self._own(blk)
+            end_tokens += block_size
+            if blk._block_hash is not None and not blk.is_null and (
+                block_mask is None or block_mask[i]
+            ):
+                covered = blk._block_hash_num_tokens
+                if covered is None or covered >= end_tokens:
+                    raise BlockHashConflictError(
+                        f"block {blk.block_id} is already cached at a prefix this long")
+
+        events = self.enable_kv_cache_events
+        stored: list[Any] = []
+        cache = self.cached_block_hash_to_block._cache
+        num_tokens = num_cached_blocks * block_size
+        pos = num_cached_blocks
+        for i, blk in enumerate(new_blocks):
+            num_tokens += block_size
+            if blk.is_null or (block_mask is not None and not block_mask[i]):
+                pos += 1
+                continue
+            block_hash = hashes[pos]
+            pos += 1
+            if blk._block_hash is not None:
+                self._emit_removed(self._drop_hashes(blk))
+            key = block_hash + suffix
+            # An unhashed block has no secondary keys, so this is a plain insert.
+            blk._block_hash = key
+            blk._block_hash_num_tokens = num_tokens
+            entry = cache.get(key)
+            if entry is None:
+                cache[key] = blk
+            elif type(entry) is KVCacheBlock:
+                cache[key] = {entry.block_id: entry, blk.block_id: blk}
+            else:
+                entry[blk.block_id] = blk  # type: ignore[index]
+            if events:
+                stored.append(maybe_convert_block_hash(block_hash))
+        if events:
+            parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
+                      if num_cached_blocks else None)
+            extra: list[Any] = []
+            mm_idx = 0
+            for i in range(num_cached_blocks, num_full_blocks):
+                mask_on = block_mask is None or block_mask[i - num_cached_blocks]
+                if blocks[i].is_null or not mask_on:
+                    continue
+                keys, mm_idx = generate_block_hash_extra_keys(
+                    request, i * block_size, (i + 1) * block_size, mm_idx)
+                extra.append(keys)
+            self.kv_event_queue.append(self._stored(
+                request, stored, parent, num_cached_blocks * block_size,
+                num_full_blocks * block_size, block_size, kv_cache_group_id, extra))
+
+    def emit_cached_block_events(
+        self, request: Any, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
+    ) -> None:
+        """Announce prefix-cache hits to event consumers; blocks are unchanged."""
+        self._check_count("num_cached_blocks", num_cached_blocks)
+        self._check_block_size(block_size)
+        _group_suffix(kv_cache_group_id)
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        if num_cached_blocks > len(hashes):
+            raise InvalidArgumentError(
+                f"request has {len(hashes)} block hashes, want {num_cached_blocks}")
+        extra: list[Any] = []
+        mm_idx = 0
+        for i in range(num_cached_blocks):
+            keys, mm_idx = generate_block_hash_extra_keys(
+                request, i * block_size, (i + 1) * block_size, mm_idx)
+            extra.append(keys)
+        self.kv_event_queue.append(self._stored(
+            request, [maybe_convert_block_hash(hashes[i]) for i in range(num_cached_blocks)],
+            None, 0, num_cached_blocks * block_size, block_size, kv_cache_group_id, extra))
+
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> BlockHashWithGroupId | None:
+        """Make ``block`` reachable from a prefix boundary that ends inside it.
+
+        Lets a request hit a block that is not full yet without copying it.
+        Entries covering a shorter prefix are dropped first (the block grew);
+        with ``replace_existing_hashes`` all are (its contents were replaced).
+        Returns the key, or None for the null block.
+        """
+        self._own(block)
+        if block.is_null:
+            return None
+        hbs = self.hash_block_size
+        self._check_block_size(block_size)
+        suffix = _group_suffix(kv_cache_group_id)
+        if not replace_existing_hashes and not (block_size > hbs and num_tokens % block_size):
+            raise InvalidArgumentError("a partial entry must end inside a block")
+        if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
+            raise InvalidArgumentError(f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
+        num_hash_blocks = num_tokens // hbs
+        if num_hash_blocks > len(request.block_hashes):
+            raise InvalidArgumentError(
+                f"request has only {len(request.block_hashes)} block hashes")
+        if not self.enable_caching:
+            raise CachingDisabledError("cache_partial_block on a pool without prefix caching")
+
+        block_hash = request.block_hashes[num_hash_blocks - 1]
+        key = block_hash + suffix
+        already = block._block_hash == key or self.cached_block_hash_to_block.contain(
+            key, block.block_id)
+        if replace_existing_hashes:
+            self._emit_removed(self._drop_hashes(block))
+            already = False
+        elif not already and block._block_hash is not None and (
+            block._block_hash_num_tokens or 0) < num_tokens:
+            self._emit_removed(self._drop_hashes(block))
+        self._add_key(key, block, num_tokens)
+        if self.enable_kv_cache_events and not already:
+            start = (num_hash_blocks - 1) * hbs
+            parent = request.block_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
+            mm_idx = 0
+            features = request.mm_features
+            if start > 0 and features:
+                last = features[-1].mm_position
+                if last.offset + last.length > start:
+                    mm_idx, _ = get_mm_features_in_window(features, start, num_tokens)
+            extra, _ = generate_block_hash_extra_keys(request, start, num_tokens, mm_idx)
+            self.kv_event_queue.append(self._stored(
+                request, [maybe_convert_block_hash(block_hash)],
+                maybe_convert_block_hash(parent) if parent is not None else None,
+                start, num_tokens, num_tokens - start, kv_cache_group_id, [extra]))
+        return key
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """Re-point ``src_block``'s entries at ``dst_block``, a private copy of it.
+
+        The owner of ``src_block`` goes on writing into it, so the cache keeps
+        the copy under the same keys.  The entries stay live: no events.
+        """
+        self._own(src_block)
+        self._own(dst_block)
+        if dst_block._block_hash is not None or dst_block.block_id in self.cached_block_hashes_by_block:
+            raise BlockHashConflictError(f"block {dst_block.block_id} already has hashes")
+        if dst_block.is_null and src_block._block_hash is not None:
+            raise NullBlockError("hashes cannot be moved onto the null block")
+        num_tokens = src_block._block_hash_num_tokens
+        for key in self._drop_hashes(src_block):
+            self._add_key(key, dst_block, num_tokens)
+
+    # ------------------------------------------------------- allocate and free
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Hand out ``num_blocks`` blocks from the head of the free queue.
+
+        Does not look in the prefix cache; a block's old hash is dropped here,
+        when its KV is about to be overwritten, not when it was freed.
+        """
+        if not isinstance(num_blocks, int) or num_blocks < 0:
+            raise InvalidArgumentError(f"num_blocks must be a non-negative int, got {num_blocks!r}")
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        calls: list[_Call] | None = None
+        watchers = self._reuse_watchers
+        if watchers:
+            calls = []
+            for block in ret:
+                watcher = watchers.pop(block.block_id, None)
+                if watcher is not None:
+                    calls.append((watcher, (block,)))
+        if self.enable_caching:
+            for block in ret:
+                if block._block_hash is not None:
+                    self._emit_removed(self._drop_hashes(block))
+                block.ref_cnt = 1
+        else:
+            for block in ret:
+                block.ref_cnt = 1
+        metrics = self.metrics_collector
+        if metrics:
+            calls = calls or []
+            for block in ret:
+                if self.enable_caching:
+                    calls.append((metrics.on_block_evicted, (block,)))
+                calls.append((metrics.on_block_allocated, (block,)))
+        if calls:
+            exc = _run(calls)
+            if exc is not None:
+                for block in ret:
+                    block.ref_cnt = 0
+                self.free_block_queue.prepend_n(ret)
+                raise exc
+        return ret
+
+    def unpin_blocks(self, blocks: Iterable[KVCacheBlock], on_reuse: ReuseWatcher) -> None:
+        """Release references to blocks that stay readable until reused.
+
+        They join the tail of the free queue (evicted last, cached or not) and
+        count as free; ``on_reuse`` fires when ``get_new_blocks`` hands one out
+        or the cache is reset, so the reader knows to stop.
+        """
+        if not callable(on_reuse):
+            raise InvalidArgumentError("on_reuse must be callable")
+        blocks = list(blocks)
+        for block in blocks:
+            self._own(block)
+            if block.is_null:
+                raise NullBlockError("the null block cannot be unpinned")
+        released = self._release(blocks, "unpin")
+        watchers = self._reuse_watchers
+        for block in blocks:
+            watchers[block.block_id] = on_reuse
+        self.free_block_queue.append_n(released)
+
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on each block for a request that hit it in the cache.
+
+        An idle block leaves the free queue, so it can no longer be evicted.
+        """
+        if type(blocks) is not list and type(blocks) is not tuple:
+            blocks = list(blocks)
+        for block in blocks:
+            if getattr(block, "pool", None) is not self:
+                self._own(block)
+        queue = self.free_block_queue
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                queue.remove(block)
+            block.ref_cnt += 1
+        metrics = self.metrics_collector
+        if metrics:
+            exc = _run([(metrics.on_block_accessed, (block,)) for block in blocks])
+            if exc is not None:
+                raise exc
+
+    def is_block_writable(self, block: KVCacheBlock) -> bool:
+        """Whether the block's sole owner may write into it: no one shares it, no hash names it."""
+        self._own(block)
+        return not block.is_null and block.ref_cnt == 1 and block._block_hash is None
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference per listed block; idle blocks rejoin the free queue.
+
+        List blocks in the order they should be evicted.  Unhashed blocks go
+        to the head (reused first, for locality); cached ones to the tail, in
+        LRU order.  Blocks of other pools are handed to their own pool.
+        """
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        others: dict[Any, list[KVCacheBlock]] | None = None
+        for block in blocks:
+            pool = getattr(block, "pool", None)
+            if pool is not self:
+                if pool is None:
+                    raise UnknownBlockError(f"{block!r} belongs to no pool")
+                if others is None:
+                    others = {}
+                others.setdefault(pool, []).append(block)
+        if others:
+            for pool, theirs in others.items():
+                if isinstance(pool, BlockPool):
+                    pool._check_release(theirs, "free")
+        first: list[KVCacheBlock] = []
+        last: list[KVCacheBlock] = []
+        caching = self.enable_caching
+        for block in self._release(blocks, "free"):
+            if caching and block._block_hash is not None:
+                last.append(block)
+            else:
+                first.append(block)
+        self.free_block_queue.prepend_n(first)
+        self.free_block_queue.append_n(last)
+        if others:
+            for pool, theirs in others.items():
+                pool.free_blocks(theirs)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the given blocks from the prefix cache (by id).
+
+        Blocks in use stay allocated and idle ones keep their queue place;
+        only their index entries go.
+        """
+        ids = list(block_ids)
+        n = len(self.blocks)
+        for block_id in ids:
+            if not isinstance(block_id, int) or not 0 <= block_id < n:
+                raise UnknownBlockError(f"Invalid block_id {block_id!r}: not in [0, {n})")
+        metrics = self.metrics_collector
+        for block_id in ids:
+            block = self.blocks[block_id]
+            if block._block_hash is not None:
+                self._emit_removed(self._drop_hashes(block))
+        if metrics:
+            exc = _run([(metrics.on_block_evicted, (self.blocks[i],)) for i in ids])
+            if exc is not None:
+                raise exc
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (e.g. after a weight update).
+
+        Refused, returning False and changing nothing, while any block other
+        than the null block is in use: their hashes would outlive the reset.
+        """
+        in_use = self.num_gpu_blocks - self.get_num_free_blocks()
+        if in_use != 1:
+            logger.warning("Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                           in_use - 1)
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hashes_by_block.clear()
+        calls: list[_Call] = [(w, (self.blocks[b],)) for b, w in self._reuse_watchers.items()]
+        self._reuse_watchers.clear()
+        for block in self.blocks:
+            block._block_hash = None
+            block._block_hash_num_tokens = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        if self.metrics_collector:
+            calls.append((self.metrics_collector.reset, ()))
+        logger.info("Successfully reset prefix cache")
+        exc = _run(calls)
+        if exc is not None:
+            raise exc
+        return True
+
+    # ----------------------------------------------------------------- queries
+
+    def get_num_free_blocks(self) -> int:
+        """How many blocks the free queue holds."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of the real (non-null) blocks in use, between 0 and 1."""
+        real = self.num_gpu_blocks - 1
+        if not real:
+            return 0.0
+        return 1.0 - self.free_block_queue.num_free_blocks / real
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Hand over the pending events and start a new list."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = self.kv_event_queue
+        self.kv_event_queue = []
+        return events
+
+
+__all__ = ["BlockPool", "ReuseWatcher"]

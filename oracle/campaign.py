@@ -1,0 +1,45 @@
+"""Random lockstep campaigns: many runs of the workload against a pool class."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from .lockstep import Divergence, Lockstep
+from .workload import Config, Workload
+
+
+def run_one(pool_factory: Callable[..., Any], seed: int, steps: int) -> Lockstep:
+    """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference."""
+    rng = random.Random(seed)
+    cfg = Config.draw(rng)
+    pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
+                          cfg.events)
+    work = Workload(rng, cfg, pair)
+    for _ in range(steps):
+        work.step()
+    return pair
+
+
+def run_campaign(
+    pool_factory: Callable[..., Any], steps: int, runs: int, seed: int, out: TextIO,
+) -> int:
+    """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""
+    failures = 0
+    total_calls = 0
+    started = time.perf_counter()
+    for run in range(runs):
+        try:
+            pair = run_one(pool_factory, seed + run, steps)
+            total_calls += pair.steps
+            print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls)", file=out)
+        except Divergence as exc:
+            failures += 1
+            print(f"run {run + 1}/{runs} seed {seed + run}: DIVERGED\n{exc}", file=out)
+    elapsed = time.perf_counter() - started
+    rate = total_calls / elapsed if elapsed else 0.0
+    print(f"{runs - failures}/{runs} runs agree; {total_calls} calls in {elapsed:.1f}s "
+          f"({rate:,.0f} calls/s)", file=out)
+    return 1 if failures else 0

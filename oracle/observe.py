@@ -1,0 +1,71 @@
+"""One observation of a whole pool, in the model's vocabulary.
+
+Two pools agree when their observations are equal: ref counts, the free
+queue in order, each block's keys, the index with its per-key order,
+the blocks with reuse watchers, and the free count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.model.state import PoolState
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything a caller of the pool could see, block ids for blocks."""
+
+    ref: tuple[int, ...]
+    free: tuple[int, ...]
+    primary: tuple[tuple[bytes, int] | None, ...]
+    secondary: tuple[tuple[bytes, ...], ...]
+    index: tuple[tuple[bytes, tuple[int, ...]], ...]
+    watched: tuple[int, ...]
+    num_free: int
+
+    def diff(self, other: Observation) -> list[str]:
+        """Readable differences, field by field (empty when equal)."""
+        out = []
+        for name in self.__slots__:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                out.append(f"{name}: {mine!r} != {theirs!r}")
+        return out
+
+
+def observe_model(s: PoolState) -> Observation:
+    """The observation the specification predicts."""
+    return Observation(
+        ref=s.ref,
+        free=s.free,
+        primary=tuple(None if p is None else (p.key, p.num_tokens) for p in s.primary),
+        secondary=s.secondary,
+        index=tuple(sorted(s.index.items())),
+        watched=tuple(s.watchers),
+        num_free=len(s.free),
+    )
+
+
+def observe_pool(pool: Any) -> Observation:
+    """Observe a kvpool or vLLM ``BlockPool`` through its public attributes."""
+    blocks = pool.blocks
+    by_block = pool.cached_block_hashes_by_block
+    index = pool.cached_block_hash_to_block
+    entries: dict[bytes, tuple[int, ...]] = {}
+    for key, entry in index._cache.items():
+        ids = tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
+        entries[key] = ids
+    return Observation(
+        ref=tuple(b.ref_cnt for b in blocks),
+        free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+        primary=tuple(
+            None if b.block_hash is None else (b.block_hash, b.block_hash_num_tokens)
+            for b in blocks
+        ),
+        secondary=tuple(tuple(by_block.get(b.block_id, ())) for b in blocks),
+        index=tuple(sorted(entries.items())),
+        watched=tuple(pool._reuse_watchers),
+        num_free=pool.get_num_free_blocks(),
+    )
