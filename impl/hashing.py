@@ -11,6 +11,7 @@ differently.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -122,8 +123,7 @@ def _mm_extra_keys(
 
 def _tensor_bytes(tensor: Any) -> bytes:
     if hasattr(tensor, "contiguous") and hasattr(tensor, "view"):
-        import torch  # only reached when the caller already uses torch
-
+        torch = importlib.import_module("torch")  # only reached when the caller uses torch
         return bytes(tensor.flatten().contiguous().view(torch.uint8).numpy())
     return bytes(memoryview(tensor))
 
@@ -201,7 +201,7 @@ def get_request_block_hasher(
     return hasher
 
 
-class BlockHashListWithBlockSize:
+class BlockHashListWithBlockSize(Sequence[BlockHash]):
     """A read-only view of ``hash_block_size`` hashes at a coarser block size.
 
     Hashes chain over the whole prefix, so the last fine hash inside a coarse

@@ -386,7 +386,7 @@ class BlockPool:
         if not self.enable_caching:
             raise CachingDisabledError("cache_partial_block on a pool without prefix caching")
 
-        block_hash = request.block_hashes[num_hash_blocks - 1]
+        block_hash: BlockHash = request.block_hashes[num_hash_blocks - 1]
         key = block_hash + suffix
         already = block._block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id)

@@ -120,7 +120,7 @@ def _add_key(n: _Next, key: Key, b: BlockId, num_tokens: int, names: Content) ->
         n.primary[b] = Primary(key, num_tokens)
     else:
         n.secondary[b] = n.secondary[b] + (key,)
-    n.index[key] = n.index.get(key, ()) + (b,)
+    n.index[key] = (*n.index.get(key, ()), b)
     n.names[key] = names
 
 
@@ -460,7 +460,7 @@ def emit_cached_block_events(
     event = _stored_event(
         s, request, [maybe_convert_block_hash(h) for h in hashes[:num_cached_blocks]], None,
         0, num_cached_blocks * block_size, block_size, kv_cache_group_id, extra)
-    return replace(s, events=s.events + (event,)), None
+    return replace(s, events=(*s.events, event)), None
 
 
 # --------------------------------------------------------------------------

@@ -142,7 +142,7 @@ class Lockstep:
         diff = observe_model(self.model).diff(observe_pool(self.pool))
         pending = self.pool.kv_event_queue
         if len(pending) != len(self.model.events) or any(
-            event_fields(m) != event_fields(p) for m, p in zip(self.model.events, pending)
+            event_fields(m) != event_fields(p) for m, p in zip(self.model.events, pending, strict=True)
         ):
             diff.append(f"pending events: model {list(self.model.events)} != pool {pending}")
         if diff:

@@ -69,3 +69,14 @@ def observe_pool(pool: Any) -> Observation:
         watched=tuple(pool._reuse_watchers),
         num_free=pool.get_num_free_blocks(),
     )
+
+
+def snapshot(pool: Any) -> tuple[Observation, list[dict[str, Any]], list[tuple[int, int]]]:
+    """Observation plus pending events and watcher identities: 'exactly as it was'."""
+    from kvpool.impl.events import event_fields
+
+    return (
+        observe_pool(pool),
+        [event_fields(e) for e in pool.kv_event_queue],
+        [(b, id(w)) for b, w in pool._reuse_watchers.items()],
+    )

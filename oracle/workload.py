@@ -161,7 +161,7 @@ class Workload:
         self._release(self.running.pop(rid), unpin=self.rng.random() < 0.2)
 
     def _release(self, run: Running, unpin: bool) -> None:
-        for group, table in run.tables.items():
+        for _group, table in run.tables.items():
             blocks = list(reversed(table))
             if unpin:
                 self.pair.call("unpin_blocks", blocks, self.pair.watcher(run.request.request_id))
@@ -245,6 +245,6 @@ class Workload:
 
     def step(self) -> str:
         names, weights = zip(*self.STEPS, strict=True)
-        name = self.rng.choices(names, weights)[0]
+        name: str = self.rng.choices(names, weights)[0]
         getattr(self, name)()
         return name
