@@ -163,13 +163,16 @@ class BlockPool:
                             f"{what} block {block.block_id}: more releases than references")
                     idle.append(block)
         except BaseException as exc:
-            for block in blocks[:done]:
-                if block.pool is self:
-                    block.ref_cnt += 1
+            self._undo_release(blocks, done)
             if isinstance(exc, AttributeError):
                 raise UnknownBlockError(f"{what}: not a KV-cache block: {exc}") from None
             raise
         return idle
+
+    def _undo_release(self, blocks: list[Any], done: int) -> None:
+        for block in blocks[:done]:
+            if block.pool is self:
+                block.ref_cnt += 1
 
     def _check_release(self, blocks: list[KVCacheBlock], what: str) -> None:
         """Raise as :meth:`_release` would, without changing anything."""
@@ -501,19 +504,47 @@ class BlockPool:
         """
         if type(blocks) is not list and type(blocks) is not tuple:
             blocks = list(blocks)
-        for block in blocks:
-            if getattr(block, "pool", None) is not self:
-                self._own(block)
-        queue = self.free_block_queue
-        for block in blocks:
-            if block.ref_cnt == 0 and not block.is_null:
-                queue.remove(block)
-            block.ref_cnt += 1
+        unlinked_after: list[KVCacheBlock] = []  # each unlinked block's predecessor, for undo
+        try:
+            for block in blocks:
+                ref_cnt = block.ref_cnt
+                if ref_cnt == 0 or block.pool is not self:
+                    if block.pool is not self:
+                        raise UnknownBlockError(f"{block!r} is not a block of this pool")
+                    if not block.is_null:
+                        prev = block.prev_free_block
+                        nxt = block.next_free_block
+                        prev.next_free_block = nxt  # type: ignore[union-attr]
+                        nxt.prev_free_block = prev  # type: ignore[union-attr]
+                        block.prev_free_block = block.next_free_block = None
+                        unlinked_after.append(prev)  # type: ignore[arg-type]
+                block.ref_cnt = ref_cnt + 1
+        except (UnknownBlockError, AttributeError) as exc:
+            self._undo_touch(blocks, unlinked_after)
+            raise UnknownBlockError(f"touch: {exc}") from None
+        self.free_block_queue.num_free_blocks -= len(unlinked_after)
         metrics = self.metrics_collector
         if metrics:
-            exc = _run([(metrics.on_block_accessed, (block,)) for block in blocks])
-            if exc is not None:
-                raise exc
+            failure = _run([(metrics.on_block_accessed, (block,)) for block in blocks])
+            if failure is not None:
+                raise failure
+
+    def _undo_touch(self, blocks: Sequence[Any], unlinked_after: list[KVCacheBlock]) -> None:
+        """Reverse a touch that stopped at its first foreign block.
+
+        Blocks are relinked in reverse order of removal, each after its old
+        predecessor, which restores the free queue exactly.
+        """
+        stop = next(i for i, b in enumerate(blocks) if getattr(b, "pool", None) is not self)
+        for block in reversed(blocks[:stop]):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0 and not block.is_null:
+                prev = unlinked_after.pop()
+                nxt = prev.next_free_block
+                block.prev_free_block = prev
+                block.next_free_block = nxt
+                prev.next_free_block = block
+                nxt.prev_free_block = block  # type: ignore[union-attr]
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Whether the block's sole owner may write into it: no one shares it, no hash names it."""
@@ -528,32 +559,54 @@ class BlockPool:
         LRU order.  Blocks of other pools are handed to their own pool.
         """
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        others: dict[Any, list[KVCacheBlock]] | None = None
-        for block in blocks:
-            pool = getattr(block, "pool", None)
-            if pool is not self:
-                if pool is None:
-                    raise UnknownBlockError(f"{block!r} belongs to no pool")
-                if others is None:
-                    others = {}
-                others.setdefault(pool, []).append(block)
-        if others:
-            for pool, theirs in others.items():
-                if isinstance(pool, BlockPool):
-                    pool._check_release(theirs, "free")
+        caching = self.enable_caching
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
-        caching = self.enable_caching
-        for block in self._release(blocks, "free"):
-            if caching and block._block_hash is not None:
-                last.append(block)
-            else:
-                first.append(block)
+        others: dict[Any, list[KVCacheBlock]] | None = None
+        done = 0
+        try:
+            for block in blocks:
+                if block.pool is not self:
+                    others = self._foreign(others, block)
+                    done += 1
+                    continue
+                ref_cnt = block.ref_cnt - 1
+                block.ref_cnt = ref_cnt
+                done += 1
+                if ref_cnt <= 0 and not block.is_null:
+                    if ref_cnt < 0:
+                        raise BlockNotInUseError(
+                            f"free block {block.block_id}: more releases than references")
+                    if caching and block._block_hash is not None:
+                        last.append(block)
+                    else:
+                        first.append(block)
+            if others:
+                for pool, theirs in others.items():
+                    if isinstance(pool, BlockPool):
+                        pool._check_release(theirs, "free")
+        except BaseException as exc:
+            self._undo_release(blocks, done)
+            if isinstance(exc, AttributeError):
+                raise UnknownBlockError(f"free: not a KV-cache block: {exc}") from None
+            raise
         self.free_block_queue.prepend_n(first)
         self.free_block_queue.append_n(last)
         if others:
             for pool, theirs in others.items():
                 pool.free_blocks(theirs)
+
+    @staticmethod
+    def _foreign(
+        others: dict[Any, list[KVCacheBlock]] | None, block: KVCacheBlock
+    ) -> dict[Any, list[KVCacheBlock]]:
+        """Set aside a block of another pool; refuse one of no pool."""
+        if block.pool is None:
+            raise UnknownBlockError(f"{block!r} belongs to no pool")
+        if others is None:
+            others = {}
+        others.setdefault(block.pool, []).append(block)
+        return others
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the given blocks from the prefix cache (by id).
