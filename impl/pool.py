@@ -263,8 +263,6 @@ class BlockPool:
         self._check_block_size(block_size)
         suffix = _group_suffix(kv_cache_group_id)
         if num_cached_blocks >= num_full_blocks:
-            if num_cached_blocks > num_full_blocks:
-                raise InvalidArgumentError("num_cached_blocks exceeds num_full_blocks")
             return
         if not self.enable_caching:
             raise CachingDisabledError("cache_full_blocks on a pool without prefix caching")

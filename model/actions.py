@@ -23,6 +23,16 @@ Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
   blocks that ``get_new_blocks`` then hands out without evicting them.
 * A block's secondary keys are kept in insertion order, so removal events
   and ``move_block_hashes`` are deterministic (the reference uses a ``set``).
+* ``cache_full_blocks`` with ``num_cached_blocks >= num_full_blocks`` does
+  nothing, as in the reference: vLLM's sparse-attention coordinator can ask
+  for fewer ready blocks than are cached.
+
+Misuse the reference does not catch is refused here: negative counts (vLLM's
+``get_new_blocks(-1)`` would inflate the free count), ids outside
+``[0, num_blocks)`` (``-1`` would silently mean the last block),
+``num_full_blocks`` beyond the block list, request hashes or masks of the
+wrong length, group ids that do not fit 32 bits, and moving hashes onto the
+null block (which would index it).
 """
 
 from __future__ import annotations
@@ -301,9 +311,7 @@ def cache_full_blocks(
     _check_count("num_full_blocks", num_full_blocks)
     _check_block_size(s, block_size)
     _check_group(kv_cache_group_id)
-    if num_cached_blocks > num_full_blocks:
-        raise InvalidArgumentError("num_cached_blocks exceeds num_full_blocks")
-    if num_cached_blocks == num_full_blocks:
+    if num_cached_blocks >= num_full_blocks:
         return s, None
     if not s.caching:
         raise CachingDisabledError("cache_full_blocks on a pool without prefix caching")

@@ -64,6 +64,9 @@ class Lockstep:
     model: PoolState
     foreign: Any = None  # a block of no pool, to stand for out-of-range ids
     fired: list[tuple[str, int]] = field(default_factory=list)
+    errors_match: Callable[[Exception, Exception | None], bool] = field(
+        default=lambda m, p: type(m) is type(p))
+    """How a refusal of the pool is matched with the model's (default: same type)."""
     trace: list[Step] = field(default_factory=list)
     steps: int = 0
 
@@ -113,9 +116,10 @@ class Lockstep:
         except Exception as exc:
             p_error, p_result = exc, None
         outcome = type(m_error).__name__ if m_error else repr(m_result)
-        self.trace.append(Step(op, args, outcome))
+        self.trace.append(Step(op, tuple(list(a) if isinstance(a, list) else a for a in args),
+                               outcome))
         if (m_error is None) != (p_error is None) or (
-            m_error and type(m_error) is not type(p_error)
+            m_error and not self.errors_match(m_error, p_error)
         ):
             raise self._diverged(op, f"model raised {m_error!r}, pool raised {p_error!r}")
         if m_error is None:

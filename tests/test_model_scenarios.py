@@ -1,0 +1,910 @@
+"""Scenario tests pinning the model (``kvpool.model.actions``) on vLLM 0.31.0's BlockPool.
+
+Each test builds a small pool, applies actions one by one (checking every invariant after
+each through :func:`step`) and asserts exact results, free-queue order, reference counts,
+index contents and events.  "ref L<n>" points into
+``/work/shared/reference/vllm_block_pool.txt``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from kvpool.impl.errors import (
+    BlockHashConflictError,
+    BlockNotInUseError,
+    CachingDisabledError,
+    InvalidArgumentError,
+    NotEnoughFreeBlocksError,
+    NullBlockError,
+    UnknownBlockError,
+)
+from kvpool.impl.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvpool.impl.hashing import get_request_block_hasher
+from kvpool.impl.keys import ExternalBlockHash, make_block_hash_with_group_id, maybe_convert_block_hash
+from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from kvpool.model import INVARIANTS, NULL, PoolState, Primary, initial_state, violated
+from kvpool.model.actions import (
+    cache_full_blocks,
+    cache_partial_block,
+    emit_cached_block_events,
+    evict_blocks,
+    free_blocks,
+    get_cached_block,
+    get_new_blocks,
+    get_num_free_blocks,
+    get_usage,
+    is_block_writable,
+    move_block_hashes,
+    reset_prefix_cache,
+    take_events,
+    touch,
+    unpin_blocks,
+)
+
+HBS = 4
+"""Default hash block size, equal to the block size unless a test says otherwise."""
+
+Step = tuple[PoolState, Any]
+
+
+# --------------------------------------------------------------------------
+# Helpers.
+
+
+def step(fn: Callable[..., Step], s: PoolState, *args: Any, **kwargs: Any) -> Step:
+    """Apply one action and check that the next state keeps every invariant."""
+    nxt, result = fn(s, *args, **kwargs)
+    assert violated(nxt) == []
+    return nxt, result
+
+
+def pool(num_blocks: int = 5, hbs: int = HBS, events: bool = True, caching: bool = True) -> PoolState:
+    s = initial_state(num_blocks, caching, hbs, events)
+    assert violated(s) == []
+    return s
+
+
+def tokens(n: int, start: int = 100) -> list[int]:
+    return list(range(start, start + n))
+
+
+def request(rid: str, token_ids: Sequence[int], hbs: int = HBS, **kwargs: Any) -> Request:
+    """A request whose block hashes (at ``hbs`` granularity) are filled in."""
+    return Request(rid, list(token_ids), block_hasher=get_request_block_hasher(hbs), **kwargs)
+
+
+def key(block_hash: bytes, group: int = 0) -> bytes:
+    return make_block_hash_with_group_id(block_hash, group)
+
+
+def ext(block_hash: bytes) -> ExternalBlockHash:
+    return maybe_convert_block_hash(block_hash)
+
+
+def removed(block_hash: bytes, group: int = 0) -> BlockRemoved:
+    return BlockRemoved(block_hashes=[ext(block_hash)], medium="GPU", group_idx=group)
+
+
+def stored(
+    hashes: list[ExternalBlockHash],
+    parent: ExternalBlockHash | None,
+    token_ids: list[int],
+    block_size: int,
+    extra_keys: list[tuple[Any, ...] | None] | None,
+    group: int = 0,
+    lora_id: int | None = None,
+    lora_name: str | None = None,
+    session_id: str | None = None,
+) -> BlockStored:
+    return BlockStored(
+        block_hashes=hashes, parent_block_hash=parent, token_ids=token_ids, block_size=block_size,
+        lora_id=lora_id, medium="GPU", lora_name=lora_name, extra_keys=extra_keys,
+        group_idx=group, session_id=session_id)
+
+
+def drain(s: PoolState) -> tuple[PoolState, list[KVCacheEvent]]:
+    return step(take_events, s)
+
+
+def allocate_and_cache(
+    s: PoolState, req: Request, num_blocks: int, block_size: int = HBS, group: int = 0
+) -> tuple[PoolState, list[int]]:
+    """Allocate ``num_blocks`` blocks for ``req`` and cache them all as full blocks."""
+    s, ids = step(get_new_blocks, s, num_blocks)
+    s, _ = step(cache_full_blocks, s, req, ids, 0, num_blocks, block_size, group)
+    return s, ids
+
+
+def free_request(s: PoolState, ids: Sequence[int]) -> PoolState:
+    """Free a request's blocks tail first, as vLLM's KVCacheManager does."""
+    s, _ = step(free_blocks, s, list(reversed(ids)))
+    return s
+
+
+def make_watcher() -> Callable[[Any], None]:
+    """A fresh reuse callback; the model stores and reports it by identity."""
+
+    def on_reuse(block: Any) -> None:
+        del block
+
+    return on_reuse
+
+
+def assert_refused(error: type[Exception], fn: Callable[..., Any], s: PoolState, *args: Any) -> str:
+    """``fn(s, *args)`` raises ``error`` and leaves ``s`` exactly as it was."""
+    before = copy.deepcopy(s)
+    with pytest.raises(error) as info:
+        fn(s, *args)
+    assert s == before
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------
+# 1. Eviction order (ref L778-808 free_blocks, L669-703 get_new_blocks).
+
+
+def test_fresh_free_queue_holds_every_real_block_in_id_order() -> None:
+    s = pool(5)
+    assert s.free == (1, 2, 3, 4)
+    assert s.ref == (0, 0, 0, 0, 0)
+
+
+def test_get_new_blocks_takes_from_the_head() -> None:
+    s, ids = step(get_new_blocks, pool(5), 2)
+    assert ids == [1, 2]
+    assert s.free == (3, 4)
+    assert s.ref == (0, 1, 1, 0, 0)
+
+
+def test_freed_unhashed_blocks_go_to_the_head_in_the_given_order() -> None:
+    s, _ = step(get_new_blocks, pool(6), 3)
+    s, _ = step(free_blocks, s, [3, 1])
+    assert s.free == (3, 1, 4, 5)
+    s, ids = step(get_new_blocks, s, 1)
+    assert ids == [3]
+
+
+def test_freed_hashed_blocks_go_to_the_tail() -> None:
+    s, ids = allocate_and_cache(pool(5), request("r", tokens(8)), 2)
+    s, _ = step(free_blocks, s, ids)
+    assert s.free == (3, 4, 1, 2)
+
+
+def test_freeing_a_request_in_reverse_evicts_its_tail_block_first() -> None:
+    s, _ = step(get_new_blocks, pool(5), 3)
+    s, _ = step(cache_full_blocks, s, request("r", tokens(8)), [1, 2, 3], 0, 2, HBS, 0)
+    s = free_request(s, [1, 2, 3])
+    assert s.free == (3, 4, 2, 1)  # unhashed 3 at the head, chain tail 2 before its parent 1
+    s, ids = step(get_new_blocks, s, 3)
+    assert ids == [3, 4, 2]
+    assert s.primary[2] is None and s.primary[1] is not None
+
+
+def test_block_listed_twice_drops_two_references_and_rejoins_at_its_last_listing() -> None:
+    s, _ = step(get_new_blocks, pool(5), 2)
+    s, _ = step(touch, s, [1])
+    s, _ = step(free_blocks, s, [1, 2, 1])
+    assert s.ref[1:3] == (0, 0)
+    assert s.free == (2, 1, 3, 4)
+
+
+# --------------------------------------------------------------------------
+# 2. Duplicates under one hash (ref L35-133 BlockHashToBlockMap, L198-224).
+
+
+def two_requests_with_one_prefix() -> tuple[PoolState, list[bytes]]:
+    """r1 cached in blocks 1, 2 and r2 (same tokens) in blocks 3, 4; events drained."""
+    r1, r2 = request("r1", tokens(8)), request("r2", tokens(8))
+    s, _ = allocate_and_cache(pool(5), r1, 2)
+    s, _ = allocate_and_cache(s, r2, 2)
+    s, _ = drain(s)
+    assert r1.block_hashes == r2.block_hashes
+    return s, r1.block_hashes
+
+
+def test_same_prefix_in_two_requests_indexes_both_blocks_in_insertion_order() -> None:
+    s, bh = two_requests_with_one_prefix()
+    assert dict(s.index) == {key(bh[0]): (1, 3), key(bh[1]): (2, 4)}
+    assert s.primary[3] == Primary(key(bh[0]), 4)
+
+
+def test_get_cached_block_returns_the_first_duplicate() -> None:
+    s, bh = two_requests_with_one_prefix()
+    assert get_cached_block(s, bh[0], [0]) == [1]
+    assert get_cached_block(s, bh[1], [0]) == [2]
+
+
+def test_reallocating_one_duplicate_removes_only_that_copy() -> None:
+    s, bh = two_requests_with_one_prefix()
+    s = free_request(s, [1, 2])
+    assert s.free == (2, 1)
+    s, ids = step(get_new_blocks, s, 1)
+    assert ids == [2]
+    assert dict(s.index) == {key(bh[0]): (1, 3), key(bh[1]): (4,)}
+    assert s.events == (removed(bh[1]),)
+
+
+def test_evicting_the_first_duplicate_serves_the_second() -> None:
+    s, bh = two_requests_with_one_prefix()
+    s, _ = step(evict_blocks, s, [1])
+    assert get_cached_block(s, bh[0], [0]) == [3]
+    assert s.events == (removed(bh[0]),)
+
+
+# --------------------------------------------------------------------------
+# 3. Lazy hash removal (ref L732-753 _maybe_evict_cached_block, L755-771 touch).
+
+
+def one_cached_then_freed_block() -> tuple[PoolState, bytes]:
+    """Pool of 4 whose block 1 holds a cached 1-block request, freed; events drained."""
+    r = request("r", tokens(4))
+    s, ids = allocate_and_cache(pool(4), r, 1)
+    s = free_request(s, ids)
+    s, _ = drain(s)
+    return s, r.block_hashes[0]
+
+
+def test_freed_cached_block_keeps_its_hash_and_still_hits() -> None:
+    s, h = one_cached_then_freed_block()
+    assert s.free == (2, 3, 1)
+    assert s.primary[1] == Primary(key(h), 4)
+    assert get_cached_block(s, h, [0]) == [1]
+
+
+def test_touching_a_freed_cached_block_takes_it_out_of_the_free_queue() -> None:
+    s, _h = one_cached_then_freed_block()
+    s, _ = step(touch, s, [1])
+    assert s.ref[1] == 1
+    assert s.free == (2, 3)
+
+
+def test_hash_is_dropped_only_when_the_block_is_handed_out_again() -> None:
+    s, h = one_cached_then_freed_block()
+    s, ids = step(get_new_blocks, s, 2)
+    assert ids == [2, 3]
+    assert s.events == ()
+    assert dict(s.index) == {key(h): (1,)}
+    s, ids = step(get_new_blocks, s, 1)
+    assert ids == [1]
+    assert s.events == (removed(h),)
+    assert dict(s.index) == {}
+    assert s.primary[1] is None
+
+
+def test_evicting_a_block_in_use_drops_its_hash_but_keeps_its_reference() -> None:
+    r = request("r", tokens(4))
+    s, _ = allocate_and_cache(pool(4), r, 1)
+    s, _ = drain(s)
+    s, _ = step(evict_blocks, s, [1])
+    assert s.ref[1] == 1
+    assert s.free == (2, 3)
+    assert dict(s.index) == {}
+    assert s.events == (removed(r.block_hashes[0]),)
+
+
+def test_evicting_an_idle_block_keeps_its_place_in_the_free_queue() -> None:
+    s, h = one_cached_then_freed_block()
+    s, _ = step(evict_blocks, s, [1])
+    assert s.free == (2, 3, 1)
+    assert s.primary[1] is None
+    assert s.events == (removed(h),)
+
+
+# --------------------------------------------------------------------------
+# 4. Partial entries (ref L449-591 cache_partial_block, L286-299 promotion).
+
+
+def block_with_partial_entries(*boundaries: int, hbs: int = 2) -> tuple[PoolState, Request]:
+    """Pool of 3, hbs 2, block size 8: block 1 holds r's partial entries at ``boundaries``."""
+    r = request("r", tokens(8), hbs=hbs)
+    s, _ = step(get_new_blocks, pool(3, hbs=hbs), 1)
+    for num_tokens in boundaries:
+        s, _ = step(cache_partial_block, s, r, 1, num_tokens, 0, 8)
+    s, _ = drain(s)
+    return s, r
+
+
+def test_partial_entry_makes_a_block_reachable_inside_it() -> None:
+    r = request("r", tokens(6), hbs=2)
+    s, ids = step(get_new_blocks, pool(4, hbs=2), 2)
+    s, _ = step(cache_full_blocks, s, r, ids, 0, 1, 4, 0)
+    s, _ = drain(s)
+    bh = r.block_hashes
+    s, result = step(cache_partial_block, s, r, 2, 6, 0, 4)
+    assert result == key(bh[2])
+    assert s.primary[2] == Primary(key(bh[2]), 6)
+    assert dict(s.index) == {key(bh[1]): (1,), key(bh[2]): (2,)}
+    assert get_cached_block(s, bh[2], [0]) == [2]
+    assert s.events == (stored([ext(bh[2])], ext(bh[1]), [104, 105], 2, [None]),)
+
+
+def test_first_chunk_partial_entry_has_no_parent() -> None:
+    s, r = block_with_partial_entries()
+    s, _ = step(cache_partial_block, s, r, 1, 2, 0, 8)
+    assert s.events == (stored([ext(r.block_hashes[0])], None, [100, 101], 2, [None]),)
+
+
+def test_partial_entry_over_a_longer_prefix_replaces_the_shorter_entry() -> None:
+    s, r = block_with_partial_entries(2)
+    bh = r.block_hashes
+    s, _ = step(cache_partial_block, s, r, 1, 4, 0, 8)
+    assert s.primary[1] == Primary(key(bh[1]), 4)
+    assert s.secondary[1] == ()
+    assert dict(s.index) == {key(bh[1]): (1,)}
+    assert s.events == (removed(bh[0]), stored([ext(bh[1])], ext(bh[0]), [102, 103], 2, [None]))
+
+
+def test_partial_entry_over_a_shorter_prefix_becomes_secondary() -> None:
+    s, r = block_with_partial_entries(4)
+    bh = r.block_hashes
+    s, _ = step(cache_partial_block, s, r, 1, 2, 0, 8)
+    assert s.primary[1] == Primary(key(bh[1]), 4)
+    assert s.secondary[1] == (key(bh[0]),)
+    assert dict(s.index) == {key(bh[1]): (1,), key(bh[0]): (1,)}
+    assert s.events == (stored([ext(bh[0])], None, [100, 101], 2, [None]),)
+
+
+@pytest.mark.parametrize("num_tokens", [4, 2], ids=["primary", "secondary"])
+def test_repeating_a_partial_entry_changes_nothing_and_emits_nothing(num_tokens: int) -> None:
+    s, r = block_with_partial_entries(4, 2)
+    nxt, result = step(cache_partial_block, s, r, 1, num_tokens, 0, 8)
+    assert result == key(r.block_hashes[num_tokens // 2 - 1])
+    assert nxt == s
+    assert nxt.events == ()
+
+
+def test_promotion_to_a_full_block_removes_every_partial_entry() -> None:
+    s, r = block_with_partial_entries(4, 2)
+    bh = r.block_hashes
+    s, _ = step(cache_full_blocks, s, r, [1], 0, 1, 8, 0)
+    assert s.primary[1] == Primary(key(bh[3]), 8)
+    assert s.secondary[1] == ()
+    assert dict(s.index) == {key(bh[3]): (1,)}
+    assert s.events == (removed(bh[1]), removed(bh[0]), stored([ext(bh[3])], None, tokens(8), 8, [None]))
+
+
+def test_replace_existing_hashes_drops_every_entry_first() -> None:
+    s, r = block_with_partial_entries(4, 2)
+    other = request("other", tokens(4, start=200), hbs=2)
+    s, result = step(cache_partial_block, s, other, 1, 2, 0, 8, True)
+    oh = other.block_hashes
+    assert result == key(oh[0])
+    assert s.primary[1] == Primary(key(oh[0]), 2)
+    assert dict(s.index) == {key(oh[0]): (1,)}
+    assert s.events == (
+        removed(r.block_hashes[1]),
+        removed(r.block_hashes[0]),
+        stored([ext(oh[0])], None, [200, 201], 2, [None]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "block_size"),
+    [(3, 8), (-2, 8), (0, 8), (6, 8), (8, 8), (2, 2), (2, 5)],
+    ids=["not-a-chunk-multiple", "negative", "zero", "beyond-request-hashes", "block-end",
+         "block-size-is-hbs", "block-size-not-a-multiple"],
+)
+def test_partial_entry_misuse_is_refused(num_tokens: int, block_size: int) -> None:
+    s, _ = step(get_new_blocks, pool(3, hbs=2), 1)
+    r = request("r", tokens(4), hbs=2)
+    assert_refused(InvalidArgumentError, cache_partial_block, s, r, 1, num_tokens, 0, block_size)
+
+
+def test_partial_entry_on_the_null_block_returns_none_and_changes_nothing() -> None:
+    s = pool(3, hbs=2)
+    nxt, result = step(cache_partial_block, s, request("r", tokens(4), hbs=2), NULL, 2, 0, 8)
+    assert result is None
+    assert nxt == s
+
+
+# --------------------------------------------------------------------------
+# 5. move_block_hashes (ref L651-667).
+
+
+def test_move_block_hashes_repoints_every_entry_without_events() -> None:
+    s, r = block_with_partial_entries(4, 2)
+    bh = r.block_hashes
+    s, ids = step(get_new_blocks, s, 1)
+    assert ids == [2]
+    s, _ = step(move_block_hashes, s, 1, 2)
+    assert s.primary[2] == Primary(key(bh[1]), 4)
+    assert s.secondary[2] == (key(bh[0]),)
+    assert s.primary[1] is None and s.secondary[1] == ()
+    assert dict(s.index) == {key(bh[1]): (2,), key(bh[0]): (2,)}
+    assert s.events == ()
+    assert is_block_writable(s, 1)
+
+
+def test_move_onto_a_hashed_block_is_refused() -> None:
+    s, r = block_with_partial_entries(4)
+    s, _ = step(get_new_blocks, s, 1)
+    s, _ = step(cache_partial_block, s, r, 2, 2, 0, 8)
+    assert_refused(BlockHashConflictError, move_block_hashes, s, 1, 2)
+
+
+def test_move_onto_the_null_block_is_refused() -> None:
+    s, _ = block_with_partial_entries(4)
+    assert_refused(NullBlockError, move_block_hashes, s, 1, NULL)
+
+
+# --------------------------------------------------------------------------
+# 6. Reuse watchers (ref L705-730 unpin_blocks, L686-687, L852-855).
+
+
+def test_unpin_releases_idle_blocks_to_the_tail_and_registers_the_watcher() -> None:
+    w = make_watcher()
+    s, _ = step(get_new_blocks, pool(5), 3)
+    s, _ = step(unpin_blocks, s, [1, 2], w)
+    assert s.ref[1:4] == (0, 0, 1)
+    assert s.free == (4, 1, 2)
+    assert dict(s.watchers) == {1: w, 2: w}
+    assert s.fired == ()
+
+
+def test_unpin_of_a_shared_block_keeps_it_in_use_but_registers_the_watcher() -> None:
+    w = make_watcher()
+    s, _ = step(get_new_blocks, pool(4), 1)
+    s, _ = step(touch, s, [1])
+    s, _ = step(unpin_blocks, s, [1], w)
+    assert s.ref[1] == 1
+    assert s.free == (2, 3)
+    assert dict(s.watchers) == {1: w}
+
+
+def test_handing_out_an_unpinned_block_fires_its_watcher_once() -> None:
+    w = make_watcher()
+    s, _ = step(get_new_blocks, pool(5), 3)
+    s, _ = step(unpin_blocks, s, [1, 2], w)
+    s, ids = step(get_new_blocks, s, 2)
+    assert ids == [4, 1]
+    assert s.fired == ((w, 1),)
+    assert dict(s.watchers) == {2: w}
+    s, _ = step(free_blocks, s, [1])
+    s, ids = step(get_new_blocks, s, 1)
+    assert ids == [1]
+    assert s.fired == ((w, 1),)
+
+
+def test_reset_fires_remaining_watchers_in_registration_order() -> None:
+    w1, w2 = make_watcher(), make_watcher()
+    s, _ = step(get_new_blocks, pool(4), 3)
+    s, _ = step(unpin_blocks, s, [3], w2)
+    s, _ = step(unpin_blocks, s, [1], w1)
+    s, _ = step(free_blocks, s, [2])
+    s, ok = step(reset_prefix_cache, s)
+    assert ok is True
+    assert s.fired == ((w2, 3), (w1, 1))
+    assert dict(s.watchers) == {}
+
+
+def test_reregistering_a_watcher_replaces_it_in_its_first_place() -> None:
+    w1, w2, w3 = make_watcher(), make_watcher(), make_watcher()
+    s, _ = step(get_new_blocks, pool(4), 2)
+    s, _ = step(touch, s, [1])
+    s, _ = step(unpin_blocks, s, [1], w1)
+    s, _ = step(unpin_blocks, s, [2], w2)
+    s, _ = step(unpin_blocks, s, [1], w3)
+    assert list(s.watchers.items()) == [(1, w3), (2, w2)]
+    s, ok = step(reset_prefix_cache, s)
+    assert ok is True
+    assert s.fired == ((w3, 1), (w2, 2))
+
+
+def test_unpinning_the_null_block_is_refused() -> None:
+    s, _ = step(touch, pool(3), [NULL])
+    assert_refused(NullBlockError, unpin_blocks, s, [NULL], make_watcher())
+
+
+def test_unpinned_hashed_block_keeps_its_hash_and_stays_hittable() -> None:
+    w = make_watcher()
+    r = request("r", tokens(4))
+    s, _ = allocate_and_cache(pool(4), r, 1)
+    s, _ = drain(s)
+    s, _ = step(unpin_blocks, s, [1], w)
+    h = r.block_hashes[0]
+    assert s.free == (2, 3, 1)
+    assert s.primary[1] == Primary(key(h), 4)
+    assert get_cached_block(s, h, [0]) == [1]
+    s, _ = step(touch, s, [1])
+    assert s.ref[1] == 1
+    assert dict(s.watchers) == {1: w}
+    assert s.events == ()
+
+
+# --------------------------------------------------------------------------
+# 7. reset_prefix_cache (ref L830-869).
+
+
+def test_reset_is_refused_while_a_real_block_is_in_use() -> None:
+    s, _ = allocate_and_cache(pool(4), request("r", tokens(4)), 1)
+    s, _ = drain(s)
+    nxt, ok = step(reset_prefix_cache, s)
+    assert ok is False
+    assert nxt is s
+    assert nxt.events == ()
+
+
+def test_reset_clears_every_hash_and_emits_all_blocks_cleared() -> None:
+    r = request("r", tokens(8))
+    s, ids = allocate_and_cache(pool(4), r, 2)
+    s = free_request(s, ids)
+    s, _ = drain(s)
+    s, ok = step(reset_prefix_cache, s)
+    assert ok is True
+    assert dict(s.index) == {}
+    assert s.primary == (None,) * 4
+    assert s.secondary == ((),) * 4
+    assert s.free == (3, 2, 1)
+    assert s.events == (AllBlocksCleared(),)
+    assert get_cached_block(s, r.block_hashes[0], [0]) is None
+
+
+# --------------------------------------------------------------------------
+# 8. Events (ref L226-344 cache_full_blocks, L346-447, L893-904).
+
+
+def test_events_off_never_records_events() -> None:
+    r = request("r", tokens(8))
+    s, ids = allocate_and_cache(pool(4, events=False), r, 2)
+    actions: list[tuple[Callable[..., Step], tuple[Any, ...]]] = [
+        (emit_cached_block_events, (r, 2, HBS, 0)),
+        (evict_blocks, ([2],)),
+        (free_blocks, (list(reversed(ids)),)),
+        (get_new_blocks, (3,)),
+        (free_blocks, ([1, 2, 3],)),
+        (reset_prefix_cache, ()),
+    ]
+    assert s.events == ()
+    for fn, args in actions:
+        s, _ = step(fn, s, *args)
+        assert s.events == ()
+    s, taken = step(take_events, s)
+    assert taken == []
+
+
+def test_take_events_hands_over_the_log_and_clears_it() -> None:
+    r = request("r", tokens(4))
+    s, _ = allocate_and_cache(pool(3), r, 1)
+    s, taken = step(take_events, s)
+    assert taken == [stored([ext(r.block_hashes[0])], None, tokens(4), 4, [None])]
+    assert s.events == ()
+    _, taken = step(take_events, s)
+    assert taken == []
+
+
+def test_cache_full_blocks_emits_one_block_stored_for_the_range() -> None:
+    r = request("r", tokens(8))
+    s, ids = step(get_new_blocks, pool(4), 2)
+    s, _ = step(cache_full_blocks, s, r, ids, 0, 2, HBS, 0)
+    bh = r.block_hashes
+    assert s.events == (stored([ext(bh[0]), ext(bh[1])], None, tokens(8), 4, [None, None]),)
+
+
+def test_cache_full_blocks_parent_is_the_last_already_cached_block() -> None:
+    r = request("r", tokens(12))
+    s, ids = step(get_new_blocks, pool(4), 3)
+    s, _ = step(cache_full_blocks, s, r, ids, 0, 2, HBS, 0)
+    s, _ = drain(s)
+    s, _ = step(cache_full_blocks, s, r, ids, 2, 3, HBS, 0)
+    bh = r.block_hashes
+    assert s.events == (stored([ext(bh[2])], ext(bh[1]), tokens(4, start=108), 4, [None]),)
+
+
+def test_cache_full_blocks_parent_uses_block_size_granularity() -> None:
+    r = request("r", tokens(8), hbs=2)
+    s, ids = step(get_new_blocks, pool(4, hbs=2), 2)
+    s, _ = step(cache_full_blocks, s, r, ids, 0, 1, 4, 0)
+    s, _ = drain(s)
+    s, _ = step(cache_full_blocks, s, r, ids, 1, 2, 4, 0)
+    bh = r.block_hashes
+    assert dict(s.index) == {key(bh[1]): (1,), key(bh[3]): (2,)}
+    assert s.events == (stored([ext(bh[3])], ext(bh[1]), [104, 105, 106, 107], 4, [None]),)
+
+
+@pytest.mark.parametrize(
+    ("features", "extra_keys", "lora_id", "lora_name", "session_id"),
+    [
+        ({"lora_request": LoRARequest("adapter", 7, "/adapters/a")},
+         [("adapter",), ("adapter",)], 7, "adapter", None),
+        ({"mm_features": [MultiModalFeature("img", PlaceholderRange(offset=2, length=4))]},
+         [(("img", 2),), (("img", -2),)], None, None, None),
+        ({"cache_salt": "salt"}, [("salt",), None], None, None, None),
+        ({"session_id": "sess"}, [None, None], None, None, "sess"),
+    ],
+    ids=["lora", "multimodal", "cache-salt-on-first-block", "session"],
+)
+def test_block_stored_carries_request_metadata_per_block(
+    features: dict[str, Any],
+    extra_keys: list[tuple[Any, ...] | None],
+    lora_id: int | None,
+    lora_name: str | None,
+    session_id: str | None,
+) -> None:
+    r = request("r", tokens(8), **features)
+    s, _ = allocate_and_cache(pool(4), r, 2)
+    bh = r.block_hashes
+    assert s.events == (
+        stored([ext(bh[0]), ext(bh[1])], None, tokens(8), 4, extra_keys,
+               lora_id=lora_id, lora_name=lora_name, session_id=session_id),
+    )
+
+
+def test_block_stored_reports_the_kv_cache_group() -> None:
+    r = request("r", tokens(4))
+    s, _ = allocate_and_cache(pool(3), r, 1, group=3)
+    h = r.block_hashes[0]
+    assert dict(s.index) == {key(h, 3): (1,)}
+    assert s.events == (stored([ext(h)], None, tokens(4), 4, [None], group=3),)
+
+
+def test_block_mask_skips_masked_blocks_in_index_and_event() -> None:
+    features = [
+        MultiModalFeature("A", PlaceholderRange(offset=0, length=2)),
+        MultiModalFeature("B", PlaceholderRange(offset=8, length=2)),
+    ]
+    r = request("r", tokens(12), mm_features=features)
+    s, ids = step(get_new_blocks, pool(4), 3)
+    s, _ = step(cache_full_blocks, s, r, ids, 0, 3, HBS, 0, [True, False, True])
+    bh = r.block_hashes
+    assert dict(s.index) == {key(bh[0]): (1,), key(bh[2]): (3,)}
+    assert s.primary[2] is None
+    assert s.events == (
+        stored([ext(bh[0]), ext(bh[2])], None, tokens(12), 4, [(("A", 0),), (("B", 0),)]),
+    )
+
+
+def test_null_blocks_are_skipped_in_index_and_event() -> None:
+    r = request("r", tokens(12))
+    s, ids = step(get_new_blocks, pool(4), 2)
+    s, _ = step(cache_full_blocks, s, r, [NULL, *ids], 0, 3, HBS, 0)
+    bh = r.block_hashes
+    assert dict(s.index) == {key(bh[1]): (1,), key(bh[2]): (2,)}
+    assert s.events == (stored([ext(bh[1]), ext(bh[2])], None, tokens(12), 4, [None, None]),)
+
+
+def test_fully_masked_range_still_emits_an_empty_block_stored() -> None:
+    r = request("r", tokens(8))
+    s, ids = step(get_new_blocks, pool(4), 2)
+    s, _ = step(cache_full_blocks, s, r, ids, 0, 2, HBS, 0, [False, False])
+    assert dict(s.index) == {}
+    assert s.events == (stored([], None, tokens(8), 4, None),)
+
+
+def test_emit_cached_block_events_announces_hits_without_changing_the_pool() -> None:
+    s, bh = two_requests_with_one_prefix()
+    hit = request("hit", tokens(8), session_id="s2")
+    nxt, _ = step(emit_cached_block_events, s, hit, 2, HBS, 0)
+    assert nxt.events == (
+        stored([ext(bh[0]), ext(bh[1])], None, tokens(8), 4, [None, None], session_id="s2"),
+    )
+    assert replace(nxt, events=()) == s
+
+
+@pytest.mark.parametrize(("events", "num_cached"), [(False, 1), (True, 0)], ids=["events-off", "no-hits"])
+def test_emit_cached_block_events_is_silent_without_events_or_hits(events: bool, num_cached: int) -> None:
+    r = request("r", tokens(4))
+    s, _ = allocate_and_cache(pool(3, events=events), r, 1)
+    s, _ = drain(s)
+    nxt, _ = step(emit_cached_block_events, s, r, num_cached, HBS, 0)
+    assert nxt is s
+
+
+# --------------------------------------------------------------------------
+# 9. Refusals leave the state unchanged.
+
+
+def pool_with_cached_request() -> tuple[PoolState, Request]:
+    """Pool of 4: blocks 1, 2 hold r's two cached blocks (ref 1 each); block 3 is free."""
+    r = request("r", tokens(8))
+    s, _ = allocate_and_cache(pool(4), r, 2)
+    s, _ = drain(s)
+    return s, r
+
+
+FRESH = request("fresh", tokens(4, start=500))
+SHORT = request("short", tokens(3))
+W = make_watcher()
+
+# vLLM asserts or raises on most of these, mid-mutation.  A few it accepts silently and the
+# model hardens: over-/idle frees drive ref_cnt negative (ref L794), id -1 picks the last
+# block (L827), get_new_blocks(-1) inflates the free count (kv_cache_utils L350),
+# a negative emit count emits nothing (L407).
+def test_cache_full_blocks_with_more_cached_than_full_does_nothing() -> None:
+    # As vLLM (L261-262): its sparse-attention coordinator may ask for fewer ready blocks.
+    s = initial_state(4, True, HBS, True)
+    nxt, _ = step(cache_full_blocks, s, FRESH, [3], 1, 0, HBS, 0)
+    assert nxt is s
+
+
+REFUSALS: list[tuple[str, type[Exception], Callable[[PoolState, Request], Any]]] = [
+    ("over-free-in-one-call", BlockNotInUseError, lambda s, r: free_blocks(s, [1, 1])),
+    ("free-of-an-idle-block", BlockNotInUseError, lambda s, r: free_blocks(s, [3])),
+    ("over-unpin-in-one-call", BlockNotInUseError, lambda s, r: unpin_blocks(s, [2, 2], W)),
+    ("free-unknown-negative", UnknownBlockError, lambda s, r: free_blocks(s, [-1])),
+    ("free-unknown-past-end", UnknownBlockError, lambda s, r: free_blocks(s, [4])),
+    ("touch-unknown", UnknownBlockError, lambda s, r: touch(s, [4])),
+    ("evict-unknown-negative", UnknownBlockError, lambda s, r: evict_blocks(s, [-1])),
+    ("evict-unknown-past-end", UnknownBlockError, lambda s, r: evict_blocks(s, [4])),
+    ("unpin-unknown", UnknownBlockError, lambda s, r: unpin_blocks(s, [4], W)),
+    ("move-unknown", UnknownBlockError, lambda s, r: move_block_hashes(s, 1, 4)),
+    ("writable-unknown", UnknownBlockError, lambda s, r: is_block_writable(s, -1)),
+    ("more-blocks-than-free", NotEnoughFreeBlocksError, lambda s, r: get_new_blocks(s, 2)),
+    ("negative-get-count", InvalidArgumentError, lambda s, r: get_new_blocks(s, -1)),
+    ("negative-num-cached", InvalidArgumentError,
+     lambda s, r: cache_full_blocks(s, FRESH, [3], -1, 1, HBS, 0)),
+    ("negative-emit-count", InvalidArgumentError,
+     lambda s, r: emit_cached_block_events(s, r, -1, HBS, 0)),
+    ("mask-length", InvalidArgumentError,
+     lambda s, r: cache_full_blocks(s, FRESH, [3], 0, 1, HBS, 0, [True, False])),
+    ("too-few-request-hashes", InvalidArgumentError,
+     lambda s, r: cache_full_blocks(s, SHORT, [3], 0, 1, HBS, 0)),
+    ("group-id-too-large", InvalidArgumentError,
+     lambda s, r: cache_full_blocks(s, FRESH, [3], 0, 1, HBS, 2**32)),
+    ("group-id-negative", InvalidArgumentError,
+     lambda s, r: cache_full_blocks(s, FRESH, [3], 0, 1, HBS, -1)),
+    ("lookup-group-id-too-large", InvalidArgumentError,
+     lambda s, r: get_cached_block(s, r.block_hashes[0], [2**32])),
+    ("already-cached-at-this-length", BlockHashConflictError,
+     lambda s, r: cache_full_blocks(s, r, [1, 2], 0, 2, HBS, 0)),
+]
+
+
+@pytest.mark.parametrize(("error", "call"), [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
+def test_refused_call_leaves_the_state_unchanged(
+    error: type[Exception], call: Callable[[PoolState, Request], Any]
+) -> None:
+    s, r = pool_with_cached_request()
+    assert_refused(error, call, s, r)
+
+
+def test_double_free_is_refused() -> None:
+    s, _ = step(get_new_blocks, pool(3), 1)
+    s, _ = step(free_blocks, s, [1])
+    assert_refused(BlockNotInUseError, free_blocks, s, [1])
+
+
+def test_not_enough_free_blocks_is_a_value_error_with_the_reference_message() -> None:
+    message = assert_refused(ValueError, get_new_blocks, pool(4), 4)
+    assert message == "Cannot get 4 free blocks from the pool"
+    assert_refused(NotEnoughFreeBlocksError, get_new_blocks, pool(4), 4)
+
+
+def test_caching_on_a_pool_without_caching_is_refused() -> None:
+    s, _ = step(get_new_blocks, pool(3, hbs=2, caching=False), 1)
+    r = request("r", tokens(4), hbs=2)
+    assert_refused(CachingDisabledError, cache_full_blocks, s, r, [1], 0, 1, 4, 0)
+    assert_refused(CachingDisabledError, cache_partial_block, s, r, 1, 2, 0, 4)
+
+
+# --------------------------------------------------------------------------
+# 10. The null block (ref L184-188, L764-769, L794-795, L810-828).
+
+
+def test_touch_and_free_of_the_null_block_move_only_its_counter() -> None:
+    s0 = pool(3)
+    s, _ = step(touch, s0, [NULL])
+    assert s.ref[NULL] == 1
+    assert s.free == s0.free
+    s, _ = step(free_blocks, s, [NULL])
+    s, _ = step(free_blocks, s, [NULL])
+    assert s.ref[NULL] == -1
+    assert s.free == s0.free
+
+
+def test_null_block_is_never_handed_out() -> None:
+    s, ids = step(get_new_blocks, pool(4), 3)
+    assert ids == [1, 2, 3]
+    assert_refused(NotEnoughFreeBlocksError, get_new_blocks, s, 1)
+
+
+def test_evicting_the_null_block_is_a_no_op() -> None:
+    s, _ = allocate_and_cache(pool(3), request("r", tokens(4)), 1)
+    s, _ = drain(s)
+    nxt, _ = step(evict_blocks, s, [NULL])
+    assert nxt == s
+
+
+def test_reset_succeeds_while_only_the_null_block_is_referenced() -> None:
+    s, _ = step(touch, pool(3), [NULL])
+    _, ok = step(reset_prefix_cache, s)
+    assert ok is True
+
+
+# --------------------------------------------------------------------------
+# 11. Several KV-cache groups (ref L198-224, L283-285).
+
+
+def one_hash_in_two_groups() -> tuple[PoolState, bytes]:
+    """The same 1-block request cached in group 0 (block 1) and group 1 (block 2)."""
+    r = request("r", tokens(4))
+    s, _ = allocate_and_cache(pool(4), r, 1, group=0)
+    s, _ = allocate_and_cache(s, r, 1, group=1)
+    return s, r.block_hashes[0]
+
+
+def test_same_hash_in_two_groups_is_two_keys() -> None:
+    s, h = one_hash_in_two_groups()
+    assert key(h, 0) != key(h, 1)
+    assert dict(s.index) == {key(h, 0): (1,), key(h, 1): (2,)}
+
+
+def test_get_cached_block_returns_one_block_per_group_or_none() -> None:
+    s, h = one_hash_in_two_groups()
+    assert get_cached_block(s, h, [0, 1]) == [1, 2]
+    assert get_cached_block(s, h, [1, 0]) == [2, 1]
+    assert get_cached_block(s, h, [0, 2]) is None
+    s, _ = step(evict_blocks, s, [1])
+    assert get_cached_block(s, h, [0, 1]) is None
+    assert get_cached_block(s, h, [1]) == [2]
+
+
+# --------------------------------------------------------------------------
+# 12. Queries (ref L773-775, L871-891).
+
+
+def test_is_block_writable_only_for_the_sole_owner_of_an_unhashed_block() -> None:
+    s, _ = allocate_and_cache(pool(5), request("r", tokens(4)), 1)
+    s, ids = step(get_new_blocks, s, 2)
+    assert ids == [2, 3]
+    s, _ = step(touch, s, [3])
+    assert is_block_writable(s, 2)
+    assert not is_block_writable(s, 1)  # hashed
+    assert not is_block_writable(s, 3)  # shared
+    assert not is_block_writable(s, 4)  # idle
+    assert not is_block_writable(s, NULL)
+
+
+def test_get_usage_is_the_fraction_of_real_blocks_in_use() -> None:
+    s = pool(5)
+    assert get_usage(s) == 0.0
+    s, _ = step(get_new_blocks, s, 2)
+    assert get_usage(s) == 0.5
+    s, _ = step(get_new_blocks, s, 2)
+    assert get_usage(s) == 1.0
+
+
+def test_get_usage_of_a_pool_with_only_the_null_block_is_zero() -> None:
+    s = pool(1)
+    assert s.free == ()
+    assert get_usage(s) == 0.0
+
+
+def test_get_num_free_blocks_counts_the_free_queue() -> None:
+    s = pool(5)
+    assert get_num_free_blocks(s) == 4
+    s, _ = step(get_new_blocks, s, 3)
+    assert get_num_free_blocks(s) == 1
+    s, _ = step(free_blocks, s, [2])
+    assert get_num_free_blocks(s) == 2
+
+
+# --------------------------------------------------------------------------
+# 13. Ghost soundness: a hit never serves another prefix's KV.
+
+
+def test_index_stays_sound_across_allocation_caching_and_reuse() -> None:
+    sound = INVARIANTS["index_entries_are_sound"]
+    r1, r2 = request("r1", tokens(8)), request("r2", tokens(8, start=300))
+    s, ids = allocate_and_cache(pool(3), r1, 2)
+    assert sound(s)
+    s = free_request(s, ids)
+    s, ids = allocate_and_cache(s, r2, 2)  # reuses both blocks of r1
+    assert ids == [2, 1]
+    assert sound(s)
+    assert dict(s.index) == {key(r2.block_hashes[0]): (2,), key(r2.block_hashes[1]): (1,)}
+
+
+def test_caching_a_block_over_foreign_content_breaks_soundness() -> None:
+    """Caller contract: a block holding another prefix needs replace_existing_hashes."""
+    s, r1 = block_with_partial_entries(2)
+    r2 = request("r2", tokens(4, start=200), hbs=2)
+    s, _ = cache_partial_block(s, r2, 1, 2, 0, 8)
+    assert s.secondary[1] == (key(r2.block_hashes[0]),)
+    assert dict(s.index) == {key(r1.block_hashes[0]): (1,), key(r2.block_hashes[0]): (1,)}
+    assert violated(s) == ["index_entries_are_sound"]
