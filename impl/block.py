@@ -15,6 +15,8 @@ class KVCacheBlock:
     """A block's id, reference count, primary hash and free-list links.
 
     Only the pool changes these fields; the links belong to the free queue.
+    The constructor takes vLLM's fields; unlike vLLM's dataclass, blocks
+    compare (and hash) by identity: two blocks are equal only if they are one.
     """
 
     __slots__ = (
@@ -28,15 +30,26 @@ class KVCacheBlock:
         "ref_cnt",
     )
 
-    def __init__(self, block_id: int, ref_cnt: int = 0, *, pool: BlockPool | None = None) -> None:
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: BlockHashWithGroupId | None = None,
+        _block_hash_num_tokens: int | None = None,
+        prev_free_block: KVCacheBlock | None = None,
+        next_free_block: KVCacheBlock | None = None,
+        is_null: bool = False,
+        *,
+        pool: BlockPool | None = None,
+    ) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.pool = pool
-        self._block_hash: BlockHashWithGroupId | None = None
-        self._block_hash_num_tokens: int | None = None
-        self.prev_free_block: KVCacheBlock | None = None
-        self.next_free_block: KVCacheBlock | None = None
-        self.is_null = False
+        self._block_hash = _block_hash
+        self._block_hash_num_tokens = _block_hash_num_tokens
+        self.prev_free_block = prev_free_block
+        self.next_free_block = next_free_block
+        self.is_null = is_null
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:

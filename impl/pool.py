@@ -73,16 +73,23 @@ def _group_suffix(group_id: int) -> bytes:
 
 
 def _run(calls: list[_Call]) -> BaseException | None:
-    """Call each callback once; return the first exception, others as notes."""
+    """Call each callback once; return the first exception, others as notes.
+
+    An interrupt (a ``BaseException`` that is not an ``Exception``) stops the
+    remaining callbacks, but is returned like any other so that the caller
+    still leaves the pool consistent before re-raising it.
+    """
     first: BaseException | None = None
     for fn, args in calls:
         try:
             fn(*args)
-        except Exception as exc:  # user code: keep going, report afterwards
+        except BaseException as exc:  # user code: finish our own work, report afterwards
             if first is None:
                 first = exc
             else:
                 first.add_note(f"kvpool: a later callback also raised {exc!r}")
+            if not isinstance(exc, Exception):
+                break
     return first
 
 
@@ -273,20 +280,21 @@ class BlockPool:
             raise InvalidArgumentError(
                 f"block_mask has {len(block_mask)} entries, want {len(new_blocks)}")
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
-        if len(hashes) < num_full_blocks:
-            raise InvalidArgumentError(
-                f"request has {len(hashes)} block hashes, want {num_full_blocks}")
+        needed = num_cached_blocks if self.enable_kv_cache_events else 0
         end_tokens = num_cached_blocks * block_size
         for i, blk in enumerate(new_blocks):
             self._own(blk)
             end_tokens += block_size
-            if blk._block_hash is not None and not blk.is_null and (
-                block_mask is None or block_mask[i]
-            ):
+            if blk.is_null or (block_mask is not None and not block_mask[i]):
+                continue
+            needed = num_cached_blocks + i + 1
+            if blk._block_hash is not None:
                 covered = blk._block_hash_num_tokens
                 if covered is None or covered >= end_tokens:
                     raise BlockHashConflictError(
                         f"block {blk.block_id} is already cached at a prefix this long")
+        if len(hashes) < needed:
+            raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {needed}")
 
         events = self.enable_kv_cache_events
         stored: list[Any] = []
@@ -376,10 +384,10 @@ class BlockPool:
         hbs = self.hash_block_size
         self._check_block_size(block_size)
         suffix = _group_suffix(kv_cache_group_id)
-        if not replace_existing_hashes and not (block_size > hbs and num_tokens % block_size):
-            raise InvalidArgumentError("a partial entry must end inside a block")
         if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
             raise InvalidArgumentError(f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
+        if not replace_existing_hashes and not (block_size > hbs and num_tokens % block_size):
+            raise InvalidArgumentError("a partial entry must end inside a block")
         num_hash_blocks = num_tokens // hbs
         if num_hash_blocks > len(request.block_hashes):
             raise InvalidArgumentError(
@@ -394,8 +402,8 @@ class BlockPool:
         if replace_existing_hashes:
             self._emit_removed(self._drop_hashes(block))
             already = False
-        elif not already and block._block_hash is not None and (
-            block._block_hash_num_tokens or 0) < num_tokens:
+        elif (not already and block._block_hash_num_tokens is not None
+              and block._block_hash_num_tokens < num_tokens):
             self._emit_removed(self._drop_hashes(block))
         self._add_key(key, block, num_tokens)
         if self.enable_kv_cache_events and not already:

@@ -156,7 +156,7 @@ def _content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
 
 def _check_ids(s: PoolState, ids: Sequence[Any]) -> None:
     for b in ids:
-        if type(b) is not int or not 0 <= b < s.num_blocks:
+        if not isinstance(b, int) or not 0 <= b < s.num_blocks:
             raise UnknownBlockError(f"block id {b!r} is not in [0, {s.num_blocks})")
 
 
@@ -174,17 +174,17 @@ def _check_releasable(s: PoolState, ids: Sequence[BlockId], what: str) -> None:
 
 
 def _check_count(name: str, value: Any) -> None:
-    if type(value) is not int or value < 0:
+    if not isinstance(value, int) or value < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
 
 
 def _check_group(group_id: Any) -> None:
-    if type(group_id) is not int or not 0 <= group_id <= MAX_GROUP_ID:
+    if not isinstance(group_id, int) or not 0 <= group_id <= MAX_GROUP_ID:
         raise InvalidArgumentError(f"kv_cache_group_id {group_id!r} is not a 32-bit id")
 
 
 def _check_block_size(s: PoolState, block_size: Any) -> None:
-    if type(block_size) is not int or block_size <= 0 or block_size % s.hash_block_size:
+    if not isinstance(block_size, int) or block_size <= 0 or block_size % s.hash_block_size:
         raise InvalidArgumentError(
             f"block_size {block_size!r} is not a positive multiple of {s.hash_block_size}")
 
@@ -322,12 +322,13 @@ def cache_full_blocks(
     if block_mask is not None and len(block_mask) != len(new_ids):
         raise InvalidArgumentError(f"block_mask has {len(block_mask)} entries, want {len(new_ids)}")
     hashes = resolve_block_hashes(request.block_hashes, s.hash_block_size, block_size)
-    if len(hashes) < num_full_blocks:
-        raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {num_full_blocks}")
     chosen = [
         (num_cached_blocks + i, b) for i, b in enumerate(new_ids)
         if b != NULL and (block_mask is None or block_mask[i])
     ]
+    needed = max([i + 1 for i, _ in chosen] + [num_cached_blocks if s.events_on else 0])
+    if len(hashes) < needed:
+        raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {needed}")
     covered = {b: p.num_tokens for b in new_ids if (p := s.primary[b]) is not None}
     for i, b in chosen:
         if b in covered and covered[b] >= (i + 1) * block_size:
@@ -376,10 +377,10 @@ def cache_partial_block(
     hbs = s.hash_block_size
     _check_block_size(s, block_size)
     _check_group(kv_cache_group_id)
+    if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
+        raise InvalidArgumentError(f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
     if not replace_existing_hashes and not (block_size > hbs and num_tokens % block_size):
         raise InvalidArgumentError("a partial entry must end inside a block")
-    if type(num_tokens) is not int or num_tokens <= 0 or num_tokens % hbs:
-        raise InvalidArgumentError(f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
     num_hash_blocks = num_tokens // hbs
     if num_hash_blocks > len(request.block_hashes):
         raise InvalidArgumentError(f"request has only {len(request.block_hashes)} block hashes")

@@ -1,0 +1,1111 @@
+"""Unit tests for every public method and helper class of ``kvpool.impl``.
+
+Reference: vLLM 0.31.0 ``block_pool.py`` (``vllm_block_pool.txt``) and
+``kv_cache_utils.py`` (``vllm_kv_cache_utils.txt``); line numbers in comments
+point there.  Choices the reference leaves open follow ``kvpool.model.actions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from kvpool.impl import (
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockHashConflictError,
+    BlockHashToBlockMap,
+    BlockNotInUseError,
+    BlockPool,
+    BlockPoolError,
+    BlockRemoved,
+    BlockStored,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    LoRARequest,
+    NotEnoughFreeBlocksError,
+    Request,
+    get_block_hash,
+    get_group_id,
+    get_request_block_hasher,
+    make_block_hash_with_group_id,
+)
+from kvpool.impl.events import event_fields
+from kvpool.impl.keys import maybe_convert_block_hash
+from kvpool.oracle.observe import snapshot
+
+HBS = 2  # hash_block_size of the pools below
+BS = 4  # block size of the KV-cache group (two hash chunks per block)
+LOW_64 = (1 << 64) - 1
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_pool(
+    num_blocks: int = 10,
+    *,
+    caching: bool = True,
+    events: bool = True,
+    hbs: int = HBS,
+    metrics: Any = None,
+    medium: str = MEDIUM_GPU,
+) -> BlockPool:
+    return BlockPool(num_blocks, caching, hbs, enable_kv_cache_events=events,
+                     metrics_collector=metrics, medium=medium)
+
+
+def make_request(tokens: Sequence[int], hbs: int = HBS, name: str = "r", **kw: Any) -> Request:
+    return Request(name, list(tokens), block_hasher=get_request_block_hasher(hbs), **kw)
+
+
+def ids(blocks: Sequence[KVCacheBlock] | None) -> list[int]:
+    assert blocks is not None
+    return [b.block_id for b in blocks]
+
+
+def free_ids(pool: BlockPool) -> list[int]:
+    return ids(pool.free_block_queue.get_all_free_blocks())
+
+
+def key(request: Request, chunk: int, group: int = 0) -> bytes:
+    """Index key of the request's prefix ending with hash chunk ``chunk``."""
+    return make_block_hash_with_group_id(request.block_hashes[chunk], group)
+
+
+def ext(block_hash: bytes) -> int:
+    """The external (event) form of a hash: its low 64 bits."""
+    return int.from_bytes(block_hash, "big") & LOW_64
+
+
+def stored(**fields: Any) -> dict[str, Any]:
+    """``event_fields`` of a BlockStored with the given fields, defaults elsewhere."""
+    base: dict[str, Any] = {
+        "type": "BlockStored", "block_hashes": [], "parent_block_hash": None, "token_ids": [],
+        "block_size": BS, "lora_id": None, "medium": MEDIUM_GPU, "lora_name": None,
+        "extra_keys": None, "group_idx": 0, "kv_cache_spec_kind": None,
+        "kv_cache_spec_sliding_window": None, "locality": None, "ownership": None,
+        "session_id": None,
+    }
+    base.update(fields)
+    return base
+
+
+def removed(block_key: bytes, medium: str = MEDIUM_GPU) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": [ext(get_block_hash(block_key))],
+            "medium": medium, "group_idx": get_group_id(block_key), "locality": None,
+            "ownership": None}
+
+
+def taken(pool: BlockPool) -> list[dict[str, Any]]:
+    return [event_fields(e) for e in pool.take_events()]
+
+
+def index_of(pool: BlockPool) -> dict[bytes, list[int]]:
+    index = pool.cached_block_hash_to_block
+    keys = list(index.keys())
+    return {k: ids(index.blocks_of(k)) for k in keys}
+
+
+def cache_blocks(pool: BlockPool, request: Request, n: int, group: int = 0) -> list[KVCacheBlock]:
+    """Allocate ``n`` blocks and cache them as the request's first ``n`` full blocks."""
+    blocks = pool.get_new_blocks(n)
+    pool.cache_full_blocks(request, blocks, 0, n, BS, group)
+    return blocks
+
+
+class RecordingMetrics:
+    """A metrics collector that records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+
+    def on_block_allocated(self, block: KVCacheBlock) -> None:
+        self.calls.append(("allocated", block.block_id))
+
+    def on_block_accessed(self, block: KVCacheBlock) -> None:
+        self.calls.append(("accessed", block.block_id))
+
+    def on_block_evicted(self, block: KVCacheBlock) -> None:
+        self.calls.append(("evicted", block.block_id))
+
+    def reset(self) -> None:
+        self.calls.append(("reset", None))
+
+
+class RecordingWatcher:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, block: KVCacheBlock) -> None:
+        self.seen.append(block.block_id)
+
+
+TOKENS = list(range(100, 116))  # 16 tokens: 8 hash chunks, 4 full blocks
+
+
+# --------------------------------------------------------------------- construction
+
+
+def test_new_pool_exposes_reference_attributes() -> None:
+    pool = BlockPool(6, True, HBS)
+    assert pool.num_gpu_blocks == 6
+    assert pool.enable_caching is True
+    assert pool.hash_block_size == HBS
+    assert pool.medium == MEDIUM_GPU
+    assert pool.enable_kv_cache_events is False
+    assert pool.kv_event_queue == []
+    assert pool.metrics_collector is None
+    assert len(pool.cached_block_hash_to_block) == 0
+    assert isinstance(pool.cached_block_hash_to_block, BlockHashToBlockMap)
+    assert isinstance(pool.free_block_queue, FreeKVCacheBlockQueue)
+
+
+def test_new_pool_blocks_belong_to_it_and_all_but_null_are_free_in_id_order() -> None:
+    pool = make_pool(6)
+    assert ids(pool.blocks) == [0, 1, 2, 3, 4, 5]
+    assert all(b.pool is pool and b.ref_cnt == 0 and b.block_hash is None for b in pool.blocks)
+    assert free_ids(pool) == [1, 2, 3, 4, 5]
+    assert pool.get_num_free_blocks() == 5
+
+
+def test_null_block_is_block_zero_marked_null_and_not_free() -> None:
+    pool = make_pool(4)
+    assert pool.null_block is pool.blocks[0]
+    assert pool.null_block.is_null
+    assert not any(b.is_null for b in pool.blocks[1:])
+    assert pool.null_block.prev_free_block is None and pool.null_block.next_free_block is None
+
+
+def test_constructor_keeps_medium_and_metrics_collector() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(3, medium=MEDIUM_CPU, metrics=metrics)
+    assert pool.medium == MEDIUM_CPU
+    assert pool.metrics_collector is metrics
+
+
+# ------------------------------------------------------------------- get_new_blocks
+
+
+def test_get_new_blocks_hands_out_the_head_of_the_free_queue_in_order() -> None:
+    pool = make_pool(6)
+    got = pool.get_new_blocks(3)
+    assert ids(got) == [1, 2, 3]
+    assert [b.ref_cnt for b in got] == [1, 1, 1]
+    assert all(b.prev_free_block is None and b.next_free_block is None for b in got)
+    assert free_ids(pool) == [4, 5]
+    assert pool.get_num_free_blocks() == 2
+
+
+def test_get_new_blocks_zero_returns_empty_list_and_changes_nothing() -> None:
+    pool = make_pool(4)
+    before = snapshot(pool)
+    assert pool.get_new_blocks(0) == []
+    assert snapshot(pool) == before
+
+
+def test_get_new_blocks_can_take_every_free_block() -> None:
+    pool = make_pool(4)
+    assert ids(pool.get_new_blocks(3)) == [1, 2, 3]
+    assert pool.get_num_free_blocks() == 0
+    assert free_ids(pool) == []
+
+
+def test_get_new_blocks_beyond_free_count_raises_value_error_with_reference_message() -> None:
+    pool = make_pool(4)
+    with pytest.raises(NotEnoughFreeBlocksError) as info:
+        pool.get_new_blocks(4)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == "Cannot get 4 free blocks from the pool"  # reference line 682
+
+
+def test_get_new_blocks_evicts_hash_of_reused_cached_block_and_emits_removals() -> None:
+    pool = make_pool(3)
+    req = make_request(TOKENS)
+    block = cache_blocks(pool, req, 1)[0]
+    pool.cache_partial_block(req, block, 2, 0, BS)  # secondary key of the same block
+    pool.free_blocks([block])
+    taken(pool)
+    pool.get_new_blocks(1)  # block 2: unhashed, nothing removed
+    assert taken(pool) == []
+    again = pool.get_new_blocks(1)[0]
+    assert again is block
+    assert block.block_hash is None and block.block_hash_num_tokens is None
+    assert index_of(pool) == {}
+    assert pool.cached_block_hashes_by_block == {}
+    assert taken(pool) == [removed(key(req, 1)), removed(key(req, 0))]  # primary first
+
+
+def test_get_new_blocks_reports_allocation_and_eviction_to_metrics_in_reference_order() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(4, metrics=metrics)
+    pool.get_new_blocks(2)
+    # reference lines 690-696: evicted (via _maybe_evict_cached_block) then allocated, per block
+    assert metrics.calls == [("evicted", 1), ("allocated", 1), ("evicted", 2), ("allocated", 2)]
+
+
+def test_get_new_blocks_without_caching_reports_only_allocation() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(4, caching=False, metrics=metrics)
+    pool.get_new_blocks(2)
+    assert metrics.calls == [("allocated", 1), ("allocated", 2)]
+
+
+# ---------------------------------------------------------------------- free_blocks
+
+
+def test_free_blocks_puts_unhashed_blocks_at_the_head_in_the_given_order() -> None:
+    pool = make_pool(6)
+    a, b, _c = pool.get_new_blocks(3)
+    pool.free_blocks([b, a])
+    assert free_ids(pool) == [2, 1, 4, 5]
+    assert a.ref_cnt == b.ref_cnt == 0
+
+
+def test_free_blocks_puts_hashed_blocks_at_the_tail_in_the_given_order() -> None:
+    pool = make_pool(6)
+    a, b = cache_blocks(pool, make_request(TOKENS), 2)
+    plain = pool.get_new_blocks(1)[0]
+    pool.free_blocks([b, plain, a])
+    assert free_ids(pool) == [3, 4, 5, 2, 1]
+
+
+def test_free_blocks_without_caching_puts_every_block_at_the_head() -> None:
+    pool = make_pool(5, caching=False)
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([a, b])
+    assert free_ids(pool) == [1, 2, 3, 4]
+
+
+def test_free_blocks_of_a_shared_block_only_drops_one_reference() -> None:
+    pool = make_pool(4)
+    block = pool.get_new_blocks(1)[0]
+    pool.touch([block])
+    pool.free_blocks([block])
+    assert block.ref_cnt == 1
+    assert 1 not in free_ids(pool)
+
+
+def test_free_blocks_listing_a_block_k_times_drops_k_references() -> None:
+    pool = make_pool(4)
+    block = pool.get_new_blocks(1)[0]
+    pool.touch([block, block])
+    pool.free_blocks([block, block, block])
+    assert block.ref_cnt == 0
+    assert free_ids(pool) == [1, 2, 3]
+
+
+def test_free_blocks_accepts_any_iterable() -> None:
+    pool = make_pool(4)
+    blocks = pool.get_new_blocks(2)
+    pool.free_blocks(b for b in blocks)
+    assert pool.get_num_free_blocks() == 3
+
+
+def test_free_blocks_of_the_null_block_is_legal_and_never_frees_it() -> None:
+    pool = make_pool(4)
+    pool.free_blocks([pool.null_block])
+    assert pool.null_block.ref_cnt == -1  # the reference's counter moves, meaningless
+    assert free_ids(pool) == [1, 2, 3]
+
+
+def test_free_blocks_delegates_blocks_of_a_second_pool_to_that_pool() -> None:
+    mine, theirs = make_pool(4), make_pool(4)
+    my_block = mine.get_new_blocks(1)[0]
+    their_block = theirs.get_new_blocks(1)[0]
+    mine.free_blocks([their_block, my_block])
+    assert my_block.ref_cnt == their_block.ref_cnt == 0
+    assert free_ids(mine) == [1, 2, 3]
+    assert free_ids(theirs) == [1, 2, 3]
+
+
+def test_free_blocks_over_free_in_the_second_pool_is_refused_before_either_changes() -> None:
+    mine, theirs = make_pool(4), make_pool(4)
+    my_block = mine.get_new_blocks(1)[0]
+    their_block = theirs.get_new_blocks(1)[0]
+    before = (snapshot(mine), snapshot(theirs))
+    with pytest.raises(BlockNotInUseError):
+        mine.free_blocks([my_block, their_block, their_block])
+    assert (snapshot(mine), snapshot(theirs)) == before
+    assert my_block.ref_cnt == 1
+
+
+# ---------------------------------------------------------------------------- touch
+
+
+def test_touch_takes_an_idle_cached_block_out_of_the_middle_of_the_free_queue() -> None:
+    pool = make_pool(6)
+    a, b = cache_blocks(pool, make_request(TOKENS), 2)
+    pool.free_blocks([a, b])
+    assert free_ids(pool) == [3, 4, 5, 1, 2]
+    pool.touch([a])
+    assert a.ref_cnt == 1
+    assert free_ids(pool) == [3, 4, 5, 2]
+    assert pool.get_num_free_blocks() == 4
+
+
+def test_touch_of_a_block_in_use_only_adds_a_reference() -> None:
+    pool = make_pool(4)
+    block = pool.get_new_blocks(1)[0]
+    pool.touch([block])
+    assert block.ref_cnt == 2
+    assert free_ids(pool) == [2, 3]
+
+
+def test_touch_of_the_null_block_is_legal_and_leaves_the_free_queue_alone() -> None:
+    pool = make_pool(4)
+    pool.touch([pool.null_block])
+    assert pool.null_block.ref_cnt == 1
+    assert free_ids(pool) == [1, 2, 3]
+
+
+def test_touch_reports_each_access_to_metrics() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(4, metrics=metrics)
+    block = pool.get_new_blocks(1)[0]
+    metrics.calls.clear()
+    pool.touch([block, pool.null_block, block])
+    assert metrics.calls == [("accessed", 1), ("accessed", 0), ("accessed", 1)]
+
+
+# --------------------------------------------------------------------- unpin_blocks
+
+
+def test_unpin_blocks_releases_to_the_tail_and_registers_the_watcher() -> None:
+    pool = make_pool(5)
+    a, b = pool.get_new_blocks(2)
+    watcher = RecordingWatcher()
+    pool.unpin_blocks([b, a], watcher)
+    assert a.ref_cnt == b.ref_cnt == 0
+    assert free_ids(pool) == [3, 4, 2, 1]
+    assert pool.get_num_free_blocks() == 4
+    assert watcher.seen == []
+    assert snapshot(pool)[2] == [(2, id(watcher)), (1, id(watcher))]
+
+
+def test_unpin_blocks_of_a_shared_block_keeps_it_in_use_but_watched() -> None:
+    pool = make_pool(4)
+    block = pool.get_new_blocks(1)[0]
+    pool.touch([block])
+    pool.unpin_blocks([block], RecordingWatcher())
+    assert block.ref_cnt == 1
+    assert 1 not in free_ids(pool)
+    assert snapshot(pool)[0].watched == (1,)
+
+
+def test_watcher_fires_when_get_new_blocks_hands_the_block_out() -> None:
+    pool = make_pool(3)
+    a, b = pool.get_new_blocks(2)
+    watcher = RecordingWatcher()
+    pool.unpin_blocks([a], watcher)
+    pool.free_blocks([b])  # b to the head, a stays at the tail
+    pool.get_new_blocks(1)
+    assert watcher.seen == []
+    pool.get_new_blocks(1)
+    assert watcher.seen == [1]
+    assert snapshot(pool)[0].watched == ()
+
+
+def test_unpinned_hashed_block_keeps_its_hash_and_watcher_and_can_be_hit() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = cache_blocks(pool, req, 1)[0]
+    watcher = RecordingWatcher()
+    pool.unpin_blocks([block], watcher)
+    assert block.block_hash == key(req, 1)
+    assert pool.get_cached_block(req.block_hashes[1], [0]) == [block]
+    pool.touch([block])
+    assert block.ref_cnt == 1
+    assert snapshot(pool)[0].watched == (1,)
+    assert watcher.seen == []
+
+
+def test_unpin_again_replaces_the_watcher() -> None:
+    pool = make_pool(4)
+    block = pool.get_new_blocks(1)[0]
+    pool.touch([block])
+    first, second = RecordingWatcher(), RecordingWatcher()
+    pool.unpin_blocks([block], first)
+    pool.unpin_blocks([block], second)
+    pool.get_new_blocks(3)
+    assert first.seen == [] and second.seen == [1]
+
+
+# ----------------------------------------------------------------- is_block_writable
+
+
+def test_is_block_writable_only_for_sole_owner_of_unhashed_real_block() -> None:
+    pool = make_pool(6)
+    fresh, shared, idle = pool.get_new_blocks(3)
+    hashed = cache_blocks(pool, make_request(TOKENS), 1)[0]
+    pool.touch([shared])
+    pool.free_blocks([idle])
+    assert pool.is_block_writable(fresh) is True
+    assert pool.is_block_writable(shared) is False
+    assert pool.is_block_writable(idle) is False
+    assert pool.is_block_writable(hashed) is False
+    assert pool.is_block_writable(pool.null_block) is False
+
+
+# -------------------------------------------------------------- get_cached_block
+
+
+def test_get_cached_block_returns_the_block_of_every_group_or_none_on_any_miss() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS)
+    g0 = cache_blocks(pool, req, 1, group=0)[0]
+    g3 = cache_blocks(pool, req, 1, group=3)[0]
+    assert pool.get_cached_block(req.block_hashes[1], [0, 3]) == [g0, g3]
+    assert pool.get_cached_block(req.block_hashes[1], [3]) == [g3]
+    assert pool.get_cached_block(req.block_hashes[1], [0, 1]) is None
+    assert pool.get_cached_block(req.block_hashes[3], [0]) is None
+    assert pool.get_cached_block(req.block_hashes[1], []) == []
+
+
+def test_get_cached_block_with_duplicates_returns_the_first_cached() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS)
+    first = cache_blocks(pool, req, 1)[0]
+    second = cache_blocks(pool, req, 1)[0]
+    assert index_of(pool) == {key(req, 1): [first.block_id, second.block_id]}
+    assert pool.get_cached_block(req.block_hashes[1], [0]) == [first]
+
+
+# ------------------------------------------------------------- cache_full_blocks
+
+
+def test_cache_full_blocks_indexes_new_full_blocks_and_emits_one_stored_event() -> None:
+    pool = make_pool(6, hbs=BS)
+    req = make_request(TOKENS, hbs=BS)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    assert [b.block_hash for b in blocks] == [key(req, 0), key(req, 1), None]
+    assert [b.block_hash_num_tokens for b in blocks] == [4, 8, None]
+    assert index_of(pool) == {key(req, 0): [1], key(req, 1): [2]}
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[0]), ext(req.block_hashes[1])],
+        token_ids=TOKENS[:8], extra_keys=[None, None])]
+
+
+def test_cache_full_blocks_continuation_names_the_last_cached_block_as_parent() -> None:
+    pool = make_pool(6, hbs=BS)
+    req = make_request(TOKENS, hbs=BS)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 1, BS, 0)
+    taken(pool)
+    pool.cache_full_blocks(req, blocks, 1, 3, BS, 0)
+    assert blocks[2].block_hash_num_tokens == 12
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[1]), ext(req.block_hashes[2])],
+        parent_block_hash=ext(req.block_hashes[0]), token_ids=TOKENS[4:12],
+        extra_keys=[None, None])]
+
+
+def test_cache_full_blocks_with_nothing_new_changes_nothing() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    blocks = pool.get_new_blocks(2)
+    before = snapshot(pool)
+    pool.cache_full_blocks(req, blocks, 1, 1, BS, 0)
+    assert snapshot(pool) == before
+
+
+def test_cache_full_blocks_with_hash_block_size_below_block_size_uses_last_chunk_hash() -> None:
+    pool = make_pool(6)  # hash_block_size 2, block_size 4
+    req = make_request(TOKENS)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 0)
+    assert [b.block_hash for b in blocks] == [key(req, 1), key(req, 3)]
+    assert [b.block_hash_num_tokens for b in blocks] == [4, 8]
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[1]), ext(req.block_hashes[3])],
+        token_ids=TOKENS[:8], extra_keys=[None, None])]
+
+
+def test_cache_full_blocks_skips_null_and_masked_out_blocks() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS)
+    a, b, c = pool.get_new_blocks(3)
+    table = [pool.null_block, a, b, c]
+    pool.cache_full_blocks(req, table, 0, 4, BS, 0, block_mask=[True, True, False, True])
+    assert pool.null_block.block_hash is None
+    assert [x.block_hash for x in (a, b, c)] == [key(req, 3), None, key(req, 7)]
+    assert index_of(pool) == {key(req, 3): [1], key(req, 7): [3]}
+    # token_ids cover the whole range; hashes and extra keys only the cached blocks
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[3]), ext(req.block_hashes[7])],
+        token_ids=TOKENS[:16], extra_keys=[None, None])]
+
+
+def test_cache_full_blocks_with_every_block_skipped_still_emits_an_empty_stored_event() -> None:
+    # reference lines 303-344: the event is emitted whenever events are on
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_full_blocks(req, [pool.null_block, block], 0, 2, BS, 0, block_mask=[True, False])
+    assert index_of(pool) == {}
+    assert taken(pool) == [stored(token_ids=TOKENS[:8])]
+
+
+def test_cache_full_blocks_event_carries_lora_salt_session_and_group() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS, lora_request=LoRARequest("adapter", 7, "/p"),
+                       cache_salt="salt", session_id="sess")
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, BS, 5)
+    assert get_group_id(blocks[0].block_hash or b"") == 5
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[1]), ext(req.block_hashes[3])],
+        token_ids=TOKENS[:8], lora_id=7, lora_name="adapter",
+        extra_keys=[("adapter", "salt"), ("adapter",)], group_idx=5, session_id="sess")]
+
+
+def test_cache_full_blocks_promotes_a_partial_entry_of_the_same_block() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_partial_block(req, block, 2, 0, BS)
+    taken(pool)
+    pool.cache_full_blocks(req, [block], 0, 1, BS, 0)
+    assert block.block_hash == key(req, 1)
+    assert block.block_hash_num_tokens == 4
+    assert index_of(pool) == {key(req, 1): [1]}
+    events = taken(pool)
+    assert events[0] == removed(key(req, 0))
+    assert events[1]["type"] == "BlockStored"
+
+
+def test_cache_full_blocks_without_events_queues_nothing() -> None:
+    pool = make_pool(4, events=False)
+    cache_blocks(pool, make_request(TOKENS), 2)
+    assert pool.kv_event_queue == []
+    assert pool.take_events() == []
+
+
+# -------------------------------------------------------- emit_cached_block_events
+
+
+def test_emit_cached_block_events_announces_a_hit_prefix_without_changing_the_pool() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS, session_id="s")
+    before = snapshot(pool)[0]
+    pool.emit_cached_block_events(req, 2, BS, 1)
+    assert snapshot(pool)[0] == before
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[1]), ext(req.block_hashes[3])],
+        token_ids=TOKENS[:8], extra_keys=[None, None], group_idx=1, session_id="s")]
+
+
+def test_emit_cached_block_events_is_silent_for_zero_blocks_or_disabled_events() -> None:
+    req = make_request(TOKENS)
+    on, off = make_pool(4), make_pool(4, events=False)
+    on.emit_cached_block_events(req, 0, BS, 0)
+    off.emit_cached_block_events(req, 2, BS, 0)
+    assert on.kv_event_queue == [] and off.kv_event_queue == []
+
+
+# ------------------------------------------------------------- cache_partial_block
+
+
+def test_cache_partial_block_on_unhashed_block_becomes_its_primary_key() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    got = pool.cache_partial_block(req, block, 2, 0, BS)
+    assert got == key(req, 0)
+    assert block.block_hash == key(req, 0)
+    assert block.block_hash_num_tokens == 2
+    assert index_of(pool) == {key(req, 0): [1]}
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[0])], token_ids=TOKENS[:2], block_size=HBS,
+        extra_keys=[None])]
+
+
+def test_cache_partial_block_event_names_the_previous_chunk_as_parent() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_partial_block(req, block, 6, 2, BS)
+    assert block.block_hash == key(req, 2, group=2)
+    assert taken(pool) == [stored(
+        block_hashes=[ext(req.block_hashes[2])], parent_block_hash=ext(req.block_hashes[1]),
+        token_ids=TOKENS[4:6], block_size=HBS, extra_keys=[None], group_idx=2)]
+
+
+def test_cache_partial_block_that_grew_replaces_the_shorter_entry() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_partial_block(req, block, 2, 0, 8)
+    taken(pool)
+    pool.cache_partial_block(req, block, 4, 0, 8)
+    assert block.block_hash == key(req, 1)
+    assert block.block_hash_num_tokens == 4
+    assert index_of(pool) == {key(req, 1): [1]}
+    assert [e["type"] for e in taken(pool)] == ["BlockRemoved", "BlockStored"]
+
+
+def test_cache_partial_block_on_a_longer_cached_block_adds_a_secondary_key() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = cache_blocks(pool, req, 1)[0]
+    taken(pool)
+    pool.cache_partial_block(req, block, 2, 0, BS)
+    assert block.block_hash == key(req, 1)
+    assert block.block_hash_num_tokens == 4
+    assert list(pool.cached_block_hashes_by_block[1]) == [key(req, 0)]
+    assert index_of(pool) == {key(req, 1): [1], key(req, 0): [1]}
+    assert [e["type"] for e in taken(pool)] == ["BlockStored"]
+
+
+def test_cache_partial_block_already_cached_returns_key_without_event_or_change() -> None:
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_partial_block(req, block, 2, 0, BS)
+    taken(pool)
+    before = snapshot(pool)
+    assert pool.cache_partial_block(req, block, 2, 0, BS) == key(req, 0)
+    assert snapshot(pool) == before
+
+
+def test_cache_partial_block_replace_existing_hashes_drops_every_entry_first() -> None:
+    pool = make_pool(4)
+    req, other = make_request(TOKENS), make_request([7] * 16, name="o")
+    block = cache_blocks(pool, req, 1)[0]
+    pool.cache_partial_block(req, block, 2, 0, BS)
+    taken(pool)
+    got = pool.cache_partial_block(other, block, 4, 0, BS, replace_existing_hashes=True)
+    assert got == key(other, 1)
+    assert block.block_hash == key(other, 1) and block.block_hash_num_tokens == 4
+    assert pool.cached_block_hashes_by_block == {}
+    assert index_of(pool) == {key(other, 1): [1]}
+    events = taken(pool)
+    assert events[:2] == [removed(key(req, 1)), removed(key(req, 0))]
+    assert events[2]["type"] == "BlockStored"
+
+
+def test_cache_partial_block_of_the_null_block_returns_none_and_changes_nothing() -> None:
+    pool = make_pool(4)
+    before = snapshot(pool)
+    assert pool.cache_partial_block(make_request(TOKENS), pool.null_block, 2, 0, BS) is None
+    assert snapshot(pool) == before
+
+
+# --------------------------------------------------------------- move_block_hashes
+
+
+def test_move_block_hashes_repoints_every_entry_without_events() -> None:
+    pool = make_pool(5)
+    req = make_request(TOKENS)
+    src = cache_blocks(pool, req, 1)[0]
+    pool.cache_partial_block(req, src, 2, 0, BS)
+    dst = pool.get_new_blocks(1)[0]
+    taken(pool)
+    pool.move_block_hashes(src, dst)
+    assert src.block_hash is None and src.block_hash_num_tokens is None
+    assert dst.block_hash == key(req, 1) and dst.block_hash_num_tokens == 4
+    assert list(pool.cached_block_hashes_by_block[dst.block_id]) == [key(req, 0)]
+    assert src.block_id not in pool.cached_block_hashes_by_block
+    assert index_of(pool) == {key(req, 1): [2], key(req, 0): [2]}
+    assert pool.kv_event_queue == []
+
+
+def test_move_block_hashes_of_an_unhashed_block_is_a_no_op_even_onto_null() -> None:
+    pool = make_pool(4)
+    src, dst = pool.get_new_blocks(2)
+    before = snapshot(pool)
+    pool.move_block_hashes(src, dst)
+    pool.move_block_hashes(src, pool.null_block)
+    assert snapshot(pool) == before
+
+
+# -------------------------------------------------------------------- evict_blocks
+
+
+def test_evict_blocks_drops_entries_but_keeps_ref_counts_and_queue_places() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS)
+    a, b = cache_blocks(pool, req, 2)
+    pool.cache_partial_block(req, a, 2, 0, BS)
+    pool.free_blocks([b])
+    taken(pool)
+    queue = free_ids(pool)
+    pool.evict_blocks({a.block_id, b.block_id})
+    assert a.block_hash is None and b.block_hash is None
+    assert index_of(pool) == {} and pool.cached_block_hashes_by_block == {}
+    assert (a.ref_cnt, b.ref_cnt) == (1, 0)
+    assert free_ids(pool) == queue
+    assert taken(pool) == [removed(key(req, 1)), removed(key(req, 0)), removed(key(req, 3))]
+
+
+def test_secondary_keys_are_removed_in_insertion_order_after_the_primary() -> None:
+    # model decision: secondary keys keep insertion order (the reference uses a set)
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    block = pool.get_new_blocks(1)[0]
+    pool.cache_full_blocks(req, [block], 0, 1, 8, 0)
+    pool.cache_partial_block(req, block, 4, 0, 8)
+    pool.cache_partial_block(req, block, 2, 0, 8)
+    assert list(pool.cached_block_hashes_by_block[1]) == [key(req, 1), key(req, 0)]
+    taken(pool)
+    pool.evict_blocks({1})
+    assert taken(pool) == [removed(key(req, 3)), removed(key(req, 1)), removed(key(req, 0))]
+
+
+def test_evict_blocks_of_one_duplicate_leaves_the_other_indexed() -> None:
+    pool = make_pool(6)
+    req = make_request(TOKENS)
+    first = cache_blocks(pool, req, 1)[0]
+    second = cache_blocks(pool, req, 1)[0]
+    pool.evict_blocks({first.block_id})
+    assert pool.get_cached_block(req.block_hashes[1], [0]) == [second]
+
+
+def test_evict_blocks_reports_every_id_to_metrics_hashed_or_not() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(6, metrics=metrics)
+    cache_blocks(pool, make_request(TOKENS), 1)
+    metrics.calls.clear()
+    pool.evict_blocks({0, 1, 4})
+    assert metrics.calls == [("evicted", 0), ("evicted", 1), ("evicted", 4)]
+
+
+# --------------------------------------------------------------- reset_prefix_cache
+
+
+def test_reset_prefix_cache_is_refused_while_a_block_is_in_use() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(4, metrics=metrics)
+    cache_blocks(pool, make_request(TOKENS), 1)
+    metrics.calls.clear()
+    before = snapshot(pool)
+    assert pool.reset_prefix_cache() is False
+    assert snapshot(pool) == before
+    assert metrics.calls == []
+
+
+def test_reset_prefix_cache_forgets_every_hash_fires_watchers_and_emits_cleared() -> None:
+    metrics = RecordingMetrics()
+    pool = make_pool(5, metrics=metrics)
+    req = make_request(TOKENS)
+    a, b = cache_blocks(pool, req, 2)
+    pool.cache_partial_block(req, a, 2, 0, BS)
+    watcher = RecordingWatcher()
+    pool.unpin_blocks([b], watcher)
+    pool.free_blocks([a])
+    pool.touch([pool.null_block])  # the null block never counts as in use
+    taken(pool)
+    queue = free_ids(pool)
+    metrics.calls.clear()
+    assert pool.reset_prefix_cache() is True
+    assert all(x.block_hash is None and x.block_hash_num_tokens is None for x in pool.blocks)
+    assert len(pool.cached_block_hash_to_block) == 0
+    assert pool.cached_block_hashes_by_block == {}
+    assert snapshot(pool)[2] == []
+    assert watcher.seen == [2]
+    assert metrics.calls == [("reset", None)]
+    assert free_ids(pool) == queue
+    assert pool.take_events() == [AllBlocksCleared()]
+
+
+# ------------------------------------------------------- queries and take_events
+
+
+def test_get_usage_is_the_fraction_of_real_blocks_in_use() -> None:
+    pool = make_pool(5)
+    assert pool.get_usage() == 0.0
+    pool.get_new_blocks(1)
+    assert pool.get_usage() == pytest.approx(0.25)
+    pool.get_new_blocks(3)
+    assert pool.get_usage() == pytest.approx(1.0)
+
+
+def test_get_usage_of_a_pool_with_only_the_null_block_is_zero() -> None:
+    pool = make_pool(1)
+    assert pool.get_num_free_blocks() == 0
+    assert pool.get_usage() == 0
+
+
+def test_take_events_hands_over_pending_events_once() -> None:
+    pool = make_pool(4)
+    cache_blocks(pool, make_request(TOKENS), 1)
+    events = pool.take_events()
+    assert [type(e) for e in events] == [BlockStored]
+    assert pool.kv_event_queue == []
+    assert pool.take_events() == []
+
+
+def test_take_events_on_a_pool_without_events_returns_empty() -> None:
+    pool = make_pool(4, events=False)
+    pool.reset_prefix_cache()
+    assert pool.take_events() == []
+
+
+# ------------------------------------------------------------------------ events
+
+
+def test_event_hashes_are_the_low_64_bits_as_int() -> None:
+    high = bytes([0xFF] * 24 + [1, 2, 3, 4, 5, 6, 7, 8])
+    assert maybe_convert_block_hash(high) == 0x0102030405060708
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    cache_blocks(pool, req, 1)
+    (event,) = pool.take_events()
+    assert isinstance(event, BlockStored)
+    (h,) = event.block_hashes
+    assert isinstance(h, int) and 0 <= h <= LOW_64
+    assert h == int.from_bytes(req.block_hashes[1], "big") & LOW_64
+
+
+def test_event_classes_have_the_reference_fields_exactly() -> None:
+    stored_event = BlockStored([1], None, [1, 2], 2, None, "GPU", None)
+    assert list(event_fields(stored_event)) == [
+        "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+        "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window", "locality", "ownership", "session_id"]
+    assert event_fields(BlockRemoved([1], "GPU")) == {
+        "type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": None,
+        "locality": None, "ownership": None}
+    assert event_fields(AllBlocksCleared()) == {"type": "AllBlocksCleared"}
+
+
+def test_removed_event_names_hash_and_group_of_the_key() -> None:
+    pool = make_pool(4, medium=MEDIUM_CPU)
+    req = make_request(TOKENS)
+    block = cache_blocks(pool, req, 1, group=9)[0]
+    taken(pool)
+    pool.evict_blocks({block.block_id})
+    assert taken(pool) == [removed(key(req, 1, group=9), medium=MEDIUM_CPU)]
+
+
+def test_keys_pack_the_group_as_four_big_endian_bytes() -> None:
+    block_hash = bytes(range(32))
+    packed = make_block_hash_with_group_id(block_hash, 2**32 - 1)
+    assert packed == block_hash + b"\xff\xff\xff\xff"
+    assert get_block_hash(packed) == block_hash
+    assert get_group_id(packed) == 2**32 - 1
+    assert get_group_id(make_block_hash_with_group_id(block_hash, 258)) == 258
+
+
+# -------------------------------------------------------------------- KVCacheBlock
+
+
+def test_kv_cache_block_defaults() -> None:
+    block = KVCacheBlock(3)
+    assert (block.block_id, block.ref_cnt, block.pool, block.is_null) == (3, 0, None, False)
+    assert block.block_hash is None and block.block_hash_num_tokens is None
+    assert block.prev_free_block is None and block.next_free_block is None
+    pool = make_pool(2)
+    assert KVCacheBlock(7, 2, pool=pool).pool is pool
+
+
+def test_kv_cache_block_set_and_reset_hash() -> None:
+    block = KVCacheBlock(1)
+    block.set_block_hash(b"k" * 36, num_tokens=8)
+    assert block.block_hash == b"k" * 36 and block.block_hash_num_tokens == 8
+    with pytest.raises(BlockHashConflictError):
+        block.set_block_hash(b"j" * 36)
+    assert block.block_hash == b"k" * 36
+    block.reset_hash()
+    assert block.block_hash is None and block.block_hash_num_tokens is None
+    block.set_block_hash(b"j" * 36)
+    assert block.block_hash_num_tokens is None
+
+
+def test_kv_cache_block_repr_names_neighbours_by_id() -> None:
+    blocks = [KVCacheBlock(i) for i in range(3)]
+    FreeKVCacheBlockQueue(blocks)
+    assert repr(blocks[1]) == (
+        "KVCacheBlock(block_id=1, ref_cnt=0, _block_hash=None, _block_hash_num_tokens=None, "
+        "prev_free_block=0, next_free_block=2)")
+
+
+def test_kv_cache_block_compares_and_hashes_by_identity() -> None:
+    # A documented difference: vLLM's dataclass compares fields and is unhashable.
+    a, b = KVCacheBlock(3), KVCacheBlock(3)
+    assert a != b and a == a and len({a, b}) == 2
+
+
+def test_kv_cache_block_takes_the_reference_dataclass_fields() -> None:
+    head = KVCacheBlock(-1)
+    blk = KVCacheBlock(4, 2, b"k", 8, head, None, True, pool=None)
+    assert (blk.block_id, blk.ref_cnt, blk.block_hash, blk.block_hash_num_tokens) == (4, 2, b"k", 8)
+    assert blk.prev_free_block is head and blk.is_null
+
+
+# ---------------------------------------------------------- FreeKVCacheBlockQueue
+
+
+def make_queue(n: int) -> tuple[FreeKVCacheBlockQueue, list[KVCacheBlock]]:
+    blocks = [KVCacheBlock(i) for i in range(n)]
+    return FreeKVCacheBlockQueue(blocks), blocks
+
+
+def queue_ids(queue: FreeKVCacheBlockQueue) -> list[int]:
+    return ids(queue.get_all_free_blocks())
+
+
+def assert_links_consistent(queue: FreeKVCacheBlockQueue) -> None:
+    """Forward and backward walks agree and match the count."""
+    forward = queue_ids(queue)
+    backward: list[int] = []
+    node = queue.fake_free_list_tail.prev_free_block
+    while node is not None and node is not queue.fake_free_list_head:
+        backward.append(node.block_id)
+        node = node.prev_free_block
+    assert backward[::-1] == forward
+    assert queue.num_free_blocks == len(forward)
+
+
+def test_queue_starts_with_blocks_in_given_order() -> None:
+    queue, _ = make_queue(4)
+    assert queue_ids(queue) == [0, 1, 2, 3]
+    assert queue.num_free_blocks == 4
+    assert_links_consistent(queue)
+
+
+def test_empty_queue_links_head_to_tail() -> None:
+    queue, _ = make_queue(0)
+    assert queue.fake_free_list_head.next_free_block is queue.fake_free_list_tail
+    assert queue.fake_free_list_tail.prev_free_block is queue.fake_free_list_head
+    assert queue.get_all_free_blocks() == []
+    assert queue.num_free_blocks == 0
+
+
+def test_queue_popleft_takes_the_head_and_unlinks_it() -> None:
+    queue, blocks = make_queue(3)
+    assert queue.popleft() is blocks[0]
+    assert blocks[0].prev_free_block is None and blocks[0].next_free_block is None
+    assert queue_ids(queue) == [1, 2]
+    assert_links_consistent(queue)
+
+
+def test_queue_popleft_on_empty_raises_value_error() -> None:
+    queue, _ = make_queue(0)
+    with pytest.raises(ValueError, match="No free blocks available"):
+        queue.popleft()
+
+
+def test_queue_popleft_n_takes_the_first_n_in_order() -> None:
+    queue, blocks = make_queue(5)
+    assert queue.popleft_n(0) == []
+    assert queue.popleft_n(3) == blocks[:3]
+    assert all(b.prev_free_block is None and b.next_free_block is None for b in blocks[:3])
+    assert queue_ids(queue) == [3, 4]
+    assert_links_consistent(queue)
+    assert queue.popleft_n(2) == blocks[3:]
+    assert_links_consistent(queue)
+
+
+def test_queue_popleft_n_beyond_the_count_is_refused() -> None:
+    queue, _ = make_queue(2)
+    with pytest.raises(NotEnoughFreeBlocksError):
+        queue.popleft_n(3)
+    assert queue_ids(queue) == [0, 1]
+
+
+def test_queue_remove_from_the_middle_relinks_neighbours() -> None:
+    queue, blocks = make_queue(5)
+    queue.remove(blocks[2])
+    assert blocks[1].next_free_block is blocks[3]
+    assert blocks[3].prev_free_block is blocks[1]
+    assert blocks[2].prev_free_block is None and blocks[2].next_free_block is None
+    assert queue_ids(queue) == [0, 1, 3, 4]
+    assert_links_consistent(queue)
+
+
+def test_queue_remove_of_a_block_not_in_it_is_refused() -> None:
+    # The reference raises RuntimeError here (kv_cache_utils line 381); kvpool a typed error.
+    queue, blocks = make_queue(2)
+    queue.remove(blocks[0])
+    with pytest.raises(BlockPoolError):
+        queue.remove(blocks[0])
+    assert queue_ids(queue) == [1]
+
+
+def test_queue_append_append_n_and_prepend_n_keep_the_given_order() -> None:
+    queue, blocks = make_queue(6)
+    queue.popleft_n(6)
+    queue.append(blocks[2])
+    queue.append_n([blocks[4], blocks[0]])
+    queue.prepend_n([blocks[5], blocks[1]])
+    queue.append_n([])
+    queue.prepend_n([])
+    assert queue_ids(queue) == [5, 1, 2, 4, 0]
+    assert_links_consistent(queue)
+
+
+def test_queue_iter_blocks_after_walks_from_a_cursor_to_the_tail() -> None:
+    queue, blocks = make_queue(4)
+    assert ids(list(queue.iter_blocks_after(None))) == [0, 1, 2, 3]
+    assert ids(list(queue.iter_blocks_after(blocks[1]))) == [2, 3]
+    assert list(queue.iter_blocks_after(blocks[3])) == []
+
+
+# ------------------------------------------------------------- BlockHashToBlockMap
+
+
+def test_hash_map_single_block_entry() -> None:
+    index = BlockHashToBlockMap()
+    block = KVCacheBlock(4)
+    assert index.get_one_block(b"k") is None
+    assert not index.contain(b"k", 4)
+    index.insert(b"k", block)
+    assert index.get_one_block(b"k") is block
+    assert index.contain(b"k", 4) and not index.contain(b"k", 5)
+    assert len(index) == 1
+
+
+def test_hash_map_several_blocks_under_one_key_return_the_first() -> None:
+    index = BlockHashToBlockMap()
+    first, second = KVCacheBlock(4), KVCacheBlock(2)
+    index.insert(b"k", first)
+    index.insert(b"k", second)
+    assert index.get_one_block(b"k") is first
+    assert index.contain(b"k", 2) and index.contain(b"k", 4)
+    assert len(index) == 1
+
+
+def test_hash_map_pop_removes_only_the_matching_block() -> None:
+    index = BlockHashToBlockMap()
+    first, second = KVCacheBlock(4), KVCacheBlock(2)
+    index.insert(b"k", first)
+    index.insert(b"k", second)
+    assert index.pop(b"k", 4) is first
+    assert index.get_one_block(b"k") is second
+    assert index.pop(b"k", 2) is second
+    assert len(index) == 0
+    assert index.pop(b"k", 2) is None
+
+
+def test_hash_map_pop_of_a_non_matching_id_keeps_the_entry() -> None:
+    index = BlockHashToBlockMap()
+    single, a, b = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
+    index.insert(b"one", single)
+    index.insert(b"two", a)
+    index.insert(b"two", b)
+    assert index.pop(b"one", 9) is None
+    assert index.pop(b"two", 9) is None
+    assert index.get_one_block(b"one") is single
+    assert index.contain(b"two", 2) and index.contain(b"two", 3)
+    assert len(index) == 2
+
+
+def test_hash_map_len_counts_keys_not_blocks() -> None:
+    index = BlockHashToBlockMap()
+    for i, k in enumerate([b"a", b"b", b"a"]):
+        index.insert(k, KVCacheBlock(i))
+    assert len(index) == 2
+
+
+def test_cache_full_blocks_with_more_cached_than_full_is_a_no_op_as_in_vllm() -> None:
+    # vLLM's sparse-attention coordinator may report fewer ready blocks than are cached.
+    pool = BlockPool(6, True, 4, enable_kv_cache_events=True)
+    blocks = pool.get_new_blocks(2)
+    before = snapshot(pool)
+    pool.cache_full_blocks(Request("r", list(range(8))), blocks, 2, 1, 4, 0)
+    assert snapshot(pool) == before
