@@ -7,24 +7,34 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .lockstep import Divergence, Lockstep
+from .lockstep import Divergence, Lockstep, same_error_type
 from .workload import Config, Workload
 
 
-def run_one(pool_factory: Callable[..., Any], seed: int, steps: int) -> Lockstep:
-    """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference."""
+def run_one(
+    pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
+    errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
+) -> Lockstep:
+    """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
+
+    ``misuse=False`` leaves out deliberately wrong calls (for pools, like
+    vLLM's, that do not refuse them); ``errors_match`` pairs refusals.
+    """
     rng = random.Random(seed)
     cfg = Config.draw(rng)
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
                           cfg.events)
-    work = Workload(rng, cfg, pair)
+    pair.errors_match = errors_match
+    work = Workload(rng, cfg, pair, misuse_on=misuse)
     for _ in range(steps):
         work.step()
     return pair
 
 
 def run_campaign(
-    pool_factory: Callable[..., Any], steps: int, runs: int, seed: int, out: TextIO,
+    pool_factory: Callable[..., Any], steps: int, runs: int, seed: int, out: TextIO, *,
+    misuse: bool = True,
+    errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
 ) -> int:
     """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""
     failures = 0
@@ -32,7 +42,8 @@ def run_campaign(
     started = time.perf_counter()
     for run in range(runs):
         try:
-            pair = run_one(pool_factory, seed + run, steps)
+            pair = run_one(pool_factory, seed + run, steps, misuse=misuse,
+                           errors_match=errors_match)
             total_calls += pair.steps
             print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls)", file=out)
         except Divergence as exc:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.impl.errors import NotEnoughFreeBlocksError
 from kvpool.impl.events import event_fields
 from kvpool.model import ACTIONS, QUERIES, initial_state, violated
 from kvpool.model.state import PoolState
@@ -30,6 +31,19 @@ BLOCK_ARGS: dict[str, dict[int, str]] = {
     "is_block_writable": {0: "one"},
 }
 RETURNS_BLOCKS = {"get_new_blocks", "get_cached_block"}
+
+
+def same_error_type(model_error: Exception, pool_error: Exception | None) -> bool:
+    """Strict matching: the pool raised exactly the model's error class."""
+    return type(model_error) is type(pool_error)
+
+
+def vllm_errors_match(model_error: Exception, pool_error: Exception | None) -> bool:
+    """vLLM raises a plain ``ValueError`` (same message) when it runs out of blocks."""
+    if isinstance(model_error, NotEnoughFreeBlocksError):
+        return type(pool_error) in (ValueError, NotEnoughFreeBlocksError) and str(
+            model_error) == str(pool_error)
+    return same_error_type(model_error, pool_error)
 
 
 class Divergence(AssertionError):
@@ -64,8 +78,7 @@ class Lockstep:
     model: PoolState
     foreign: Any = None  # a block of no pool, to stand for out-of-range ids
     fired: list[tuple[str, int]] = field(default_factory=list)
-    errors_match: Callable[[Exception, Exception | None], bool] = field(
-        default=lambda m, p: type(m) is type(p))
+    errors_match: Callable[[Exception, Exception | None], bool] = same_error_type
     """How a refusal of the pool is matched with the model's (default: same type)."""
     trace: list[Step] = field(default_factory=list)
     steps: int = 0

@@ -63,6 +63,7 @@ class Workload:
     copies: list[int] = field(default_factory=list)
     documents: list[list[int]] = field(default_factory=list)
     counter: int = 0
+    misuse_on: bool = True
 
     def __post_init__(self) -> None:
         self.documents = [[self.rng.randrange(50) for _ in range(48)] for _ in range(3)]
@@ -244,7 +245,8 @@ class Workload:
              ("evict", 1), ("reset", 1), ("query", 2), ("take", 2), ("misuse", 2))
 
     def step(self) -> str:
-        names, weights = zip(*self.STEPS, strict=True)
+        steps = self.STEPS if self.misuse_on else [x for x in self.STEPS if x[0] != "misuse"]
+        names, weights = zip(*steps, strict=True)
         name: str = self.rng.choices(names, weights)[0]
         getattr(self, name)()
         return name

@@ -1,0 +1,120 @@
+"""Drop-in: vLLM's own BlockPool and kvpool's, driven with the same inputs.
+
+Skipped unless vLLM is importable (``scripts/install-vllm.sh`` makes it so on a
+CPU-only machine; CI runs this file in that environment).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvpool.impl import BlockPool
+from kvpool.impl.events import event_fields
+from kvpool.oracle.campaign import run_campaign
+from kvpool.oracle.lockstep import vllm_errors_match
+from kvpool.oracle.observe import observe_pool
+
+vllm_pool = pytest.importorskip("vllm.v1.core.block_pool")
+vllm_request = pytest.importorskip("vllm.v1.request")
+vllm_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+vllm_hashing = pytest.importorskip("vllm.utils.hashing")
+vllm_lora = pytest.importorskip("vllm.lora.request")
+vllm_sampling = pytest.importorskip("vllm.sampling_params")
+pytest.importorskip("vllm.envs").enable_envs_cache()
+
+HBS = 4
+
+
+def vllm_request_for(rid: str, tokens: list[int], **kw: Any) -> Any:
+    """A real vLLM Request whose block hashes vLLM computes itself."""
+    vllm_utils.init_none_hash(vllm_hashing.sha256)
+    hasher = vllm_utils.get_request_block_hasher(HBS, vllm_hashing.sha256)
+    return vllm_request.Request(rid, tokens, vllm_sampling.SamplingParams(max_tokens=8), None,
+                                block_hasher=hasher, **kw)
+
+
+class Both:
+    """The two pools side by side; ``call`` names blocks by id and compares everything."""
+
+    def __init__(self, num_blocks: int, caching: bool = True) -> None:
+        self.pools = [
+            vllm_pool.BlockPool(num_blocks, caching, HBS, enable_kv_cache_events=True),
+            BlockPool(num_blocks, caching, HBS, enable_kv_cache_events=True),
+        ]
+
+    def call(self, op: str, *args: Any, blocks_at: tuple[int, ...] = ()) -> Any:
+        results = []
+        for pool in self.pools:
+            real = [
+                ([pool.blocks[i] for i in a] if isinstance(a, list) else pool.blocks[a])
+                if pos in blocks_at else a
+                for pos, a in enumerate(args)
+            ]
+            out = getattr(pool, op)(*real)
+            if isinstance(out, list) and out and hasattr(out[0], "block_id"):
+                out = [b.block_id for b in out]
+            elif isinstance(out, list) and out:
+                out = [event_fields(e) for e in out]
+            results.append(out)
+        vllm_out, kv_out = results
+        assert kv_out == vllm_out, op
+        assert observe_pool(self.pools[1]) == observe_pool(self.pools[0]), op
+        assert [event_fields(e) for e in self.pools[1].kv_event_queue] == [
+            event_fields(e) for e in self.pools[0].kv_event_queue], op
+        return kv_out
+
+
+def test_same_calls_same_results_events_and_state_with_real_vllm_requests() -> None:
+    both = Both(16)
+    lora = vllm_lora.LoRARequest("adapter", 3, "/weights")
+    a = vllm_request_for("a", list(range(18)), lora_request=lora, cache_salt="salt",
+                         session_id="s1")
+    b = vllm_request_for("b", list(range(18)), lora_request=lora, cache_salt="salt")
+    blocks = both.call("get_new_blocks", 5)
+    both.call("cache_full_blocks", a, blocks, 0, 4, HBS, 0, blocks_at=(1,))
+    both.call("cache_partial_block", a, blocks[1], 4, 1, 2 * HBS, blocks_at=(1,))
+    both.call("free_blocks", list(reversed(blocks)), blocks_at=(0,))
+    filler = both.call("get_new_blocks", 12)  # hands out block 4: its hash goes now
+    hits: list[int] = []
+    for block_hash in b.block_hashes:
+        found = both.call("get_cached_block", block_hash, [0])
+        if found is None:
+            break
+        hits += found
+    assert hits == blocks[:3]
+    both.call("touch", hits, blocks_at=(0,))
+    both.call("emit_cached_block_events", b, len(hits), HBS, 0)
+    both.call("free_blocks", filler, blocks_at=(0,))
+    fresh = both.call("get_new_blocks", 2)
+    both.call("cache_full_blocks", b, hits + fresh, 3, 4, HBS, 0, blocks_at=(1,))
+    both.call("unpin_blocks", fresh[:1], lambda blk: None, blocks_at=(0,))
+    both.call("evict_blocks", {hits[0]})
+    both.call("take_events")
+    both.call("free_blocks", hits + fresh[1:], blocks_at=(0,))
+    assert both.call("reset_prefix_cache") is True
+    both.call("take_events")
+    assert both.call("get_usage") == 0.0
+
+
+def test_block_mask_and_coarser_groups_match_vllm() -> None:
+    both = Both(10)
+    req = vllm_request_for("m", list(range(24)), session_id="s")
+    blocks = both.call("get_new_blocks", 3)
+    both.call("cache_full_blocks", req, blocks, 0, 3, 2 * HBS, 1, [True, False, True],
+              blocks_at=(1,))
+    both.call("move_block_hashes", blocks[0], both.call("get_new_blocks", 1)[0],
+              blocks_at=(0, 1))
+    both.call("take_events")
+
+
+@pytest.mark.parametrize("seed", [0, 100])
+def test_model_agrees_with_vllm_on_the_lockstep_workload(seed: int) -> None:
+    out = io.StringIO()
+    factory: Callable[..., Any] = vllm_pool.BlockPool
+    status = run_campaign(factory, steps=1500, runs=6, seed=seed, out=out, misuse=False,
+                          errors_match=vllm_errors_match)
+    assert status == 0, out.getvalue()
