@@ -19,15 +19,16 @@ class KVCacheBlock:
     compare (and hash) by identity: two blocks are equal only if they are one.
     """
 
-    __slots__ = (
-        "_block_hash",
-        "_block_hash_num_tokens",
-        "block_id",
-        "is_null",
-        "next_free_block",
-        "pool",
-        "prev_free_block",
+    # Hot fields first: touch and free read ref_cnt, pool and is_null of every block.
+    __slots__ = (  # noqa: RUF023
         "ref_cnt",
+        "pool",
+        "is_null",
+        "_block_hash",
+        "block_id",
+        "prev_free_block",
+        "next_free_block",
+        "_block_hash_num_tokens",
     )
 
     def __init__(

@@ -198,7 +198,9 @@ class BlockPool:
         removed = [primary] if index.pop(primary, block.block_id) is not None else []
         extra = self.cached_block_hashes_by_block.pop(block.block_id, None)
         if extra:
-            removed.extend(k for k in extra if index.pop(k, block.block_id) is not None)
+            for key in extra:
+                if index.pop(key, block.block_id) is not None:
+                    removed.append(key)
         block._block_hash = None
         block._block_hash_num_tokens = None
         return removed
@@ -359,7 +361,7 @@ class BlockPool:
                 request, i * block_size, (i + 1) * block_size, mm_idx)
             extra.append(keys)
         self.kv_event_queue.append(self._stored(
-            request, [maybe_convert_block_hash(hashes[i]) for i in range(num_cached_blocks)],
+            request, list(map(maybe_convert_block_hash, hashes[:num_cached_blocks])),
             None, 0, num_cached_blocks * block_size, block_size, kv_cache_group_id, extra))
 
     def cache_partial_block(
@@ -508,9 +510,9 @@ class BlockPool:
 
         An idle block leaves the free queue, so it can no longer be evicted.
         """
-        if type(blocks) is not list and type(blocks) is not tuple:
+        if type(blocks) is not list:
             blocks = list(blocks)
-        unlinked_after: list[KVCacheBlock] = []  # each unlinked block's predecessor, for undo
+        unlinked_after: list[KVCacheBlock] | None = None  # predecessors, for undo
         try:
             for block in blocks:
                 ref_cnt = block.ref_cnt
@@ -518,22 +520,24 @@ class BlockPool:
                     if block.pool is not self:
                         raise UnknownBlockError(f"{block!r} is not a block of this pool")
                     if not block.is_null:
-                        prev = block.prev_free_block
-                        nxt = block.next_free_block
-                        prev.next_free_block = nxt  # type: ignore[union-attr]
-                        nxt.prev_free_block = prev  # type: ignore[union-attr]
-                        block.prev_free_block = block.next_free_block = None
-                        unlinked_after.append(prev)  # type: ignore[arg-type]
+                        if unlinked_after is None:
+                            unlinked_after = []
+                        unlinked_after.append(block.prev_free_block)  # type: ignore[arg-type]
+                        self.free_block_queue.remove(block)
                 block.ref_cnt = ref_cnt + 1
         except (UnknownBlockError, AttributeError) as exc:
-            self._undo_touch(blocks, unlinked_after)
+            self._undo_touch(blocks, unlinked_after or [])
             raise UnknownBlockError(f"touch: {exc}") from None
-        self.free_block_queue.num_free_blocks -= len(unlinked_after)
-        metrics = self.metrics_collector
-        if metrics:
-            failure = _run([(metrics.on_block_accessed, (block,)) for block in blocks])
-            if failure is not None:
-                raise failure
+        if self.metrics_collector:
+            self._notify_each(self.metrics_collector.on_block_accessed, blocks)
+
+    @staticmethod
+    def _notify_each(callback: Callable[[KVCacheBlock], None], blocks: Sequence[KVCacheBlock]) -> None:
+        """Tell a metrics hook about each block (kept out of the callers: a
+        comprehension there would turn their hot locals into closure cells)."""
+        failure = _run([(callback, (block,)) for block in blocks])
+        if failure is not None:
+            raise failure
 
     def _undo_touch(self, blocks: Sequence[Any], unlinked_after: list[KVCacheBlock]) -> None:
         """Reverse a touch that stopped at its first foreign block.
@@ -551,6 +555,7 @@ class BlockPool:
                 block.next_free_block = nxt
                 prev.next_free_block = block
                 nxt.prev_free_block = block  # type: ignore[union-attr]
+                self.free_block_queue.num_free_blocks += 1
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Whether the block's sole owner may write into it: no one shares it, no hash names it."""
@@ -631,9 +636,7 @@ class BlockPool:
             if block._block_hash is not None:
                 self._emit_removed(self._drop_hashes(block))
         if metrics:
-            exc = _run([(metrics.on_block_evicted, (self.blocks[i],)) for i in ids])
-            if exc is not None:
-                raise exc
+            self._notify_each(metrics.on_block_evicted, list(map(self.blocks.__getitem__, ids)))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (e.g. after a weight update).
