@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from kvpool import __version__
 
@@ -35,7 +37,28 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", type=int, default=5000, help="operations per run (default 5000)")
     check.add_argument("--runs", type=int, default=4, help="independent runs (default 4)")
     check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
+    check.add_argument(
+        "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
+        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
+             "vllm.v1.core.block_pool:BlockPool")
+    check.add_argument(
+        "--no-misuse", action="store_true",
+        help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
     return parser
+
+
+def _load_class(parser: argparse.ArgumentParser, spec: str) -> Any:
+    """Import ``module:attr``; a bad spec is a usage error (exit 2), not a traceback."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        parser.error(f"--pool {spec!r}: expected MODULE:CLASS")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        parser.error(f"--pool {spec!r}: cannot import {module_name}: {exc}")
+    if not hasattr(module, attr):
+        parser.error(f"--pool {spec!r}: {module_name} has no attribute {attr}")
+    return getattr(module, attr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,8 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--steps and --runs must be positive")
         from kvpool.impl import BlockPool
         from kvpool.oracle.campaign import run_campaign
+        from kvpool.oracle.lockstep import same_error_type, vllm_errors_match
 
-        return run_campaign(BlockPool, steps=args.steps, runs=args.runs, seed=args.seed,
-                            out=sys.stdout)
+        pool_class = _load_class(parser, args.pool)
+        ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
+        return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
+                            out=sys.stdout, misuse=not args.no_misuse,
+                            errors_match=same_error_type if ours else vllm_errors_match)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -1,0 +1,65 @@
+"""The kvpool command, end to end in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BROKEN_POOL = '''
+from kvpool.impl import BlockPool
+
+
+class ForgetsLazyEviction(BlockPool):
+    def get_new_blocks(self, num_blocks):
+        enable, self.enable_caching = self.enable_caching, False
+        try:
+            return super().get_new_blocks(num_blocks)
+        finally:
+            self.enable_caching = enable
+'''
+
+
+def kvpool(
+    *args: str, cwd: Path | None = None, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-m", "kvpool", *args], capture_output=True,
+                          text=True, cwd=cwd or "/", env=env, timeout=300)
+
+
+def test_version_and_help() -> None:
+    assert kvpool("--version").stdout.startswith("kvpool ")
+    help_text = kvpool("--help").stdout
+    assert "check" in help_text and "example" in help_text
+    assert "example" in kvpool("check", "--help").stdout
+
+
+def test_check_passes_on_kvpool() -> None:
+    done = kvpool("check", "--steps", "400", "--runs", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2/2 runs agree" in done.stdout
+
+
+def test_check_fails_on_a_broken_pool_and_names_the_step(tmp_path: Path) -> None:
+    (tmp_path / "broken_pool.py").write_text(BROKEN_POOL)
+    done = kvpool("check", "--steps", "1500", "--runs", "6", "--pool",
+                  "broken_pool:ForgetsLazyEviction", pythonpath=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "DIVERGED" in done.stdout and "step " in done.stdout
+
+
+@pytest.mark.parametrize("spec", ["no_such_module:X", "kvpool.impl:NoSuchClass", "nocolon"])
+def test_bad_pool_argument_is_a_usage_error_without_traceback(spec: str) -> None:
+    done = kvpool("check", "--pool", spec)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "--pool" in done.stderr
+
+
+def test_non_positive_budget_is_a_usage_error() -> None:
+    assert kvpool("check", "--steps", "0").returncode == 2
