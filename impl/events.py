@@ -7,9 +7,11 @@ converting them with :func:`from_fields`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .hashing import generate_block_hash_extra_keys, get_mm_features_in_window, to_event_extra_keys
 from .keys import ExternalBlockHash
 
 MEDIUM_GPU = "GPU"
@@ -89,6 +91,49 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "KVCacheEvent",
+    "block_stored",
     "event_fields",
+    "extra_keys_of_blocks",
+    "extra_keys_of_chunk",
     "from_fields",
 ]
+
+
+def block_stored(
+    request: Any, block_hashes: list[ExternalBlockHash], parent: ExternalBlockHash | None,
+    start: int, end: int, block_size: int, group_id: int, medium: str,
+    extra_keys: list[tuple[Any, ...] | None],
+) -> BlockStored:
+    """The ``BlockStored`` announcing ``request``'s tokens ``[start, end)``."""
+    lora = request.lora_request
+    return BlockStored(
+        block_hashes=block_hashes, parent_block_hash=parent,
+        token_ids=request.all_token_ids[start:end], block_size=block_size,
+        lora_id=lora.adapter_id if lora else None, medium=medium,
+        lora_name=lora.name if lora else None, extra_keys=to_event_extra_keys(extra_keys),
+        group_idx=group_id, session_id=request.session_id)
+
+
+def extra_keys_of_blocks(
+    request: Any, block_indices: Iterable[int], block_size: int
+) -> list[tuple[Any, ...] | None]:
+    """Extra keys of the given blocks, scanning multimodal items from the first."""
+    out: list[tuple[Any, ...] | None] = []
+    mm_idx = 0
+    for i in block_indices:
+        keys, mm_idx = generate_block_hash_extra_keys(
+            request, i * block_size, (i + 1) * block_size, mm_idx)
+        out.append(keys)
+    return out
+
+
+def extra_keys_of_chunk(request: Any, start: int, end: int) -> tuple[Any, ...] | None:
+    """Extra keys of one chunk, finding its first multimodal item by window."""
+    mm_idx = 0
+    features = request.mm_features
+    if start > 0 and features:
+        last = features[-1].mm_position
+        if last.offset + last.length > start:
+            mm_idx, _ = get_mm_features_in_window(features, start, end)
+    keys, _ = generate_block_hash_extra_keys(request, start, end, mm_idx)
+    return keys

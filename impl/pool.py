@@ -34,17 +34,14 @@ from .events import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
-    BlockStored,
     KVCacheEvent,
+    block_stored,
+    extra_keys_of_blocks,
+    extra_keys_of_chunk,
 )
 from .free_queue import FreeKVCacheBlockQueue
 from .hash_index import BlockHashToBlockMap
-from .hashing import (
-    generate_block_hash_extra_keys,
-    get_mm_features_in_window,
-    resolve_block_hashes,
-    to_event_extra_keys,
-)
+from .hashing import resolve_block_hashes
 from .keys import (
     MAX_GROUP_ID,
     BlockHash,
@@ -224,18 +221,6 @@ class BlockPool:
             self.cached_block_hashes_by_block.setdefault(block.block_id, {})[key] = None
         self.cached_block_hash_to_block.insert(key, block)
 
-    def _stored(
-        self, request: Any, hashes: list[Any], parent: Any, start: int, end: int,
-        block_size: int, group_id: int, extra_keys: list[Any],
-    ) -> BlockStored:
-        lora = request.lora_request
-        return BlockStored(
-            block_hashes=hashes, parent_block_hash=parent,
-            token_ids=request.all_token_ids[start:end], block_size=block_size,
-            lora_id=lora.adapter_id if lora else None, medium=self.medium,
-            lora_name=lora.name if lora else None, extra_keys=to_event_extra_keys(extra_keys),
-            group_idx=group_id, session_id=request.session_id)
-
     # ------------------------------------------------------------- prefix cache
 
     def get_cached_block(
@@ -328,18 +313,15 @@ class BlockPool:
         if events:
             parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
                       if num_cached_blocks else None)
-            extra: list[Any] = []
-            mm_idx = 0
-            for i in range(num_cached_blocks, num_full_blocks):
-                mask_on = block_mask is None or block_mask[i - num_cached_blocks]
-                if blocks[i].is_null or not mask_on:
-                    continue
-                keys, mm_idx = generate_block_hash_extra_keys(
-                    request, i * block_size, (i + 1) * block_size, mm_idx)
-                extra.append(keys)
-            self.kv_event_queue.append(self._stored(
+            indices = [
+                i for i in range(num_cached_blocks, num_full_blocks)
+                if not blocks[i].is_null
+                and (block_mask is None or block_mask[i - num_cached_blocks])
+            ]
+            self.kv_event_queue.append(block_stored(
                 request, stored, parent, num_cached_blocks * block_size,
-                num_full_blocks * block_size, block_size, kv_cache_group_id, extra))
+                num_full_blocks * block_size, block_size, kv_cache_group_id, self.medium,
+                extra_keys_of_blocks(request, indices, block_size)))
 
     def emit_cached_block_events(
         self, request: Any, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
@@ -354,15 +336,10 @@ class BlockPool:
         if num_cached_blocks > len(hashes):
             raise InvalidArgumentError(
                 f"request has {len(hashes)} block hashes, want {num_cached_blocks}")
-        extra: list[Any] = []
-        mm_idx = 0
-        for i in range(num_cached_blocks):
-            keys, mm_idx = generate_block_hash_extra_keys(
-                request, i * block_size, (i + 1) * block_size, mm_idx)
-            extra.append(keys)
-        self.kv_event_queue.append(self._stored(
-            request, list(map(maybe_convert_block_hash, hashes[:num_cached_blocks])),
-            None, 0, num_cached_blocks * block_size, block_size, kv_cache_group_id, extra))
+        self.kv_event_queue.append(block_stored(
+            request, list(map(maybe_convert_block_hash, hashes[:num_cached_blocks])), None,
+            0, num_cached_blocks * block_size, block_size, kv_cache_group_id, self.medium,
+            extra_keys_of_blocks(request, range(num_cached_blocks), block_size)))
 
     def cache_partial_block(
         self,
@@ -411,17 +388,11 @@ class BlockPool:
         if self.enable_kv_cache_events and not already:
             start = (num_hash_blocks - 1) * hbs
             parent = request.block_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
-            mm_idx = 0
-            features = request.mm_features
-            if start > 0 and features:
-                last = features[-1].mm_position
-                if last.offset + last.length > start:
-                    mm_idx, _ = get_mm_features_in_window(features, start, num_tokens)
-            extra, _ = generate_block_hash_extra_keys(request, start, num_tokens, mm_idx)
-            self.kv_event_queue.append(self._stored(
+            self.kv_event_queue.append(block_stored(
                 request, [maybe_convert_block_hash(block_hash)],
                 maybe_convert_block_hash(parent) if parent is not None else None,
-                start, num_tokens, num_tokens - start, kv_cache_group_id, [extra]))
+                start, num_tokens, num_tokens - start, kv_cache_group_id, self.medium,
+                [extra_keys_of_chunk(request, start, num_tokens)]))
         return key
 
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:

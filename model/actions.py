@@ -50,13 +50,15 @@ from kvpool.impl.errors import (
     NullBlockError,
     UnknownBlockError,
 )
-from kvpool.impl.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from kvpool.impl.hashing import (
-    generate_block_hash_extra_keys,
-    get_mm_features_in_window,
-    resolve_block_hashes,
-    to_event_extra_keys,
+from kvpool.impl.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    KVCacheEvent,
+    block_stored,
+    extra_keys_of_blocks,
+    extra_keys_of_chunk,
 )
+from kvpool.impl.hashing import generate_block_hash_extra_keys, resolve_block_hashes
 from kvpool.impl.keys import (
     MAX_GROUP_ID,
     get_block_hash,
@@ -187,19 +189,6 @@ def _check_block_size(s: PoolState, block_size: Any) -> None:
     if not isinstance(block_size, int) or block_size <= 0 or block_size % s.hash_block_size:
         raise InvalidArgumentError(
             f"block_size {block_size!r} is not a positive multiple of {s.hash_block_size}")
-
-
-def _stored_event(
-    s: PoolState, request: Any, hashes: list[Any], parent: Any, start: int, end: int,
-    block_size: int, group_id: int, extra_keys: list[Any],
-) -> BlockStored:
-    lora = request.lora_request
-    return BlockStored(
-        block_hashes=hashes, parent_block_hash=parent,
-        token_ids=list(request.all_token_ids[start:end]), block_size=block_size,
-        lora_id=lora.adapter_id if lora else None, medium=s.medium,
-        lora_name=lora.name if lora else None, extra_keys=to_event_extra_keys(extra_keys),
-        group_idx=group_id, session_id=request.session_id)
 
 
 # --------------------------------------------------------------------------
@@ -347,16 +336,11 @@ def cache_full_blocks(
     if s.events_on:
         parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
                   if num_cached_blocks else None)
-        extra: list[Any] = []
-        mm_idx = 0
-        for i, _b in chosen:
-            keys, mm_idx = generate_block_hash_extra_keys(
-                request, i * block_size, (i + 1) * block_size, mm_idx)
-            extra.append(keys)
-        n.events.append(_stored_event(
-            s, request, [maybe_convert_block_hash(hashes[i]) for i, _b in chosen], parent,
+        n.events.append(block_stored(
+            request, [maybe_convert_block_hash(hashes[i]) for i, _b in chosen], parent,
             num_cached_blocks * block_size, num_full_blocks * block_size, block_size,
-            kv_cache_group_id, extra))
+            kv_cache_group_id, s.medium,
+            extra_keys_of_blocks(request, [i for i, _b in chosen], block_size)))
     return _freeze(s, n), None
 
 
@@ -405,17 +389,11 @@ def cache_partial_block(
     if s.events_on and not already:
         start = (num_hash_blocks - 1) * hbs
         parent = request.block_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
-        mm_idx = 0
-        features = request.mm_features
-        if start > 0 and features:
-            last = features[-1].mm_position
-            if last.offset + last.length > start:
-                mm_idx, _ = get_mm_features_in_window(features, start, num_tokens)
-        keys, _ = generate_block_hash_extra_keys(request, start, num_tokens, mm_idx)
-        n.events.append(_stored_event(
-            s, request, [maybe_convert_block_hash(get_block_hash(key))],
+        n.events.append(block_stored(
+            request, [maybe_convert_block_hash(get_block_hash(key))],
             maybe_convert_block_hash(parent) if parent is not None else None,
-            start, num_tokens, num_tokens - start, kv_cache_group_id, [keys]))
+            start, num_tokens, num_tokens - start, kv_cache_group_id, s.medium,
+            [extra_keys_of_chunk(request, start, num_tokens)]))
     return _freeze(s, n), key
 
 
@@ -460,15 +438,10 @@ def emit_cached_block_events(
     hashes = resolve_block_hashes(request.block_hashes, s.hash_block_size, block_size)
     if num_cached_blocks > len(hashes):
         raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {num_cached_blocks}")
-    extra: list[Any] = []
-    mm_idx = 0
-    for i in range(num_cached_blocks):
-        keys, mm_idx = generate_block_hash_extra_keys(
-            request, i * block_size, (i + 1) * block_size, mm_idx)
-        extra.append(keys)
-    event = _stored_event(
-        s, request, [maybe_convert_block_hash(h) for h in hashes[:num_cached_blocks]], None,
-        0, num_cached_blocks * block_size, block_size, kv_cache_group_id, extra)
+    event = block_stored(
+        request, [maybe_convert_block_hash(h) for h in hashes[:num_cached_blocks]], None,
+        0, num_cached_blocks * block_size, block_size, kv_cache_group_id, s.medium,
+        extra_keys_of_blocks(request, range(num_cached_blocks), block_size))
     return replace(s, events=(*s.events, event)), None
 
 
