@@ -18,7 +18,7 @@ from kvpool.impl.events import event_fields
 from kvpool.model import ACTIONS, QUERIES, initial_state, violated
 from kvpool.model.state import PoolState
 
-from .observe import observe_model, observe_pool
+from .observe import free_queue_link_errors, observe_model, observe_pool
 
 # Which positional arguments name blocks: "one" a single id, "many" a list.
 BLOCK_ARGS: dict[str, dict[int, str]] = {
@@ -157,6 +157,7 @@ class Lockstep:
         if broken:
             raise self._diverged("invariants", "model state breaks " + ", ".join(broken))
         diff = observe_model(self.model).diff(observe_pool(self.pool))
+        diff += free_queue_link_errors(self.pool.free_block_queue)
         pending = self.pool.kv_event_queue
         if len(pending) != len(self.model.events) or any(
             event_fields(m) != event_fields(p) for m, p in zip(self.model.events, pending, strict=True)

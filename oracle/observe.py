@@ -71,6 +71,28 @@ def observe_pool(pool: Any) -> Observation:
     )
 
 
+def free_queue_link_errors(queue: Any) -> list[str]:
+    """What is wrong with a free queue's links (empty when nothing is).
+
+    Walking forward and backward must give the same blocks, each once, and
+    ``num_free_blocks`` must count them.
+    """
+    forward = [b.block_id for b in queue.get_all_free_blocks()]
+    backward: list[int] = []
+    node = queue.fake_free_list_tail.prev_free_block
+    while node is not None and node is not queue.fake_free_list_head:
+        backward.append(node.block_id)
+        node = node.prev_free_block
+    errors = []
+    if backward[::-1] != forward:
+        errors.append(f"forward {forward} != reversed backward {backward[::-1]}")
+    if len(forward) != len(set(forward)):
+        errors.append(f"a block is queued twice: {forward}")
+    if queue.num_free_blocks != len(forward):
+        errors.append(f"num_free_blocks {queue.num_free_blocks} != {len(forward)} linked")
+    return errors
+
+
 def snapshot(pool: Any) -> tuple[Observation, list[dict[str, Any]], list[tuple[int, int]]]:
     """Observation plus pending events and watcher identities: 'exactly as it was'."""
     from kvpool.impl.events import event_fields

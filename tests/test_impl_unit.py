@@ -35,7 +35,7 @@ from kvpool.impl import (
 )
 from kvpool.impl.events import event_fields
 from kvpool.impl.keys import maybe_convert_block_hash
-from kvpool.oracle.observe import snapshot
+from kvpool.oracle.observe import free_queue_link_errors, snapshot
 
 HBS = 2  # hash_block_size of the pools below
 BS = 4  # block size of the KV-cache group (two hash chunks per block)
@@ -951,14 +951,7 @@ def queue_ids(queue: FreeKVCacheBlockQueue) -> list[int]:
 
 def assert_links_consistent(queue: FreeKVCacheBlockQueue) -> None:
     """Forward and backward walks agree and match the count."""
-    forward = queue_ids(queue)
-    backward: list[int] = []
-    node = queue.fake_free_list_tail.prev_free_block
-    while node is not None and node is not queue.fake_free_list_head:
-        backward.append(node.block_id)
-        node = node.prev_free_block
-    assert backward[::-1] == forward
-    assert queue.num_free_blocks == len(forward)
+    assert free_queue_link_errors(queue) == []
 
 
 def test_queue_starts_with_blocks_in_given_order() -> None:
