@@ -102,3 +102,33 @@ def snapshot(pool: Any) -> tuple[Observation, list[dict[str, Any]], list[tuple[i
         [event_fields(e) for e in pool.kv_event_queue],
         [(b, id(w)) for b, w in pool._reuse_watchers.items()],
     )
+
+
+def pool_invariant_errors(pool: Any) -> list[str]:
+    """The model's structural invariants, checked directly on a concrete pool.
+
+    For long runs where stepping the model alongside would be too slow: the
+    free queue holds exactly the idle real blocks, the null block is inert,
+    counts are non-negative, and the index matches every block's own keys.
+    """
+    errors = free_queue_link_errors(pool.free_block_queue)
+    blocks = pool.blocks
+    queued = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
+    idle = {b.block_id for b in blocks[1:] if b.ref_cnt == 0}
+    if queued != idle:
+        errors.append(f"queued {sorted(queued ^ idle)} differ from idle blocks")
+    if any(b.ref_cnt < 0 for b in blocks[1:]):
+        errors.append("a real block has a negative ref count")
+    if 0 in queued or blocks[0].block_hash is not None:
+        errors.append("the null block is queued or hashed")
+    by_block = pool.cached_block_hashes_by_block
+    own = {(b.block_hash, b.block_id) for b in blocks if b.block_hash is not None}
+    own |= {(k, bid) for bid, keys in by_block.items() for k in keys}
+    indexed = {
+        (key, bid)
+        for key, entry in pool.cached_block_hash_to_block._cache.items()
+        for bid in (entry if isinstance(entry, dict) else (entry.block_id,))
+    }
+    if own != indexed:
+        errors.append(f"index and block keys differ on {len(own ^ indexed)} entries")
+    return errors
