@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
              "vllm.v1.core.block_pool:BlockPool")
     check.add_argument(
+        "--reference", choices=["0.31", "0.33"], default="0.31",
+        help="the vLLM version whose behaviour the model reproduces (default 0.31)")
+    check.add_argument(
         "--no-misuse", action="store_true",
         help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
     return parser
@@ -78,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
         return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
                             out=sys.stdout, misuse=not args.no_misuse,
-                            errors_match=same_error_type if ours else vllm_errors_match)
+                            errors_match=same_error_type if ours else vllm_errors_match,
+                            reference=args.reference)
     parser.error(f"unknown command {args.command}")
     return 2

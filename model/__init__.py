@@ -6,7 +6,7 @@ transition per operation) and :mod:`.invariants` (named predicates).
 
 from .actions import ACTIONS, QUERIES
 from .invariants import INVARIANTS, violated
-from .state import NULL, PoolState, Primary, initial_state
+from .state import NULL, REFERENCES, PoolState, Primary, initial_state
 
-__all__ = ["ACTIONS", "INVARIANTS", "NULL", "QUERIES", "PoolState", "Primary", "initial_state",
-           "violated"]
+__all__ = ["ACTIONS", "INVARIANTS", "NULL", "QUERIES", "REFERENCES", "PoolState", "Primary",
+           "initial_state", "violated"]

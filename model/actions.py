@@ -13,8 +13,9 @@ Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
   double free and is refused (``BlockNotInUseError``), as is freeing a block
   whose count is already 0.  The reference would drive the count negative.
 * ``free_blocks``/``touch`` of the null block stay legal (engines keep it in
-  block tables); its counter moves as in the reference, it never enters the
-  free queue and is never hashed.  ``unpin_blocks`` of it is refused.
+  block tables); its counter moves as in vLLM 0.31 (0.33 leaves it alone:
+  ``initial_state(..., null_counted=False)``), it never enters the free queue
+  and is never hashed.  ``unpin_blocks`` of it is refused.
 * ``unpin_blocks`` of a hashed block is allowed: the block keeps its hash, is
   evicted last, can still be hit (``touch``); its watcher stays registered
   until ``get_new_blocks`` hands the block out or the cache is reset.
@@ -224,6 +225,8 @@ def free_blocks(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
     first: list[BlockId] = []
     last: list[BlockId] = []
     for b in block_ids:
+        if b == NULL and not s.null_counted:
+            continue
         n.ref[b] -= 1
         if n.ref[b] == 0 and b != NULL:
             (last if s.caching and n.primary[b] else first).append(b)
@@ -236,6 +239,8 @@ def touch(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
     _check_ids(s, block_ids)
     n = _thaw(s)
     for b in block_ids:
+        if b == NULL and not s.null_counted:
+            continue
         if n.ref[b] == 0 and b != NULL:
             n.free.remove(b)
         n.ref[b] += 1

@@ -62,6 +62,13 @@ class PoolState:
     names: Mapping[Key, Content]
     """Ghost: the prefix each index key stands for."""
 
+    null_counted: bool = True
+    """Whether touch/free move the null block's counter (vLLM 0.31) or not (0.33)."""
+
+
+REFERENCES: dict[str, bool] = {"0.31": True, "0.33": False}
+"""vLLM versions the model reproduces, and their ``null_counted`` setting."""
+
 
 def initial_state(
     num_blocks: int,
@@ -69,6 +76,7 @@ def initial_state(
     hash_block_size: int,
     events_on: bool = False,
     medium: str = "GPU",
+    null_counted: bool = True,
 ) -> PoolState:
     """A fresh pool: every block but the null block free, in id order."""
     return PoolState(
@@ -87,4 +95,5 @@ def initial_state(
         fired=(),
         holds=((),) * num_blocks,
         names={},
+        null_counted=null_counted,
     )

@@ -14,6 +14,7 @@ from .workload import Config, Workload
 def run_one(
     pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
+    reference: str = "0.31",
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
@@ -23,7 +24,7 @@ def run_one(
     rng = random.Random(seed)
     cfg = Config.draw(rng)
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                          cfg.events)
+                          cfg.events, reference)
     pair.errors_match = errors_match
     work = Workload(rng, cfg, pair, misuse_on=misuse)
     for _ in range(steps):
@@ -35,6 +36,7 @@ def run_campaign(
     pool_factory: Callable[..., Any], steps: int, runs: int, seed: int, out: TextIO, *,
     misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
+    reference: str = "0.31",
 ) -> int:
     """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""
     failures = 0
@@ -43,7 +45,7 @@ def run_campaign(
     for run in range(runs):
         try:
             pair = run_one(pool_factory, seed + run, steps, misuse=misuse,
-                           errors_match=errors_match)
+                           errors_match=errors_match, reference=reference)
             total_calls += pair.steps
             print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls)", file=out)
         except Divergence as exc:

@@ -15,10 +15,10 @@ from typing import Any
 
 from kvpool.impl.errors import NotEnoughFreeBlocksError
 from kvpool.impl.events import event_fields
-from kvpool.model import ACTIONS, QUERIES, initial_state, violated
+from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state, violated
 from kvpool.model.state import PoolState
 
-from .observe import free_queue_link_errors, observe_model, observe_pool
+from .observe import Observation, free_queue_link_errors, observe_model, observe_pool
 
 # Which positional arguments name blocks: "one" a single id, "many" a list.
 BLOCK_ARGS: dict[str, dict[int, str]] = {
@@ -82,14 +82,18 @@ class Lockstep:
     """How a refusal of the pool is matched with the model's (default: same type)."""
     trace: list[Step] = field(default_factory=list)
     steps: int = 0
+    observe: Callable[[Any], Observation] = observe_pool
+    """How the pool is observed (an adapter may supply its own)."""
 
     @classmethod
     def fresh(
         cls, pool_factory: Callable[..., Any], num_blocks: int, caching: bool,
-        hash_block_size: int, events: bool,
+        hash_block_size: int, events: bool, reference: str = "0.31",
     ) -> Lockstep:
+        """A new pool and the model configured alike, for vLLM ``reference``'s behaviour."""
         pool = pool_factory(num_blocks, caching, hash_block_size, enable_kv_cache_events=events)
-        model = initial_state(num_blocks, caching, hash_block_size, events)
+        model = initial_state(num_blocks, caching, hash_block_size, events,
+                              null_counted=REFERENCES[reference])
         return cls(pool=pool, model=model, foreign=type(pool.blocks[0])(num_blocks))
 
     def watcher(self, name: str) -> Watcher:
@@ -156,7 +160,7 @@ class Lockstep:
         broken = violated(self.model)
         if broken:
             raise self._diverged("invariants", "model state breaks " + ", ".join(broken))
-        diff = observe_model(self.model).diff(observe_pool(self.pool))
+        diff = observe_model(self.model).diff(self.observe(self.pool))
         diff += free_queue_link_errors(self.pool.free_block_queue)
         pending = self.pool.kv_event_queue
         if len(pending) != len(self.model.events) or any(

@@ -17,6 +17,7 @@ from typing import Any
 from kvpool.impl.errors import BlockPoolError
 from kvpool.impl.hashing import get_request_block_hasher, resolve_block_hashes
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from kvpool.model.state import NULL
 
 from .lockstep import Lockstep
 
@@ -163,11 +164,30 @@ class Workload:
 
     def _release(self, run: Running, unpin: bool) -> None:
         for _group, table in run.tables.items():
-            blocks = list(reversed(table))
-            if unpin:
-                self.pair.call("unpin_blocks", blocks, self.pair.watcher(run.request.request_id))
+            blocks = list(reversed(table))  # the tail of a prefix is evicted first
+            if unpin:  # a reader keeps the real blocks; null placeholders are not pinned
+                self.pair.call("unpin_blocks", [b for b in blocks if b != NULL],
+                               self.pair.watcher(run.request.request_id))
             else:
                 self.pair.call("free_blocks", blocks)
+
+    def slide(self) -> None:
+        """Sliding-window attention: blocks that left the window become the null block.
+
+        vLLM's sliding-window manager frees them and keeps the null block in
+        their place, so later frees of the table include the null block.
+        """
+        candidates = [(run, g) for run in self.running.values() for g, t in run.tables.items()
+                      if len(t) > 2]
+        if not candidates:
+            return
+        run, group = self.rng.choice(candidates)
+        table = run.tables[group]
+        cut = self.rng.randint(1, len(table) - 2)
+        gone = [b for b in table[:cut] if b != NULL]
+        table[:cut] = [NULL] * cut
+        if gone:
+            self.pair.call("free_blocks", list(reversed(gone)))
 
     def move(self) -> None:
         candidates = [
@@ -241,7 +261,8 @@ class Workload:
         elif choice == 9:
             self.pair.call("cache_full_blocks", req, [0] * 4, 3, 1, bs, 0)
 
-    STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("move", 1), ("drop_copies", 1),
+    STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
+             ("drop_copies", 1),
              ("evict", 1), ("reset", 1), ("query", 2), ("take", 2), ("misuse", 2))
 
     def step(self) -> str:
