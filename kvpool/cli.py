@@ -10,6 +10,12 @@ from typing import Any
 
 from kvpool import __version__
 
+# Subcommands whose module parses its own arguments: name -> (module, function, help).
+DELEGATED: dict[str, tuple[str, str, str]] = {
+    "prove": ("kvpool.proofs.report", "main",
+              "prove with z3 that every operation preserves every invariant, for any pool size"),
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -23,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvpool {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, _function, summary) in DELEGATED.items():
+        sub.add_parser(name, help=summary, add_help=False)
     check = sub.add_parser(
         "check",
         help="run kvpool.impl and the model in lockstep on a random workload",
@@ -65,8 +73,13 @@ def _load_class(parser: argparse.ArgumentParser, spec: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in DELEGATED:
+        module_name, function, _summary = DELEGATED[args_list[0]]
+        run: Any = getattr(importlib.import_module(module_name), function)
+        return int(run(args_list[1:]))
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     if args.command is None:
         parser.print_help()
         return 0

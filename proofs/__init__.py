@@ -1,1 +1,18 @@
-"""kvpool.proofs: z3 proofs over the model (not built yet; see the project's open issues)."""
+"""kvpool.proofs: z3 proves every model operation preserves every invariant, for any pool size.
+
+Modules, one job each:
+
+* :mod:`.symbolic` — the abstract state over uninterpreted sorts (unbounded pool);
+* :mod:`.invariants` — the model's invariants over it, same names, plus
+  ``NOT_ENCODED`` (what has no symbolic form, and why);
+* :mod:`.transitions` — each model action as per-block steps (pre, post);
+* :mod:`.inductive` — the (step x invariant) preservation matrix, the
+  initial-state and non-vacuity checks;
+* :mod:`.finite` — counterexample search in a finite scope (quantifiers grounded);
+* :mod:`.seeded_bugs` — broken steps the proofs must refute;
+* :mod:`.concrete` — a concrete model state as a finite z3 interpretation,
+  so tests can check that the steps agree with ``kvpool.model.actions``;
+* :mod:`.report` — the ``kvpool prove`` entry point.
+
+``z3`` is imported here and never by ``kvpool.model``.
+"""

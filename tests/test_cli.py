@@ -63,3 +63,11 @@ def test_bad_pool_argument_is_a_usage_error_without_traceback(spec: str) -> None
 
 def test_non_positive_budget_is_a_usage_error() -> None:
     assert kvpool("check", "--steps", "0").returncode == 2
+
+
+def test_prove_proves_everything_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "proofs.json"
+    done = kvpool("prove", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "checks proven" in done.stdout
+    assert out.read_text().strip().startswith(("{", "["))

@@ -1,0 +1,311 @@
+"""The z3 proofs (kvpool.proofs): the matrix, its sanity checks, and agreement with the model."""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+import pytest
+import z3  # type: ignore[import-untyped]
+
+from kvpool.impl.errors import (
+    BlockHashConflictError,
+    BlockNotInUseError,
+    BlockPoolError,
+    CachingDisabledError,
+    NotEnoughFreeBlocksError,
+    NullBlockError,
+)
+from kvpool.impl.hashing import get_request_block_hasher, resolve_block_hashes
+from kvpool.impl.keys import make_block_hash_with_group_id
+from kvpool.impl.request import Request
+from kvpool.model import ACTIONS, INVARIANTS, PoolState, initial_state, violated
+from kvpool.model import actions as A
+from kvpool.proofs import transitions as T
+from kvpool.proofs.concrete import Universe, compare, compare_batch
+from kvpool.proofs.inductive import (
+    COUNTEREXAMPLE,
+    NONE_IN_SCOPE,
+    PROVEN,
+    check_enabled,
+    check_initial,
+    check_preservation,
+    find_counterexample,
+    matrix,
+)
+from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS
+from kvpool.proofs.report import main as report_main
+from kvpool.proofs.seeded_bugs import BUGS, refutations, refuted_by
+from kvpool.proofs.symbolic import SymState
+
+# --------------------------------------------------------------------------
+# Coverage: one source of truth for actions and invariants (kvpool.model).
+
+
+def test_every_model_invariant_is_encoded_or_explained() -> None:
+    assert set(SYM_INVARIANTS) | set(NOT_ENCODED) == set(INVARIANTS)
+    assert not set(SYM_INVARIANTS) & set(NOT_ENCODED)
+    assert all(NOT_ENCODED.values())
+
+
+def test_every_model_action_is_covered_by_steps() -> None:
+    assert set(T.COVERS) == set(ACTIONS)
+    assert {s for steps in T.COVERS.values() for s in steps} == set(T.STEPS)
+
+
+# --------------------------------------------------------------------------
+# The proofs.
+
+
+def test_every_step_preserves_every_invariant() -> None:
+    results = matrix()
+    bad = {(s, n): r.status for s, row in results.items() for n, r in row.items() if not r.ok}
+    assert bad == {}
+
+
+@pytest.mark.parametrize("name", list(SYM_INVARIANTS))
+def test_initial_state_satisfies_invariant_for_any_size(name: str) -> None:
+    assert check_initial(name).status == PROVEN
+
+
+@pytest.mark.parametrize("step", list(T.STEPS))
+def test_precondition_is_satisfiable_under_invariants(step: str) -> None:
+    assert check_enabled(step).status == PROVEN
+
+
+@pytest.mark.parametrize("step", ["alloc", "cache_partial", "move"])
+def test_correct_steps_have_no_counterexample_in_scope(step: str) -> None:
+    """The finite search used for seeded bugs finds nothing in the real steps."""
+    for name in SYM_INVARIANTS:
+        assert find_counterexample(step, name).status == NONE_IN_SCOPE
+
+
+def test_reset_guard_is_not_needed_by_any_encoded_invariant() -> None:
+    """Finding, pinned: reset without its in-use guard still preserves every invariant.
+
+    The guard protects something the invariants do not state (see the report).
+    """
+    unguarded = T.StepSpec(lambda s: T.Step(z3.BoolVal(True), T.reset(s).post), ())
+    assert all(check_preservation(unguarded, n).ok for n in SYM_INVARIANTS)
+
+
+def test_cache_partial_needs_its_write_contract() -> None:
+    """Without the caller contract cache_partial breaks soundness (as the model does)."""
+    def no_contract(s: SymState, *args: Any) -> T.Step:
+        st = T.cache_partial(s, *args)
+        return T.Step(z3.And(*st.pre.children()[:-1]), st.post)
+
+    spec = T.StepSpec(no_contract, T.STEPS["cache_partial"].args)
+    assert find_counterexample(spec, "index_entries_are_sound").status == COUNTEREXAMPLE
+
+
+def test_report_prints_matrix_and_writes_json(tmp_path: Any, capsys: Any) -> None:
+    import json
+
+    out = tmp_path / "proofs.json"
+    assert report_main(["--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "✓" in text and "✗" not in text and "checks proven" in text
+    doc = json.loads(out.read_text())
+    assert doc["ok"] and set(doc["matrix"]) == set(T.STEPS)
+
+
+# --------------------------------------------------------------------------
+# Seeded bugs.
+
+@functools.cache
+def _refuted(bug: str) -> tuple[str, ...]:
+    return tuple(refuted_by(refutations(bug)))
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_seeded_bug_is_refuted(bug: str) -> None:
+    assert _refuted(bug), f"{bug} ({BUGS[bug].story}) is not refuted"
+
+
+def test_every_invariant_refutes_some_seeded_bug() -> None:
+    used = {name for bug in BUGS for name in _refuted(bug)}
+    assert used == set(SYM_INVARIANTS)
+
+
+# --------------------------------------------------------------------------
+# Agreement: on random reachable states the steps compute what the model computes.
+
+STATE_ERRORS = (NotEnoughFreeBlocksError, BlockNotInUseError, BlockHashConflictError, NullBlockError,
+                CachingDisabledError)
+"""Refusals that depend on the state: the step's precondition must be false there."""
+
+
+def _watcher(_b: int) -> None:
+    return None
+
+
+def _request(rng: random.Random, hbs: int) -> Request:
+    tokens = [rng.choice((1, 2)) for _ in range(rng.randint(hbs, 4 * hbs))]
+    return Request(f"r{rng.random()}", tokens, block_hasher=get_request_block_hasher(hbs))
+
+
+def _call(rng: random.Random, s: PoolState) -> tuple[str, list[Any], Any, tuple[Any, ...]]:
+    """A random single-block call: (step, step args as model values, model fn, model args)."""
+    n, hbs = s.num_blocks, s.hash_block_size
+    hashed = [i for i, p in enumerate(s.primary) if p is not None]
+    b = rng.choice(hashed) if hashed and rng.random() < 0.4 else rng.randrange(n)
+    g = rng.choice((0, 1))
+    bs = hbs * rng.choice((1, 2))
+    kind = rng.choice(["alloc", "alloc", "release", "touch", "unpin", "evict", "reset", "cache_full",
+                       "cache_full", "cache_partial", "cache_partial", "move", "identity"])
+    if kind == "alloc":
+        return "alloc", [s.free[0] if s.free else None], A.get_new_blocks, (1,)
+    if kind == "release":
+        return "release", [b], A.free_blocks, ([b],)
+    if kind == "touch":
+        return "touch", [b], A.touch, ([b],)
+    if kind == "unpin":
+        return "unpin", [b], A.unpin_blocks, ([b], _watcher)
+    if kind == "evict":
+        return "evict", [b], A.evict_blocks, ([b],)
+    if kind == "reset":
+        return "reset", [], A.reset_prefix_cache, ()
+    if kind == "move":
+        dst = rng.randrange(n)
+        return "move", [b, dst], A.move_block_hashes, (b, dst)
+    if kind == "identity":
+        return "identity", [], A.take_events, ()
+    req = _request(rng, hbs)
+    if kind == "cache_full":
+        hashes = resolve_block_hashes(req.block_hashes, hbs, bs)
+        i = rng.randrange(max(1, len(hashes)))
+        ids = [rng.randrange(n) for _ in range(i)] + [b]
+        if b == 0 or i >= len(hashes):
+            return "identity", [], A.cache_full_blocks, (req, ids, i, i + 1, bs, g)
+        t = (i + 1) * bs
+        key = make_block_hash_with_group_id(hashes[i], g)
+        return ("cache_full", [b, key, t, A._content(req, t, hbs)], A.cache_full_blocks,
+                (req, ids, i, i + 1, bs, g))
+    t = hbs * rng.randint(1, max(1, len(req.block_hashes)))
+    rep = rng.random() < 0.3
+    if b == 0 or t // hbs > len(req.block_hashes):
+        return "identity", [], A.cache_partial_block, (req, b, t, g, bs, rep)
+    key = make_block_hash_with_group_id(req.block_hashes[t // hbs - 1], g)
+    return ("cache_partial", [b, key, t, A._content(req, t, hbs), rep], A.cache_partial_block,
+            (req, b, t, g, bs, rep))
+
+
+def _z3_args(u: Universe, step: str, args: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for (_name, sort), v in zip(T.STEPS[step].args, args, strict=True):
+        if sort == z3.IntSort():
+            out.append(z3.IntVal(v))
+        elif sort == z3.BoolSort():
+            out.append(z3.BoolVal(v))
+        elif isinstance(v, int):
+            out.append(u.blocks[v])
+        elif isinstance(v, bytes):
+            out.append(u.keys[v])
+        else:
+            out.append(u.contents[v])
+    return out
+
+
+def test_steps_agree_with_model_on_random_reachable_states() -> None:
+    rng = random.Random(20261130)
+    seen: dict[str, int] = {}
+    refused: dict[str, int] = {}
+    breaches = 0
+    for _walk in range(32):
+        s = initial_state(rng.randint(2, 5), rng.random() < 0.85, rng.choice((1, 2)))
+        for _ in range(30):
+            assert violated(s) == []
+            step, vals, fn, margs = _call(rng, s)
+            try:
+                nxt, result = fn(s, *margs)
+            except STATE_ERRORS:
+                nxt, result = None, None
+            except BlockPoolError:
+                continue  # an argument-shape error: abstracted away
+            if step == "reset" and result is False:
+                nxt = None
+            if step == "identity" and nxt is None:
+                continue  # e.g. cache_full_blocks of NULL without caching: refused before any block
+            keys = [v for v in vals if isinstance(v, bytes)]
+            contents = [v for v in vals if isinstance(v, tuple)]
+            u = Universe.of([s] + ([nxt] if nxt else []), keys, contents)
+            if step == "alloc" and vals[0] is None:  # nothing free: no block may be allocated
+                assert nxt is None
+                assert not any(compare(u, s, None, "alloc", [b]).enabled for b in u.blocks)
+                refused["alloc"] = refused.get("alloc", 0) + 1
+                continue
+            v = compare(u, s, nxt, step, _z3_args(u, step, vals))
+            if nxt is None:
+                assert not v.enabled, (step, margs)
+                refused[step] = refused.get(step, 0) + 1
+                continue
+            if not v.enabled:
+                # Only the caller contract of cache_partial may refuse a call the model
+                # takes, and then the model itself breaks soundness (see the report).
+                assert step == "cache_partial" and "index_entries_are_sound" in violated(nxt)
+                breaches += 1
+                continue
+            assert v.agrees, (step, margs)
+            seen[step] = seen.get(step, 0) + 1
+            s = nxt
+    print("agreement", seen, refused, "contract breaches", breaches)
+    assert set(seen) == set(T.STEPS), seen
+    assert {"alloc", "release", "unpin"} <= set(refused), refused
+
+
+def _batch(rng: random.Random, s: PoolState) -> tuple[list[tuple[str, list[Any]]], Any, tuple[Any, ...]]:
+    """A random batch call and its per-block decomposition (as in transitions' docstring)."""
+    n, hbs = s.num_blocks, s.hash_block_size
+    ids = [rng.randrange(n) for _ in range(rng.randint(1, 4))]
+    kind = rng.choice(["alloc", "release", "touch", "unpin", "evict", "cache_full", "cache_full"])
+    if kind == "alloc":
+        k = rng.randint(0, min(3, len(s.free)))
+        return [("alloc", [b]) for b in s.free[:k]], A.get_new_blocks, (k,)
+    if kind == "unpin":
+        return [("unpin", [b]) for b in ids], A.unpin_blocks, (ids, _watcher)
+    if kind in ("release", "touch", "evict"):
+        fn = {"release": A.free_blocks, "touch": A.touch, "evict": A.evict_blocks}[kind]
+        return [(kind, [b]) for b in ids], fn, (ids,)
+    bs = hbs * rng.choice((1, 2))
+    req = _request(rng, hbs)
+    hashes = resolve_block_hashes(req.block_hashes, hbs, bs)
+    nf = min(len(ids), len(hashes))
+    nc = rng.randrange(nf) if nf else 0
+    g = rng.choice((0, 1))
+    calls = [("cache_full", [b, make_block_hash_with_group_id(hashes[i], g), (i + 1) * bs,
+                             A._content(req, (i + 1) * bs, hbs)])
+             for i, b in enumerate(ids[:nf]) if i >= nc and b != 0]
+    return calls, A.cache_full_blocks, (req, ids, nc, nf, bs, g)
+
+
+def test_batches_agree_with_their_per_block_decomposition() -> None:
+    """A batch call equals its sequence of per-block steps, refusals included."""
+    rng = random.Random(7)
+    done: dict[str, int] = {}
+    for _walk in range(25):
+        s = initial_state(rng.randint(2, 5), rng.random() < 0.85, rng.choice((1, 2)))
+        for _ in range(15):
+            calls, fn, margs = _batch(rng, s)
+            try:
+                nxt = fn(s, *margs)[0]
+            except STATE_ERRORS:
+                nxt = None
+            except BlockPoolError:
+                continue
+            if fn is A.cache_full_blocks and not calls:
+                continue
+            vals = [v for _step, args in calls for v in args]
+            u = Universe.of([s] + ([nxt] if nxt else []),
+                            [v for v in vals if isinstance(v, bytes)],
+                            [v for v in vals if isinstance(v, tuple)])
+            z = [(step, _z3_args(u, step, args)) for step, args in calls]
+            v = compare_batch(u, s, nxt, z)
+            assert v.enabled == (nxt is not None), (fn.__name__, margs)
+            assert v.agrees, (fn.__name__, margs)
+            if nxt is not None:
+                done[fn.__name__] = done.get(fn.__name__, 0) + 1
+                s = nxt
+    print("batches", done)
+    assert len(done) == 6, done
