@@ -14,6 +14,14 @@ from kvpool import __version__
 DELEGATED: dict[str, tuple[str, str, str]] = {
     "prove": ("kvpool.proofs.report", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
+    "conform": ("kvpool.oracle.conform", "main",
+                "check any block-pool implementation against the model, step by step"),
+    "record": ("kvpool.oracle.trace", "record_main",
+               "record a JSONL trace of a pool running the workload"),
+    "check-trace": ("kvpool.oracle.trace", "check_trace_main",
+                    "replay a recorded trace on the model; report the first divergent line"),
+    "check-events": ("kvpool.oracle.events_check", "check_events_main",
+                     "check a KV-event stream as a router rebuilding the index reads it"),
 }
 
 

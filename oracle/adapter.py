@@ -1,0 +1,182 @@
+"""How the oracle reaches a block pool implementation under test.
+
+The oracle drives every implementation through the reference API (vLLM
+0.31.0's ``BlockPool``): the same operation names and signatures, blocks as
+objects with ``block_id``/``ref_cnt``/``block_hash``, and the internal
+structures the whole-pool observation reads.  :class:`ReferencePool` spells
+that API out; :class:`Lockstep` calls it with block ids translated.
+
+An :class:`Adapter` is the small part that differs between implementations:
+how to build a pool, how to observe it, how its refusals pair with the
+model's typed errors, and whether it refuses misuse at all (vLLM's pool uses
+``assert`` or corrupts itself, so deliberately wrong calls are left out for
+it).  An implementation with a different surface (another language behind
+FFI, say) writes its own adapter whose ``construct`` returns a facade with
+the reference API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from .lockstep import same_error_type, vllm_errors_match
+from .observe import Observation, observe_pool
+
+ErrorMatcher = Callable[[Exception, Exception | None], bool]
+
+#: Operations (and the attributes the observation reads) every pool must have.
+REQUIRED_API: tuple[str, ...] = (
+    "get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks",
+    "reset_prefix_cache", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
+    "emit_cached_block_events", "take_events", "get_cached_block", "is_block_writable",
+    "get_num_free_blocks", "get_usage",
+)
+
+
+@runtime_checkable
+class ReferencePool(Protocol):
+    """A pool with the reference API; blocks are objects with a ``block_id``.
+
+    Besides the operations, :func:`~kvpool.oracle.observe.observe_pool` reads
+    ``blocks``, ``free_block_queue``, ``cached_block_hash_to_block``,
+    ``cached_block_hashes_by_block``, ``kv_event_queue`` (pending events) and
+    ``_reuse_watchers`` (registered by ``unpin_blocks``).
+    """
+
+    blocks: list[Any]
+    kv_event_queue: list[Any]
+
+    def get_new_blocks(self, num_blocks: int) -> list[Any]: ...
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
+    def touch(self, blocks: Sequence[Any]) -> None: ...
+    def unpin_blocks(self, blocks: Iterable[Any], on_reuse: Callable[[Any], None]) -> None: ...
+    def evict_blocks(self, block_ids: Iterable[int]) -> None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def cache_full_blocks(self, request: Any, blocks: list[Any], num_cached_blocks: int,
+                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+                          block_mask: list[bool] | None = None) -> None: ...
+    def cache_partial_block(self, request: Any, block: Any, num_tokens: int,
+                            kv_cache_group_id: int, block_size: int,
+                            replace_existing_hashes: bool = False) -> Any: ...
+    def move_block_hashes(self, src_block: Any, dst_block: Any) -> None: ...
+    def emit_cached_block_events(self, request: Any, num_cached_blocks: int, block_size: int,
+                                 kv_cache_group_id: int) -> None: ...
+    def take_events(self) -> list[Any]: ...
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> Any: ...
+    def is_block_writable(self, block: Any) -> bool: ...
+    def get_num_free_blocks(self) -> int: ...
+    def get_usage(self) -> float: ...
+
+
+class Adapter(Protocol):
+    """A block pool implementation under test, as the oracle sees it."""
+
+    @property
+    def name(self) -> str:
+        """Shown in reports (e.g. ``kvpool.impl:BlockPool``)."""
+        ...
+
+    @property
+    def supports_misuse(self) -> bool:
+        """Whether the pool refuses deliberately wrong calls (with typed errors)."""
+        ...
+
+    def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
+                  events: bool) -> ReferencePool:
+        """A fresh pool; block 0 is the null block."""
+        ...
+
+    def observe(self, pool: Any) -> Observation:
+        """The whole-pool observation, in the model's vocabulary."""
+        ...
+
+    def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
+        """Whether the pool's refusal counts as the model's."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClassAdapter:
+    """Any class with the reference constructor and API (kvpool's, vLLM's, a subclass)."""
+
+    pool_class: Callable[..., Any]
+    name: str
+    supports_misuse: bool = True
+    matcher: ErrorMatcher = same_error_type
+
+    def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
+                  events: bool) -> ReferencePool:
+        pool: ReferencePool = self.pool_class(num_blocks, caching, hash_block_size,
+                                              enable_kv_cache_events=events)
+        return pool
+
+    def observe(self, pool: Any) -> Observation:
+        return observe_pool(pool)
+
+    def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
+        return self.matcher(model_error, pool_error)
+
+    def factory(self) -> Callable[..., Any]:
+        """A ``pool_factory`` in the shape :class:`Lockstep` and the campaign take."""
+        return adapter_factory(self)
+
+
+def adapter_factory(adapter: Adapter) -> Callable[..., Any]:
+    """Turn an adapter into the ``pool_factory(n, caching, hbs, enable_kv_cache_events=)``."""
+
+    def factory(num_blocks: int, caching: bool, hash_block_size: int,
+                enable_kv_cache_events: bool = False) -> Any:
+        return adapter.construct(num_blocks, caching, hash_block_size, enable_kv_cache_events)
+
+    return factory
+
+
+def kvpool_adapter(pool_class: type[Any] | None = None) -> ClassAdapter:
+    """kvpool.impl's pool (or a subclass): typed errors, strict matching, misuse on."""
+    from kvpool.impl import BlockPool
+
+    cls = pool_class or BlockPool
+    return ClassAdapter(cls, f"{cls.__module__}:{cls.__qualname__}")
+
+
+def vllm_adapter() -> ClassAdapter:
+    """vLLM's own ``BlockPool``, imported only when asked for (the import takes seconds).
+
+    It raises ``ValueError`` when out of blocks and does not refuse misuse.
+    """
+    module = importlib.import_module("vllm.v1.core.block_pool")
+    # Every refused reset logs a warning; thousands of them would bury the report.
+    logging.getLogger(module.__name__).setLevel(logging.ERROR)
+    # vLLM's env lookups are slow unless cached; the drop-in test does the same
+    with contextlib.suppress(ImportError, AttributeError):
+        importlib.import_module("vllm.envs").enable_envs_cache()
+    return ClassAdapter(module.BlockPool, "vllm.v1.core.block_pool:BlockPool",
+                        supports_misuse=False, matcher=vllm_errors_match)
+
+
+def adapter_for_class(pool_class: Any) -> ClassAdapter:
+    """The right adapter for a pool class: strict for kvpool's, lenient for others."""
+    from kvpool.impl import BlockPool
+
+    if isinstance(pool_class, type) and issubclass(pool_class, BlockPool):
+        return kvpool_adapter(pool_class)
+    if getattr(pool_class, "__module__", "").startswith("vllm."):
+        return vllm_adapter()
+    name = f"{getattr(pool_class, '__module__', '?')}:{getattr(pool_class, '__qualname__', '?')}"
+    return ClassAdapter(pool_class, name, supports_misuse=False, matcher=vllm_errors_match)
+
+
+def missing_api(pool_class: Any) -> list[str]:
+    """Operations of the reference API that ``pool_class`` lacks (empty when complete)."""
+    return [op for op in REQUIRED_API if not callable(getattr(pool_class, op, None))]
+
+
+__all__ = [
+    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "ReferencePool",
+    "adapter_factory", "adapter_for_class", "kvpool_adapter", "missing_api", "vllm_adapter",
+]

@@ -1,0 +1,367 @@
+"""Check a KV-event stream the way a router that rebuilds the prefix index reads it.
+
+A router (vLLM's KV-aware routing, llm-d, Dynamo) never sees the pool: it
+sees ``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` and keeps, per
+``(block hash, group)``, how many stored copies a worker holds.  The stream is
+useful only if that count can be kept without guessing.  This checker plays
+such a router and names each event that would make it guess.
+
+What it checks (each holds on every stream the model emits; the doc
+``oracle/TRACE_FORMAT.md`` shows what the reference's streams do *not*
+promise, with traces):
+
+``remove-unstored``
+    A ``BlockRemoved`` names a key with no stored copy left since the last
+    ``AllBlocksCleared``: removed before stored, removed twice, or removed
+    more often than stored.  (Removes never exceed stores, per key.)
+``parent-unknown``
+    A ``BlockStored`` of full blocks names a ``parent_block_hash`` never
+    stored in that group since the last ``AllBlocksCleared``.  Partial-entry
+    stores (``block_size`` below the group's full block size) are exempt:
+    their parent is at the finer ``hash_block_size`` grain and was announced
+    only if an earlier partial entry ended exactly there.
+``copy-unannounced``
+    (Traces with observations, events on.)  After a call, the pool's index
+    holds more copies of a key than the stream has stored and not removed:
+    a physical copy was never announced, or its removal was announced
+    while it stayed.  The router may count *more* than the pool (phantoms,
+    counted): ``emit_cached_block_events`` re-announces hits.
+
+Counted, not reported (a router cannot tell them from legitimate streams):
+stores of a key already stored (a second physical copy, or a prefix hit
+re-announced by ``emit_cached_block_events``), one-hash stores with an unseen
+parent that may be partial entries, empty stores and stores whose
+``token_ids`` do not fill ``block_size`` per hash (null or masked blocks).
+
+``AllBlocksCleared`` empties the router's index; the reference emits it
+without removals for the entries it drops, so a router must not expect the
+index to be empty before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .trace import FieldError, TraceError, canonical_hash, json_lines, parse_event, read_trace
+
+Key = tuple[Any, Any]  # (hash in int form, group_idx)
+_LOW_64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where an event sits: its line, and its index among that line's events (trace files)."""
+
+    line: int
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return f"line {self.line}" + ("" if self.index is None else f" event {self.index}")
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    position: Position
+    message: str
+
+
+@dataclass
+class EventsReport:
+    """Violations in stream order, and counts that say how much was read."""
+
+    path: str
+    events: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    reannounced: int = 0
+    """Stores of a key that already had a stored copy (a second copy, or a re-announcement)."""
+    left_stored: int = 0
+    """Keys still stored at the end of the stream."""
+    unverified_parents: int = 0
+    """One-hash stores with an unseen parent that may be partial entries (sizes unknown)."""
+    empty_stores: int = 0
+    """BlockStored events with no hash (every block of the range was null or masked)."""
+    token_mismatches: int = 0
+    """BlockStored events whose token_ids do not fill block_size per hash."""
+    snapshots: int = 0
+    """Trace lines whose observed index was compared with the router's."""
+    phantoms: int = 0
+    """At the last compared line, keys the router counts more copies of than the pool holds."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def format(self, limit: int = 50) -> str:
+        head = (f"{self.path}: {self.events} events, {len(self.violations)} violation(s); "
+                f"not checkable: {self.reannounced} store(s) of already-stored keys, "
+                f"{self.unverified_parents} unverified partial-entry parent(s), "
+                f"{self.empty_stores} empty store(s), {self.token_mismatches} store(s) with "
+                f"token_ids not filling their blocks; {self.left_stored} key(s) stored at the end"
+                + (f"; compared with the pool's index at {self.snapshots} line(s), {self.phantoms} "
+                   "phantom key(s) at the last" if self.snapshots else ""))
+        lines = [f"{self.path}:{v.position.line}: {v.position}: [{v.rule}] {v.message}"
+                 for v in self.violations[:limit]]
+        if len(self.violations) > limit:
+            lines.append(f"... and {len(self.violations) - limit} more")
+        return "\n".join([head, *lines])
+
+
+@dataclass
+class _Pending:
+    """A store whose parent the router never saw; a violation unless it was a partial entry."""
+
+    position: Position
+    group: Any
+    block_size: int
+    num_hashes: int
+    message: str
+
+
+@dataclass
+class Router:
+    """The index a router rebuilds from events: stored copies per key."""
+
+    block_sizes: dict[Any, int] = field(default_factory=dict)
+    """Full block size per group, when known (trace header or command line)."""
+    copies: dict[Key, int] = field(default_factory=dict)
+    seen: set[Key] = field(default_factory=set)
+    sizes: dict[Any, set[int]] = field(default_factory=dict)
+    pending: list[_Pending] = field(default_factory=list)
+
+    def feed(self, event: dict[str, Any], pos: Position, report: EventsReport) -> None:
+        """Apply one (validated) event, appending any violation to ``report``."""
+        report.events += 1
+        kind = event["type"]
+        if kind == "AllBlocksCleared":
+            self.copies.clear()
+            self.seen.clear()
+            return
+        group = event.get("group_idx")
+        hashes = [canonical_hash(h) for h in event["block_hashes"]]
+        if kind == "BlockRemoved":
+            for h in hashes:
+                key = (h, group)
+                if self.copies.get(key, 0) <= 0:
+                    what = ("removed more often than stored" if key in self.seen
+                            else "never stored since the last AllBlocksCleared")
+                    report.violations.append(Violation(
+                        "remove-unstored", pos, f"BlockRemoved of {_key(key)}: {what}"))
+                    continue
+                self.copies[key] -= 1
+                if not self.copies[key]:
+                    del self.copies[key]
+            return
+        self._store(event, hashes, group, pos, report)
+
+    def _store(self, event: dict[str, Any], hashes: list[Any], group: Any, pos: Position,
+               report: EventsReport) -> None:
+        size = event["block_size"]
+        self.sizes.setdefault(group, set()).add(size)
+        if not hashes:
+            report.empty_stores += 1
+        elif len(event["token_ids"]) != size * len(hashes):
+            report.token_mismatches += 1
+        parent = event.get("parent_block_hash")
+        if parent is not None and hashes:
+            key = (canonical_hash(parent), group)
+            if key not in self.seen:
+                self.pending.append(_Pending(
+                    pos, group, size, len(hashes),
+                    f"BlockStored of {_key((hashes[0], group))} names parent {_key(key)}, "
+                    "never stored in that group since the last AllBlocksCleared"))
+        for h in hashes:
+            key = (h, group)
+            if self.copies.get(key, 0) > 0:
+                report.reannounced += 1
+            self.copies[key] = self.copies.get(key, 0) + 1
+            self.seen.add(key)
+
+    def compare(self, line: int, copies: dict[Key, int], report: EventsReport) -> None:
+        """The pool's index after ``line`` against the router's counts.
+
+        Every copy the pool holds must have been announced and not removed
+        (``copy-unannounced`` otherwise); the router may count more (a hit
+        re-announced, see ``emit_cached_block_events``): those are phantoms.
+        """
+        for key, n in copies.items():
+            if self.copies.get(key, 0) < n:
+                report.violations.append(Violation(
+                    "copy-unannounced", Position(line),
+                    f"the pool holds {n} cop(ies) of {_key(key)}, the stream accounts for "
+                    f"{self.copies.get(key, 0)}"))
+        report.phantoms = sum(1 for key, c in self.copies.items() if c > copies.get(key, 0))
+        report.snapshots += 1
+
+    def finish(self, report: EventsReport) -> None:
+        """Decide the deferred parent checks now that every block size is known, and sort.
+
+        A partial entry is one hash of ``hash_block_size`` tokens, below the
+        group's full block size.  Without a declared size, the group's full
+        size is the larger of the (at most two) sizes it announced; if it
+        announced only one, a one-hash store with an unknown parent cannot
+        be told from a partial entry and is counted as unverified.
+        """
+        for p in self.pending:
+            full = self.block_sizes.get(p.group)
+            seen = self.sizes.get(p.group, set())
+            if p.num_hashes > 1 or (full is not None and p.block_size >= full):
+                is_full: bool | None = True
+            elif full is not None:
+                is_full = False
+            elif len(seen) > 1:
+                is_full = p.block_size == max(seen)
+            else:
+                is_full = None
+            if is_full:
+                report.violations.append(Violation("parent-unknown", p.position, p.message))
+            elif is_full is None:
+                report.unverified_parents += 1
+        report.violations.sort(key=lambda v: (v.position.line, v.position.index or 0))
+        report.left_stored = len(self.copies)
+
+
+def _key(key: Key) -> str:
+    h, group = key
+    text = f"{h:#018x}" if isinstance(h, int) else str(h)
+    return f"{text}/group {group}"
+
+
+Snapshots = dict[int, dict[Key, int]]
+"""Per trace line with an observation: the pool's copies per key after that call."""
+
+
+@dataclass
+class Stream:
+    """What a file gives the checker: events with positions, declared sizes, pool snapshots."""
+
+    events: list[tuple[Position, dict[str, Any]]]
+    block_sizes: dict[int, int] = field(default_factory=dict)
+    snapshots: Snapshots = field(default_factory=dict)
+
+
+def _index_copies(index: list[list[Any]]) -> dict[Key, int]:
+    """An observation's index as copies per (hash in int form, group): keys end in the group."""
+    out: dict[Key, int] = {}
+    for key_hex, ids in index:
+        raw = bytes.fromhex(key_hex)
+        key = (int.from_bytes(raw[:-4], "big") & _LOW_64, int.from_bytes(raw[-4:], "big"))
+        out[key] = out.get(key, 0) + len(ids)
+    return out
+
+
+def load_events(path: str | Path) -> Stream:
+    """The validated events of a trace file (emission order) or of a JSONL event stream.
+
+    From a trace with events on, also the declared block sizes and, for each
+    line with an observation, the pool's index as copies per key.
+    """
+    name = str(path)
+    lines = json_lines(path)
+    first = next(lines, None)
+    if first is None:
+        return Stream([])
+    if isinstance(first[1], dict) and "kvpool_trace" in first[1]:
+        trace = read_trace(path)
+        events = [(Position(step.line, i), event)
+                  for step in trace.steps for i, event in enumerate(step.events)]
+        snapshots: Snapshots = {}
+        if trace.header.enable_kv_cache_events:
+            snapshots = {step.line: _index_copies(step.observation["index"])
+                         for step in trace.steps if step.observation is not None}
+        return Stream(events, dict(trace.header.block_sizes or {}), snapshots)
+    out = []
+    for number, value in (first, *lines):
+        try:
+            out.append((Position(number), parse_event(value, "event")))
+        except FieldError as exc:
+            raise TraceError(name, number, str(exc)) from None
+        except RecursionError:
+            raise TraceError(name, number, "value nested too deeply") from None
+    return Stream(out)
+
+
+def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) -> EventsReport:
+    """Read a stream as a router would; raise :class:`TraceError` on an unreadable file.
+
+    ``block_sizes`` (group -> full block size) overrides a trace header's.
+    """
+    stream = load_events(path)
+    return check_event_list([e for _, e in stream.events], str(path),
+                            {**stream.block_sizes, **(block_sizes or {})},
+                            [p for p, _ in stream.events], stream.snapshots)
+
+
+def check_event_list(
+    events: Sequence[dict[str, Any]], name: str = "<events>",
+    block_sizes: dict[int, int] | None = None, positions: Sequence[Position] | None = None,
+    snapshots: Snapshots | None = None,
+) -> EventsReport:
+    """The same check on validated events in memory; positions default to 1-based indices.
+
+    With ``snapshots`` (trace lines -> the pool's copies per key), the
+    router's counts are also compared with the pool after each such line.
+    """
+    report = EventsReport(name)
+    router = Router(block_sizes=dict(block_sizes or {}))
+    pending = sorted((snapshots or {}).items())
+    for i, event in enumerate(events):
+        pos = positions[i] if positions else Position(i + 1)
+        while pending and pending[0][0] < pos.line:
+            router.compare(*pending.pop(0), report)
+        router.feed(event, pos, report)
+    for line, copies in pending:
+        router.compare(line, copies, report)
+    router.finish(report)
+    return report
+
+
+def _sizes(text: str) -> dict[int, int]:
+    """``0=16,1=32`` -> {0: 16, 1: 32} (argparse type)."""
+    try:
+        pairs = [item.split("=") for item in text.split(",") if item]
+        out = {int(g): int(n) for g, n in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GROUP=SIZE[,GROUP=SIZE...], got {text!r}") from None
+    if any(n <= 0 for n in out.values()):
+        raise argparse.ArgumentTypeError("block sizes must be positive")
+    return out
+
+
+def check_events_main(argv: Sequence[str] | None = None) -> int:
+    """``kvpool check-events``: 0 no violation, 1 violations, 2 usage or unreadable file."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool check-events",
+        description="Read a KV-event stream (JSONL, one event per line, or a kvpool trace) "
+                    "as a router rebuilding the prefix index would, and report each event "
+                    "that breaks it, with its line.")
+    parser.add_argument("file")
+    parser.add_argument("--block-sizes", type=_sizes, default=None, metavar="G=N[,G=N]",
+                        help="full block size per KV-cache group, to tell partial entries apart "
+                             "(a trace header's block_sizes is used when present)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--limit", type=int, default=50, help="violations to print (default 50)")
+    args = parser.parse_args(argv)
+    try:
+        report = check_events(args.file, args.block_sizes)
+    except TraceError as exc:
+        print(f"kvpool check-events: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({
+            "file": report.path, "events": report.events, "ok": report.ok,
+            "reannounced": report.reannounced, "left_stored": report.left_stored,
+            "unverified_parents": report.unverified_parents, "empty_stores": report.empty_stores,
+            "token_mismatches": report.token_mismatches, "snapshots": report.snapshots,
+            "phantoms": report.phantoms,
+            "violations": [{"rule": v.rule, "line": v.position.line, "event": v.position.index,
+                            "message": v.message} for v in report.violations]}))
+    else:
+        print(report.format(args.limit))
+    return 0 if report.ok else 1

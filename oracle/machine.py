@@ -1,0 +1,471 @@
+"""A Hypothesis state machine that drives the model and any pool in lockstep.
+
+:func:`machine_for` builds a ``RuleBasedStateMachine`` for one
+:class:`~kvpool.oracle.adapter.Adapter`.  Every call goes through a
+:class:`~kvpool.oracle.lockstep.Lockstep`, which compares results, error
+types, the whole observation, pending events and watcher firings, and checks
+every model invariant after each call; the ``@invariant`` runs the same
+check on the fresh pool (later states only arise through calls, each
+checked as it happens).
+
+Why dedicated rules rather than the random :class:`Workload`: Hypothesis can
+only shrink and print what it draws as rule arguments.  A rule that draws a
+seed and lets ``Workload`` roll dice prints ``admit(seed=83412)``, which says
+nothing; here each rule names its inputs (which document a prompt reads,
+how long it is, its LoRA/salt/image, whether to look up the cache, to cache a
+partial block, which block mask), so the shrunk failure reads as a
+scenario.  The bookkeeping that does not involve choices is reused from
+``Workload`` (its documents, block hasher, hash resolution, growing a block
+table, releasing a request) and from ``Running`` / ``Config``.
+
+Realistic inputs: prompts take prefixes of two fixed documents, and finished
+conversations go on with a follow-up turn, so lookups hit (idle blocks
+included); one or two KV-cache groups whose block size is a multiple of
+``hash_block_size``; LoRA, multimodal and cache-salt extra keys; partial-block
+entries and their promotion when the block fills; block masks;
+sliding-window placeholders (the null block) in block tables; copy-on-write
+hash moves; unpinned blocks with named reuse watchers; evictions; resets with
+and without blocks in use; events on or off.  Misuse rules (only when the
+adapter refuses misuse) make wrong calls the model refuses and compare error
+types.  Not covered yet: blocks of a second pool.
+
+Use it from pytest as ``TestMyPool = machine_for(my_adapter).TestCase``, or
+through ``kvpool conform`` (:mod:`kvpool.oracle.conform`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+
+from kvpool.impl.errors import BlockPoolError
+from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from kvpool.model.state import NULL
+
+from .adapter import Adapter, adapter_factory
+from .lockstep import Lockstep
+from .workload import Config, Running, Workload
+
+LORA_IDS = {"lora1": 1, "lora2": 2}
+MISUSES = (
+    "free_idle", "over_free", "unpin_idle", "unpin_null", "touch_unknown", "too_many",
+    "negative_count", "mask_length", "evict_unknown", "move_onto_hashed", "move_onto_null",
+    "partial_bad_tokens", "cache_disabled",
+)
+"""Deliberately wrong calls; the model refuses each with a typed error."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a request reads: a prefix of a document, a tail, and extra keys."""
+
+    doc: int
+    length: int
+    tail: tuple[int, ...] = ()
+    lora: str | None = None
+    salt: str | None = None
+    image_at: int | None = None
+
+
+@dataclass
+class Table:
+    """Blocks held without a request (scratch space, copies made by a hash move)."""
+
+    ids: list[int]
+    live: bool = True
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    """Pool shapes; they shrink towards one small group with caching on."""
+    hbs = draw(st.sampled_from([1, 2, 4]))
+    groups = draw(st.integers(1, 2))
+    sizes = {g: hbs * draw(st.integers(1, 3)) for g in range(groups)}
+    caching = draw(st.integers(0, 4)) < 4  # mostly on: most of the pool is about caching
+    return Config(num_blocks=draw(st.integers(2, 24)), caching=caching,
+                  hash_block_size=hbs, block_sizes=sizes, events=draw(st.booleans()),
+                  extra_keys=True)
+
+
+masks = st.integers(0, 3).flatmap(
+    lambda i: st.none() if i < 3 else st.lists(st.booleans(), min_size=1, max_size=3).map(tuple))
+"""Mostly no mask: a masked-out block breaks the chain that later hits follow."""
+
+prompts = st.builds(
+    Prompt,
+    doc=st.integers(0, 1),
+    length=st.integers(1, 32),
+    tail=st.lists(st.integers(0, 49), max_size=2).map(tuple),
+    lora=st.integers(0, 5).map(lambda i: (None, "lora1", "lora2")[max(0, i - 3)]),
+    salt=st.integers(0, 3).map(lambda i: "s1" if i == 3 else None),
+    image_at=st.integers(0, 40).map(lambda i: None if i <= 20 else i - 21),
+)
+"""Prefixes of two documents, so requests share prefixes; extra keys now and then."""
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """The rules; :func:`machine_for` binds an adapter in a subclass."""
+
+    ADAPTER: ClassVar[Adapter]
+    MISUSE: ClassVar[bool] = False
+    REFERENCE: ClassVar[str] = "0.31"
+
+    runs = Bundle("runs")
+    """Requests in flight, each with its block table per KV-cache group."""
+    finished = Bundle("finished")
+    """Finished requests, whose conversation may go on (see ``follow_up``)."""
+    tables = Bundle("tables")
+    """Blocks allocated outside any request."""
+
+    cfg: Config
+    work: Workload
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair: Lockstep | None = None
+        self.live: dict[str, Running] = {}
+        self.held: list[Table] = []
+        self.counter = 0
+
+    # ------------------------------------------------------------ helpers
+
+    @property
+    def lock(self) -> Lockstep:
+        assert self.pair is not None, "setup runs first"
+        return self.pair
+
+    def _request(self, prompt: Prompt) -> Request:
+        self.counter += 1
+        tokens = self.work.documents[prompt.doc][: prompt.length] + list(prompt.tail)
+        kw: dict[str, Any] = {}
+        if prompt.lora:
+            kw["lora_request"] = LoRARequest(prompt.lora, LORA_IDS[prompt.lora], "/a")
+        if prompt.salt:
+            kw["cache_salt"] = prompt.salt
+        if prompt.image_at is not None and prompt.image_at + 2 <= len(tokens):
+            kw["mm_features"] = [MultiModalFeature("img", PlaceholderRange(prompt.image_at, 2))]
+        return Request(f"r{self.counter}", tokens, block_hasher=self.work.hasher, **kw)
+
+    def _alive(self, run: Running) -> bool:
+        return self.live.get(run.request.request_id) is run
+
+    def _cache(self, run: Running, group: int, skip_partial: bool,
+               mask: tuple[bool, ...] | None) -> None:
+        """Index what filled up, and (unless skipped) the partial last block.
+
+        Like the engine after each step: when ``hash_block_size`` is smaller
+        than the block size, the prefix that ends inside the last block is
+        made reachable too, and promoted when the block fills.
+        """
+        cfg, req = self.cfg, run.request
+        bs = cfg.block_sizes[group]
+        full = req.num_tokens // bs
+        if not cfg.caching:
+            return
+        new = full - run.cached[group]
+        args: list[Any] = [req, run.tables[group], run.cached[group], full, bs, group]
+        if mask is not None and new > 0:
+            args.append([mask[i % len(mask)] for i in range(new)])
+        self.lock.call("cache_full_blocks", *args)
+        run.cached[group] = max(run.cached[group], full)
+        upto = (req.num_tokens // cfg.hash_block_size) * cfg.hash_block_size
+        if not skip_partial and bs > cfg.hash_block_size and upto % bs:
+            self.lock.call("cache_partial_block", req, run.tables[group][upto // bs], upto,
+                           group, bs)
+
+    def _slide(self, run: Running, group: int, cut: int) -> None:
+        """Sliding window: cached blocks before ``cut`` are freed and become the null block."""
+        table = run.tables[group]
+        limit = len(table) - 1
+        if self.cfg.caching:
+            limit = min(limit, run.cached[group])
+        cut = min(cut, limit)
+        gone = [b for b in table[:cut] if b != NULL]
+        if cut > 0 and gone:
+            table[:cut] = [NULL] * cut
+            self.lock.call("free_blocks", list(reversed(gone)))
+
+    def _drop(self, run: Running) -> None:
+        self.live.pop(run.request.request_id, None)
+        self.work._release(run, unpin=False)
+
+    def _cached_blocks(self) -> list[int]:
+        return [b for b, p in enumerate(self.lock.model.primary) if p is not None]
+
+    # -------------------------------------------------------------- rules
+
+    @initialize(cfg=configs())
+    def setup(self, cfg: Config) -> None:
+        self.cfg = cfg
+        pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
+                              cfg.hash_block_size, cfg.events, self.REFERENCE)
+        pair.errors_match = self.ADAPTER.errors_match
+        pair.observe = self.ADAPTER.observe
+        self.pair = pair
+        # Fixed documents and hasher; this Workload's dice are never rolled.
+        self.work = Workload(random.Random(0), cfg, pair, misuse_on=False)
+
+    @rule(target=runs, prompt=prompts, skip_lookup=st.booleans(), emit=st.booleans(),
+          skip_partial=st.booleans(), mask=masks, window=st.integers(0, 2))
+    def admit(self, prompt: Prompt, skip_lookup: bool, emit: bool, skip_partial: bool,
+              mask: tuple[bool, ...] | None, window: int) -> Any:
+        """Schedule a new request: look up its prefix, touch the hits, allocate, cache.
+
+        ``window`` leading hits become the null block, as a sliding-window
+        manager does for blocks that left the window; ``emit`` announces the
+        hits to event consumers.
+        """
+        return self._admit(self._request(prompt), skip_lookup, emit, skip_partial, mask, window)
+
+    @rule(target=runs, run=consumes(finished), more=st.lists(st.integers(0, 49), max_size=4),
+          skip_lookup=st.booleans(), emit=st.booleans(), skip_partial=st.booleans(), mask=masks)
+    def follow_up(self, run: Running, more: list[int], skip_lookup: bool, emit: bool,
+                  skip_partial: bool, mask: tuple[bool, ...] | None) -> Any:
+        """The next turn of a finished conversation: its whole text plus ``more`` tokens.
+
+        It hits what the finished request cached and what is still cached
+        (decoded blocks and partial entries included), touching idle blocks.
+        """
+        old = run.request
+        self.counter += 1
+        req = Request(f"r{self.counter}", [*old.all_token_ids, *more],
+                      block_hasher=self.work.hasher, lora_request=old.lora_request,
+                      cache_salt=old.cache_salt, mm_features=list(old.mm_features))
+        return self._admit(req, skip_lookup, emit, skip_partial, mask, 0)
+
+    def _admit(self, req: Request, skip_lookup: bool, emit: bool, skip_partial: bool,
+               mask: tuple[bool, ...] | None, window: int) -> Any:
+        run = Running(req, {}, {})
+        for group, bs in self.cfg.block_sizes.items():
+            hits: list[int] = []
+            if not skip_lookup and self.cfg.caching:
+                for block_hash in self.work._hashes(req, group):
+                    found = self.lock.call("get_cached_block", block_hash, [group])
+                    if found is None or (len(hits) + 1) * bs >= req.num_tokens:
+                        break
+                    hits.extend(found)
+            cut = min(window, max(len(hits) - 1, 0))
+            hits[:cut] = [NULL] * cut
+            self.lock.call("touch", hits)
+            run.tables[group] = hits
+            run.cached[group] = len(hits)
+            if hits and emit:
+                self.lock.call("emit_cached_block_events", req, len(hits), bs, group)
+            if not self.work._grow(run, group):
+                self.work._release(run, unpin=False)
+                return multiple()
+            self._cache(run, group, skip_partial, mask)
+        self.live[req.request_id] = run
+        return run
+
+    @rule(run=runs, tokens=st.lists(st.integers(0, 49), min_size=1, max_size=4),
+          skip_partial=st.booleans(), mask=masks, slide=st.integers(0, 4))
+    def decode(self, run: Running, tokens: list[int], skip_partial: bool,
+               mask: tuple[bool, ...] | None, slide: int) -> None:
+        """One engine step: slide the window, append tokens, grow, cache; preempt if dry.
+
+        ``slide`` above 2 frees ``slide - 2`` leading blocks (sliding window).
+        """
+        if not self._alive(run):
+            return
+        for group in run.tables:
+            self._slide(run, group, slide - 2)
+        run.request.append_output_token_ids(tokens)
+        for group in run.tables:
+            if not self.work._grow(run, group):
+                self._drop(run)  # preempted
+                return
+            self._cache(run, group, skip_partial, mask)
+
+    @rule(target=finished, run=consumes(runs),
+          reader=st.sampled_from([None, "reader1", "reader2"]))
+    def finish(self, run: Running, reader: str | None) -> Any:
+        """Free a finished request's blocks, tail first; or unpin them for a ``reader``.
+
+        Unpinned blocks stay readable until reused; the reader's watcher fires then.
+        """
+        if not self._alive(run):
+            return multiple()
+        if reader is None:
+            self._drop(run)
+            return run
+        self.live.pop(run.request.request_id)
+        for table in run.tables.values():
+            self.lock.call("unpin_blocks", [b for b in reversed(table) if b != NULL],
+                           self.lock.watcher(reader))
+        return run
+
+    @rule(target=tables, n=st.integers(0, 3))
+    def allocate(self, n: int) -> Any:
+        """Blocks held outside any request (e.g. scratch for a copy)."""
+        got = self.lock.call("get_new_blocks", n)
+        if isinstance(got, BlockPoolError):
+            return multiple()
+        table = Table(list(got))
+        self.held.append(table)
+        return table
+
+    @rule(target=tables, run=runs, group=st.integers(0, 1))
+    def copy_last_block(self, run: Running, group: int) -> Any:
+        """Copy-on-write: the hashes of a request's last block move to a fresh copy."""
+        if not self._alive(run) or group not in run.tables or not run.tables[group]:
+            return multiple()
+        src = run.tables[group][-1]
+        if self.lock.model.primary[src] is None:
+            return multiple()
+        got = self.lock.call("get_new_blocks", 1)
+        if isinstance(got, BlockPoolError):
+            return multiple()
+        self.lock.call("move_block_hashes", src, got[0])
+        table = Table(list(got))
+        self.held.append(table)
+        return table
+
+    @rule(table=consumes(tables))
+    def release(self, table: Table) -> None:
+        if table.live:
+            table.live = False
+            self.lock.call("free_blocks", table.ids)
+
+    @rule(prompt=prompts, placeholders=st.integers(1, 3))
+    def cache_placeholders(self, prompt: Prompt, placeholders: int) -> None:
+        """Null placeholders in the range to cache are skipped, never hashed."""
+        if self.cfg.caching:
+            bs = self.cfg.block_sizes[0]
+            req = self._request(prompt)
+            n = min(placeholders, len(self.work._hashes(req, 0)))
+            self.lock.call("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
+
+    @precondition(lambda self: self.pair is not None and self._cached_blocks())
+    @rule(picks=st.lists(st.integers(0, 15), max_size=3), also_uncached=st.booleans())
+    def evict(self, picks: list[int], also_uncached: bool) -> None:
+        """Drop cached blocks from the index (picked among the cached ones)."""
+        cached = self._cached_blocks()
+        ids = [cached[i % len(cached)] for i in picks]
+        if also_uncached:
+            ids += [b for b in range(self.cfg.num_blocks) if b not in cached][:1]
+        self.lock.call("evict_blocks", ids)
+
+    @precondition(lambda self: self.pair is not None and (
+        self._cached_blocks() or self.lock.model.watchers))
+    @rule(drain=st.booleans())
+    def reset(self, drain: bool) -> None:
+        """Reset the prefix cache; refused (False) while blocks are in use."""
+        if drain:
+            for run in list(self.live.values()):
+                self._drop(run)
+            for table in self.held:
+                if table.live:
+                    table.live = False
+                    self.lock.call("free_blocks", table.ids)
+        self.lock.call("reset_prefix_cache")
+
+    @rule(block=st.integers(0, 15))
+    def queries(self, block: int) -> None:
+        """The read-only operations, and taking the pending events."""
+        self.lock.call("take_events")
+        self.lock.call("get_usage")
+        self.lock.call("get_num_free_blocks")
+        self.lock.call("is_block_writable", block % self.cfg.num_blocks)
+
+    @precondition(lambda self: self.MISUSE)
+    @rule(kind=st.sampled_from(MISUSES), pick=st.integers(0, 7))
+    def misuse(self, kind: str, pick: int) -> None:
+        """One deliberately wrong call; both sides must refuse it alike (and change nothing)."""
+        m = self.lock.model
+        idle = [b for b in range(1, m.num_blocks) if m.ref[b] == 0]
+        used = [b for b in range(1, m.num_blocks) if m.ref[b] > 0]
+        hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
+        bs = self.cfg.block_sizes[0]
+        req = self._request(Prompt(0, 8))
+        call = self.lock.call
+        if kind == "free_idle" and idle:
+            call("free_blocks", [idle[pick % len(idle)]])
+        elif kind == "over_free" and used:
+            b = used[pick % len(used)]
+            call("free_blocks", [a for a in used if a != b][:1] + [b] * (m.ref[b] + 1))
+        elif kind == "unpin_idle" and idle:
+            call("unpin_blocks", [idle[pick % len(idle)]], self.lock.watcher("bad"))
+        elif kind == "unpin_null":
+            call("unpin_blocks", [NULL], self.lock.watcher("bad"))
+        elif kind == "touch_unknown":
+            call("touch", [*used[:1], m.num_blocks + pick])
+        elif kind == "too_many":
+            call("get_new_blocks", len(m.free) + 1 + pick)
+        elif kind == "negative_count":
+            call("get_new_blocks", -1 - pick)
+        elif kind == "mask_length" and used:
+            call("cache_full_blocks", req, [used[pick % len(used)]], 0, 1, bs, 0, [True, False])
+        elif kind == "evict_unknown":
+            call("evict_blocks", [m.num_blocks + pick if pick % 2 else -1 - pick])
+        elif kind == "move_onto_hashed" and used and hashed:
+            call("move_block_hashes", used[pick % len(used)], hashed[pick % len(hashed)])
+        elif kind == "move_onto_null" and hashed:
+            call("move_block_hashes", hashed[pick % len(hashed)], NULL)
+        elif kind == "partial_bad_tokens" and used:
+            call("cache_partial_block", req, used[pick % len(used)],
+                 -self.cfg.hash_block_size * (pick % 2), 0, bs * 2)
+        elif kind == "cache_disabled" and used and not self.cfg.caching:
+            call("cache_full_blocks", req, [used[pick % len(used)]], 0, 1, bs, 0)
+
+    @invariant()
+    def pool_agrees_with_model(self) -> None:
+        """Compare the observations and check the model's invariants.
+
+        Every lockstep call already checks after itself and state changes
+        only through calls, so this checks only when no call has been
+        checked yet (the fresh pool); the rest would repeat the same work.
+        """
+        if self.pair is not None and self.pair.steps == 0:
+            self.pair.check()
+
+
+def machine_for(adapter: Adapter, *, misuse: bool | None = None,
+                reference: str = "0.31") -> type[PoolMachine]:
+    """A state machine class driving ``adapter``'s pool against the model.
+
+    ``misuse`` defaults to what the adapter supports and is never turned on
+    for an adapter that does not refuse misuse.  ``reference`` names the vLLM
+    version whose behaviour the model reproduces.
+    """
+    misuse_on = adapter.supports_misuse if misuse is None else misuse and adapter.supports_misuse
+    attrs: dict[str, Any] = {"ADAPTER": adapter, "MISUSE": misuse_on, "REFERENCE": reference,
+                             "__doc__": f"Lockstep state machine for {adapter.name}."}
+    return type(f"PoolMachine_{_ident(adapter.name)}", (PoolMachine,), attrs)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.rsplit(":", 1)[-1]) or "pool"
+
+
+@dataclass
+class MachineFailure:
+    """A shrunk failure: the Hypothesis steps and the lockstep's message."""
+
+    message: str
+    steps: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> MachineFailure:
+        """Read the minimal example Hypothesis attached to the exception as notes."""
+        notes = [str(n) for n in getattr(exc, "__notes__", ())]
+        steps = [n for n in notes if n.startswith("state.") or " = state." in n]
+        noise = {"state.teardown()", "state.pool_agrees_with_model()"}
+        steps = [" ".join(s.split()) for s in steps if s not in noise]
+        return cls(f"{type(exc).__name__}: {exc}", steps)
+
+
+__all__ = ["MISUSES", "MachineFailure", "PoolMachine", "Prompt", "Table", "configs", "machine_for"]

@@ -1,0 +1,255 @@
+"""``kvpool conform``: green on kvpool.impl (and on vLLM's pool when importable),
+red with a short trace on each seeded bug, and clean usage errors.
+
+The seeded bugs are subclasses of kvpool.impl's pool, each modelled on a real
+failure of block pools (the seeded-bug list of the proofs issue).  They are
+published as the module ``kvpool_seeded_bugs`` so that the command loads them
+with ``--impl kvpool_seeded_bugs:Name``, exactly as a user's class would be.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import types
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpool.impl import BlockPool
+from kvpool.impl.errors import UnknownBlockError
+from kvpool.oracle import conform
+from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
+
+# ------------------------------------------------------------------ seeded bugs
+
+
+class FreeWithoutRefCheck(BlockPool):
+    """Freeing an idle block is silently accepted: a double free goes unnoticed."""
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        super().free_blocks([b for b in ordered_blocks if b.ref_cnt > 0 or b.is_null])
+
+
+class SameBlockTwiceInOneCall(BlockPool):
+    """A block listed twice in one call is released once, so [b, b] with one reference passes."""
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        super().free_blocks(list({id(b): b for b in ordered_blocks}.values()))
+
+
+class EvictForgetsIndex(BlockPool):
+    """Eviction clears the block's own hash but leaves its index entries behind."""
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        ids = list(block_ids)
+        for block_id in ids:
+            if not isinstance(block_id, int) or not 0 <= block_id < len(self.blocks):
+                raise UnknownBlockError(f"Invalid block_id {block_id!r}")
+        for block_id in ids:
+            block = self.blocks[block_id]
+            block._block_hash = None
+            block._block_hash_num_tokens = None
+            self.cached_block_hashes_by_block.pop(block_id, None)
+
+
+class TouchLeavesInFreeQueue(BlockPool):
+    """A prefix hit takes a reference but leaves the block in the free queue (evictable)."""
+
+    def touch(self, blocks: Any) -> None:
+        for block in blocks:
+            self._own(block)
+        for block in blocks:
+            block.ref_cnt += 1
+
+
+class NullBlockHandedOut(BlockPool):
+    """The null block sits in the free queue, so get_new_blocks can hand it out."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.free_block_queue.append(self.null_block)
+
+
+class NullBlockHashed(BlockPool):
+    """Caching does not skip the null block: sliding-window placeholders get hashed."""
+
+    def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
+        self.null_block.is_null = False
+        try:
+            super().cache_full_blocks(*args, **kwargs)
+        finally:
+            self.null_block.is_null = True
+
+
+class PartialKeptAfterPromotion(BlockPool):
+    """When a partial entry is promoted to a full hash, the partial entry stays indexed."""
+
+    def cache_full_blocks(self, request: Any, blocks: Any, num_cached_blocks: int,
+                          num_full_blocks: int, *args: Any, **kwargs: Any) -> None:
+        old = {b.block_id: b._block_hash for b in blocks[num_cached_blocks:num_full_blocks]
+               if b._block_hash is not None}
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                  *args, **kwargs)
+        for block_id, key in old.items():
+            if self.blocks[block_id]._block_hash != key:
+                self._add_key(key, self.blocks[block_id], None)
+
+
+class ResetWhileInUse(BlockPool):
+    """The prefix cache is reset even while blocks are in use."""
+
+    def reset_prefix_cache(self) -> bool:
+        real = self.get_num_free_blocks
+        self.get_num_free_blocks = lambda: self.num_gpu_blocks - 1  # type: ignore[method-assign]
+        try:
+            return super().reset_prefix_cache()
+        finally:
+            self.get_num_free_blocks = real  # type: ignore[method-assign]
+
+
+class CounterBeforeRefusedCheck(BlockPool):
+    """A refused free keeps the counters it already decremented: state changes on refusal."""
+
+    def _undo_release(self, blocks: Any, done: int) -> None:
+        pass
+
+
+SEEDED_BUGS: list[type[BlockPool]] = [
+    FreeWithoutRefCheck, SameBlockTwiceInOneCall, EvictForgetsIndex, TouchLeavesInFreeQueue,
+    NullBlockHandedOut, NullBlockHashed, PartialKeptAfterPromotion, ResetWhileInUse,
+    CounterBeforeRefusedCheck,
+]
+
+
+def adapter_of_fixed_pool() -> ClassAdapter:
+    """An ``--adapter`` factory, as a user would write one."""
+    return kvpool_adapter(BlockPool)
+
+
+def not_an_adapter() -> object:
+    return object()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def seeded_bugs_module() -> Iterator[None]:
+    module = types.ModuleType("kvpool_seeded_bugs")
+    for cls in SEEDED_BUGS:
+        setattr(module, cls.__name__, cls)
+    module.adapter_of_fixed_pool = adapter_of_fixed_pool  # type: ignore[attr-defined]
+    module.not_an_adapter = not_an_adapter  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    yield
+    del sys.modules[module.__name__]
+
+
+QUICK = ["--runs", "2", "--steps", "300", "--examples", "60", "--machine-steps", "20"]
+HUNT = ["--runs", "2", "--steps", "500", "--examples", "500", "--machine-steps", "15"]
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return conform.main(list(argv), out=out), out.getvalue()
+
+
+# ---------------------------------------------------------------------- green
+
+
+def test_kvpool_impl_conforms_with_json_and_junit(tmp_path: Path) -> None:
+    json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
+    status, text = run("--impl", "kvpool.impl:BlockPool", *QUICK, "--json", str(json_path),
+                       "--junit", str(junit_path))
+    assert status == 0, text
+    assert "agrees with the model" in text
+    doc = json.loads(json_path.read_text())
+    assert doc["schema"] == conform.SCHEMA and doc["ok"] is True and doc["exit_code"] == 0
+    assert doc["settings"] == {"steps": 300, "runs": 2, "examples": 60, "machine_steps": 20,
+                               "seed": 0, "misuse": True, "reference": "0.31"}
+    assert [p["name"] for p in doc["phases"]] == ["campaign", "machine"]
+    assert all(p["ok"] and p["failure"] is None and p["executed"] > 0 for p in doc["phases"])
+    suite = ET.parse(junit_path).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
+    assert [c.get("name") for c in suite.iter("testcase")] == ["campaign", "machine"]
+
+
+def test_adapter_factory_is_accepted() -> None:
+    status, text = run("--adapter", "kvpool_seeded_bugs:adapter_of_fixed_pool", *QUICK)
+    assert status == 0, text
+
+
+# ------------------------------------------------------------------------ red
+
+
+@pytest.mark.parametrize("bug", SEEDED_BUGS, ids=lambda c: c.__name__)
+def test_seeded_bug_is_caught_with_a_short_trace(bug: type[BlockPool], tmp_path: Path) -> None:
+    json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
+    status, text = run("--impl", f"kvpool_seeded_bugs:{bug.__name__}", *HUNT,
+                       "--json", str(json_path), "--junit", str(junit_path))
+    assert status == 1, text
+    assert "DIVERGES from the model" in text and "minimal trace" in text
+    doc = json.loads(json_path.read_text())
+    assert doc["ok"] is False and doc["exit_code"] == 1
+    machine = doc["phases"][1]
+    assert machine["name"] == "machine" and not machine["ok"]
+    failure = machine["failure"]
+    assert set(failure) == {"kind", "message", "details", "trace", "seed"}
+    assert failure["kind"] == "divergence" and failure["message"] in failure["details"]
+    assert 1 <= len(failure["trace"]) <= 15, failure["trace"]
+    assert failure["trace"][0].startswith("state.setup(")
+    campaign = doc["phases"][0]
+    if not campaign["ok"]:  # not shrunk: the lockstep's last calls, seed to replay
+        assert campaign["failure"]["trace"][-1].startswith("step ")
+        assert campaign["failure"]["seed"] in (0, 1)
+    cases = {c.get("name"): c for c in ET.parse(junit_path).getroot().iter("testcase")}
+    failed = cases["machine"].find("failure")
+    assert failed is not None and failed.get("message") == failure["message"]
+    assert failure["trace"][-1] in (failed.text or "")
+
+
+# --------------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--impl", "no_such_module_xyz:Pool"], "cannot import"),
+    (["--impl", "kvpool.impl:NoSuchPool"], "has no attribute"),
+    (["--impl", "kvpool.impl"], "expected MODULE:NAME"),
+    (["--impl", "collections:OrderedDict"], "not a block pool class"),
+    (["--adapter", "kvpool_seeded_bugs:not_an_adapter"], "returned no adapter"),
+    (["--impl", "kvpool.impl:BlockPool", "--json", "/no/such/dir/r.json"], "cannot write"),
+    (["--impl", "kvpool.impl:BlockPool", "--junit", "/"], "cannot write"),
+    (["--impl", "kvpool.impl:BlockPool", "--steps", "0"], "--steps must be positive"),
+    (["--impl", "kvpool.impl:BlockPool", "--reference", "9.9"], "choose from"),
+    ([], "required"),
+    (["--impl", "kvpool.impl:BlockPool", "--adapter", "x:y"], "not allowed"),
+])
+def test_usage_errors_exit_2_in_one_line(argv: list[str], says: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    status, text = run(*argv)
+    err = capsys.readouterr().err
+    assert status == 2 and text == ""
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
+
+
+def test_usage_error_from_the_command_line_has_no_traceback(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpool.oracle.conform", "--impl", "nope_nope:Pool"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("kvpool conform: error: --impl 'nope_nope:Pool'")
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# ----------------------------------------------------------------------- vLLM
+
+
+def test_vllm_block_pool_conforms_without_misuse() -> None:
+    pytest.importorskip("vllm.v1.core.block_pool")
+    status, text = run("--impl", "vllm.v1.core.block_pool:BlockPool", "--no-misuse",
+                       "--runs", "3", "--steps", "1000", "--examples", "200")
+    assert status == 0, text
+    assert "misuse off" in text

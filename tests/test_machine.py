@@ -1,0 +1,107 @@
+"""The Hypothesis state machine: green against kvpool.impl, thorough, readable when red.
+
+Runs under the active Hypothesis profile (``ci`` by default: derandomized);
+the budgets below are sized so that this file takes well under 30 s there.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvpool.impl import BlockPool
+from kvpool.impl.errors import NotEnoughFreeBlocksError
+from kvpool.model import ACTIONS, QUERIES
+from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
+from kvpool.oracle.lockstep import same_error_type
+from kvpool.oracle.machine import MachineFailure, machine_for
+
+GREEN = settings(max_examples=300, stateful_step_count=30, deadline=None,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_machine_agrees_with_kvpool_impl() -> None:
+    run_state_machine_as_test(machine_for(kvpool_adapter()), settings=GREEN)
+
+
+def test_machine_for_binds_adapter_misuse_and_reference() -> None:
+    adapter = kvpool_adapter()
+    machine = machine_for(adapter, reference="0.33")
+    assert machine.ADAPTER is adapter and machine.MISUSE and machine.REFERENCE == "0.33"
+    assert not machine_for(adapter, misuse=False).MISUSE
+    vllm_like = ClassAdapter(BlockPool, "vllm-like", supports_misuse=False)
+    assert not machine_for(vllm_like, misuse=True).MISUSE  # never forced on
+
+
+def _counting_pool(calls: Counter[str], refused: Counter[str]) -> type[BlockPool]:
+    """kvpool.impl's pool, recording which operations ran and which were refused."""
+
+    class Counting(BlockPool):
+        def __getattribute__(self, name: str) -> Any:
+            attr = super().__getattribute__(name)
+            if name not in ACTIONS and name not in QUERIES:
+                return attr
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                calls[name] += 1
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as exc:
+                    refused[type(exc).__name__] += 1
+                    raise
+
+            return counted
+
+    return Counting
+
+
+def test_rules_reach_every_operation_of_the_model() -> None:
+    """One source of truth: an operation of the model without a rule fails here."""
+    calls: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    machine = machine_for(kvpool_adapter(_counting_pool(calls, refused)))
+    run_state_machine_as_test(machine, settings=settings(GREEN, max_examples=150))
+    assert set(ACTIONS) | set(QUERIES) <= set(calls), sorted(set(ACTIONS) - set(calls))
+    assert calls["cache_partial_block"] and calls["move_block_hashes"]
+    assert len(refused) > 2, refused  # misuse rules ran and were refused with typed errors
+
+
+def test_without_misuse_only_running_dry_is_refused() -> None:
+    """With misuse off (as for vLLM's pool) every call is legal, except asking for too much."""
+    calls: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    pool = _counting_pool(calls, refused)
+    machine = machine_for(ClassAdapter(pool, "counting", supports_misuse=False,
+                                       matcher=same_error_type))
+    assert not machine.MISUSE
+    run_state_machine_as_test(machine, settings=settings(GREEN, max_examples=150))
+    assert set(refused) <= {NotEnoughFreeBlocksError.__name__}, refused
+
+
+class _TouchLeavesBlockQueued(BlockPool):
+    """Seeded bug: a prefix hit takes a reference but leaves the block evictable."""
+
+    def touch(self, blocks: Any) -> None:
+        for block in blocks:
+            self._own(block)
+        for block in blocks:
+            block.ref_cnt += 1
+
+
+def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
+    machine = machine_for(kvpool_adapter(_TouchLeavesBlockQueued))
+    config = settings(GREEN, max_examples=500, stateful_step_count=15, database=None,
+                      report_multiple_bugs=False,
+                      phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(machine, settings=config)
+    failure = MachineFailure.from_exception(caught.value)
+    assert 2 <= len(failure.steps) <= 15, failure.steps
+    assert failure.steps[0].startswith("state.setup(cfg=Config(")
+    assert any("state.admit(" in s for s in failure.steps)
+    assert not any(" at 0x" in s for s in failure.steps), failure.steps  # no opaque reprs
+    assert "observation: free" in failure.message and "touch(" in failure.message
