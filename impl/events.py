@@ -90,13 +90,58 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "EventClasses",
     "KVCacheEvent",
+    "all_blocks_cleared",
+    "block_removed",
     "block_stored",
     "event_fields",
     "extra_keys_of_blocks",
     "extra_keys_of_chunk",
     "from_fields",
+    "use_event_classes",
+    "use_vllm_event_classes",
 ]
+
+
+class EventClasses:
+    """The classes events are built from; vLLM's own inside a vLLM engine.
+
+    vLLM's KV-cache manager annotates events with ``isinstance(event,
+    BlockStored)`` against its msgspec classes and publishes them with
+    msgspec, so a pool running inside vLLM must emit those classes:
+    :func:`use_vllm_event_classes` switches to them.
+    """
+
+    stored: Any = BlockStored
+    removed: Any = BlockRemoved
+    cleared: Any = AllBlocksCleared
+
+
+def use_event_classes(stored: Any, removed: Any, cleared: Any) -> tuple[Any, Any, Any]:
+    """Build events from these classes from now on; returns the previous ones."""
+    previous = (EventClasses.stored, EventClasses.removed, EventClasses.cleared)
+    EventClasses.stored, EventClasses.removed, EventClasses.cleared = stored, removed, cleared
+    return previous
+
+
+def use_vllm_event_classes() -> tuple[Any, Any, Any]:
+    """Emit ``vllm.distributed.kv_events`` classes (for use inside a vLLM engine)."""
+    import importlib
+
+    kv_events = importlib.import_module("vllm.distributed.kv_events")
+    return use_event_classes(kv_events.BlockStored, kv_events.BlockRemoved,
+                             kv_events.AllBlocksCleared)
+
+
+def block_removed(key_hash: ExternalBlockHash, medium: str, group_id: int) -> Any:
+    """The ``BlockRemoved`` for one index entry."""
+    return EventClasses.removed(block_hashes=[key_hash], medium=medium, group_idx=group_id)
+
+
+def all_blocks_cleared() -> Any:
+    """The ``AllBlocksCleared`` of a reset."""
+    return EventClasses.cleared()
 
 
 def block_stored(
@@ -106,7 +151,7 @@ def block_stored(
 ) -> BlockStored:
     """The ``BlockStored`` announcing ``request``'s tokens ``[start, end)``."""
     lora = request.lora_request
-    return BlockStored(
+    return EventClasses.stored(  # type: ignore[no-any-return]
         block_hashes=block_hashes, parent_block_hash=parent,
         token_ids=request.all_token_ids[start:end], block_size=block_size,
         lora_id=lora.adapter_id if lora else None, medium=medium,

@@ -32,9 +32,9 @@ from .errors import (
 )
 from .events import (
     MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
     KVCacheEvent,
+    all_blocks_cleared,
+    block_removed,
     block_stored,
     extra_keys_of_blocks,
     extra_keys_of_chunk,
@@ -206,9 +206,8 @@ class BlockPool:
         if not self.enable_kv_cache_events:
             return
         for key in removed:
-            self.kv_event_queue.append(BlockRemoved(
-                block_hashes=[maybe_convert_block_hash(get_block_hash(key))],
-                medium=self.medium, group_idx=get_group_id(key)))
+            self.kv_event_queue.append(block_removed(
+                maybe_convert_block_hash(get_block_hash(key)), self.medium, get_group_id(key)))
 
     def _add_key(self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None) -> None:
         """Index ``block`` under ``key``: as its primary key if it has none."""
@@ -628,7 +627,7 @@ class BlockPool:
             block._block_hash = None
             block._block_hash_num_tokens = None
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(AllBlocksCleared())
+            self.kv_event_queue.append(all_blocks_cleared())
         if self.metrics_collector:
             calls.append((self.metrics_collector.reset, ()))
         logger.info("Successfully reset prefix cache")

@@ -52,9 +52,9 @@ from kvpool.impl.errors import (
     UnknownBlockError,
 )
 from kvpool.impl.events import (
-    AllBlocksCleared,
-    BlockRemoved,
     KVCacheEvent,
+    all_blocks_cleared,
+    block_removed,
     block_stored,
     extra_keys_of_blocks,
     extra_keys_of_chunk,
@@ -117,9 +117,8 @@ def _drop_hashes(s: PoolState, n: _Next, b: BlockId) -> None:
         else:
             n.index.pop(key, None)
         if s.events_on:
-            n.events.append(BlockRemoved(
-                block_hashes=[maybe_convert_block_hash(get_block_hash(key))],
-                medium=s.medium, group_idx=get_group_id(key)))
+            n.events.append(block_removed(
+                maybe_convert_block_hash(get_block_hash(key)), s.medium, get_group_id(key)))
     n.primary[b] = None
     n.secondary[b] = ()
 
@@ -286,7 +285,7 @@ def reset_prefix_cache(s: PoolState) -> Step:
     n.primary = [None] * s.num_blocks
     n.secondary = [()] * s.num_blocks
     if s.events_on:
-        n.events.append(AllBlocksCleared())
+        n.events.append(all_blocks_cleared())
     return _freeze(s, n), True
 
 

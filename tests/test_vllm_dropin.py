@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvpool.impl import BlockPool
-from kvpool.impl.events import event_fields
+from kvpool.impl.events import event_fields, use_event_classes, use_vllm_event_classes
 from kvpool.oracle.campaign import run_campaign
 from kvpool.oracle.lockstep import vllm_errors_match
 from kvpool.oracle.observe import observe_pool
@@ -118,3 +118,70 @@ def test_model_agrees_with_vllm_on_the_lockstep_workload(seed: int) -> None:
     status = run_campaign(factory, steps=1500, runs=6, seed=seed, out=out, misuse=False,
                           errors_match=vllm_errors_match)
     assert status == 0, out.getvalue()
+
+
+def _manager_run(pool_class: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Drive vLLM's KVCacheManager on real Requests; record block tables and events."""
+    torch = pytest.importorskip("torch")
+    coordinator = pytest.importorskip("vllm.v1.core.kv_cache_coordinator")
+    manager_mod = pytest.importorskip("vllm.v1.core.kv_cache_manager")
+    spec = pytest.importorskip("vllm.v1.kv_cache_interface")
+    monkeypatch.setattr(coordinator, "BlockPool", pool_class)
+    config = spec.KVCacheConfig(num_blocks=12, kv_cache_tensors=[], kv_cache_groups=[
+        spec.KVCacheGroupSpec(["layer0"], spec.FullAttentionSpec(
+            block_size=HBS, num_kv_heads=1, head_size=8, dtype=torch.float32))])
+    manager = manager_mod.KVCacheManager(
+        config, max_model_len=64, scheduler_block_size=HBS, hash_block_size=HBS,
+        enable_caching=True, enable_kv_cache_events=True)
+    assert type(manager.block_pool) is pool_class
+    seen: list[Any] = []
+
+    def admit(rid: str, tokens: list[int]) -> Any:
+        req = vllm_request_for(rid, tokens)
+        computed, num_computed, *_ = manager.get_computed_blocks(req)
+        out = manager.allocate_slots(req, len(tokens) - num_computed, num_computed, computed)
+        seen.append((rid, num_computed, None if out is None else out.get_block_ids()))
+        if out is not None:
+            req.num_computed_tokens = len(tokens)
+        return req
+
+    def decode(req: Any, token: int) -> None:
+        req.append_output_token_ids([token])
+        out = manager.allocate_slots(req, 1)
+        seen.append((req.request_id, "decode", None if out is None else out.get_block_ids()))
+        req.num_computed_tokens += 1
+
+    def note() -> None:
+        seen.append(("usage", manager.usage, [event_fields(e) for e in manager.take_events()]))
+
+    prompt = list(range(100, 111))
+    a = admit("a", prompt)
+    for t in range(5):
+        decode(a, 7 + t)
+    note()
+    b = admit("b", [*prompt, 1, 2])  # shares a's prefix: a cache hit
+    note()
+    manager.free(a)  # finished
+    c = admit("c", [*prompt[:8], 9, 9, 9, 9, 9])  # hits a's first blocks, now idle
+    note()
+    manager.free(b)  # preempted: its blocks go back, cached ones stay cached
+    b2 = admit("b2", [*prompt, 1, 2])
+    note()
+    for req in (c, b2):
+        manager.free(req)
+    admit("d", list(range(500, 540)))  # needs evictions of cached blocks
+    note()
+    return seen
+
+
+def test_kv_cache_manager_gives_the_same_block_tables_and_events_with_kvpool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with_vllm = _manager_run(vllm_pool.BlockPool, monkeypatch)
+    previous = use_vllm_event_classes()  # the manager annotates vLLM's event classes
+    try:
+        with_kvpool = _manager_run(BlockPool, monkeypatch)
+    finally:
+        use_event_classes(*previous)
+    assert with_kvpool == with_vllm
+    assert any(isinstance(step[1], int) and step[1] > 0 for step in with_vllm)  # hits happened
