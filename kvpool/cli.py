@@ -68,16 +68,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load_class(parser: argparse.ArgumentParser, spec: str) -> Any:
     """Import ``module:attr``; a bad spec is a usage error (exit 2), not a traceback."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        parser.error(f"--pool {spec!r}: expected MODULE:CLASS")
+    from kvpool.oracle.adapter import UsageError, import_spec
+
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        parser.error(f"--pool {spec!r}: cannot import {module_name}: {exc}")
-    if not hasattr(module, attr):
-        parser.error(f"--pool {spec!r}: {module_name} has no attribute {attr}")
-    return getattr(module, attr)
+        return import_spec("--pool", spec)
+    except UsageError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

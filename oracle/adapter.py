@@ -180,3 +180,24 @@ __all__ = [
     "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "ReferencePool",
     "adapter_factory", "adapter_for_class", "kvpool_adapter", "missing_api", "vllm_adapter",
 ]
+
+
+class UsageError(Exception):
+    """A mistake on the command line: reported in one line, exit status 2."""
+
+
+def import_spec(flag: str, spec: str) -> Any:
+    """Import ``module:name`` given as ``flag``; a bad spec raises :class:`UsageError`."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"{flag} {spec!r}: expected MODULE:NAME")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"{flag} {spec!r}: cannot import {module_name}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{flag} {spec!r}: {module_name} has no attribute {attr}")
+        obj = getattr(obj, part)
+    return obj
+

@@ -49,7 +49,6 @@ element carrying the trace when the phase diverged.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -63,17 +62,20 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
-from .adapter import Adapter, adapter_factory, adapter_for_class, missing_api
+from .adapter import (
+    Adapter,
+    UsageError,
+    adapter_factory,
+    adapter_for_class,
+    import_spec,
+    missing_api,
+)
 from .campaign import run_one
 from .lockstep import Divergence
 from .machine import MachineFailure, machine_for
 
 SCHEMA = "kvpool.conform/1"
 ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "observe", "errors_match")
-
-
-class UsageError(Exception):
-    """A mistake on the command line: reported in one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,25 +119,10 @@ def _parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------- loading
 
 
-def _import(flag: str, spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"{flag} {spec!r}: expected MODULE:NAME")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise UsageError(f"{flag} {spec!r}: cannot import {module_name}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"{flag} {spec!r}: {module_name} has no attribute {attr}")
-        obj = getattr(obj, part)
-    return obj
-
-
 def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
     """The adapter named on the command line, checked enough to fail early and clearly."""
     if impl is not None:
-        pool_class = _import("--impl", impl)
+        pool_class = import_spec("--impl", impl)
         missing = missing_api(pool_class)
         if not callable(pool_class) or missing:
             raise UsageError(f"--impl {impl!r} is not a block pool class: it lacks "
@@ -144,7 +131,7 @@ def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
         flag, spec = "--impl", impl
     else:
         assert adapter is not None
-        factory = _import("--adapter", adapter)
+        factory = import_spec("--adapter", adapter)
         if not callable(factory):
             raise UsageError(f"--adapter {adapter!r} is not callable")
         try:

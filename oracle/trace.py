@@ -14,7 +14,6 @@ silent mismatch later.  It never raises anything else on bad input.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import math
@@ -31,6 +30,7 @@ from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange
 from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state
 from kvpool.model.state import PoolState
 
+from .adapter import UsageError, import_spec
 from .lockstep import Divergence, Lockstep, Watcher, same_error_type, vllm_errors_match
 from .observe import Observation, observe_model
 from .workload import Config, Workload
@@ -895,16 +895,10 @@ def _name(obj: Any) -> str:
 
 
 def _load(parser: argparse.ArgumentParser, spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        parser.error(f"--pool {spec!r}: expected MODULE:CLASS")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        parser.error(f"--pool {spec!r}: cannot import {module_name}: {exc}")
-    if not hasattr(module, attr):
-        parser.error(f"--pool {spec!r}: {module_name} has no attribute {attr}")
-    return getattr(module, attr)
+        return import_spec("--pool", spec)
+    except UsageError as exc:
+        parser.error(str(exc))
 
 
 def record_main(argv: Sequence[str] | None = None) -> int:

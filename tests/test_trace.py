@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.impl import BlockPool
+from kvpool.oracle.broken import FreesHashedBlocksAtHead
 from kvpool.oracle.trace import (
     TraceError,
     check_trace,
@@ -169,21 +170,9 @@ def test_a_hand_written_trace_checks(tmp_path: Path) -> None:
     assert report.divergence is not None and report.divergence.line == 7
 
 
-class _FreesHashedBlocksAtHead(BlockPool):
-    """A seeded bug: cached blocks rejoin the queue at the head, not the tail."""
-
-    def free_blocks(self, ordered_blocks: Any) -> None:
-        enable = self.enable_caching
-        self.enable_caching = False
-        try:
-            super().free_blocks(ordered_blocks)
-        finally:
-            self.enable_caching = enable
-
-
 def test_a_buggy_pool_is_recorded_up_to_its_divergence(tmp_path: Path) -> None:
     for seed in range(20):
-        rec = record(_FreesHashedBlocksAtHead, seed, 400)
+        rec = record(FreesHashedBlocksAtHead, seed, 400)
         if rec.divergence:
             break
     assert rec.divergence
