@@ -1,0 +1,108 @@
+"""Lockstep speed: model-vs-kvpool.impl steps per second, on N worker processes.
+
+A "step" is one ``Lockstep.call``: the operation on the model and on the
+pool, result comparison, a full observation diff and every model invariant.
+Issue 5 asks for >= 5,000 steps/s on 2 cores; this prints the numbers and
+asserts nothing about time (timings belong in a report, not a flaky test).
+
+Two drivers are measured:
+
+* the seeded random campaign (``oracle/campaign.py``), one process per core,
+  seeds split between them (what ``kvpool conform`` runs);
+* the Hypothesis state machine (``oracle/machine.py``) in one process, which
+  adds Hypothesis's drawing and bookkeeping on top of the lockstep calls.
+
+    python benchmarks/lockstep_speed.py [--workers 2] [--runs 8] [--steps 2000] [--examples 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGET = 5_000
+
+
+def _campaign_worker(seeds: list[int], steps: int) -> tuple[int, float]:
+    """Run one seeded campaign run per seed; (lockstep calls, busy seconds)."""
+    from kvpool.impl import BlockPool
+    from kvpool.oracle.campaign import run_one
+
+    calls = 0
+    started = time.perf_counter()
+    for seed in seeds:
+        calls += run_one(BlockPool, seed, steps).steps
+    return calls, time.perf_counter() - started
+
+
+def campaign_rate(workers: int, runs: int, steps: int, seed: int) -> tuple[int, float, float]:
+    """(calls, wall seconds, sum of per-worker busy seconds) over ``workers`` processes."""
+    shards = [list(range(seed + w, seed + runs, workers)) for w in range(workers)]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(_campaign_worker, shards, [steps] * workers))
+    wall = time.perf_counter() - started
+    return sum(c for c, _ in results), wall, sum(b for _, b in results)
+
+
+def machine_rate(examples: int, step_count: int) -> tuple[int, int, float]:
+    """(lockstep calls, examples, seconds) of the Hypothesis machine in this process."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from kvpool.oracle.adapter import kvpool_adapter
+    from kvpool.oracle.machine import machine_for
+
+    totals = {"calls": 0, "examples": 0}
+    base = machine_for(kvpool_adapter())
+
+    class Counting(base):  # type: ignore[valid-type,misc]
+        """Adds each example's lockstep calls to the totals when it ends."""
+
+        def teardown(self) -> None:
+            totals["examples"] += 1
+            if self.pair is not None:
+                totals["calls"] += self.pair.steps
+            super().teardown()
+
+    config = settings(max_examples=examples, stateful_step_count=step_count, deadline=None,
+                      database=None, derandomize=True, phases=[Phase.generate],
+                      suppress_health_check=list(HealthCheck))
+    started = time.perf_counter()
+    run_state_machine_as_test(Counting, settings=config)
+    return totals["calls"], totals["examples"], time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=8, help="campaign runs, split between workers")
+    parser.add_argument("--steps", type=int, default=2000, help="workload steps per campaign run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--examples", type=int, default=100, help="Hypothesis machine examples (0: skip)")
+    parser.add_argument("--step-count", type=int, default=30, help="rules per machine example")
+    args = parser.parse_args(argv)
+
+    calls, wall, busy = campaign_rate(args.workers, args.runs, args.steps, args.seed)
+    total = calls / wall if wall else 0.0
+    per_core = calls / busy if busy else 0.0
+    print(f"campaign: {calls:,} lockstep calls in {wall:.2f}s on {args.workers} workers: "
+          f"{total:,.0f} steps/s total, {per_core:,.0f} steps/s per worker "
+          f"(target >= {TARGET:,} on 2 cores: {'met' if total >= TARGET else 'NOT met'})")
+    if args.examples:
+        m_calls, examples, secs = machine_rate(args.examples, args.step_count)
+        print(f"machine:  {m_calls:,} lockstep calls over {examples} examples in {secs:.2f}s "
+              f"on 1 process: {m_calls / secs:,.0f} steps/s (Hypothesis drawing included; "
+              f"pytest-xdist runs one such process per core)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
