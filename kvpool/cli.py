@@ -14,6 +14,8 @@ from kvpool import __version__
 DELEGATED: dict[str, tuple[str, str, str]] = {
     "prove": ("kvpool.proofs.report", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
+    "bmc": ("kvpool.proofs.bmc", "main",
+            "bounded model checking: every call sequence of small pools, up to a depth"),
     "conform": ("kvpool.oracle.conform", "main",
                 "check any block-pool implementation against the model, step by step"),
     "record": ("kvpool.oracle.trace", "record_main",

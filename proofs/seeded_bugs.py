@@ -40,6 +40,15 @@ def _free_without_refcount_check(s: SymState, b: Expr) -> Step:
     return Step(pre=z3.BoolVal(True), post=t.release(s, b).post)
 
 
+def _free_same_block_twice(s: SymState, b: Expr) -> Step:
+    """``free_blocks([b, b])`` checked once per distinct block against the state before the call.
+
+    The loop invariant of a batch checks each listing against the running
+    state; this variant checks ``ref > 0`` once, before both releases.
+    """
+    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0), post=t.release(t.release(s, b).post, b).post)
+
+
 def _evict_forgets_index(s: SymState, b: Expr) -> Step:
     """Eviction clears the block's hash fields but leaves its index entries behind."""
     d = t.drop_hashes(s, b)
@@ -144,6 +153,9 @@ BUGS: dict[str, Bug] = {
     "free_without_refcount_check": Bug(
         _spec("release", _free_without_refcount_check), "release",
         "double free: vLLM's free_blocks decrements without checking, the count goes negative"),
+    "free_same_block_twice": Bug(
+        _spec("release", _free_same_block_twice), "release",
+        "the same block listed twice in one free_blocks call: the check counts it once"),
     "evict_forgets_index": Bug(
         _spec("evict", _evict_forgets_index), "evict",
         "eviction resets the block's hash but not cached_block_hash_to_block"),
@@ -185,7 +197,14 @@ BUGS: dict[str, Bug] = {
     "move_onto_null": Bug(
         _spec("move", _move_onto_null), "move", "hashes moved onto the null block"),
 }
-"""Every seeded bug, by name."""
+"""Every seeded bug, by name.
+
+"A counter updated before a refused check" has no z3 form here: a step is a
+precondition and a post-state, and a refused call is the identity by
+construction, so there is no refused outcome whose state could differ.  It is
+a seeded bug of the bounded model checker instead (:data:`.bmc.BUGS`,
+``counter_before_check``), which checks that refusals change nothing.
+"""
 
 
 def refutations(bug: str, scope: int = SCOPE, timeout_ms: int = TIMEOUT_MS) -> dict[str, Result]:
