@@ -12,6 +12,9 @@ from kvpool import __version__
 
 # Subcommands whose module parses its own arguments: name -> (module, function, help).
 DELEGATED: dict[str, tuple[str, str, str]] = {
+    "verify": ("kvpool.verify", "main",
+               "everything at once for CI: proofs, seeded bugs, BMC, lockstep, conformance; "
+               "JUnit/JSON results and a reviewer's report"),
     "prove": ("kvpool.proofs.report", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
     "bmc": ("kvpool.proofs.bmc", "main",

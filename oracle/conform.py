@@ -36,7 +36,9 @@ as one line without a traceback.
             "trace": ["step 3: get_new_blocks(1) -> [1]", ...],
                                               # campaign: last lockstep calls;
                                               # machine: the shrunk Hypothesis steps
-            "seed": 2                         # the campaign run's seed (machine: --seed)
+            "seed": 2,                        # the campaign run's seed (machine: --seed)
+            "steps": [...]                    # the last calls with a picture of the pool
+                                              # each: TraceStep of kvpool/VERIFY_SCHEMA.md
          }}
       ]
     }
@@ -176,6 +178,8 @@ class Failure:
     details: str
     trace: list[str]
     seed: int | None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """The last calls with a picture of the pool each (``kvpool/VERIFY_SCHEMA.md``)."""
 
 
 @dataclass
@@ -206,7 +210,7 @@ def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> F
     lines = text.splitlines() or [type(exc).__name__]
     if trace is None:  # the lockstep's own "last steps" lines
         trace = [ln.strip() for ln in lines if ln.strip().startswith("step ")]
-    return Failure(kind, lines[0], text, trace, seed)
+    return Failure(kind, lines[0], text, trace, seed, list(getattr(exc, "steps", [])))
 
 
 def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:

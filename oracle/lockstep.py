@@ -47,7 +47,17 @@ def vllm_errors_match(model_error: Exception, pool_error: Exception | None) -> b
 
 
 class Divergence(AssertionError):
-    """The pool and the model disagree; the message says where."""
+    """The pool and the model disagree; the message says where.
+
+    ``steps`` holds the last calls with a picture of the pool after each
+    (the schema of ``kvpool/VERIFY_SCHEMA.md``'s TraceStep).
+    """
+
+    steps: list[dict[str, Any]]
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.steps = []
 
 
 @dataclass(eq=False)
@@ -68,6 +78,14 @@ class Step:
     op: str
     args: tuple[Any, ...]
     outcome: str
+    error: str | None = None
+    """The error class the model raised, if it refused the call."""
+    state: PoolState | None = None
+    """The model's state after the call; kept for the last :data:`PICTURED` steps only."""
+
+
+PICTURED = 12
+"""How many of the last steps a divergence reports, with a picture of the pool each."""
 
 
 @dataclass
@@ -134,7 +152,9 @@ class Lockstep:
             p_error, p_result = exc, None
         outcome = type(m_error).__name__ if m_error else repr(m_result)
         self.trace.append(Step(op, tuple(list(a) if isinstance(a, list) else a for a in args),
-                               outcome))
+                               outcome, type(m_error).__name__ if m_error else None, m_state))
+        if len(self.trace) > PICTURED + 1:  # one more: the state before the first shown step
+            self.trace[-PICTURED - 2].state = None
         if (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
@@ -171,9 +191,53 @@ class Lockstep:
             raise self._diverged("observation", "; ".join(diff))
 
     def _diverged(self, where: str, what: str) -> Divergence:
+        first = max(0, len(self.trace) - PICTURED)
         lines = [f"step {i + 1}: {s.op}{_short(s.args)} -> {s.outcome}"
-                 for i, s in enumerate(self.trace[-12:], start=max(0, len(self.trace) - 12))]
-        return Divergence(f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines))
+                 for i, s in enumerate(self.trace[first:], start=first)]
+        error = Divergence(f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines))
+        error.steps = self._pictured_steps(first)
+        return error
+
+    def _pictured_steps(self, first: int) -> list[dict[str, Any]]:
+        """The last steps as the verify report shows them (``kvpool/VERIFY_SCHEMA.md``)."""
+        from kvpool.pictures import (
+            describe_events,
+            event_names,
+            picture_changes,
+            picture_differences,
+            picture_of_observation,
+            picture_of_state,
+        )
+
+        previous = self.trace[first - 1].state if first > 0 else None
+        before = picture_of_state(previous) if previous is not None else None
+        out: list[dict[str, Any]] = []
+        for number, step in enumerate(self.trace[first:], start=first + 1):
+            state = step.state if step.state is not None or number < len(self.trace) else self.model
+            picture = picture_of_state(state) if state is not None else None
+            out.append({"index": number, "call": f"{step.op}{_short(step.args)}",
+                        "outcome": step.outcome,
+                        "changes": picture_changes(before, picture) if before and picture else [],
+                        "picture": picture, "pool_picture": None, "differs": []})
+            before = picture
+        if not out:  # diverged before the first call: the pools differ as built
+            out.append({"index": 0, "call": "(the pool as constructed)", "outcome": "",
+                        "changes": [], "picture": picture_of_state(self.model),
+                        "pool_picture": None, "differs": []})
+        if out[-1]["picture"] is not None:
+            last = self.trace[-1].state if self.trace and self.trace[-1].state else self.model
+            try:
+                known = event_names(last)
+                pending = getattr(self.pool, "kv_event_queue", None)
+                pool = picture_of_observation(
+                    self.observe(self.pool), events=None if pending is None else describe_events(
+                        pending, known))
+            except Exception as exc:  # a broken pool may not even be observable
+                out[-1]["changes"].append(f"the pool could not be observed: {exc!r}")
+            else:
+                out[-1]["pool_picture"] = pool
+                out[-1]["differs"] = picture_differences(out[-1]["picture"], pool)
+        return out
 
 
 def _short(args: tuple[Any, ...]) -> str:
@@ -181,8 +245,8 @@ def _short(args: tuple[Any, ...]) -> str:
     for a in args:
         if hasattr(a, "request_id"):
             parts.append(f"<request {a.request_id}>")
-        elif isinstance(a, bytes):
-            parts.append(a[:4].hex() + "…")
+        elif isinstance(a, bytes):  # a block hash, by the digits that name it in pictures
+            parts.append("…" + a[-3:].hex())
         else:
             parts.append(repr(a))
     return "(" + ", ".join(parts) + ")"

@@ -197,10 +197,11 @@ def test_seeded_bug_is_caught_with_a_short_trace(bug: type[BlockPool], tmp_path:
     machine = doc["phases"][1]
     assert machine["name"] == "machine" and not machine["ok"]
     failure = machine["failure"]
-    assert set(failure) == {"kind", "message", "details", "trace", "seed"}
+    assert set(failure) == {"kind", "message", "details", "trace", "seed", "steps"}
     assert failure["kind"] == "divergence" and failure["message"] in failure["details"]
     assert 1 <= len(failure["trace"]) <= 15, failure["trace"]
     assert failure["trace"][0].startswith("state.setup(")
+    assert failure["steps"] and failure["steps"][-1]["picture"] is not None, "pictured steps"
     campaign = doc["phases"][0]
     if not campaign["ok"]:  # not shrunk: the lockstep's last calls, seed to replay
         assert campaign["failure"]["trace"][-1].startswith("step ")

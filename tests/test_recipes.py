@@ -1,0 +1,85 @@
+"""The README's CI recipes: valid files, quoted verbatim, and the pre-commit hook really runs."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpool import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+yaml = pytest.importorskip("yaml")
+
+
+def load(name: str) -> Any:
+    return yaml.safe_load((RECIPES / name).read_text())
+
+
+def verify_argv(command: str) -> list[str]:
+    """The arguments after ``kvpool verify`` in a shell command line."""
+    words = shlex.split(command)
+    at = next(i for i, w in enumerate(words) if w == "kvpool" and words[i + 1:i + 2] == ["verify"])
+    return words[at + 2:]
+
+
+@pytest.mark.parametrize("name", ["github-actions.yml", "pre-commit-config.yaml"])
+def test_the_readme_quotes_each_recipe_verbatim(name: str) -> None:
+    assert (RECIPES / name).read_text().strip() in (ROOT / "README.md").read_text()
+
+
+def test_the_github_actions_job_is_a_workflow_that_runs_verify() -> None:
+    flow = load("github-actions.yml")
+    assert flow["name"] and flow.get("on", flow.get(True))  # YAML 1.1 reads "on" as True
+    (job,) = flow["jobs"].values()
+    assert job["runs-on"]
+    for step in job["steps"]:
+        assert ("uses" in step) != ("run" in step), step
+    (command,) = [step["run"] for step in job["steps"] if "kvpool verify" in step.get("run", "")]
+    parsed = verify.parser().parse_args(verify_argv(command))
+    assert parsed.impl == ["mypkg.block_pool:BlockPool"] and parsed.junit == "kvpool.xml"
+
+
+def test_the_pre_commit_config_is_valid() -> None:
+    pre_commit = shutil.which("pre-commit") or str(Path(sys.executable).parent / "pre-commit")
+    if not Path(pre_commit).exists():
+        pytest.skip("pre-commit is not installed")
+    done = subprocess.run([pre_commit, "validate-config", str(RECIPES / "pre-commit-config.yaml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (hook,) = load("pre-commit-config.yaml")["repos"][0]["hooks"]
+    assert verify.parser().parse_args(verify_argv(hook["entry"])).impl == ["mypkg.block_pool:BlockPool"]
+
+
+POOLS = {
+    "good": "from kvpool.impl import BlockPool\n",
+    "broken": "from kvpool.oracle.broken import FreesHashedBlocksAtHead as BlockPool\n",
+}
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_the_pre_commit_hook_passes_a_good_pool_and_stops_a_broken_one(pool: str, tmp_path: Path) -> None:
+    """The recipe in a real git repository with a package ``mypkg``; ``pre-commit run``."""
+    bindir = Path(sys.executable).parent
+    if not (bindir / "pre-commit").exists() or not (bindir / "kvpool").exists() or not shutil.which("git"):
+        pytest.skip("needs pre-commit, the kvpool command and git")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "block_pool.py").write_text(POOLS[pool])
+    shutil.copy(RECIPES / "pre-commit-config.yaml", tmp_path / ".pre-commit-config.yaml")
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(tmp_path),
+           "PRE_COMMIT_HOME": str(tmp_path / ".cache"), "GIT_CONFIG_GLOBAL": os.devnull}
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True, env=env)
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True, env=env)
+    done = subprocess.run([str(bindir / "pre-commit"), "run", "--all-files"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == (0 if pool == "good" else 1), done.stdout + done.stderr
+    assert ("Passed" if pool == "good" else "FAILED conformance/mypkg.block_pool:BlockPool") in done.stdout

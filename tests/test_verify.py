@@ -1,0 +1,172 @@
+"""``kvpool verify`` end to end: exit codes, JUnit, JSON, the report, usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpool import verify
+from kvpool.proofs import bmc
+from kvpool.proofs import inductive as proofs_inductive
+from kvpool.proofs import transitions as proofs_transitions
+from kvpool.proofs.seeded_bugs import BUGS as PROOF_BUGS
+
+SMALL = ["--bmc-depth", "1", "--steps", "200", "--runs", "2", "--examples", "5",
+         "--machine-steps", "10", "--plain"]
+"""A budget small enough for a test, big enough to reach every phase."""
+
+
+def kvpool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the installed command as CI would: a subprocess, no TTY, CI=true."""
+    env = {**os.environ, "CI": "true"}
+    return subprocess.run([sys.executable, "-m", "kvpool", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def junit_cases(path: Path) -> list[ET.Element]:
+    return list(ET.parse(path).getroot().iter("testcase"))
+
+
+def failing_cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for p in doc["phases"] for c in p["cases"] if not c["ok"]]
+
+
+def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
+    done = kvpool("verify", *SMALL, "--skip", "seeded-bugs", "--impl", "kvpool.impl:BlockPool",
+                  "--json", "out.json", "--junit", "out.xml", "--report", "report", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "\x1b[" not in done.stdout, "CI output must be plain"
+    assert "kvpool verify: PASSED (exit 0)" in done.stdout
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["schema"] == verify.SCHEMA and doc["ok"] and doc["exit_code"] == 0
+    phases = {p["name"]: p for p in doc["phases"]}
+    assert list(phases) == list(verify.PHASES)
+    assert phases["seeded-bugs"]["skipped"] and phases["traces"]["skipped"]
+    proofs = phases["proofs"]
+    assert len(proofs["cases"]) == len(proofs["steps"]) * (len(proofs["initial"]) + 1) + len(
+        proofs["initial"])
+    assert all(cell["status"] == "proven" for row in proofs["matrix"].values() for cell in row.values())
+    assert [r["depth"] for r in phases["bmc"]["runs"]] == [1, 1]
+    lockstep = phases["lockstep"]
+    assert lockstep["calls"] >= 400 and len(lockstep["operations"]) >= 10 and lockstep["errors"]
+    assert [t["spec"] for t in phases["conformance"]["targets"]] == ["kvpool.impl:BlockPool"]
+    headline = {i["name"] for i in doc["invariants"] if i["encoded"]}
+    assert {"idle_hashed_block_is_evictable", "index_entries_are_sound"} <= headline
+    cases = junit_cases(tmp_path / "out.xml")
+    assert len(cases) == sum(len(p["cases"]) for p in doc["phases"])
+    assert not any(c.find("failure") is not None for c in cases)
+    assert (tmp_path / "report" / "report.md").exists() and (tmp_path / "report" / "report.html").exists()
+
+
+def test_a_broken_implementation_fails_with_a_pictured_counterexample(tmp_path: Path) -> None:
+    done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
+                  "--impl", "kvpool.oracle.broken:FreesHashedBlocksAtHead",
+                  "--json", "out.json", "--junit", "out.xml", "--report", "report", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED conformance/kvpool.oracle.broken:FreesHashedBlocksAtHead" in done.stdout
+    doc = json.loads((tmp_path / "out.json").read_text())
+    (bad,) = failing_cases(doc)
+    assert bad["failure"]["kind"] == "divergence"
+    last = bad["failure"]["trace"][-1]
+    assert last["picture"] and last["pool_picture"] and "free" in last["differs"]
+    assert last["call"].startswith("free_blocks")
+    failures = [c for c in junit_cases(tmp_path / "out.xml") if c.find("failure") is not None]
+    assert [c.get("name") for c in failures] == ["conformance/kvpool.oracle.broken:FreesHashedBlocksAtHead"]
+    assert "free_blocks" in (failures[0].find("failure").text or "")  # type: ignore[union-attr]
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "pool-picture" in html and "free_blocks" in html
+
+
+def test_a_recorded_trace_and_event_stream_are_checked(tmp_path: Path) -> None:
+    assert kvpool("record", "--steps", "200", "trace.jsonl", cwd=tmp_path).returncode == 0
+    done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
+                  "--skip", "lockstep", "--trace", "trace.jsonl", "--events", "trace.jsonl",
+                  "--json", "out.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "out.json").read_text())
+    files = next(p for p in doc["phases"] if p["name"] == "traces")["files"]
+    assert [(f["kind"], f["ok"]) for f in files] == [("trace", True), ("events", True)]
+    assert files[0]["steps"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.get("op") == "get_num_free_blocks")
+    lines[at]["result"] += 1  # the recorded pool "said" one block more than the model
+    (tmp_path / "edited.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
+                  "--skip", "lockstep", "--trace", "edited.jsonl", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"FAILED traces/trace/edited.jsonl: edited.jsonl:{at + 1}: step {at}" in done.stdout
+
+
+USAGE_ERRORS = {
+    "unknown module": (["--impl", "no_such_module:Pool"], "cannot import no_such_module"),
+    "unknown class": (["--impl", "kvpool.impl:NoSuchPool"], "has no attribute NoSuchPool"),
+    "not a pool": (["--impl", "kvpool.impl.errors:BlockPoolError"], "is not a block pool class"),
+    "bad adapter": (["--adapter", "kvpool.impl:BlockPool"], "--adapter"),
+    "missing trace": (["--trace", "no-such-trace.jsonl"], "no-such-trace.jsonl: cannot read"),
+    "unreadable trace": (["--trace", "not-json.txt"], "not-json.txt:1: bad JSON"),
+    "unreadable events": (["--events", "not-json.txt"], "not-json.txt:1: bad JSON"),
+    "report not writable": (["--report", "a-file/report"], "--report"),
+    "json not writable": (["--json", "a-file/out.json"], "--json 'a-file': is a file"),
+    "junit not writable": (["--junit", "a-file/out.xml"], "--junit 'a-file': is a file"),
+    "bad budget": (["--steps", "0"], "--steps must be positive"),
+    "bad profile": (["--profile", "huge"], "invalid choice: 'huge'"),
+    "bad reference": (["--reference", "0.5"], "--reference '0.5'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_ERRORS))
+def test_usage_errors_exit_2_with_one_line(case: str, tmp_path: Path) -> None:
+    (tmp_path / "not-json.txt").write_text("this is not JSON\n")
+    (tmp_path / "a-file").write_text("")
+    args, expected = USAGE_ERRORS[case]
+    done = kvpool("verify", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvpool verify: error: "), done.stderr
+    assert expected in lines[0]
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["", "check", "prove", "bmc", "conform", "record",
+                                     "check-trace", "check-events", "verify"])
+def test_every_help_says_what_and_gives_an_example(command: str, tmp_path: Path) -> None:
+    done = kvpool(*([command] if command else []), "--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "example" in done.stdout.lower(), done.stdout
+    assert f"kvpool {command}".strip() in done.stdout
+
+
+def test_a_z3_counterexample_fails_the_proofs_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a seeded bug in place of a step, the matrix has a counterexample: exit 1."""
+    broken = {**proofs_transitions.STEPS, "touch": PROOF_BUGS["touch_leaves_block_free"].step}
+    monkeypatch.setattr(proofs_transitions, "STEPS", broken)
+    monkeypatch.setattr(proofs_inductive, "STEPS", broken)
+    phase = verify.run_proofs(verify.Budget(), verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
+    bad = [c for c in phase.cases if not c.ok]
+    assert bad and all(c.id.startswith("proofs/preserve/touch/") for c in bad)
+    assert bad[0].failure is not None and bad[0].failure["kind"] == "counterexample"
+    assert bad[0].failure["details"], "the z3 model is the counterexample"
+    assert phase.extra["matrix"]["touch"]["free_queue_holds_exactly_idle_blocks"]["status"] == (
+        "counterexample")
+
+
+def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    explore = bmc.explore
+    monkeypatch.setattr(bmc, "explore", lambda cfg, depth, seconds: explore(
+        cfg, depth, seconds, bmc.with_bug("free_same_block_twice")))
+    budget = verify.Budget(bmc_pools=((4, 1),))
+    phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
+    (case,) = phase.cases
+    assert not case.ok and case.failure is not None
+    trace = case.failure["trace"]
+    assert trace and all(step["picture"]["blocks"] for step in trace)
+    assert any(b["ref"] < 0 for b in trace[-1]["picture"]["blocks"])
+    assert "free_blocks" in trace[-1]["call"]
