@@ -186,11 +186,17 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
     names, steps = list(SYM_INVARIANTS), list(STEPS)
     progress.start("proofs", len(names) * (len(steps) + 1) + len(steps))
 
-    def case(cid: str, title: str, r: Any) -> dict[str, Any]:
+    def case(cid: str, title: str, r: Any, step: str | None = None,
+             invariant: str | None = None) -> dict[str, Any]:
         ok = r.status == PROVEN
+        trace: list[dict[str, Any]] = []
+        if r.status == "counterexample" and step and invariant:
+            from kvpool.proof_pictures import counterexample_steps
+
+            trace = counterexample_steps(step, invariant, timeout_ms=budget.timeout_ms)
         phase.cases.append(Case(cid, title, ok, r.seconds, None if ok else failure(
             "counterexample" if r.status != "unknown" else "unknown",
-            f"{title}: {r.status}", r.detail)))
+            f"{title}: {r.status}", r.detail, trace)))
         progress.advance("" if ok else f"{title}: {r.status}")
         return {"status": r.status, "seconds": round(r.seconds, 4)}
 
@@ -198,7 +204,7 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
     initial = {n: case(f"proofs/initial/{n}", f"initial state satisfies {n}",
                        check_initial(n, budget.timeout_ms)) for n in names}
     matrix = {st: {n: case(f"proofs/preserve/{st}/{n}", f"{st} preserves {n}",
-                           check_preservation(st, n, budget.timeout_ms)) for n in names}
+                           check_preservation(st, n, budget.timeout_ms), st, n) for n in names}
               for st in steps}
     enabled = {st: case(f"proofs/enabled/{st}", f"{st} precondition satisfiable",
                         check_enabled(st, budget.timeout_ms)) for st in steps}

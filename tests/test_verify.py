@@ -154,6 +154,9 @@ def test_a_z3_counterexample_fails_the_proofs_phase(monkeypatch: pytest.MonkeyPa
     assert bad and all(c.id.startswith("proofs/preserve/touch/") for c in bad)
     assert bad[0].failure is not None and bad[0].failure["kind"] == "counterexample"
     assert bad[0].failure["details"], "the z3 model is the counterexample"
+    before, after = bad[0].failure["trace"]  # drawn from a finite-scope model of the same query
+    assert before["picture"]["blocks"][0]["null"] and after["call"].startswith("touch(#")
+    assert any("ref" in change for change in after["changes"])
     assert phase.extra["matrix"]["touch"]["free_queue_holds_exactly_idle_blocks"]["status"] == (
         "counterexample")
 
