@@ -296,6 +296,16 @@ def _md_proofs(doc: Doc) -> str:
     slow = [f"{_md_code(f'{col} / {inv}', False)} {_md_cell(r)}" for col, inv, r in _slowest(proofs)]
     if slow:
         parts.append("**Slowest proofs:** " + ", ".join(slow))
+    order = proofs.get("order")
+    if order:
+        steps = list(order.get("steps", []))
+        rows = [[_md_code(p)] + [_md_cell(order.get("matrix", {}).get(s, {}).get(p)) for s in steps]
+                for p in order.get("properties", [])]
+        enabled = order.get("enabled", {})
+        rows.append(["*precondition satisfiable*"] + [_md_cell(enabled.get(s)) for s in steps])
+        parts.append("### Eviction order\n\nThe free queue as a sequence of places "
+                     f"(`proofs/order.py`); initial queue well formed: {_md_cell(order.get('initial'))}.\n\n"
+                     + _md_table(["property", *(_md_code(s) for s in steps)], rows))
     return "\n\n".join(parts)
 
 
@@ -628,6 +638,21 @@ def _h_proofs(doc: Doc) -> str:
                    f"{_e(_secs(r.get('seconds')))}</li>" for col, inv, r in _slowest(proofs))
     if slow:
         body += f'<p><b>Slowest proofs</b></p><ol class="slowest">{slow}</ol>'
+    order = proofs.get("order")
+    if order:
+        steps = list(order.get("steps", []))
+        head = "".join(f"<th>{_e(x)}</th>" for x in ["property", *steps])
+        rows = [f"<tr><th>{_code(p)}</th>" + "".join(
+            _h_cell(order.get("matrix", {}).get(s, {}).get(p)) for s in steps) + "</tr>"
+            for p in order.get("properties", [])]
+        rows.append('<tr class="enabled"><th>precondition satisfiable</th>' + "".join(
+            _h_cell(order.get("enabled", {}).get(s)) for s in steps) + "</tr>")
+        initial = order.get("initial") or {}
+        body += ('<h3 id="order-matrix">Eviction order</h3><p>The free queue as a sequence of places '
+                 f"({_code('proofs/order.py')}); initial queue well formed: "
+                 f"{_e(MARK.get(str(initial.get('status')), '?'))}.</p>"
+                 f'<div class="scroll"><table class="matrix"><thead><tr>{head}</tr></thead>'
+                 f'<tbody>{"".join(rows)}</tbody></table></div>')
     return _section("proof-matrix", "Proof matrix", body, _phase_state(proofs))
 
 

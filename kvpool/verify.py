@@ -184,7 +184,10 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
 
     phase = Phase("proofs")
     names, steps = list(SYM_INVARIANTS), list(STEPS)
-    progress.start("proofs", len(names) * (len(steps) + 1) + len(steps))
+    from kvpool.proofs.order import ORDER_PROPERTIES, QSTEPS
+
+    order_checks = 1 + len(QSTEPS) * (len(ORDER_PROPERTIES) + 1)
+    progress.start("proofs", len(names) * (len(steps) + 1) + len(steps) + order_checks)
 
     def case(cid: str, title: str, r: Any, step: str | None = None,
              invariant: str | None = None) -> dict[str, Any]:
@@ -208,20 +211,42 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
               for st in steps}
     enabled = {st: case(f"proofs/enabled/{st}", f"{st} precondition satisfiable",
                         check_enabled(st, budget.timeout_ms)) for st in steps}
-    phase.seconds = time.perf_counter() - start
     phase.extra = {"steps": steps, "matrix": matrix, "initial": initial, "enabled": enabled,
                    "not_encoded": dict(NOT_ENCODED),
-                   "covers": {a: list(s) for a, s in COVERS.items()}}
+                   "covers": {a: list(s) for a, s in COVERS.items()},
+                   "order": _order_proofs(budget, case)}
+    phase.seconds = time.perf_counter() - start
     return phase
+
+
+def _order_proofs(budget: Budget, case: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The eviction order (``proofs/order.py``): the free queue as a sequence of places."""
+    from kvpool.proofs.order import (
+        ORDER_PROPERTIES,
+        QSTEPS,
+        check_order,
+        check_order_enabled,
+        check_order_initial,
+    )
+
+    t = budget.timeout_ms
+    initial = case("proofs/order/initial", "initial queue is well formed", check_order_initial(t))
+    matrix = {st: {p: case(f"proofs/order/{st}/{p}", f"queue step {st} keeps {p}", check_order(st, p, t))
+                   for p in ORDER_PROPERTIES} for st in QSTEPS}
+    enabled = {st: case(f"proofs/order/enabled/{st}", f"queue step {st} precondition satisfiable",
+                        check_order_enabled(st, t)) for st in QSTEPS}
+    return {"steps": list(QSTEPS), "properties": list(ORDER_PROPERTIES), "initial": initial,
+            "matrix": matrix, "enabled": enabled}
 
 
 def run_seeded_bugs(budget: Budget, progress: Progress) -> Phase:
     """Every seeded bug is refuted: the proofs and the BMC can fail."""
     from kvpool.proofs import bmc
+    from kvpool.proofs.order import ORDER_BUGS, order_refutations
     from kvpool.proofs.seeded_bugs import BUGS, refutations, refuted_by
 
     phase = Phase("seeded-bugs")
-    progress.start("seeded-bugs", len(BUGS) + len(bmc.BUGS))
+    progress.start("seeded-bugs", len(BUGS) + len(ORDER_BUGS) + len(bmc.BUGS))
     bugs: list[dict[str, Any]] = []
     start = time.perf_counter()
     for name, bug in BUGS.items():
@@ -233,8 +258,16 @@ def run_seeded_bugs(budget: Budget, progress: Progress) -> Phase:
                                 took, None if found else failure(
                                     "violation", f"seeded bug {name} is not refuted", bug.story)))
         progress.advance(f"{name}: {', '.join(found) or 'NOT refuted'}")
+    for name, (_step, story) in ORDER_BUGS.items():
+        began = time.perf_counter()
+        found = refuted_by(order_refutations(name))
+        bugs.append({"name": name, "story": story, "refuted_by": found, "method": "inductive"})
+        phase.cases.append(Case(f"seeded-bugs/order/{name}", f"z3 refutes {name}", bool(found),
+                                time.perf_counter() - began, None if found else failure(
+                                    "violation", f"seeded bug {name} is not refuted", story)))
+        progress.advance(f"{name}: {', '.join(found) or 'NOT refuted'}")
     for name, (action, fn) in bmc.BUGS.items():
-        out = bmc.explore(bmc.Config(), 3, min(budget.bmc_seconds, 30.0), bmc.with_bug(name))
+        out = bmc.find_bug(name, seconds=min(budget.bmc_seconds, 60.0))
         story = (fn.__doc__ or action).strip().splitlines()[0]
         bugs.append({"name": name, "story": story, "refuted_by": out.violation, "method": "bmc"})
         phase.cases.append(Case(f"seeded-bugs/bmc/{name}", f"BMC finds {name}", bool(out.violation),
@@ -522,7 +555,9 @@ def _phase_figure(p: dict[str, Any]) -> str:
     if p["name"] == "seeded-bugs":
         return f"{sum(bool(b['refuted_by']) for b in p['bugs'])}/{len(p['bugs'])} refuted"
     if p["name"] == "proofs":
-        return f"{len(p['steps'])} steps x {len(p['initial'])} invariants"
+        order = p.get("order") or {"steps": [], "properties": []}
+        return (f"{len(p['steps'])} steps x {len(p['initial'])} invariants; eviction order: "
+                f"{len(order['steps'])} queue steps x {len(order['properties'])} properties")
     return ""
 
 

@@ -8,6 +8,9 @@ Modules, one job each:
 * :mod:`.transitions` — each model action as per-block steps (pre, post);
 * :mod:`.inductive` — the (step x invariant) preservation matrix, the
   initial-state and non-vacuity checks;
+* :mod:`.order` — the free queue's order (eviction order) with places, proven
+  for any pool size, with its own seeded bugs;
+* :mod:`.bmc` — bounded model checking of the executable model (``kvpool bmc``);
 * :mod:`.finite` — counterexample search in a finite scope (quantifiers grounded);
 * :mod:`.seeded_bugs` — broken steps the proofs must refute;
 * :mod:`.concrete` — a concrete model state as a finite z3 interpretation,

@@ -10,10 +10,13 @@ groups 0/1; block sizes ``hbs`` and ``2*hbs``; masks on two-block ranges;
 two watchers).  States
 are deduplicated on a canonical form (watchers by name; emitted events and
 fired notifications are checked when emitted, then dropped from the state,
-so the state space stays finite).  After every step it checks
+so the state space stays finite), by default up to renaming the non-null
+blocks, the two groups and the two watchers (symmetry reduction,
+:func:`orbit_key`; ``Config(symmetry=False)`` / ``--no-symmetry`` turns it
+off).  After every step it checks
 
 * every model invariant (:func:`kvpool.model.violated`);
-* two event-log properties: a ``BlockRemoved`` names a (hash, group) that is
+* two event-log properties (with events on): a ``BlockRemoved`` names a (hash, group) that is
   announced and not yet removed or cleared, and afterwards the number of live
   announcements of each key (``BlockStored`` from ``cache_*`` minus
   ``BlockRemoved``, zeroed by ``AllBlocksCleared``) equals the number of its
@@ -21,6 +24,12 @@ so the state space stays finite).  After every step it checks
   function of the index and need not be carried in the search state;
 * every reuse notification a step delivers goes to the watcher registered on
   that block before the step;
+* the free-queue order, i.e. the eviction order (:func:`order_violations`):
+  ``get_new_blocks`` hands out the head of the queue; freed unhashed blocks
+  join the head and freed cached blocks the tail, in the order their last
+  reference is dropped (least recently freed, first evicted); ``unpin_blocks``
+  appends; ``touch`` removes exactly the touched idle blocks; no action
+  reorders the blocks that stay;
 * refused calls change nothing: the model is pure, so a refusal leaves the
   state by construction; a variant that mutates before its check (as an
   in-place implementation would) attaches the state it left behind to the
@@ -52,7 +61,12 @@ from typing import Any
 from kvpool.impl.errors import BlockNotInUseError, BlockPoolError, NotEnoughFreeBlocksError
 from kvpool.impl.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvpool.impl.hashing import get_request_block_hasher
-from kvpool.impl.keys import get_block_hash, get_group_id, maybe_convert_block_hash
+from kvpool.impl.keys import (
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+    maybe_convert_block_hash,
+)
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, initial_state, violated
 from kvpool.model import actions as A
@@ -82,6 +96,10 @@ class Config:
     blocks: int = 4
     hash_block_size: int = 1
     groups: tuple[int, ...] = (0, 1)
+    events_on: bool = True
+    """Whether the pool emits KV events (the event-log properties need them on)."""
+    symmetry: bool = True
+    """Identify states that differ only by a renaming of the non-null blocks."""
 
     def requests(self) -> list[Request]:
         hasher = get_request_block_hasher(self.hash_block_size)
@@ -89,7 +107,7 @@ class Config:
 
     def initial(self) -> PoolState:
         return initial_state(self.blocks, caching=True, hash_block_size=self.hash_block_size,
-                             events_on=True)
+                             events_on=self.events_on)
 
 
 # --------------------------------------------------------------------------
@@ -178,13 +196,110 @@ def canonical(s: PoolState) -> tuple[Any, ...]:
     )
 
 
+_CONTENT_IDS: dict[Content, int] = {}
+
+
+def _content_id(c: Content) -> int:
+    """A number per ghost content, so block signatures sort (contents may hold ``None``)."""
+    return _CONTENT_IDS.setdefault(c, len(_CONTENT_IDS))
+
+
+Renaming = tuple[dict[int, int], dict[str, str]]
+"""A renaming of the KV-cache groups and of the watchers (by name)."""
+
+
+def _renamings(cfg: Config) -> list[Renaming]:
+    """Every renaming of the KV-cache groups and of the watchers the domains treat alike."""
+    names = [w.__name__ for w in WATCHERS]
+    gperms = [dict(zip(cfg.groups, p, strict=True)) for p in itertools.permutations(cfg.groups)]
+    wperms = [dict(zip(names, p, strict=True)) for p in itertools.permutations(names)]
+    return [(g, w) for g in gperms for w in wperms]
+
+
+def orbit_key(s: PoolState, renamings: Sequence[Renaming] = ()) -> tuple[Any, ...]:
+    """A canonical form of ``s`` up to renaming the non-null blocks (symmetry reduction).
+
+    Each block gets a signature that mentions no block id: its places in the
+    free queue, ref count, hashes, content, watcher, and its (key, position)
+    in every index list.  The null block's signature comes first; the real
+    blocks' signatures are sorted.  The state can be rebuilt from the key up
+    to a renaming (the queue and each index list from the positions), and a
+    renaming leaves every signature as it is, so two states share a key
+    exactly when one is a renaming of the other.  With ``renamings`` (group
+    and watcher renamings, see :func:`_renamings`) the key is the least over
+    them, so states that differ by one of those too share a key.
+
+    Why it is sound: the model, the argument domains (every id and pair of
+    ids, both groups, both watchers) and every checked property treat the
+    real blocks, the groups and the watchers alike (none compares or orders
+    them), so a renamed state has the renamed successors and the same
+    verdicts: exploring one state per key explores them all.  The free queue
+    orders the blocks in it, so block renaming mostly merges states whose
+    in-use blocks differ; group renaming halves the hashed states.
+    """
+    n = s.num_blocks
+    places: list[list[int]] = [[] for _ in range(n)]
+    for i, b in enumerate(s.free):
+        if 0 <= b < n:
+            places[b].append(i)
+    fixed = [(tuple(places[b]), s.ref[b], _content_id(s.holds[b])) for b in range(n)]
+    watched = {b: w.__name__ for b, w in s.watchers.items()}
+    keyed = bool(s.names) or bool(s.index) or any(p is not None for p in s.primary)
+    # Renaming what the state does not mention changes nothing: skip those.
+    gmaps = {tuple(sorted(g.items())) for g, _ in renamings} if keyed else set()
+    wmaps = {tuple(sorted(w.items())) for _, w in renamings} if watched else set()
+    best: tuple[Any, ...] | None = None
+    for gmap in gmaps or {()}:
+        key = _key_renamer(gmap)
+        entries: list[list[tuple[Key, int]]] = [[] for _ in range(n)]
+        for k, blocks in s.index.items():
+            kk = key(k)
+            for i, b in enumerate(blocks):
+                entries[b].append((kk, i))
+        hashes = [((key(p.key), p.num_tokens) if (p := s.primary[b]) else (),
+                   tuple(key(k) for k in s.secondary[b]), tuple(sorted(entries[b])))
+                  for b in range(n)]
+        names = tuple(sorted((key(k), c) for k, c in s.names.items()))
+        for wmap in wmaps or {()}:
+            wm = dict(wmap)
+            sigs = [(*fixed[b], *hashes[b], wm.get(watched.get(b, ""), watched.get(b, "")))
+                    for b in range(n)]
+            out = (sigs[NULL], tuple(sorted(sigs[1:])), names, len(s.free))
+            if best is None or out < best:
+                best = out
+    assert best is not None
+    return best
+
+
+@functools.cache
+def _key_renamer(gmap: tuple[tuple[int, int], ...]) -> Callable[[Key], Key]:
+    """Rename the group part of index keys (memoised per key)."""
+    table = dict(gmap)
+    if all(k == v for k, v in gmap):
+        return lambda k: k
+
+    @functools.cache
+    def rename(k: Key) -> Key:
+        g = get_group_id(k)
+        return make_block_hash_with_group_id(get_block_hash(k), table.get(g, g))
+
+    return rename
+
+
 @functools.cache
 def _ext(key: Key) -> tuple[Any, int]:
     return maybe_convert_block_hash(get_block_hash(key)), get_group_id(key)
 
 
 def event_violations(before: PoolState, after: PoolState, action: str) -> list[str]:
-    """Check the events one step emitted against the index before and after it."""
+    """Check the events one step emitted against the index before and after it.
+
+    With events off there is no log to check (``no_events_when_disabled`` is
+    an invariant); the watcher property is checked either way.
+    """
+    if not before.events_on:
+        stray = any(before.watchers.get(b) is not w for w, b in after.fired[len(before.fired):])
+        return ["fired_watchers_were_registered"] if stray else []
     live: dict[tuple[Any, int], int] = {}
     for key, blocks in before.index.items():
         live[_ext(key)] = len(blocks)
@@ -208,6 +323,74 @@ def event_violations(before: PoolState, after: PoolState, action: str) -> list[s
     if any(before.watchers.get(b) is not w for w, b in after.fired[len(before.fired):]):
         bad.append("fired_watchers_were_registered")
     return sorted(set(bad))
+
+
+def policy_queue(before: PoolState, action: str, args: Sequence[Any]) -> tuple[int, ...]:
+    """The free queue the eviction policy prescribes after an accepted call.
+
+    Stated from the call and the state before it, not from the action's code:
+
+    * ``get_new_blocks(n)``: the queue minus its first ``n`` blocks;
+    * ``free_blocks(ids)``: each real block whose last reference the call drops
+      (listed as often as it is referenced) joins the queue, in the order of its
+      last listing: unhashed ones at the head (reused first), hashed ones at the
+      tail (evicted last: least recently freed, first evicted);
+    * ``unpin_blocks(ids, w)``: the same blocks, all at the tail;
+    * ``touch(ids)``: the queue minus the touched idle real blocks;
+    * every other action leaves the queue as it is.
+    """
+    q = before.free
+    if action == "get_new_blocks":
+        return q[args[0]:]
+    if action == "touch":
+        gone = {b for b in args[0] if b != NULL and before.ref[b] == 0}
+        return tuple(b for b in q if b not in gone)
+    if action in ("free_blocks", "unpin_blocks"):
+        ids = list(args[0])
+        last = {b: i for i, b in enumerate(ids)}
+        idle = [b for b in sorted(last, key=last.__getitem__)
+                if b != NULL and ids.count(b) == before.ref[b]]
+        if action == "unpin_blocks":
+            return (*q, *idle)
+        hashed = [b for b in idle if before.caching and before.primary[b] is not None]
+        return (*(b for b in idle if b not in hashed), *q, *hashed)
+    return q
+
+
+def order_violations(before: PoolState, after: PoolState, action: str, args: Sequence[Any],
+                     result: Any) -> list[str]:
+    """Check the free-queue order (the eviction order) across one accepted call.
+
+    * ``queue_keeps_relative_order``: blocks in the queue before and after the
+      call are in the same relative order (no action reorders the queue);
+    * ``allocation_takes_queue_head``: ``get_new_blocks(n)`` hands out the first
+      ``n`` blocks of the queue, in queue order, and leaves the rest;
+    * ``queue_follows_eviction_policy``: for every other action the queue is
+      exactly :func:`policy_queue` (where freed blocks go, what a hit removes).
+    """
+    bad = []
+    in_before, in_after = set(before.free), set(after.free)
+    if [b for b in before.free if b in in_after] != [b for b in after.free if b in in_before]:
+        bad.append("queue_keeps_relative_order")
+    if action == "get_new_blocks":
+        n = args[0]
+        if list(result) != list(before.free[:n]) or after.free != before.free[n:]:
+            bad.append("allocation_takes_queue_head")
+    elif after.free != policy_queue(before, action, args):
+        bad.append("queue_follows_eviction_policy")
+    return bad
+
+
+EVENT_PROPERTIES: tuple[str, ...] = (
+    "event_removed_key_not_live", "event_announcements_match_index", "fired_watchers_were_registered")
+"""Event-log properties (:func:`event_violations`), by the name a violation reports."""
+
+ORDER_PROPERTIES: tuple[str, ...] = (
+    "queue_keeps_relative_order", "allocation_takes_queue_head", "queue_follows_eviction_policy")
+"""Free-queue order properties (:func:`order_violations`)."""
+
+PROPERTIES: tuple[str, ...] = (*EVENT_PROPERTIES, *ORDER_PROPERTIES, "refused_call_changes_nothing")
+"""Every per-step property the search checks besides the model invariants."""
 
 
 # --------------------------------------------------------------------------
@@ -262,27 +445,49 @@ def _check(step: Step, state_too: bool = True) -> list[str]:
     bad += event_violations(step.before, step.after, step.action)
     if step.error is not None:
         bad.append("refused_call_changes_nothing")
+    else:
+        bad += order_violations(step.before, step.after, step.action, step.args, step.result)
     return bad
 
 
 def explore(
     cfg: Config = Config(), depth: int = 3, seconds: float = 20.0,
-    actions: Mapping[str, Action] = ACTIONS,
+    actions: Mapping[str, Action] = ACTIONS, visit: Callable[[PoolState], None] | None = None,
 ) -> Outcome:
-    """Breadth-first search of all call sequences up to ``depth`` within ``seconds``."""
+    """Breadth-first search of all call sequences up to ``depth`` within ``seconds``.
+
+    ``visit`` (if given) is called on each state the search keeps, the
+    initial one included: one per class with :attr:`Config.symmetry`.
+    """
     start = time.perf_counter()
     requests = cfg.requests()
     s0 = cfg.initial()
-    parent: dict[tuple[Any, ...], Step | None] = {canonical(s0): None}
+    if cfg.symmetry:
+        renamings = _renamings(cfg)
+        memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+        def key(s: PoolState) -> tuple[Any, ...]:
+            # Most steps reach a state seen before: look it up by its exact
+            # variables (dict order included) before canonicalising it.
+            exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
+                     tuple(s.watchers.items()), tuple(s.names.items()))
+            if exact not in memo:
+                memo[exact] = orbit_key(s, renamings)
+            return memo[exact]
+    else:
+        key = canonical
+    parent: dict[tuple[Any, ...], Step | None] = {key(s0): None}
     frontier = [s0]
     done, transitions = 0, 0
+    if visit is not None:
+        visit(s0)
 
     def trace_to(last: Step) -> list[Step]:
         out = [last]
-        p = parent[canonical(last.before)]
+        p = parent[key(last.before)]
         while p is not None:
             out.append(p)
-            p = parent[canonical(p.before)]
+            p = parent[key(p.before)]
         return out[::-1]
 
     for level in range(1, depth + 1):
@@ -295,7 +500,7 @@ def explore(
                 if step is None:
                     continue
                 transitions += 1
-                c = canonical(step.after)
+                c = key(step.after)
                 seen = c in parent  # then its invariants were checked already
                 bad = _check(step, state_too=not seen)
                 if bad:
@@ -304,6 +509,8 @@ def explore(
                 if not seen:
                     parent[c] = step  # its events are kept for the trace
                     nxt.append(replace(step.after, events=(), fired=()))
+                    if visit is not None:
+                        visit(nxt[-1])
         done, frontier = level, nxt
         if not frontier:
             break
@@ -316,8 +523,6 @@ def explore(
 
 def _labels(cfg: Config) -> dict[Key, str]:
     """Name each key by the request prefix it stands for, e.g. ``r0[:2]/g1``."""
-    from kvpool.impl.keys import make_block_hash_with_group_id
-
     out: dict[Key, str] = {}
     hbs = cfg.hash_block_size
     for r in cfg.requests():
@@ -507,6 +712,122 @@ def counter_before_check(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]
     raise err
 
 
+def _free_listing(s: PoolState, ids: Sequence[int]) -> list[int]:
+    """Check a free_blocks call as the model does; the counts after dropping every listing."""
+    A._check_releasable(s, ids, "free")
+    ref = list(s.ref)
+    for b in ids:
+        if b != NULL or s.null_counted:
+            ref[b] -= 1
+    return ref
+
+
+def free_appends_listing_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """vLLM's own shape of free_blocks: drop every listing, then queue each listing at 0.
+
+    A block listed twice in one call (a request whose block table holds it
+    twice, ref count 2) is queued twice: the free count, and with it usage,
+    is wrong (usage below 0 once the queue outgrows the pool), and the block
+    can be handed to two requests.
+    """
+    ref = _free_listing(s, ids)
+    idle = [b for b in ids if b != NULL and ref[b] == 0]
+    hashed = [b for b in idle if s.caching and s.primary[b] is not None]
+    first = [b for b in idle if b not in hashed]
+    return replace(s, ref=tuple(ref), free=(*first, *s.free, *hashed)), None
+
+
+def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Freed unhashed blocks pushed onto the head one at a time (``appendleft`` in a loop).
+
+    A batch lands reversed: the engine frees a block table in reverse so that
+    its tail blocks are reused first, and the pool silently undoes that.
+    """
+    ref = _free_listing(s, ids)
+    free = list(s.free)
+    seen = list(s.ref)
+    for b in ids:
+        if b == NULL:
+            continue
+        seen[b] -= 1
+        if seen[b] == 0:
+            if s.caching and s.primary[b] is not None:
+                free.append(b)
+            else:
+                free.insert(0, b)
+    return replace(s, ref=tuple(ref), free=tuple(free)), None
+
+
+def free_hashed_to_head(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Freed cached blocks go to the head like unhashed ones: the freshest prefix is evicted first."""
+    ref = _free_listing(s, ids)
+    last = {b: i for i, b in enumerate(ids)}
+    idle = [b for b in sorted(last, key=last.__getitem__) if b != NULL and ref[b] == 0]
+    return replace(s, ref=tuple(ref), free=(*idle, *s.free)), None
+
+
+def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """A hit block leaves an array-backed free list by swap-with-last (O(1) removal).
+
+    The former tail block jumps into the hole: the eviction order is lost.
+    """
+    A._check_ids(s, ids)
+    free, ref = list(s.free), list(s.ref)
+    for b in ids:
+        if b == NULL and not s.null_counted:
+            continue
+        if ref[b] == 0 and b != NULL:
+            i = free.index(b)
+            free[i] = free[-1]
+            free.pop()
+        ref[b] += 1
+    return replace(s, ref=tuple(ref), free=tuple(free)), None
+
+
+def alloc_pops_tail(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """The free list used as a stack: allocation takes the most recently freed blocks.
+
+    The hottest cached prefixes (freed last, at the tail) are evicted first
+    instead of the least recently used ones at the head.
+    """
+    nxt, taken = A.get_new_blocks(replace(s, free=s.free[::-1]), num_blocks)
+    return replace(nxt, free=nxt.free[::-1]), taken
+
+
+def reuse_notice_names_position(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """The reuse callback gets the block's index in the allocated batch, not its id.
+
+    An ``enumerate()`` mix-up: the engine is told that the wrong block was
+    reused and keeps reading the overwritten one.
+    """
+    nxt, taken = A.get_new_blocks(s, num_blocks)
+    notices = tuple((w, taken.index(b)) for w, b in nxt.fired[len(s.fired):])
+    return replace(nxt, fired=(*s.fired, *notices)), taken
+
+
+def removed_event_drops_group(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Eviction's BlockRemoved leaves out the KV-cache group (``group_idx=None``).
+
+    A router keeping one view per group (full attention, sliding window)
+    removes the entry from group 0 and keeps serving the evicted one.
+    """
+    nxt, res = A.evict_blocks(s, ids)
+    new = tuple(replace(ev, group_idx=None) if isinstance(ev, BlockRemoved) else ev
+                for ev in nxt.events[len(s.events):])
+    return replace(nxt, events=(*s.events, *new)), res
+
+
+def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """cache_full_blocks emits BlockStored without checking that events are enabled.
+
+    Nobody takes events from such a pool, so the queue grows with every
+    cached block for the life of the engine.  Needs ``Config(events_on=False)``
+    (see :data:`BUG_CONFIG`).
+    """
+    nxt, res = A.cache_full_blocks(replace(s, events_on=True), *args)
+    return replace(nxt, events_on=s.events_on), res
+
+
 BUGS: dict[str, tuple[str, Action]] = {
     "free_without_refcount_check": ("free_blocks", free_without_refcount_check),
     "free_same_block_twice": ("free_blocks", free_same_block_twice),
@@ -518,8 +839,44 @@ BUGS: dict[str, tuple[str, Action]] = {
     "cache_full_hashes_null": ("cache_full_blocks", cache_full_hashes_null),
     "reset_while_in_use": ("reset_prefix_cache", reset_while_in_use),
     "counter_before_check": ("get_new_blocks", counter_before_check),
+    "free_appends_listing_twice": ("free_blocks", free_appends_listing_twice),
+    "free_pushes_head_one_by_one": ("free_blocks", free_pushes_head_one_by_one),
+    "free_hashed_to_head": ("free_blocks", free_hashed_to_head),
+    "touch_swap_remove": ("touch", touch_swap_remove),
+    "alloc_pops_tail": ("get_new_blocks", alloc_pops_tail),
+    "reuse_notice_names_position": ("get_new_blocks", reuse_notice_names_position),
+    "removed_event_drops_group": ("evict_blocks", removed_event_drops_group),
+    "stored_event_when_disabled": ("cache_full_blocks", stored_event_when_disabled),
 }
 """Seeded bugs for the BMC: (the action replaced, the broken variant)."""
+
+BUG_CONFIG: dict[str, dict[str, Any]] = {
+    "stored_event_when_disabled": {"events_on": False},
+    "removed_event_drops_group": {"symmetry": False},
+}
+"""Bugs to explore in a configuration other than :class:`Config`'s default.
+
+``stored_event_when_disabled`` only shows in a pool with events off.
+``removed_event_drops_group`` treats group 0 unlike group 1, so it breaks the
+group symmetry the reduction relies on (:func:`orbit_key`): with the reduction
+the search explores only the group-0 half of each pair, where the bug is
+harmless, and finds it one call later (depth 3, 12 s instead of depth 2).
+Explore them with :func:`bug_config` (``kvpool bmc --bug`` does)."""
+
+
+def bug_config(bug: str, cfg: Config | None = None) -> Config:
+    """The configuration in which to look for ``bug``: ``cfg`` with the bug's overrides."""
+    return replace(cfg or Config(), **BUG_CONFIG.get(bug, {}))
+
+
+def find_bug(bug: str, cfg: Config | None = None, depth: int = 6, seconds: float = 60.0) -> Outcome:
+    """Explore with ``bug`` seeded, in :func:`bug_config`; cached (tests share the searches)."""
+    return _find_bug(bug, bug_config(bug, cfg), depth, seconds)
+
+
+@functools.cache
+def _find_bug(bug: str, cfg: Config, depth: int, seconds: float) -> Outcome:
+    return explore(cfg, depth, seconds, with_bug(bug))
 
 
 def with_bug(bug: str) -> dict[str, Action]:
@@ -535,6 +892,7 @@ def _as_json(out: Outcome, cfg: Config) -> dict[str, Any]:
     return {
         "depth": out.depth, "states": out.states, "transitions": out.transitions,
         "seconds": round(out.seconds, 3), "complete": out.complete, "ok": out.ok,
+        "blocks": cfg.blocks, "events_on": cfg.events_on, "symmetry": cfg.symmetry,
         "violation": out.violation,
         "trace": [{"action": st.action, "args": [show_arg(a) for a in st.args],
                    "changes": describe(st, _labels(cfg))} for st in out.trace],
@@ -543,22 +901,33 @@ def _as_json(out: Outcome, cfg: Config) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Explore; print depth and states, or the violating trace (exit 1)."""
-    p = argparse.ArgumentParser(prog="kvpool bmc", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="kvpool bmc", description=__doc__.split("\n")[0],
+        epilog="examples:\n  kvpool bmc --depth 3 --seconds 300\n  kvpool bmc --bug free_same_block_twice",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--depth", type=int, default=3, help="maximum number of calls")
     p.add_argument("--seconds", type=float, default=20.0, help="time budget")
     p.add_argument("--blocks", type=int, default=4, help="pool size, null block included")
     p.add_argument("--hash-block-size", type=int, default=1, choices=(1, 2))
+    p.add_argument("--no-events", action="store_true", help="a pool with KV events off")
+    p.add_argument("--no-symmetry", action="store_true",
+                   help="explore renamed states too (no symmetry reduction)")
     p.add_argument("--bug", choices=sorted(BUGS), help="explore with a seeded bug")
     p.add_argument("--json", metavar="FILE", help="also write the outcome as JSON")
     args = p.parse_args(argv)
-    cfg = Config(blocks=args.blocks, hash_block_size=args.hash_block_size)
+    cfg = Config(blocks=args.blocks, hash_block_size=args.hash_block_size,
+                 events_on=not args.no_events, symmetry=not args.no_symmetry)
+    if args.bug:
+        cfg = bug_config(args.bug, cfg)
     acts = with_bug(args.bug) if args.bug else ACTIONS
     out = explore(cfg, args.depth, args.seconds, acts)
     if out.violation:
         print(format_trace(out, cfg))
-    print(f"bmc: {cfg.blocks} blocks, hbs {cfg.hash_block_size}: depth {out.depth} fully explored"
+    print(f"bmc: {cfg.blocks} blocks, hbs {cfg.hash_block_size}"
+          f"{'' if cfg.events_on else ', events off'}: depth {out.depth} fully explored"
           f"{'' if out.complete else ' (budget or violation stopped the next level)'}, "
-          f"{out.states} states, {out.transitions} transitions, {out.seconds:.2f}s")
+          f"{out.states} states{' up to renaming' if cfg.symmetry else ''}, "
+          f"{out.transitions} transitions, {out.seconds:.2f}s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(_as_json(out, cfg), fh, indent=2)

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from kvpool.model import ACTIONS, INVARIANTS
+from kvpool.model import ACTIONS, INVARIANTS, PoolState, violated
 from kvpool.proofs import bmc
+from kvpool.proofs import seeded_bugs as z3_bugs
 
 SMALL = bmc.Config(blocks=4)
 
 
-@functools.cache
 def _found(bug: str) -> bmc.Outcome:
-    return bmc.explore(SMALL, depth=6, seconds=60, actions=bmc.with_bug(bug))
+    """The search for ``bug`` (in its :func:`bmc.bug_config`), shared with the other tests."""
+    return bmc.find_bug(bug, SMALL, depth=6, seconds=60)
 
 
 def test_model_passes_bmc_to_depth_two() -> None:
@@ -105,3 +106,118 @@ def test_event_properties_can_fail() -> None:
     assert bmc.event_violations(s1, s2, "cache_full_blocks") == ["event_removed_key_not_live"]
     stray = replace(s1, fired=((bmc.watcher_a, 1),))
     assert bmc.event_violations(s1, stray, "touch") == ["fired_watchers_were_registered"]
+
+
+# --------------------------------------------------------------------------
+# Every property can fail: the union over the z3 and the BMC seeded bugs.
+
+
+def test_every_invariant_and_property_refutes_some_seeded_bug() -> None:
+    """Issue #4, point 5, over both bug sets: every bug is refuted, and every model
+    invariant and every BMC property (events, queue order, refusals) refutes a bug."""
+    refuted: dict[str, tuple[str, ...]] = {}
+    for bug in z3_bugs.BUGS:
+        refuted[f"z3:{bug}"] = z3_bugs.refuted(bug)
+    for bug in bmc.BUGS:
+        refuted[f"bmc:{bug}"] = tuple(_found(bug).violation)
+    assert [b for b, names in refuted.items() if not names] == []
+    used = {name for names in refuted.values() for name in names}
+    assert set(INVARIANTS) - used == set()
+    assert set(bmc.PROPERTIES) - used == set()
+    assert used <= set(INVARIANTS) | set(bmc.PROPERTIES)
+    # The two invariants z3 does not encode are refuted by the BMC's bugs.
+    assert "usage_in_unit_interval" in refuted["bmc:free_appends_listing_twice"]
+    assert refuted["bmc:stored_event_when_disabled"] == ("no_events_when_disabled",)
+
+
+@pytest.mark.parametrize(("bug", "prop"), [
+    ("alloc_pops_tail", "allocation_takes_queue_head"),
+    ("touch_swap_remove", "queue_keeps_relative_order"),
+    ("free_pushes_head_one_by_one", "queue_follows_eviction_policy"),
+    ("free_hashed_to_head", "queue_follows_eviction_policy"),
+])
+def test_eviction_order_bugs_break_only_order_properties(bug: str, prop: str) -> None:
+    """The invariants are blind to the queue's order; the order properties are not."""
+    out = _found(bug)
+    assert prop in out.violation
+    assert set(out.violation) <= set(bmc.ORDER_PROPERTIES), out.violation
+    assert violated(out.trace[-1].after) == []
+
+
+def test_free_hashed_to_head_trace_shows_the_queue() -> None:
+    text = bmc.format_trace(_found("free_hashed_to_head"), SMALL)
+    assert "VIOLATION of queue_follows_eviction_policy after 3 step(s)" in text
+    assert "block 1 hashes - -> r0[:1]/g0@1" in text  # cached, so it belongs at the tail
+    assert "3. free_blocks(block_ids=[1])" in text and "free queue [2, 3] -> [1, 2, 3]" in text
+
+
+def test_policy_queue_states_the_eviction_order() -> None:
+    """The order spec on a hand-made case: unhashed to the head, cached to the tail,
+    each in the order its last reference is dropped; touch removes in place."""
+    r = SMALL.requests()[0]
+    s, _ = ACTIONS["get_new_blocks"](SMALL.initial(), 3)
+    s, _ = ACTIONS["cache_full_blocks"](s, r, [1, 3], 0, 2, 1, 0)
+    s, _ = ACTIONS["touch"](s, [3])  # block 3: two references
+    args = ([3, 2, 1, 3],)
+    assert bmc.policy_queue(s, "free_blocks", args) == (2, 1, 3)
+    after, _ = ACTIONS["free_blocks"](s, *args)
+    assert after.free == (2, 1, 3)
+    assert bmc.order_violations(s, after, "free_blocks", args, None) == []
+    assert bmc.policy_queue(after, "touch", ([1, 0],)) == (2, 3)
+    assert bmc.policy_queue(s, "unpin_blocks", ([2, 1], bmc.watcher_a)) == (2, 1)
+    assert bmc.order_violations(after, replace(after, free=(3, 2)), "touch", ([1],), None) == [
+        "queue_keeps_relative_order", "queue_follows_eviction_policy"]
+
+
+# --------------------------------------------------------------------------
+# Symmetry reduction and the events-off pool.
+
+
+def _orbits(cfg: bmc.Config, depth: int) -> tuple[set[tuple[object, ...]], int]:
+    keys: set[tuple[object, ...]] = set()
+    renamings = bmc._renamings(cfg)
+
+    def visit(s: PoolState) -> None:
+        keys.add(bmc.orbit_key(s, renamings))
+
+    out = bmc.explore(cfg, depth=depth, seconds=60, visit=visit)
+    assert out.ok and out.complete, bmc.format_trace(out, cfg)
+    return keys, out.states
+
+
+def test_symmetry_reduction_loses_no_state() -> None:
+    """Exploring one state per renaming class reaches every class the full search reaches."""
+    cfg = bmc.Config(blocks=3)
+    full, n_full = _orbits(replace(cfg, symmetry=False), 2)
+    reduced, n_reduced = _orbits(cfg, 2)
+    assert reduced == full
+    assert n_reduced == len(reduced) < n_full
+
+
+def test_orbit_key_identifies_exactly_renamed_states() -> None:
+    r = SMALL.requests()[0]
+    s0 = SMALL.initial()
+    one, _ = ACTIONS["touch"](s0, [1])
+    two, _ = ACTIONS["touch"](s0, [2])
+    assert one != two and bmc.orbit_key(one) == bmc.orbit_key(two)  # in-use block renamed
+    g0, _ = ACTIONS["cache_full_blocks"](s0, r, [1], 0, 1, 1, 0)
+    g1, _ = ACTIONS["cache_full_blocks"](s0, r, [1], 0, 1, 1, 1)
+    ren = bmc._renamings(SMALL)
+    assert bmc.orbit_key(g0) != bmc.orbit_key(g1)
+    assert bmc.orbit_key(g0, ren) == bmc.orbit_key(g1, ren)  # groups renamed
+    h2, _ = ACTIONS["cache_full_blocks"](s0, r, [2], 0, 1, 1, 0)
+    assert bmc.orbit_key(g0, ren) != bmc.orbit_key(h2, ren)  # the queue orders free blocks
+
+
+def test_model_passes_bmc_with_events_off() -> None:
+    cfg = bmc.Config(blocks=3, events_on=False)
+    out = bmc.explore(cfg, depth=2, seconds=60)
+    assert out.ok and out.complete, bmc.format_trace(out, cfg)
+
+
+def test_bug_config_and_cli_for_an_events_off_bug(capsys: Any) -> None:
+    assert bmc.bug_config("stored_event_when_disabled").events_on is False
+    assert bmc.bug_config("free_same_block_twice") == bmc.Config()
+    assert bmc.main(["--depth", "2", "--bug", "stored_event_when_disabled"]) == 1
+    text = capsys.readouterr().out
+    assert "VIOLATION of no_events_when_disabled" in text and "events off" in text

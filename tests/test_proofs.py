@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import random
 from typing import Any
 
@@ -22,6 +21,7 @@ from kvpool.impl.keys import make_block_hash_with_group_id
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, initial_state, violated
 from kvpool.model import actions as A
+from kvpool.proofs import order
 from kvpool.proofs import transitions as T
 from kvpool.proofs.concrete import Universe, compare, compare_batch
 from kvpool.proofs.inductive import (
@@ -36,7 +36,7 @@ from kvpool.proofs.inductive import (
 )
 from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS
 from kvpool.proofs.report import main as report_main
-from kvpool.proofs.seeded_bugs import BUGS, refutations, refuted_by
+from kvpool.proofs.seeded_bugs import BUGS, refuted
 from kvpool.proofs.symbolic import SymState
 
 # --------------------------------------------------------------------------
@@ -114,9 +114,8 @@ def test_report_prints_matrix_and_writes_json(tmp_path: Any, capsys: Any) -> Non
 # --------------------------------------------------------------------------
 # Seeded bugs.
 
-@functools.cache
 def _refuted(bug: str) -> tuple[str, ...]:
-    return tuple(refuted_by(refutations(bug)))
+    return refuted(bug)  # cached: tests/test_bmc.py shares the searches
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
@@ -309,3 +308,97 @@ def test_batches_agree_with_their_per_block_decomposition() -> None:
                 s = nxt
     print("batches", done)
     assert len(done) == 6, done
+
+
+# --------------------------------------------------------------------------
+# The eviction order (proofs/order.py): proofs, seeded bugs, agreement with the model.
+
+
+def test_every_queue_step_preserves_the_order_properties() -> None:
+    assert order.check_order_initial().status == PROVEN
+    bad = {(s, p): r.status for s, row in order.order_matrix().items() for p, r in row.items() if not r.ok}
+    assert bad == {}
+    enabled = {s: order.check_order_enabled(s).status for s in order.QSTEPS}
+    assert enabled == dict.fromkeys(order.QSTEPS, PROVEN)
+
+
+def test_every_order_bug_is_refuted_and_every_order_property_refutes_one() -> None:
+    used = set()
+    for bug, (_step, story) in order.ORDER_BUGS.items():
+        found = {p for p, r in order.order_refutations(bug).items() if r.status == COUNTEREXAMPLE}
+        assert found, f"{bug} ({story}) is not refuted"
+        used |= found
+    assert used == set(order.ORDER_PROPERTIES)
+
+
+def _queue_call(rng: random.Random, s: PoolState) -> tuple[Any, tuple[Any, ...], list[tuple[str, list[Any]]]]:
+    """A random call and its queue-step decomposition (as in proofs/order.py's QSTEPS)."""
+    n = s.num_blocks
+    used = [b for b in range(n) if s.ref[b] > 0] or [0]
+    ids = [rng.choice(used) if rng.random() < 0.7 else rng.randrange(n) for _ in range(rng.randint(1, 3))]
+    kind = rng.choice(["alloc", "alloc", "free", "free", "unpin", "unpin", "touch", "cache", "evict",
+                       "reset"])
+    if kind == "alloc":
+        k = rng.randint(0, len(s.free))
+        return A.get_new_blocks, (k,), [("alloc", [b]) for b in s.free[:k]]
+    if kind == "free":
+        return A.free_blocks, (ids,), [("open_batch", [len(ids)])] + [("release", [b]) for b in ids]
+    if kind == "unpin":
+        ids = [b for b in ids if b != 0] or [rng.randrange(n)]
+        return A.unpin_blocks, (ids, _watcher), [("unpin", [b]) for b in ids]
+    if kind == "touch":
+        return A.touch, (ids,), [("touch", [b]) for b in ids]
+    if kind == "reset":
+        return A.reset_prefix_cache, (), [("uncache_all", [])]
+    if kind == "evict":
+        return A.evict_blocks, (ids,), [("recache", [b, False]) for b in ids]
+    hbs = s.hash_block_size
+    req = _request(rng, hbs)
+    nf = min(len(ids), len(req.block_hashes))
+    return (A.cache_full_blocks, (req, ids, 0, nf, hbs, 0),
+            [("recache", [b, s.caching]) for b in ids[:nf] if b != 0])
+
+
+def test_queue_steps_agree_with_model_order() -> None:
+    """On random reachable states the queue steps compute the model's queue, in order."""
+    rng = random.Random(41)
+    done: dict[str, int] = {}
+    for _walk in range(20):
+        s = initial_state(rng.randint(2, 5), rng.random() < 0.85, 1)
+        for _ in range(12):
+            fn, margs, calls = _queue_call(rng, s)
+            try:
+                nxt, result = fn(s, *margs)
+            except STATE_ERRORS:
+                nxt, result = None, None
+            except BlockPoolError:
+                continue
+            if fn is A.reset_prefix_cache and result is False:
+                nxt = None
+            if fn is A.cache_full_blocks and nxt is None:
+                continue  # refused for reasons of hashes (conflict, no caching): not the queue's
+            enabled, agrees = order.compare_queue(s, nxt, calls)
+            assert enabled == (nxt is not None), (fn.__name__, margs, s.free)
+            assert agrees, (fn.__name__, margs, s.free, nxt.free if nxt else None)
+            if nxt is not None:
+                done[fn.__name__] = done.get(fn.__name__, 0) + 1
+                if fn is A.free_blocks and nxt.free[len(nxt.free) - 1:] != s.free[len(s.free) - 1:]:
+                    done["free_blocks to the tail"] = done.get("free_blocks to the tail", 0) + 1
+                s = nxt
+    print("queue agreement", done)
+    assert len(done) == 8 and min(done.values()) >= 5, done
+
+
+def test_queue_agreement_catches_a_step_in_the_wrong_place(monkeypatch: Any) -> None:
+    """The agreement check has teeth: a release step that frees cached blocks to the head
+    disagrees with the model on a cached block's free."""
+    r = Request("r", [1, 2], block_hasher=get_request_block_hasher(1))
+    s = initial_state(4, True, 1)
+    s, _ = A.get_new_blocks(s, 1)
+    s, _ = A.cache_full_blocks(s, r, [1], 0, 1, 1, 0)
+    nxt, _ = A.free_blocks(s, [1])
+    calls: list[tuple[str, list[Any]]] = [("open_batch", [1]), ("release", [1])]
+    assert nxt.free == (2, 3, 1) and order.compare_queue(s, nxt, calls) == (True, True)
+    (_name, bug, sorts), _story = order.ORDER_BUGS["release_cached_to_head"]
+    monkeypatch.setitem(order.QSTEPS, "release", (bug, sorts))
+    assert order.compare_queue(s, nxt, calls) == (True, False)

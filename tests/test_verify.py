@@ -50,8 +50,10 @@ def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
     assert list(phases) == list(verify.PHASES)
     assert phases["seeded-bugs"]["skipped"] and phases["traces"]["skipped"]
     proofs = phases["proofs"]
+    order = proofs["order"]
     assert len(proofs["cases"]) == len(proofs["steps"]) * (len(proofs["initial"]) + 1) + len(
-        proofs["initial"])
+        proofs["initial"]) + 1 + len(order["steps"]) * (len(order["properties"]) + 1)
+    assert all(cell["status"] == "proven" for row in order["matrix"].values() for cell in row.values())
     assert all(cell["status"] == "proven" for row in proofs["matrix"].values() for cell in row.values())
     assert [r["depth"] for r in phases["bmc"]["runs"]] == [1, 1]
     lockstep = phases["lockstep"]
