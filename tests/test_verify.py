@@ -175,3 +175,29 @@ def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.Monke
     assert trace and all(step["picture"]["blocks"] for step in trace)
     assert any(b["ref"] < 0 for b in trace[-1]["picture"]["blocks"])
     assert "free_blocks" in trace[-1]["call"]
+
+
+def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
+    """On a TTY (and CI unset) each phase draws a rich progress bar; CI gets plain lines."""
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "kvpool", "verify", "--skip", "proofs", "--skip",
+                             "seeded-bugs", "--skip", "bmc", "--steps", "50", "--runs", "2"],
+                            cwd=tmp_path, env=env, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    screen = b"".join(chunks).decode("utf-8", "replace")
+    assert "\x1b[" in screen and "━" in screen, screen[-2000:]
+    assert "lockstep" in screen and "kvpool verify: PASSED (exit 0)" in screen
