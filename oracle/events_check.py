@@ -340,7 +340,10 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
         prog="kvpool check-events",
         description="Read a KV-event stream (JSONL, one event per line, or a kvpool trace) "
                     "as a router rebuilding the prefix index would, and report each event "
-                    "that breaks it, with its line.")
+                    "that breaks it, with its line.",
+        epilog="examples:\n  kvpool check-events kv-events.jsonl --block-sizes 0=16\n"
+               "  kvpool check-events run.jsonl --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file")
     parser.add_argument("--block-sizes", type=_sizes, default=None, metavar="G=N[,G=N]",
                         help="full block size per KV-cache group, to tell partial entries apart "

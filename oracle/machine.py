@@ -25,9 +25,14 @@ included); one or two KV-cache groups whose block size is a multiple of
 entries and their promotion when the block fills; block masks;
 sliding-window placeholders (the null block) in block tables; copy-on-write
 hash moves; unpinned blocks with named reuse watchers; evictions; resets with
-and without blocks in use; events on or off.  Misuse rules (only when the
-adapter refuses misuse) make wrong calls the model refuses and compare error
-types.  Not covered yet: blocks of a second pool.
+and without blocks in use; events on or off; blocks of a second pool of the
+same implementation (ids overlapping the first's), freed through the first
+pool alone or mixed with its own blocks, as vLLM's ``free_blocks`` allows: each
+pool takes back its own.  Misuse rules (only when the adapter refuses misuse)
+make wrong calls the model refuses and compare error types, among them
+double frees of a second pool's blocks through the first and the first pool's
+other operations on them (refused like any block not of the pool: the model
+sees an id outside the pool, as :class:`Lockstep`'s ``foreign`` block).
 
 Use it from pytest as ``TestMyPool = machine_for(my_adapter).TestCase``, or
 through ``kvpool conform`` (:mod:`kvpool.oracle.conform`).
@@ -53,10 +58,11 @@ from hypothesis.stateful import (
 
 from kvpool.impl.errors import BlockPoolError
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from kvpool.model import ACTIONS
 from kvpool.model.state import NULL
 
 from .adapter import Adapter, adapter_factory
-from .lockstep import Lockstep
+from .lockstep import Lockstep, Step
 from .workload import Config, Running, Workload
 
 LORA_IDS = {"lora1": 1, "lora2": 2}
@@ -66,6 +72,8 @@ MISUSES = (
     "partial_bad_tokens", "cache_disabled",
 )
 """Deliberately wrong calls; the model refuses each with a typed error."""
+OTHER_POOL_MISUSES = ("other_over_free", "other_touch", "other_unpin", "other_writable", "other_move")
+"""Deliberately wrong calls on the first pool with a block of the second."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +108,12 @@ def configs(draw: st.DrawFn) -> Config:
                   extra_keys=True)
 
 
-masks = st.integers(0, 3).flatmap(
-    lambda i: st.none() if i < 3 else st.lists(st.booleans(), min_size=1, max_size=3).map(tuple))
-"""Mostly no mask: a masked-out block breaks the chain that later hits follow."""
+_NO_MASK = st.none()
+_MASK = st.lists(st.booleans(), min_size=1, max_size=3).map(tuple)
+masks = st.integers(0, 3).flatmap(lambda i: _NO_MASK if i < 3 else _MASK)
+"""Mostly no mask: a masked-out block breaks the chain that later hits follow.
+
+(The two branches are built once: a strategy built per draw is validated per draw.)"""
 
 prompts = st.builds(
     Prompt,
@@ -129,6 +140,8 @@ class PoolMachine(RuleBasedStateMachine):
     """Finished requests, whose conversation may go on (see ``follow_up``)."""
     tables = Bundle("tables")
     """Blocks allocated outside any request."""
+    others = Bundle("others")
+    """Blocks of the second pool, held to be freed through the first."""
 
     cfg: Config
     work: Workload
@@ -136,6 +149,7 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.pair: Lockstep | None = None
+        self.other: Lockstep | None = None
         self.live: dict[str, Running] = {}
         self.held: list[Table] = []
         self.counter = 0
@@ -204,6 +218,58 @@ class PoolMachine(RuleBasedStateMachine):
 
     def _cached_blocks(self) -> list[int]:
         return [b for b, p in enumerate(self.lock.model.primary) if p is not None]
+
+    def _any_cached(self) -> bool:
+        return self.pair is not None and any(p is not None for p in self.pair.model.primary)
+
+    def _second(self) -> Lockstep:
+        """The second pool and its own model, shaped like the first; built on first use."""
+        if self.other is None:
+            cfg = self.cfg
+            pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
+                                  cfg.hash_block_size, cfg.events, self.REFERENCE)
+            pair.errors_match = self.ADAPTER.errors_match
+            pair.observe = self.ADAPTER.observe
+            pair.check()
+            self.other = pair
+        return self.other
+
+    def _free_across(self, mine: list[int], theirs: list[int], interleave: bool) -> None:
+        """One ``free_blocks`` on the first pool listing blocks of both pools.
+
+        :class:`Lockstep` names blocks by id within one pool, so this call is
+        checked here: the first model frees the first pool's ids, the second
+        model the second's (each in listed order); a refusal by either model (a
+        double free) must be the pool's refusal with neither pool changed.
+        Then both pools are compared with their models.
+        """
+        first, second = self.lock, self._second()
+        listed = [(first, b) for b in mine] + [(second, b) for b in theirs]
+        if interleave:
+            listed = listed[1::2] + listed[::2]
+        free = ACTIONS["free_blocks"]
+        m_error: Exception | None = None
+        try:
+            own_state, _ = free(first.model, [b for p, b in listed if p is first])
+            their_state, _ = free(second.model, [b for p, b in listed if p is second])
+        except BlockPoolError as exc:
+            m_error = exc
+        p_error: Exception | None = None
+        try:
+            first.pool.free_blocks([p.pool.blocks[b] for p, b in listed])
+        except Exception as exc:
+            p_error = exc
+        first.steps += 1
+        second.steps += 1
+        names = [str(b) if p is first else f"second:{b}" for p, b in listed]
+        first.trace.append(Step("free_blocks", (names,), type(m_error).__name__ if m_error else "None"))
+        if (m_error is None) != (p_error is None) or (
+                m_error is not None and not first.errors_match(m_error, p_error)):
+            raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}")
+        if m_error is None:
+            first.model, second.model = own_state, their_state
+        first.check()
+        second.check()
 
     # -------------------------------------------------------------- rules
 
@@ -340,6 +406,38 @@ class PoolMachine(RuleBasedStateMachine):
             table.live = False
             self.lock.call("free_blocks", table.ids)
 
+    @rule(target=others, n=st.integers(1, 3), prompt=st.none() | prompts)
+    def allocate_other(self, n: int, prompt: Prompt | None) -> Any:
+        """Blocks of a second pool (an engine with several pools), cached there if ``prompt``.
+
+        Freed through the first pool (``release_other``, ``release_mixed``):
+        cached ones must go to the tail of the second pool's queue.
+        """
+        second = self._second()
+        got = second.call("get_new_blocks", n)
+        if isinstance(got, BlockPoolError):
+            return multiple()
+        if prompt is not None and self.cfg.caching:
+            req = self._request(prompt)
+            bs = self.cfg.block_sizes[0]
+            second.call("cache_full_blocks", req, list(got), 0, min(len(got), req.num_tokens // bs), bs, 0)
+        return Table(list(got))
+
+    @rule(theirs=consumes(others), reverse=st.booleans())
+    def release_other(self, theirs: Table, reverse: bool) -> None:
+        """Free the second pool's blocks through the first pool: the second takes them back."""
+        if theirs.live:
+            theirs.live = False
+            self._free_across([], theirs.ids[::-1] if reverse else theirs.ids, False)
+
+    @rule(theirs=consumes(others), mine=consumes(tables), interleave=st.booleans())
+    def release_mixed(self, theirs: Table, mine: Table, interleave: bool) -> None:
+        """One ``free_blocks`` call with the first pool's blocks and the second's, maybe interleaved."""
+        own = mine.ids if mine.live else []
+        other = theirs.ids if theirs.live else []
+        mine.live = theirs.live = False
+        self._free_across(own, other, interleave)
+
     @rule(prompt=prompts, placeholders=st.integers(1, 3))
     def cache_placeholders(self, prompt: Prompt, placeholders: int) -> None:
         """Null placeholders in the range to cache are skipped, never hashed."""
@@ -349,7 +447,7 @@ class PoolMachine(RuleBasedStateMachine):
             n = min(placeholders, len(self.work._hashes(req, 0)))
             self.lock.call("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
 
-    @precondition(lambda self: self.pair is not None and self._cached_blocks())
+    @precondition(lambda self: self._any_cached())
     @rule(picks=st.lists(st.integers(0, 15), max_size=3), also_uncached=st.booleans())
     def evict(self, picks: list[int], also_uncached: bool) -> None:
         """Drop cached blocks from the index (picked among the cached ones)."""
@@ -359,8 +457,7 @@ class PoolMachine(RuleBasedStateMachine):
             ids += [b for b in range(self.cfg.num_blocks) if b not in cached][:1]
         self.lock.call("evict_blocks", ids)
 
-    @precondition(lambda self: self.pair is not None and (
-        self._cached_blocks() or self.lock.model.watchers))
+    @precondition(lambda self: self._any_cached() or (self.pair is not None and self.pair.model.watchers))
     @rule(drain=st.booleans())
     def reset(self, drain: bool) -> None:
         """Reset the prefix cache; refused (False) while blocks are in use."""
@@ -390,7 +487,6 @@ class PoolMachine(RuleBasedStateMachine):
         used = [b for b in range(1, m.num_blocks) if m.ref[b] > 0]
         hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
         bs = self.cfg.block_sizes[0]
-        req = self._request(Prompt(0, 8))
         call = self.lock.call
         if kind == "free_idle" and idle:
             call("free_blocks", [idle[pick % len(idle)]])
@@ -408,7 +504,8 @@ class PoolMachine(RuleBasedStateMachine):
         elif kind == "negative_count":
             call("get_new_blocks", -1 - pick)
         elif kind == "mask_length" and used:
-            call("cache_full_blocks", req, [used[pick % len(used)]], 0, 1, bs, 0, [True, False])
+            call("cache_full_blocks", self._request(Prompt(0, 8)), [used[pick % len(used)]], 0, 1, bs, 0,
+                 [True, False])
         elif kind == "evict_unknown":
             call("evict_blocks", [m.num_blocks + pick if pick % 2 else -1 - pick])
         elif kind == "move_onto_hashed" and used and hashed:
@@ -416,10 +513,45 @@ class PoolMachine(RuleBasedStateMachine):
         elif kind == "move_onto_null" and hashed:
             call("move_block_hashes", hashed[pick % len(hashed)], NULL)
         elif kind == "partial_bad_tokens" and used:
-            call("cache_partial_block", req, used[pick % len(used)],
+            call("cache_partial_block", self._request(Prompt(0, 8)), used[pick % len(used)],
                  -self.cfg.hash_block_size * (pick % 2), 0, bs * 2)
         elif kind == "cache_disabled" and used and not self.cfg.caching:
-            call("cache_full_blocks", req, [used[pick % len(used)]], 0, 1, bs, 0)
+            call("cache_full_blocks", self._request(Prompt(0, 8)), [used[pick % len(used)]], 0, 1, bs, 0)
+
+    @precondition(lambda self: self.MISUSE)
+    @rule(kind=st.sampled_from(OTHER_POOL_MISUSES), theirs=others, pick=st.integers(0, 7))
+    def misuse_other(self, kind: str, theirs: Table, pick: int) -> None:
+        """A wrong call on the first pool with a block of the second; both refuse, neither changes.
+
+        Freeing it more often than it is referenced is a double free (the
+        second model says so); every other operation refuses it as a block
+        not of this pool, which the first model sees as an id outside the
+        pool, handed to the pool as this block (``Lockstep.foreign``).
+        """
+        if not theirs.live:
+            return
+        second = self._second()
+        b = theirs.ids[pick % len(theirs.ids)]
+        if kind == "other_over_free":
+            used = [a for a in range(1, self.cfg.num_blocks) if self.lock.model.ref[a] > 0]
+            self._free_across(used[:1], [b] * (second.model.ref[b] + 1), pick % 2 == 1)
+            return
+        m = self.lock.model
+        stand_in = m.num_blocks + pick  # an id the first model does not know
+        used = [a for a in range(1, m.num_blocks) if m.ref[a] > 0]
+        saved, self.lock.foreign = self.lock.foreign, second.pool.blocks[b]
+        try:
+            if kind == "other_touch":
+                self.lock.call("touch", [*used[:1], stand_in])
+            elif kind == "other_unpin":
+                self.lock.call("unpin_blocks", [*used[:1], stand_in], self.lock.watcher("bad"))
+            elif kind == "other_writable":
+                self.lock.call("is_block_writable", stand_in)
+            elif kind == "other_move":
+                self.lock.call("move_block_hashes", pick % m.num_blocks, stand_in)
+        finally:
+            self.lock.foreign = saved
+        second.check()
 
     @invariant()
     def pool_agrees_with_model(self) -> None:
@@ -468,4 +600,5 @@ class MachineFailure:
         return cls(f"{type(exc).__name__}: {exc}", steps)
 
 
-__all__ = ["MISUSES", "MachineFailure", "PoolMachine", "Prompt", "Table", "configs", "machine_for"]
+__all__ = ["MISUSES", "OTHER_POOL_MISUSES", "MachineFailure", "PoolMachine", "Prompt", "Table", "configs",
+           "machine_for"]

@@ -906,7 +906,9 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kvpool record",
         description="Run the random workload against a pool in lockstep with the model and "
-                    "write every call to a JSONL trace (see oracle/TRACE_FORMAT.md).")
+                    "write every call to a JSONL trace (see oracle/TRACE_FORMAT.md).",
+        epilog="example:\n  kvpool record --pool vllm.v1.core.block_pool:BlockPool --no-misuse run.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="trace file to write")
     parser.add_argument("--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS")
     parser.add_argument("--seed", type=int, default=0)
@@ -944,7 +946,9 @@ def check_trace_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="kvpool check-trace",
         description="Replay a JSONL trace on the model and report the first call whose "
-                    "result, error class, events, watcher firings or observation differ.")
+                    "result, error class, events, watcher firings or observation differ.",
+        epilog="example:\n  kvpool check-trace run.jsonl --vllm-errors",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", help="trace file (oracle/TRACE_FORMAT.md)")
     parser.add_argument("--vllm-errors", action="store_true",
                         help="accept ValueError where the model raises NotEnoughFreeBlocksError")

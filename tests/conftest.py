@@ -27,4 +27,15 @@ if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
     # Solver-driven paths are slow and vary in length: no deadline, fewer examples.
     settings.register_profile("crosshair", backend="crosshair", max_examples=40, deadline=None,
                               suppress_health_check=list(HealthCheck), **_common)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+_profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(_profile)
+
+# The readers' fuzz tests (tests/test_trace.py, tests/test_events_check.py) keep a
+# per-example deadline, so a slow parse fails there, under the active profile's
+# other settings: ``@settings(settings.get_profile("readers"))``.  Where examples
+# are solver-driven (crosshair) an example's time says nothing about the reader.
+READER_DEADLINE_MS = {"ci": 3000, "dev": 3000, "deep": 3000, "crosshair": None}
+_base = settings.get_profile(_profile)
+settings.register_profile(
+    "readers", _base,
+    deadline=READER_DEADLINE_MS.get(_profile, 3000 if _base.backend == "hypothesis" else None))

@@ -317,7 +317,7 @@ _json = st.recursive(
     max_leaves=10)
 
 
-@settings(deadline=2000)
+@settings(settings.get_profile("readers"))
 @given(st.lists(st.one_of(
     st.builds(stored, st.lists(st.integers(0, 5), max_size=3), st.none() | st.integers(0, 5),
               st.integers(0, 1), st.integers(1, 3)),
@@ -334,7 +334,7 @@ def test_fuzzed_event_streams_never_crash(tmp_path_factory: pytest.TempPathFacto
         assert all(v.position.line >= 1 for v in report.violations)
 
 
-@settings(deadline=2000)
+@settings(settings.get_profile("readers"))
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
     path = tmp_path_factory.mktemp("b") / "e.jsonl"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvpool.impl import BlockPool
-from kvpool.impl.errors import NotEnoughFreeBlocksError
+from kvpool.impl.errors import BlockPoolError, NotEnoughFreeBlocksError
 from kvpool.model import ACTIONS, QUERIES
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
 from kvpool.oracle.lockstep import same_error_type
@@ -105,3 +105,56 @@ def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
     assert any("state.admit(" in s for s in failure.steps)
     assert not any(" at 0x" in s for s in failure.steps), failure.steps  # no opaque reprs
     assert "observation: free" in failure.message and "touch(" in failure.message
+
+
+def test_blocks_of_a_second_pool_are_freed_through_the_first() -> None:
+    """The second-pool rules run: foreign blocks alone, mixed with own ones, and misused."""
+    seen: Counter[str] = Counter()
+
+    class Watching(BlockPool):
+        def free_blocks(self, ordered_blocks: Any) -> None:
+            blocks = list(ordered_blocks)
+            foreign = [b for b in blocks if b.pool is not self]
+            if foreign:
+                seen["foreign only" if len(foreign) == len(blocks) else "mixed"] += 1
+            try:
+                super().free_blocks(blocks)
+            except BlockPoolError:
+                seen["refused free"] += 1 if foreign else 0
+                raise
+
+        def touch(self, blocks: Any) -> None:
+            try:
+                super().touch(blocks)
+            except BlockPoolError:
+                seen["refused touch"] += any(b.pool is not self for b in blocks)
+                raise
+
+    run_state_machine_as_test(machine_for(kvpool_adapter(Watching)),
+                              settings=settings(GREEN, max_examples=150))
+    assert seen["foreign only"] and seen["mixed"], seen
+    assert seen["refused free"] and seen["refused touch"], seen
+
+
+class _KeepsForeignBlocks(BlockPool):
+    """Seeded bug: blocks of another pool are freed into this pool's queue (ids alike)."""
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        blocks = list(ordered_blocks)
+        for block in blocks:
+            if block.pool is not self and block.pool is not None:
+                block.pool = self
+        super().free_blocks(blocks)
+
+
+def test_second_pool_bug_is_caught_and_shrunk() -> None:
+    machine = machine_for(kvpool_adapter(_KeepsForeignBlocks))
+    config = settings(GREEN, max_examples=300, stateful_step_count=15, database=None,
+                      report_multiple_bugs=False,
+                      phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(machine, settings=config)
+    failure = MachineFailure.from_exception(caught.value)
+    assert any("allocate_other(" in s for s in failure.steps), failure.steps
+    assert len(failure.steps) <= 6, failure.steps
+    assert "free_blocks" in failure.message and "second:" in failure.message, failure.message

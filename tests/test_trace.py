@@ -296,7 +296,7 @@ def _survives(path: Path) -> None:
         assert "\n" not in str(exc)
 
 
-@settings(deadline=3000)
+@settings(settings.get_profile("readers"))
 @given(data=st.data())
 def test_fuzz_truncated_and_corrupted(tmp_path_factory: pytest.TempPathFactory,
                                       small_trace: list[str], data: st.DataObject) -> None:
@@ -327,7 +327,7 @@ def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
-@settings(deadline=3000)
+@settings(settings.get_profile("readers"))
 @given(data=st.data())
 def test_fuzz_wrong_types_huge_numbers_deep_nesting(
     tmp_path_factory: pytest.TempPathFactory, small_trace: list[str], data: st.DataObject,
@@ -351,9 +351,34 @@ def test_fuzz_wrong_types_huge_numbers_deep_nesting(
     _survives(path)
 
 
-@settings(deadline=3000)
+@settings(settings.get_profile("readers"))
 @given(st.binary(max_size=400))
 def test_fuzz_random_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
     path = tmp_path_factory.mktemp("r") / "t.jsonl"
     path.write_bytes(data)
     _survives(path)
+
+
+def test_atheris_harness_property_on_its_seeds_and_mutations(tmp_path: Path) -> None:
+    """fuzz/fuzz_readers.py without atheris: its seeds and JSON-aware mutations keep the property."""
+    import importlib.util
+    import random
+
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_readers", Path(__file__).parent.parent / "fuzz" / "fuzz_readers.py")
+    assert spec is not None and spec.loader is not None
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    harness.load_readers()
+    counts = harness.write_seeds(tmp_path)
+    assert counts["trace"] >= 8 and counts["events"] >= 8, counts
+    rng = random.Random(0)
+    for reader in harness.READERS:
+        seeds = sorted((tmp_path / reader).iterdir())
+        for seed in seeds:
+            harness.run_one(reader, seed.read_bytes())
+        for _ in range(60):
+            data = rng.choice(seeds).read_bytes()
+            for _ in range(rng.randint(1, 3)):
+                data = harness.mutate_structure(data, rng) or data
+            harness.run_one(reader, data)
