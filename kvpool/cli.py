@@ -37,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
             "A verified reference implementation of vLLM's KV-cache block pool.\n"
             "kvpool.impl is the pool, kvpool.model its executable specification."
         ),
-        epilog="example:\n  kvpool check --steps 20000 --seed 1",
+        epilog="examples:\n  kvpool verify --junit verify.xml --report out/\n"
+               "  kvpool conform --impl my_engine.block_pool:BlockPool\n"
+               "  kvpool check --steps 20000 --seed 1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kvpool {__version__}")

@@ -594,7 +594,8 @@ def parser() -> argparse.ArgumentParser:
                    help="a KV-event stream (or trace) to check as a router would (repeatable)")
     p.add_argument("--vllm-errors", action="store_true",
                    help="traces: accept ValueError where the model raises NotEnoughFreeBlocksError")
-    p.add_argument("--reference", default="0.31", help="vLLM behaviour the model reproduces")
+    p.add_argument("--reference", default="0.31", metavar="VERSION",
+                   help="vLLM behaviour the model reproduces: 0.31 (default) or 0.33")
     p.add_argument("--no-misuse", action="store_true",
                    help="conformance: leave out deliberately wrong calls")
     p.add_argument("--skip", action="append", default=[], choices=PHASES, help="leave a phase out")
@@ -605,8 +606,8 @@ def parser() -> argparse.ArgumentParser:
                              ("examples", int, "state-machine examples per implementation"),
                              ("machine-steps", int, "rules per state-machine example"),
                              ("timeout-ms", int, "z3 timeout per proof")):
-        budget.add_argument(f"--{name}", type=kind, help=what)
-    budget.add_argument("--seed", type=int, help="first random seed")
+        budget.add_argument(f"--{name}", type=kind, help=what, metavar="N" if kind is int else "S")
+    budget.add_argument("--seed", type=int, help="first random seed", metavar="N")
     out = p.add_argument_group("outputs")
     out.add_argument("--json", metavar="FILE", help="write the result document (kvpool/VERIFY_SCHEMA.md)")
     out.add_argument("--junit", metavar="FILE", help="write JUnit XML, one testcase per check")
