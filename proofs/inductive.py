@@ -55,10 +55,15 @@ def _solve(
 
     Returns (z3 verdict, seconds, model text or reason unknown).
     """
+    facts = [*prefix_axioms(), *assertions]
+    return run_solver(facts if scope is None else scoped(facts, *scope), timeout_ms)
+
+
+def run_solver(facts: list[Expr], timeout_ms: int) -> tuple[str, float, str]:
+    """z3 on ``facts`` as they are: (verdict, seconds, model text or reason unknown)."""
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
-    facts = [*prefix_axioms(), *assertions]
-    solver.add(*(facts if scope is None else scoped(facts, *scope)))
+    solver.add(*facts)
     start = time.perf_counter()
     verdict = solver.check()
     took = time.perf_counter() - start

@@ -35,7 +35,6 @@ The BMC checks the same order on the executable model itself
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -45,7 +44,7 @@ import z3  # type: ignore[import-untyped]
 from kvpool.model.state import PoolState
 
 from .finite import ground
-from .inductive import COUNTEREXAMPLE, NONE_IN_SCOPE, PROVEN, TIMEOUT_MS, UNKNOWN, Result
+from .inductive import COUNTEREXAMPLE, NONE_IN_SCOPE, PROVEN, TIMEOUT_MS, UNKNOWN, Result, run_solver
 from .symbolic import NULL, Block, Expr
 
 _x = z3.Const("bound.qx", Block)
@@ -253,18 +252,7 @@ ORDER_PROPERTIES: dict[str, QProperty] = {
 # Checks.
 
 
-def _check(facts: list[Expr], timeout_ms: int) -> tuple[str, float, str]:
-    solver = z3.Solver()
-    solver.set("timeout", timeout_ms)
-    solver.add(*facts)
-    start = time.perf_counter()
-    verdict = solver.check()
-    took = time.perf_counter() - start
-    if verdict == z3.sat:
-        return "sat", took, str(solver.model())
-    if verdict == z3.unknown:
-        return "unknown", took, solver.reason_unknown()
-    return "unsat", took, ""
+_check = run_solver
 
 
 QSpec = tuple[str, QStepFn, tuple[tuple[str, z3.SortRef], ...]]
