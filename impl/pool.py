@@ -483,6 +483,7 @@ class BlockPool:
         if type(blocks) is not list:
             blocks = list(blocks)
         unlinked_after: list[KVCacheBlock] | None = None  # predecessors, for undo
+        removed = 0
         try:
             for block in blocks:
                 ref_cnt = block.ref_cnt
@@ -490,14 +491,25 @@ class BlockPool:
                     if block.pool is not self:
                         raise UnknownBlockError(f"{block!r} is not a block of this pool")
                     if not block.is_null:
+                        # The free queue's remove, inlined: touch is the prefix-hit hot path.
+                        prev = block.prev_free_block
+                        nxt = block.next_free_block
+                        if prev is None or nxt is None:
+                            raise UnknownBlockError(f"block {block.block_id} is not in the free queue")
                         if unlinked_after is None:
                             unlinked_after = []
-                        unlinked_after.append(block.prev_free_block)  # type: ignore[arg-type]
-                        self.free_block_queue.remove(block)
+                        unlinked_after.append(prev)
+                        prev.next_free_block = nxt
+                        nxt.prev_free_block = prev
+                        block.prev_free_block = block.next_free_block = None
+                        removed += 1
                 block.ref_cnt = ref_cnt + 1
         except (UnknownBlockError, AttributeError) as exc:
+            self.free_block_queue.num_free_blocks -= removed
             self._undo_touch(blocks, unlinked_after or [])
             raise UnknownBlockError(f"touch: {exc}") from None
+        if removed:
+            self.free_block_queue.num_free_blocks -= removed
         if self.metrics_collector:
             self._notify_each(self.metrics_collector.on_block_accessed, blocks)
 
@@ -510,12 +522,13 @@ class BlockPool:
             raise failure
 
     def _undo_touch(self, blocks: Sequence[Any], unlinked_after: list[KVCacheBlock]) -> None:
-        """Reverse a touch that stopped at its first foreign block.
+        """Reverse a touch that stopped at its first foreign (or unqueued idle) block.
 
         Blocks are relinked in reverse order of removal, each after its old
         predecessor, which restores the free queue exactly.
         """
-        stop = next(i for i, b in enumerate(blocks) if getattr(b, "pool", None) is not self)
+        stop = next(i for i, b in enumerate(blocks) if getattr(b, "pool", None) is not self or (
+            b.ref_cnt == 0 and not b.is_null and b.prev_free_block is None))
         for block in reversed(blocks[:stop]):
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
