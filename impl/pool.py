@@ -147,18 +147,16 @@ class BlockPool:
             raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
 
     def _release(self, blocks: list[Any], what: str) -> list[KVCacheBlock]:
-        """Drop one reference per listing of an own block, all or none.
+        """Drop one reference per listing of a block of this pool, all or none.
 
         Returns the real blocks that became idle, in the order they did.
-        Blocks of other pools are skipped (their pool releases them).
+        Callers pass their own blocks only (``free_blocks`` hands each other
+        pool its share).
         """
         idle: list[KVCacheBlock] = []
         done = 0
         try:
             for block in blocks:
-                if block.pool is not self:
-                    done += 1
-                    continue
                 block.ref_cnt -= 1
                 done += 1
                 if block.ref_cnt <= 0 and not block.is_null:
@@ -231,6 +229,8 @@ class BlockPool:
         for group_id in kv_cache_group_ids:
             entry = cache.get(block_hash + _group_suffix(group_id))
             if entry is None:
+                for later in kv_cache_group_ids:  # a miss does not excuse a bad id further on
+                    _group_suffix(later)
                 return None
             out.append(entry if type(entry) is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
         return out

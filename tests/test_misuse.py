@@ -176,6 +176,8 @@ MISUSES: list[Misuse] = [
     Misuse("get_cached_block_group_negative",
            lambda w: w.pool.get_cached_block(w.request.block_hashes[1], [0, -1]),
            InvalidArgumentError),
+    Misuse("get_cached_block_group_negative_after_a_miss",
+           lambda w: w.pool.get_cached_block(b"never cached", [0, -1]), InvalidArgumentError),
     # ---- evicting
     Misuse("evict_id_minus_one", lambda w: w.pool.evict_blocks({1, -1}), UnknownBlockError),
     Misuse("evict_id_num_blocks", lambda w: w.pool.evict_blocks({NUM_BLOCKS}), UnknownBlockError),

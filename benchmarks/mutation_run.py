@@ -1,0 +1,257 @@
+"""Helper of ``benchmarks/mutation.sh``: stage a copy of the tree for mutmut, then tally its results.
+
+    python benchmarks/mutation_run.py stage TARGET STAGE_DIR   # copy the tree, write mutmut's config
+    python benchmarks/mutation_run.py report TARGET STAGE_DIR  # killed / survived / timed out, score
+    python benchmarks/mutation_run.py refresh-tests TARGET STAGE_DIR  # copy tests/ in again
+    python benchmarks/mutation_run.py undetected TARGET STAGE_DIR  # names of survived / untested mutants
+    python benchmarks/mutation_run.py equivalents TARGET STAGE_DIR  # EQUIVALENT as markdown, with diffs
+
+``TARGET`` is ``impl`` or ``model``.  The checkout is never written to: ``stage`` copies the
+files git knows (tracked, plus untracked ones that are not ignored) into ``STAGE_DIR`` in the
+layout the package installs as (``kvpool/impl``, ``kvpool/model``, ...), so mutmut's module
+names are the real ones (``kvpool.impl.pool``) and its ``mutants/`` folder lives in the copy.
+
+The score counts equivalent mutants (``EQUIVALENT`` below, documented in MUTATION.md) as
+neither killed nor survived: score = killed / (mutants - equivalent).  Timeouts count as
+killed, as mutmut counts them (a mutant that makes the suite hang is detected), and are
+printed separately.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The killers of each target: fast tests only, run with the ``ci`` Hypothesis profile.
+KILLERS: dict[str, list[str]] = {
+    "impl": [
+        "tests/test_impl_unit.py",
+        "tests/test_misuse.py",
+        "tests/test_callbacks.py",
+        "tests/test_lockstep.py",
+        "tests/test_hashing.py",
+        "tests/test_mutation_killers.py",
+    ],
+    "model": [
+        "tests/test_model_scenarios.py",
+        "tests/test_proofs.py",
+        "tests/test_bmc.py",
+        "tests/test_mutation_killers.py",
+    ],
+}
+
+# Folders of the checkout and where they sit in the installed package.
+PACKAGE_DIRS = {"kvpool": "kvpool", "model": "kvpool/model", "impl": "kvpool/impl",
+                "proofs": "kvpool/proofs", "oracle": "kvpool/oracle"}
+
+# Mutants that no test can kill because they do not change behaviour, by mutmut's name,
+# with the reason.  Names are stable as long as the mutated function is unchanged.
+_WINDOW = ("only decides whether to start the multimodal scan at the window's first item or at item 0; "
+           "the scan skips items that end before the chunk, so the keys are the same")
+_DEFAULT_BYTES = "int.to_bytes/from_bytes default to byteorder='big', signed=False (None is falsy)"
+_READD = ("re-adding a (key, block) pair the block already has is idempotent: the secondary-key dict "
+          "and the per-key block dict absorb it")
+_SIGNED_LEN = "a signed and an unsigned big-endian length field agree on every length a list can have"
+_COPY = "copying a list argument into a new list changes nothing the caller sees"
+EQUIVALENT: dict[str, str] = {
+    **{f"kvpool.impl.events.x_extra_keys_of_chunk__mutmut_{i}": _WINDOW for i in (3, 5, 6, 10, 11)},
+    **{f"kvpool.impl.keys.x_get_group_id__mutmut_{i}": _DEFAULT_BYTES for i in (3, 5, 6)},
+    **{f"kvpool.impl.keys.x_make_block_hash_with_group_id__mutmut_{i}": _DEFAULT_BYTES for i in (4, 6, 7)},
+    "kvpool.impl.keys.x_maybe_convert_block_hash__mutmut_6": _DEFAULT_BYTES,
+    **{f"kvpool.impl.pool.xǁBlockPoolǁ_add_key__mutmut_{i}": _READD for i in (1, 3, 4)},
+    "kvpool.impl.pool.xǁBlockPoolǁ_add_key__mutmut_10": (
+        "the secondary-key dict is an insertion-ordered set: its values (None or '') are never read"),
+    "kvpool.impl.pool.xǁBlockPoolǁ_drop_hashes__mutmut_6": (
+        "a block's primary key is always indexed (invariant index_matches_block_hashes), so the pop "
+        "never returns None"),
+    "kvpool.impl.pool.xǁBlockPoolǁtouch__mutmut_1": _COPY,
+    "kvpool.impl.pool.xǁBlockPoolǁget_new_blocks__mutmut_10": (
+        "'' and None are both falsy and `calls or []` replaces either before use"),
+    **{f"kvpool.impl.pool.x__group_suffix__mutmut_{i}": (
+        "only skips the table of precomputed suffixes for ids 0..63: to_bytes gives the same 4 bytes")
+       for i in (2, 4, 5)},
+    "kvpool.impl.pool.x__group_suffix__mutmut_18": _DEFAULT_BYTES,
+    "kvpool.impl.hashing.x__encode__mutmut_19": _DEFAULT_BYTES,
+    "kvpool.impl.hashing.x__encode__mutmut_39": _SIGNED_LEN,
+    **{f"kvpool.impl.hashing.x__encode__mutmut_{i}": _SIGNED_LEN for i in (60, 74, 85)},
+    "kvpool.impl.hashing.x__encode_tokens__mutmut_24": _SIGNED_LEN,
+    "kvpool.impl.hashing.x__encode__mutmut_46": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
+    **{f"kvpool.impl.hashing.x__prompt_embeds_extra_keys__mutmut_{i}": (
+        "only defeats the per-request memo of chunk digests: recomputing gives the same digest")
+       for i in (11, 12, 17)},
+    **{f"kvpool.impl.hashing.x_get_request_block_hasher__mutmut_{i}": _WINDOW for i in (15, 17, 18, 22, 23)},
+    "kvpool.impl.hashing.x_get_request_block_hasher__mutmut_31": (
+        "the window's end only bounds `hi`, which the hasher discards (it keeps `lo`)"),
+    "kvpool.impl.hashing.x_get_request_block_hasher__mutmut_11": (
+        "only skips an early return: the hashing loop itself stops before a partial chunk"),
+    **{f"kvpool.impl.pool.xǁBlockPoolǁfree_blocks__mutmut_{i}": _COPY for i in (2, 4)},
+    "kvpool.impl.pool.xǁBlockPoolǁcache_partial_block__mutmut_18": (
+        "block_size == hash_block_size: num_tokens (a multiple of it) % block_size is 0 either way"),
+    "kvpool.impl.pool.xǁBlockPoolǁcache_partial_block__mutmut_45": "`not None` and `not False` agree",
+    "kvpool.model.actions.x_emit_cached_block_events__mutmut_28": (
+        "all_token_ids[None:end] is all_token_ids[0:end]"),
+    "kvpool.model.actions.x_move_block_hashes__mutmut_27": (
+        "events_on=None is as falsy as False: the moved entries emit no removal either way"),
+    **{f"kvpool.model.actions.x_move_block_hashes__mutmut_{i}": (
+        "keys and their names are built from the same list, so zip's strict check never fires")
+       for i in (34, 37, 38)},
+    **{f"kvpool.model.actions.x_cache_full_blocks__mutmut_{i}": (
+        "the value recorded for a block's earlier listing is only compared with a later listing's "
+        "longer prefix ((i + 1) * block_size grows with i), so that check never fires, whatever "
+        "number is recorded") for i in (68, 69)},
+    **{f"kvpool.model.actions.x__drop_hashes__mutmut_{i}": (
+        "every key of a block is indexed (invariant index_matches_block_hashes), so the default "
+        "of index.get / index.pop is never used") for i in (10, 12, 17)},
+    "kvpool.model.actions.x_cache_partial_block__mutmut_70": "`not None` and `not False` agree",
+    "kvpool.model.actions.x_cache_partial_block__mutmut_24": (
+        "block_size == hash_block_size: num_tokens (a multiple of it) % block_size is 0 either way"),
+    "kvpool.impl.pool.xǁBlockPoolǁemit_cached_block_events__mutmut_25": (
+        "token_ids=all_token_ids[None:end] is all_token_ids[0:end]"),
+}
+
+# mutmut's exit codes.  A mutant outliving its CPU limit gets SIGXCPU (-24), then SIGKILL (-9) a
+# second later; -9 also marks one that ran out of memory (the script caps each run's memory).
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+          35: "suspicious", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout",
+          255: "timeout", -9: "timeout", -11: "segfault", 37: "caught by type check"}
+
+
+def _git_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f]
+
+
+def _toml_value(value: object) -> str:
+    return json.dumps(value)  # a JSON string or list of strings is a TOML one too
+
+
+def _copy_tree(dest: Path, tests_only: bool = False) -> None:
+    for rel in _git_files():
+        top, _, rest = rel.partition("/")
+        if tests_only and top not in ("tests", ".github"):
+            continue
+        if top in PACKAGE_DIRS and rest:
+            out = dest / PACKAGE_DIRS[top] / rest
+        elif top in ("tests", ".github") and rest:  # .github: a test checks the weekly workflow
+            out = dest / rel
+        else:
+            continue
+        src = ROOT / rel
+        if not src.is_file():  # deleted in the work tree but still in the index
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, out)
+
+
+def stage(target: str, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    _copy_tree(dest)
+    pytest_opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    config = [
+        "[tool.pytest.ini_options]",
+        f"testpaths = {_toml_value(pytest_opts.get('testpaths', ['tests']))}",
+        'addopts = "--import-mode=importlib -p no:cacheprovider"',
+        f"markers = {_toml_value(pytest_opts.get('markers', []))}",
+        "",
+        "[tool.mutmut]",
+        'source_paths = ["kvpool"]',
+        'also_copy = [".github"]',
+        f'only_mutate = ["kvpool/{target}/*"]',
+        f"pytest_add_cli_args_test_selection = {_toml_value(KILLERS[target])}",
+        "pytest_add_cli_args = []",  # mutmut adds -x -q itself
+        # per-mutant CPU limit: (time of the tests that cover it + 1 s) x 4 x 2 (mutmut's default
+        # factor 15 x 2 lets a hanging mutant of the pool burn 10 CPU minutes)
+        "timeout_multiplier = 4.0",
+        "timeout_constant = 1.0",
+        "use_git_change_detection = false",
+        "",
+    ]
+    (dest / "pyproject.toml").write_text("\n".join(config))
+
+
+def tally(dest: Path) -> tuple[Counter[str], dict[str, str]]:
+    counts: Counter[str] = Counter()
+    status_of: dict[str, str] = {}
+    for meta in sorted((dest / "mutants").rglob("*.meta")):
+        data = json.loads(meta.read_text())
+        for name, code in data.get("exit_code_by_key", {}).items():
+            status = "not checked" if code is None else STATUS.get(code, "suspicious")
+            if name in EQUIVALENT and status == "survived":
+                status = "equivalent"
+            counts[status] += 1
+            status_of[name] = status
+    return counts, status_of
+
+
+def report(target: str, dest: Path) -> int:
+    counts, status_of = tally(dest)
+    total = sum(counts.values())
+    detected = counts["killed"] + counts["timeout"] + counts["caught by type check"]
+    scored = total - counts["equivalent"]
+    score = 100.0 * detected / scored if scored else 0.0
+    print(f"== mutation score of {target}/ (mutmut, killers: {' '.join(KILLERS[target])})")
+    other = total - sum(counts[s] for s in ("killed", "survived", "timeout", "equivalent", "no tests"))
+    print(f"mutants {total}  killed {counts['killed']}  survived {counts['survived']}  "
+          f"timed out {counts['timeout']}  equivalent {counts['equivalent']}  "
+          f"no tests {counts['no tests']}  other {other}")
+    print(f"score {score:.1f}% = (killed + timed out) / (mutants - equivalent) = {detected}/{scored}")
+    for name, status in sorted(status_of.items()):
+        if status not in ("killed", "timeout", "equivalent"):
+            print(f"  {status}: {name}")
+    stale = sorted(set(EQUIVALENT) - {n for n, s in status_of.items() if s == "equivalent"})
+    for name in stale:
+        if name.startswith(f"kvpool.{target}."):
+            print(f"  listed as equivalent but {status_of.get(name, 'absent')}: {name}")
+    return 0
+
+
+def print_equivalents(target: str, dest: Path) -> None:
+    """One markdown line per equivalent mutant of ``target``: name, the changed line, why."""
+    mutmut = Path(sys.executable).parent / "mutmut"
+    for name, reason in sorted(EQUIVALENT.items()):
+        if not name.startswith(f"kvpool.{target}."):
+            continue
+        diff = subprocess.run([str(mutmut), "show", name], cwd=dest, capture_output=True, text=True).stdout
+        changed = [line[1:].strip() for line in diff.splitlines()
+                   if line[:1] in "-+" and not line.startswith(("---", "+++"))]
+        change = " → ".join(f"`{c}`" for c in changed) or "(diff unavailable)"
+        print(f"- `{name.removeprefix('kvpool.')}`: {change}. {reason}")
+
+
+def main(argv: list[str]) -> int:
+    commands = ("stage", "report", "refresh-tests", "undetected", "equivalents")
+    if len(argv) != 3 or argv[0] not in commands or argv[1] not in KILLERS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, target, dest = argv[0], argv[1], Path(argv[2]).resolve()
+    if cmd == "stage":
+        stage(target, dest)
+    elif cmd == "refresh-tests":
+        # the tests as they are now, in the stage and in mutmut's copy of it
+        _copy_tree(dest, tests_only=True)
+        if (dest / "mutants").is_dir():
+            _copy_tree(dest / "mutants", tests_only=True)
+    elif cmd == "undetected":
+        _, status_of = tally(dest)
+        for name, status in sorted(status_of.items()):
+            if status in ("survived", "no tests"):  # listed equivalents tally as "equivalent"
+                print(name)
+    elif cmd == "equivalents":
+        print_equivalents(target, dest)
+    else:
+        return report(target, dest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
