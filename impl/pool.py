@@ -528,7 +528,7 @@ class BlockPool:
         predecessor, which restores the free queue exactly.
         """
         stop = next(i for i, b in enumerate(blocks) if getattr(b, "pool", None) is not self or (
-            b.ref_cnt == 0 and not b.is_null and b.prev_free_block is None))
+            b.ref_cnt == 0 and not b.is_null and (b.prev_free_block is None or b.next_free_block is None)))
         for block in reversed(blocks[:stop]):
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:

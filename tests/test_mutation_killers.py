@@ -1084,3 +1084,39 @@ def test_yaml_subset_parser_rejects_broken_documents() -> None:
                    "just text\n"]:
         with pytest.raises(ValueError):
             _parse_yaml_subset(broken)
+
+
+# ---------------------------------------------------------------- touch's inlined unlink
+
+
+def _links(pool: BlockPool) -> list[tuple[int, Any, Any]]:
+    """Every block's ref count and free-queue neighbours, by id (a full picture of the queue)."""
+    return [(b.ref_cnt, getattr(b.prev_free_block, "block_id", b.prev_free_block),
+             getattr(b.next_free_block, "block_id", b.next_free_block)) for b in pool.blocks]
+
+
+def test_touch_unlinks_an_idle_block_completely() -> None:
+    """A touched idle block leaves the queue with both links None, as vLLM's remove() leaves it."""
+    pool = BlockPool(6, True, 1)
+    block = pool.blocks[3]
+    pool.touch([block])
+    assert block.prev_free_block is None and block.next_free_block is None
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [1, 2, 4, 5]
+
+
+@pytest.mark.parametrize("cut", ["both", "prev", "next"])
+def test_touch_refuses_an_idle_block_missing_from_the_queue_and_changes_nothing(cut: str) -> None:
+    """An idle block not (fully) linked into the queue is refused by name; earlier blocks are undone."""
+    pool = BlockPool(8, True, 1)
+    held = pool.get_new_blocks(1)[0]
+    loose = pool.blocks[5]
+    if cut == "both":
+        pool.free_block_queue.remove(loose)
+    elif cut == "prev":
+        loose.prev_free_block = None
+    else:
+        loose.next_free_block = None
+    before, free_before = _links(pool), pool.get_num_free_blocks()
+    with pytest.raises(UnknownBlockError, match=r"^touch: block 5 is not in the free queue$"):
+        pool.touch([held, pool.blocks[2], pool.blocks[3], loose, pool.blocks[4]])
+    assert _links(pool) == before and pool.get_num_free_blocks() == free_before
