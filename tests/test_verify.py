@@ -154,13 +154,15 @@ def test_a_z3_counterexample_fails_the_proofs_phase(monkeypatch: pytest.MonkeyPa
     phase = verify.run_proofs(verify.Budget(), verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
     bad = [c for c in phase.cases if not c.ok]
     assert bad and all(c.id.startswith("proofs/preserve/touch/") for c in bad)
-    assert bad[0].failure is not None and bad[0].failure["kind"] == "counterexample"
-    assert bad[0].failure["details"], "the z3 model is the counterexample"
-    before, after = bad[0].failure["trace"]  # drawn from a finite-scope model of the same query
+    (case,) = [c for c in bad if c.id.endswith("/free_queue_holds_exactly_idle_blocks")]
+    assert case.failure is not None and case.failure["kind"] == "counterexample"
+    assert case.failure["details"], "z3's model (or why it has none) is kept"
+    before, after = case.failure["trace"]  # drawn from a finite-scope model of the same query
     assert before["picture"]["blocks"][0]["null"] and after["call"].startswith("touch(#")
     assert any("ref" in change for change in after["changes"])
-    assert phase.extra["matrix"]["touch"]["free_queue_holds_exactly_idle_blocks"]["status"] == (
-        "counterexample")
+    # z3 may answer the unbounded query "unknown"; the finite-scope model still convicts the step
+    assert phase.extra["matrix"]["touch"]["free_queue_holds_exactly_idle_blocks"]["status"] in (
+        "counterexample", "unknown")
 
 
 def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
