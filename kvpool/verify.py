@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from kvpool import __version__
-from kvpool.oracle.adapter import Adapter, UsageError
+from kvpool.oracle.adapter import Adapter, UsageError, UsageParser
 
 SCHEMA = "kvpool.verify/1"
 PHASES = ("proofs", "seeded-bugs", "bmc", "lockstep", "conformance", "traces")
@@ -566,13 +566,8 @@ def _phase_figure(p: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- command
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog="kvpool verify",
         description="Run the z3 proofs, the seeded bugs, bounded model checking, the lockstep\n"
                     "campaign of kvpool.impl and the conformance of every implementation given,\n"

@@ -17,12 +17,13 @@ the reference API.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from .lockstep import same_error_type, vllm_errors_match
 from .observe import Observation, observe_pool
@@ -177,13 +178,21 @@ def missing_api(pool_class: Any) -> list[str]:
 
 
 __all__ = [
-    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "ReferencePool",
-    "adapter_factory", "adapter_for_class", "kvpool_adapter", "missing_api", "vllm_adapter",
+    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "ReferencePool", "UsageError",
+    "UsageParser", "adapter_factory", "adapter_for_class", "import_spec", "kvpool_adapter",
+    "missing_api", "vllm_adapter",
 ]
 
 
 class UsageError(Exception):
     """A mistake on the command line: reported in one line, exit status 2."""
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
 
 
 def import_spec(flag: str, spec: str) -> Any:

@@ -58,7 +58,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
@@ -67,6 +67,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from .adapter import (
     Adapter,
     UsageError,
+    UsageParser,
     adapter_factory,
     adapter_for_class,
     import_spec,
@@ -80,13 +81,8 @@ SCHEMA = "kvpool.conform/1"
 ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "observe", "errors_match")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UsageParser(
         prog="kvpool conform",
         description="Run the lockstep campaign and the Hypothesis state machine against a\n"
                     "block pool implementation. Exit 0 if it agrees with the model, 1 on a\n"
