@@ -73,16 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_class(parser: argparse.ArgumentParser, spec: str) -> Any:
-    """Import ``module:attr``; a bad spec is a usage error (exit 2), not a traceback."""
-    from kvpool.oracle.adapter import UsageError, import_spec
-
-    try:
-        return import_spec("--pool", spec)
-    except UsageError as exc:
-        parser.error(str(exc))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] in DELEGATED:
@@ -98,10 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.steps <= 0 or args.runs <= 0:
             parser.error("--steps and --runs must be positive")
         from kvpool.impl import BlockPool
+        from kvpool.oracle.adapter import import_or_exit
         from kvpool.oracle.campaign import run_campaign
         from kvpool.oracle.lockstep import same_error_type, vllm_errors_match
 
-        pool_class = _load_class(parser, args.pool)
+        pool_class = import_or_exit(parser, "--pool", args.pool)
         ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
         return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
                             out=sys.stdout, misuse=not args.no_misuse,

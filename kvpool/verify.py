@@ -251,31 +251,26 @@ def run_seeded_bugs(budget: Budget, progress: Progress) -> Phase:
     progress.start("seeded-bugs", len(BUGS) + len(ORDER_BUGS) + len(bmc.BUGS))
     bugs: list[dict[str, Any]] = []
     start = time.perf_counter()
+
+    def record(kind: str, name: str, story: str, found: list[str], took: float) -> None:
+        method, caught = ("bmc", "found by the BMC") if kind == "bmc" else ("inductive", "refuted")
+        bugs.append({"name": name, "story": story, "refuted_by": found, "method": method})
+        phase.cases.append(Case(
+            f"seeded-bugs/{kind}/{name}", f"{'BMC finds' if kind == 'bmc' else 'z3 refutes'} {name}",
+            bool(found), took,
+            None if found else failure("violation", f"seeded bug {name} is not {caught}", story)))
+        progress.advance(f"{name}: {', '.join(found) or 'NOT ' + caught}")
+
     for name, bug in BUGS.items():
         began = time.perf_counter()
         found = refuted_by(refutations(name, timeout_ms=budget.timeout_ms))
-        took = time.perf_counter() - began
-        bugs.append({"name": name, "story": bug.story, "refuted_by": found, "method": "inductive"})
-        phase.cases.append(Case(f"seeded-bugs/inductive/{name}", f"z3 refutes {name}", bool(found),
-                                took, None if found else failure(
-                                    "violation", f"seeded bug {name} is not refuted", bug.story)))
-        progress.advance(f"{name}: {', '.join(found) or 'NOT refuted'}")
+        record("inductive", name, bug.story, found, time.perf_counter() - began)
     for name, (_step, story) in ORDER_BUGS.items():
         began = time.perf_counter()
-        found = refuted_by(order_refutations(name))
-        bugs.append({"name": name, "story": story, "refuted_by": found, "method": "inductive"})
-        phase.cases.append(Case(f"seeded-bugs/order/{name}", f"z3 refutes {name}", bool(found),
-                                time.perf_counter() - began, None if found else failure(
-                                    "violation", f"seeded bug {name} is not refuted", story)))
-        progress.advance(f"{name}: {', '.join(found) or 'NOT refuted'}")
+        record("order", name, story, refuted_by(order_refutations(name)), time.perf_counter() - began)
     for name, (action, fn) in bmc.BUGS.items():
         out = bmc.find_bug(name, seconds=min(budget.bmc_seconds, 60.0))
-        story = (fn.__doc__ or action).strip().splitlines()[0]
-        bugs.append({"name": name, "story": story, "refuted_by": out.violation, "method": "bmc"})
-        phase.cases.append(Case(f"seeded-bugs/bmc/{name}", f"BMC finds {name}", bool(out.violation),
-                                out.seconds, None if out.violation else failure(
-                                    "violation", f"seeded bug {name} is not found by the BMC", story)))
-        progress.advance(f"{name}: {', '.join(out.violation) or 'NOT found'}")
+        record("bmc", name, (fn.__doc__ or action).strip().splitlines()[0], out.violation, out.seconds)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"bugs": bugs}
     return phase

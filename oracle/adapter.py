@@ -179,7 +179,7 @@ def missing_api(pool_class: Any) -> list[str]:
 
 __all__ = [
     "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "ReferencePool", "UsageError",
-    "UsageParser", "adapter_factory", "adapter_for_class", "import_spec", "kvpool_adapter",
+    "UsageParser", "adapter_factory", "adapter_for_class", "import_or_exit", "import_spec", "kvpool_adapter",
     "missing_api", "vllm_adapter",
 ]
 
@@ -193,6 +193,14 @@ class UsageParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any:
+    """:func:`import_spec` for an argparse command: a bad spec exits 2 with one line."""
+    try:
+        return import_spec(flag, spec)
+    except UsageError as exc:
+        parser.error(str(exc))
 
 
 def import_spec(flag: str, spec: str) -> Any:

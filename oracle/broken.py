@@ -33,3 +33,13 @@ class ForgetsLazyEviction(BlockPool):
             return super().get_new_blocks(num_blocks)
         finally:
             self.enable_caching = enable
+
+
+class TouchLeavesInFreeQueue(BlockPool):
+    """A prefix hit takes a reference but leaves the block in the free queue (evictable)."""
+
+    def touch(self, blocks: Any) -> None:
+        for block in blocks:
+            self._own(block)
+        for block in blocks:
+            block.ref_cnt += 1

@@ -30,7 +30,7 @@ from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange
 from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state
 from kvpool.model.state import PoolState
 
-from .adapter import UsageError, import_spec
+from .adapter import import_or_exit
 from .lockstep import Divergence, Lockstep, Watcher, same_error_type, vllm_errors_match
 from .observe import Observation, observe_model
 from .workload import Config, Workload
@@ -894,13 +894,6 @@ def _name(obj: Any) -> str:
 # ------------------------------------------------------------------ command line
 
 
-def _load(parser: argparse.ArgumentParser, spec: str) -> Any:
-    try:
-        return import_spec("--pool", spec)
-    except UsageError as exc:
-        parser.error(str(exc))
-
-
 def record_main(argv: Sequence[str] | None = None) -> int:
     """``kvpool record``: 0 recorded and pool agreed with the model, 1 it diverged, 2 usage."""
     parser = argparse.ArgumentParser(
@@ -921,7 +914,7 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps <= 0:
         parser.error("--steps must be positive")
-    pool_class = _load(parser, args.pool)
+    pool_class = import_or_exit(parser, "--pool", args.pool)
     from kvpool.impl import BlockPool
 
     ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)

@@ -25,6 +25,7 @@ from kvpool.impl import BlockPool
 from kvpool.impl.errors import UnknownBlockError
 from kvpool.oracle import conform
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
+from kvpool.oracle.broken import TouchLeavesInFreeQueue
 
 # ------------------------------------------------------------------ seeded bugs
 
@@ -56,16 +57,6 @@ class EvictForgetsIndex(BlockPool):
             block._block_hash = None
             block._block_hash_num_tokens = None
             self.cached_block_hashes_by_block.pop(block_id, None)
-
-
-class TouchLeavesInFreeQueue(BlockPool):
-    """A prefix hit takes a reference but leaves the block in the free queue (evictable)."""
-
-    def touch(self, blocks: Any) -> None:
-        for block in blocks:
-            self._own(block)
-        for block in blocks:
-            block.ref_cnt += 1
 
 
 class NullBlockHandedOut(BlockPool):

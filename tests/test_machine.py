@@ -17,6 +17,7 @@ from kvpool.impl import BlockPool
 from kvpool.impl.errors import BlockPoolError, NotEnoughFreeBlocksError
 from kvpool.model import ACTIONS, QUERIES
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
+from kvpool.oracle.broken import TouchLeavesInFreeQueue
 from kvpool.oracle.lockstep import same_error_type
 from kvpool.oracle.machine import MachineFailure, machine_for
 
@@ -82,24 +83,19 @@ def test_without_misuse_only_running_dry_is_refused() -> None:
     assert set(refused) <= {NotEnoughFreeBlocksError.__name__}, refused
 
 
-class _TouchLeavesBlockQueued(BlockPool):
-    """Seeded bug: a prefix hit takes a reference but leaves the block evictable."""
 
-    def touch(self, blocks: Any) -> None:
-        for block in blocks:
-            self._own(block)
-        for block in blocks:
-            block.ref_cnt += 1
-
-
-def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
-    machine = machine_for(kvpool_adapter(_TouchLeavesBlockQueued))
-    config = settings(GREEN, max_examples=500, stateful_step_count=15, database=None,
+def _shrunk_failure(pool_class: type[BlockPool], examples: int) -> MachineFailure:
+    """Run the machine against a broken pool until it fails; the shrunk failure."""
+    config = settings(GREEN, max_examples=examples, stateful_step_count=15, database=None,
                       report_multiple_bugs=False,
                       phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
     with pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(machine, settings=config)
-    failure = MachineFailure.from_exception(caught.value)
+        run_state_machine_as_test(machine_for(kvpool_adapter(pool_class)), settings=config)
+    return MachineFailure.from_exception(caught.value)
+
+
+def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
+    failure = _shrunk_failure(TouchLeavesInFreeQueue, examples=500)
     assert 2 <= len(failure.steps) <= 15, failure.steps
     assert failure.steps[0].startswith("state.setup(cfg=Config(")
     assert any("state.admit(" in s for s in failure.steps)
@@ -148,13 +144,7 @@ class _KeepsForeignBlocks(BlockPool):
 
 
 def test_second_pool_bug_is_caught_and_shrunk() -> None:
-    machine = machine_for(kvpool_adapter(_KeepsForeignBlocks))
-    config = settings(GREEN, max_examples=300, stateful_step_count=15, database=None,
-                      report_multiple_bugs=False,
-                      phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
-    with pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(machine, settings=config)
-    failure = MachineFailure.from_exception(caught.value)
+    failure = _shrunk_failure(_KeepsForeignBlocks, examples=300)
     assert any("allocate_other(" in s for s in failure.steps), failure.steps
     assert len(failure.steps) <= 6, failure.steps
     assert "free_blocks" in failure.message and "second:" in failure.message, failure.message
