@@ -8,6 +8,7 @@ from .errors import BlockHashConflictError
 from .keys import BlockHashWithGroupId
 
 if TYPE_CHECKING:
+    from .free_queue import FreeKVCacheBlockQueue
     from .pool import BlockPool
 
 
@@ -17,12 +18,18 @@ class KVCacheBlock:
     Only the pool changes these fields; the links belong to the free queue.
     The constructor takes vLLM's fields; unlike vLLM's dataclass, blocks
     compare (and hash) by identity: two blocks are equal only if they are one.
+
+    ``_holder`` says who has the block: its pool's free queue while it waits
+    there, its pool while requests hold it (or it is the null block), None for
+    a block of no pool.  ``touch`` and ``free_blocks`` need "a block of this
+    pool, not in its free queue" for every block, and this makes that one
+    identity test; the free queue keeps it in step as blocks enter and leave.
     """
 
-    # Hot fields first: touch and free read ref_cnt, pool and is_null of every block.
+    # Hot fields first: touch and free read ref_cnt, _holder and is_null of every block.
     __slots__ = (  # noqa: RUF023
         "ref_cnt",
-        "pool",
+        "_holder",
         "is_null",
         "_block_hash",
         "block_id",
@@ -45,12 +52,20 @@ class KVCacheBlock:
     ) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
-        self.pool = pool
+        self._holder: BlockPool | FreeKVCacheBlockQueue | None = pool
         self._block_hash = _block_hash
         self._block_hash_num_tokens = _block_hash_num_tokens
         self.prev_free_block = prev_free_block
         self.next_free_block = next_free_block
         self.is_null = is_null
+
+    @property
+    def pool(self) -> BlockPool | None:
+        """The pool this block belongs to (None for a block made outside any pool)."""
+        from .free_queue import FreeKVCacheBlockQueue  # here: that module imports this one
+
+        holder = self._holder
+        return holder.owner if isinstance(holder, FreeKVCacheBlockQueue) else holder
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:

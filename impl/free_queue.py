@@ -4,28 +4,36 @@ Its order is the eviction order: ``popleft`` hands out the head.  Links live
 in the blocks themselves, so removing a block from the middle (a prefix hit
 on an idle cached block) is O(1) and no node objects are allocated.  Two
 sentinels bracket the list so that no operation needs an emptiness branch.
+Every block entering the queue gets the queue as its holder, and every block
+leaving it gets the queue's owner (see ``KVCacheBlock``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from .block import KVCacheBlock
 from .errors import NotEnoughFreeBlocksError, UnknownBlockError
+
+if TYPE_CHECKING:
+    from .pool import BlockPool
 
 
 class FreeKVCacheBlockQueue:
     """Free blocks, head first; ``num_free_blocks`` is kept in step."""
 
-    __slots__ = ("fake_free_list_head", "fake_free_list_tail", "num_free_blocks")
+    __slots__ = ("fake_free_list_head", "fake_free_list_tail", "num_free_blocks", "owner")
 
-    def __init__(self, blocks: Sequence[KVCacheBlock]) -> None:
+    def __init__(self, blocks: Sequence[KVCacheBlock], *, owner: BlockPool | None = None) -> None:
+        self.owner = owner  # the pool whose idle blocks these are; holds blocks taken out
         self.fake_free_list_head = KVCacheBlock(-1)
         self.fake_free_list_tail = KVCacheBlock(-1)
         prev = self.fake_free_list_head
         for block in blocks:
             prev.next_free_block = block
             block.prev_free_block = prev
+            block._holder = self
             prev = block
         prev.next_free_block = self.fake_free_list_tail
         self.fake_free_list_tail.prev_free_block = prev
@@ -46,11 +54,13 @@ class FreeKVCacheBlockQueue:
             return out
         head = self.fake_free_list_head
         block = head.next_free_block
+        owner = self.owner
         append = out.append
         for _ in range(n):
             append(block)  # type: ignore[arg-type]
             nxt = block.next_free_block  # type: ignore[union-attr]
             block.prev_free_block = block.next_free_block = None  # type: ignore[union-attr]
+            block._holder = owner  # type: ignore[union-attr]
             block = nxt
         head.next_free_block = block
         block.prev_free_block = head  # type: ignore[union-attr]
@@ -66,6 +76,7 @@ class FreeKVCacheBlockQueue:
         prev.next_free_block = nxt
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
+        block._holder = self.owner
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
@@ -81,6 +92,7 @@ class FreeKVCacheBlockQueue:
         for block in blocks:
             prev.next_free_block = block  # type: ignore[union-attr]
             block.prev_free_block = prev
+            block._holder = self
             prev = block
         prev.next_free_block = tail  # type: ignore[union-attr]
         tail.prev_free_block = prev
@@ -96,6 +108,7 @@ class FreeKVCacheBlockQueue:
         for block in blocks:
             prev.next_free_block = block
             block.prev_free_block = prev
+            block._holder = self
             prev = block
         prev.next_free_block = after
         after.prev_free_block = prev  # type: ignore[union-attr]

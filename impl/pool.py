@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from operator import length_hint
 from typing import Any
 
 from .block import KVCacheBlock
@@ -117,7 +118,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i, pool=self) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks, owner=self)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # Secondary (partial-prefix) keys per block, as an insertion-ordered set.
         self.cached_block_hashes_by_block: dict[int, dict[BlockHashWithGroupId, None]] = {}
@@ -132,7 +133,8 @@ class BlockPool:
     # ------------------------------------------------------------------ checks
 
     def _own(self, block: Any) -> KVCacheBlock:
-        if getattr(block, "pool", None) is not self or not isinstance(block, KVCacheBlock):
+        if not isinstance(block, KVCacheBlock) or (
+                block._holder is not self and block._holder is not self.free_block_queue):
             raise UnknownBlockError(f"{block!r} is not a block of this pool")
         return block
 
@@ -172,8 +174,9 @@ class BlockPool:
         return idle
 
     def _undo_release(self, blocks: list[Any], done: int) -> None:
+        queue = self.free_block_queue
         for block in blocks[:done]:
-            if block.pool is self:
+            if block._holder is self or block._holder is queue:
                 block.ref_cnt += 1
 
     def _check_release(self, blocks: list[KVCacheBlock], what: str) -> None:
@@ -482,34 +485,30 @@ class BlockPool:
         """
         if type(blocks) is not list:
             blocks = list(blocks)
+        queue = self.free_block_queue
         unlinked_after: list[KVCacheBlock] | None = None  # predecessors, for undo
-        removed = 0
         try:
             for block in blocks:
-                ref_cnt = block.ref_cnt
-                if ref_cnt == 0 or block.pool is not self:
-                    if block.pool is not self:
+                if block._holder is not self:
+                    if block._holder is not queue:
                         raise UnknownBlockError(f"{block!r} is not a block of this pool")
-                    if not block.is_null:
-                        # The free queue's remove, inlined: touch is the prefix-hit hot path.
-                        prev = block.prev_free_block
-                        nxt = block.next_free_block
-                        if prev is None or nxt is None:
-                            raise UnknownBlockError(f"block {block.block_id} is not in the free queue")
-                        if unlinked_after is None:
-                            unlinked_after = []
-                        unlinked_after.append(prev)
-                        prev.next_free_block = nxt
-                        nxt.prev_free_block = prev
-                        block.prev_free_block = block.next_free_block = None
-                        removed += 1
-                block.ref_cnt = ref_cnt + 1
+                    # The free queue's remove, inlined: touch is the prefix-hit hot path.
+                    prev = block.prev_free_block
+                    nxt = block.next_free_block
+                    if prev is None or nxt is None:
+                        raise UnknownBlockError(f"block {block.block_id} is not in the free queue")
+                    if unlinked_after is None:
+                        unlinked_after = []
+                    unlinked_after.append(prev)
+                    prev.next_free_block = nxt
+                    nxt.prev_free_block = prev
+                    block.prev_free_block = block.next_free_block = None
+                    block._holder = self
+                    queue.num_free_blocks -= 1
+                block.ref_cnt += 1
         except (UnknownBlockError, AttributeError) as exc:
-            self.free_block_queue.num_free_blocks -= removed
             self._undo_touch(blocks, unlinked_after or [])
             raise UnknownBlockError(f"touch: {exc}") from None
-        if removed:
-            self.free_block_queue.num_free_blocks -= removed
         if self.metrics_collector:
             self._notify_each(self.metrics_collector.on_block_accessed, blocks)
 
@@ -522,13 +521,14 @@ class BlockPool:
             raise failure
 
     def _undo_touch(self, blocks: Sequence[Any], unlinked_after: list[KVCacheBlock]) -> None:
-        """Reverse a touch that stopped at its first foreign (or unqueued idle) block.
+        """Reverse a touch that stopped at a block it could not take.
 
         Blocks are relinked in reverse order of removal, each after its old
         predecessor, which restores the free queue exactly.
         """
-        stop = next(i for i, b in enumerate(blocks) if getattr(b, "pool", None) is not self or (
-            b.ref_cnt == 0 and not b.is_null and (b.prev_free_block is None or b.next_free_block is None)))
+        queue = self.free_block_queue
+        # Blocks before the failing one were all taken, so all now have this pool as holder.
+        stop = next(i for i, b in enumerate(blocks) if getattr(b, "_holder", None) is not self)
         for block in reversed(blocks[:stop]):
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
@@ -538,7 +538,8 @@ class BlockPool:
                 block.next_free_block = nxt
                 prev.next_free_block = block
                 nxt.prev_free_block = block  # type: ignore[union-attr]
-                self.free_block_queue.num_free_blocks += 1
+                block._holder = queue
+                queue.num_free_blocks += 1
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Whether the block's sole owner may write into it: no one shares it, no hash names it."""
@@ -557,16 +558,19 @@ class BlockPool:
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         others: dict[Any, list[KVCacheBlock]] | None = None
-        done = 0
+        # Every refusal comes before its block changes, so on one the blocks
+        # already counted down are those the iterator has passed, less one;
+        # asking the iterator then keeps a counter out of the hot loop.
+        pending = iter(blocks)
         try:
-            for block in blocks:
-                if block.pool is not self:
+            for block in pending:
+                if block._holder is not self:
+                    if block._holder is self.free_block_queue:
+                        raise BlockNotInUseError(
+                            f"free block {block.block_id}: more releases than references")
                     others = self._foreign(others, block)
-                    done += 1
                     continue
                 ref_cnt = block.ref_cnt - 1
-                block.ref_cnt = ref_cnt
-                done += 1
                 if ref_cnt <= 0 and not block.is_null:
                     if ref_cnt < 0:
                         raise BlockNotInUseError(
@@ -575,15 +579,20 @@ class BlockPool:
                         last.append(block)
                     else:
                         first.append(block)
-            if others:
-                for pool, theirs in others.items():
-                    if isinstance(pool, BlockPool):
-                        pool._check_release(theirs, "free")
+                block.ref_cnt = ref_cnt
         except BaseException as exc:
-            self._undo_release(blocks, done)
+            self._undo_release(blocks, len(blocks) - length_hint(pending) - 1)
             if isinstance(exc, AttributeError):
                 raise UnknownBlockError(f"free: not a KV-cache block: {exc}") from None
             raise
+        if others:
+            try:
+                for pool, theirs in others.items():
+                    if isinstance(pool, BlockPool):
+                        pool._check_release(theirs, "free")
+            except BaseException:
+                self._undo_release(blocks, len(blocks))
+                raise
         self.free_block_queue.prepend_n(first)
         self.free_block_queue.append_n(last)
         if others:

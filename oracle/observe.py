@@ -75,7 +75,8 @@ def free_queue_link_errors(queue: Any) -> list[str]:
     """What is wrong with a free queue's links (empty when nothing is).
 
     Walking forward and backward must give the same blocks, each once, and
-    ``num_free_blocks`` must count them.
+    ``num_free_blocks`` must count them.  For kvpool's queue, every block of
+    its pool must name the queue as holder exactly when it is linked.
     """
     forward = [b.block_id for b in queue.get_all_free_blocks()]
     backward: list[int] = []
@@ -90,6 +91,13 @@ def free_queue_link_errors(queue: Any) -> list[str]:
         errors.append(f"a block is queued twice: {forward}")
     if queue.num_free_blocks != len(forward):
         errors.append(f"num_free_blocks {queue.num_free_blocks} != {len(forward)} linked")
+    owner = getattr(queue, "owner", None)
+    if owner is not None:
+        linked = set(forward)
+        wrong = [b.block_id for b in owner.blocks
+                 if (b._holder is queue) != (b.block_id in linked) or b.pool is not owner]
+        if wrong:
+            errors.append(f"blocks {wrong} name the wrong holder")
     return errors
 
 

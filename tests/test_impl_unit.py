@@ -1032,6 +1032,50 @@ def test_queue_append_append_n_and_prepend_n_keep_the_given_order() -> None:
     assert_links_consistent(queue)
 
 
+def test_every_queue_operation_keeps_the_holders_in_step() -> None:
+    """A block names the queue as holder exactly while linked, and its pool throughout."""
+    pool = make_pool(8)
+    queue, blocks = pool.free_block_queue, pool.blocks
+
+    def check() -> None:
+        linked = set(queue_ids(queue))
+        assert [b.block_id for b in blocks if b._holder is queue] == sorted(linked)
+        assert all(b._holder is pool for b in blocks if b.block_id not in linked)
+        assert all(b.pool is pool for b in blocks)
+        assert free_queue_link_errors(queue) == []
+
+    check()
+    steps = [
+        lambda: queue.popleft(),
+        lambda: queue.popleft_n(2),
+        lambda: queue.remove(blocks[6]),
+        lambda: queue.append(blocks[1]),
+        lambda: queue.append_n([blocks[6], blocks[2]]),
+        lambda: queue.prepend_n([blocks[3]]),
+        lambda: pool.touch([blocks[5], blocks[7]]),
+        lambda: pool.free_blocks([blocks[7], blocks[5]]),
+    ]
+    for step in steps:
+        step()
+        check()
+
+
+def test_a_wrong_holder_is_reported_by_the_link_check() -> None:
+    pool = make_pool(4)
+    pool.blocks[2]._holder = pool  # linked, but claims to be held by the pool
+    assert free_queue_link_errors(pool.free_block_queue) == ["blocks [2] name the wrong holder"]
+    pool.blocks[2]._holder = pool.free_block_queue
+    pool.blocks[0]._holder = pool.free_block_queue  # the null block, unlinked, claims the queue
+    assert free_queue_link_errors(pool.free_block_queue) == ["blocks [0] name the wrong holder"]
+
+
+def test_a_standalone_queue_hands_blocks_to_no_pool() -> None:
+    queue, blocks = make_queue(3)
+    assert all(b._holder is queue and b.pool is None for b in blocks)
+    queue.popleft()
+    assert blocks[0]._holder is None and blocks[0].pool is None
+
+
 def test_queue_iter_blocks_after_walks_from_a_cursor_to_the_tail() -> None:
     queue, blocks = make_queue(4)
     assert ids(list(queue.iter_blocks_after(None))) == [0, 1, 2, 3]

@@ -139,7 +139,7 @@ class _KeepsForeignBlocks(BlockPool):
         blocks = list(ordered_blocks)
         for block in blocks:
             if block.pool is not self and block.pool is not None:
-                block.pool = self
+                block._holder = self
         super().free_blocks(blocks)
 
 

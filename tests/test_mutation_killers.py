@@ -1111,7 +1111,7 @@ def test_touch_refuses_an_idle_block_missing_from_the_queue_and_changes_nothing(
     held = pool.get_new_blocks(1)[0]
     loose = pool.blocks[5]
     if cut == "both":
-        pool.free_block_queue.remove(loose)
+        loose.prev_free_block = loose.next_free_block = None
     elif cut == "prev":
         loose.prev_free_block = None
     else:
