@@ -117,7 +117,8 @@ class BlockPool:
         self.medium = medium
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
-        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i, pool=self) for i in range(num_gpu_blocks)]
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        # The queue makes itself every block's holder, and this pool the holder of those it lets go.
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks, owner=self)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # Secondary (partial-prefix) keys per block, as an insertion-ordered set.
@@ -167,15 +168,16 @@ class BlockPool:
                             f"{what} block {block.block_id}: more releases than references")
                     idle.append(block)
         except BaseException as exc:
-            self._undo_release(blocks, done)
+            self._undo_release(blocks[:done])
             if isinstance(exc, AttributeError):
                 raise UnknownBlockError(f"{what}: not a KV-cache block: {exc}") from None
             raise
         return idle
 
-    def _undo_release(self, blocks: list[Any], done: int) -> None:
+    def _undo_release(self, released: list[Any]) -> None:
+        """Give back the reference a refused call took from each of this pool's blocks."""
         queue = self.free_block_queue
-        for block in blocks[:done]:
+        for block in released:
             if block._holder is self or block._holder is queue:
                 block.ref_cnt += 1
 
@@ -581,7 +583,7 @@ class BlockPool:
                         first.append(block)
                 block.ref_cnt = ref_cnt
         except BaseException as exc:
-            self._undo_release(blocks, len(blocks) - length_hint(pending) - 1)
+            self._undo_release(blocks[:len(blocks) - length_hint(pending) - 1])
             if isinstance(exc, AttributeError):
                 raise UnknownBlockError(f"free: not a KV-cache block: {exc}") from None
             raise
@@ -591,7 +593,7 @@ class BlockPool:
                     if isinstance(pool, BlockPool):
                         pool._check_release(theirs, "free")
             except BaseException:
-                self._undo_release(blocks, len(blocks))
+                self._undo_release(blocks)
                 raise
         self.free_block_queue.prepend_n(first)
         self.free_block_queue.append_n(last)

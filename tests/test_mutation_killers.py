@@ -455,13 +455,17 @@ def test_masked_range_needs_the_parent_hash_only_for_events(events: bool) -> Non
         assert after == state
 
 
-def test_object_posing_as_a_block_of_another_pool_is_refused() -> None:
+@pytest.mark.parametrize("holder", [False, True])
+def test_object_posing_as_a_block_of_another_pool_is_refused(holder: bool) -> None:
+    """Refused by this pool, or (naming a holder too) by the pool it claims; nothing changes."""
     mine, theirs = BlockPool(4, True, 2), BlockPool(4, True, 2)
     (block,) = theirs.get_new_blocks(1)
-    poser: Any = types.SimpleNamespace(pool=theirs)
+    (own,) = mine.get_new_blocks(1)
+    poser: Any = types.SimpleNamespace(pool=theirs, **({"_holder": theirs} if holder else {}))
     with pytest.raises(UnknownBlockError, match=r"^free: not a KV-cache block: "):
-        mine.free_blocks([block, poser])
+        mine.free_blocks([own, block, poser])
     assert block.ref_cnt == 1 and theirs.get_num_free_blocks() == 2
+    assert own.ref_cnt == 1 and mine.get_num_free_blocks() == 2
 
 
 def _partial_pool() -> tuple[BlockPool, Request, Request]:
