@@ -488,7 +488,7 @@ class BlockPool:
         if type(blocks) is not list:
             blocks = list(blocks)
         queue = self.free_block_queue
-        unlinked_after: list[KVCacheBlock] | None = None  # predecessors, for undo
+        unlinked: list[tuple[KVCacheBlock, KVCacheBlock]] | None = None  # (block, predecessor)
         try:
             for block in blocks:
                 if block._holder is not self:
@@ -499,9 +499,9 @@ class BlockPool:
                     nxt = block.next_free_block
                     if prev is None or nxt is None:
                         raise UnknownBlockError(f"block {block.block_id} is not in the free queue")
-                    if unlinked_after is None:
-                        unlinked_after = []
-                    unlinked_after.append(prev)
+                    if unlinked is None:
+                        unlinked = []
+                    unlinked.append((block, prev))
                     prev.next_free_block = nxt
                     nxt.prev_free_block = prev
                     block.prev_free_block = block.next_free_block = None
@@ -509,7 +509,7 @@ class BlockPool:
                     queue.num_free_blocks -= 1
                 block.ref_cnt += 1
         except (UnknownBlockError, AttributeError) as exc:
-            self._undo_touch(blocks, unlinked_after or [])
+            self._undo_touch(blocks, unlinked or [])
             raise UnknownBlockError(f"touch: {exc}") from None
         if self.metrics_collector:
             self._notify_each(self.metrics_collector.on_block_accessed, blocks)
@@ -522,26 +522,25 @@ class BlockPool:
         if failure is not None:
             raise failure
 
-    def _undo_touch(self, blocks: Sequence[Any], unlinked_after: list[KVCacheBlock]) -> None:
+    def _undo_touch(self, blocks: Sequence[Any], unlinked: list[tuple[KVCacheBlock, KVCacheBlock]]) -> None:
         """Reverse a touch that stopped at a block it could not take.
 
         Blocks are relinked in reverse order of removal, each after its old
         predecessor, which restores the free queue exactly.
         """
-        queue = self.free_block_queue
         # Blocks before the failing one were all taken, so all now have this pool as holder.
         stop = next(i for i, b in enumerate(blocks) if getattr(b, "_holder", None) is not self)
-        for block in reversed(blocks[:stop]):
+        for block in blocks[:stop]:
             block.ref_cnt -= 1
-            if block.ref_cnt == 0 and not block.is_null:
-                prev = unlinked_after.pop()
-                nxt = prev.next_free_block
-                block.prev_free_block = prev
-                block.next_free_block = nxt
-                prev.next_free_block = block
-                nxt.prev_free_block = block  # type: ignore[union-attr]
-                block._holder = queue
-                queue.num_free_blocks += 1
+        queue = self.free_block_queue
+        for block, prev in reversed(unlinked):
+            nxt = prev.next_free_block
+            block.prev_free_block = prev
+            block.next_free_block = nxt
+            prev.next_free_block = block
+            nxt.prev_free_block = block  # type: ignore[union-attr]
+            block._holder = queue
+            queue.num_free_blocks += 1
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Whether the block's sole owner may write into it: no one shares it, no hash names it."""

@@ -1108,6 +1108,19 @@ def test_touch_unlinks_an_idle_block_completely() -> None:
     assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [1, 2, 4, 5]
 
 
+def test_refused_touch_undoes_by_what_it_unlinked_not_by_ref_counts() -> None:
+    """A block the caller took out of the queue by hand (idle, yet held) is not relinked on undo."""
+    pool = BlockPool(8, True, 1)
+    loose = pool.blocks[4]
+    pool.free_block_queue.remove(loose)
+    before, free_before = _links(pool), pool.get_num_free_blocks()
+    with pytest.raises(UnknownBlockError, match=r"^touch: "):
+        pool.touch([pool.blocks[2], loose, pool.blocks[6], pool.blocks[2], KVCacheBlock(3)])
+    assert _links(pool) == before and pool.get_num_free_blocks() == free_before
+    assert [b.ref_cnt for b in pool.blocks] == [0] * 8
+    assert free_queue_link_errors(pool.free_block_queue) == []
+
+
 @pytest.mark.parametrize("cut", ["both", "prev", "next"])
 def test_touch_refuses_an_idle_block_missing_from_the_queue_and_changes_nothing(cut: str) -> None:
     """An idle block not (fully) linked into the queue is refused by name; earlier blocks are undone."""
