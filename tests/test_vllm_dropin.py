@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.impl import BlockPool
+from kvpool.impl import BlockPool, UnknownBlockError
 from kvpool.impl.events import event_fields, use_event_classes, use_vllm_event_classes
 from kvpool.oracle.campaign import run_campaign
 from kvpool.oracle.lockstep import vllm_errors_match
@@ -185,3 +185,20 @@ def test_kv_cache_manager_gives_the_same_block_tables_and_events_with_kvpool(
         use_event_classes(*previous)
     assert with_kvpool == with_vllm
     assert any(isinstance(step[1], int) and step[1] > 0 for step in with_vllm)  # hits happened
+
+
+def test_touching_another_pools_idle_block_corrupts_vllm_and_is_refused_by_kvpool() -> None:
+    """The README's reason for touch's ownership test, shown on vLLM itself."""
+    mine, theirs = vllm_pool.BlockPool(4, True, HBS), vllm_pool.BlockPool(4, True, HBS)
+    idle = theirs.blocks[2]
+    mine.touch([idle])
+    # vLLM unlinked the block from the other pool's queue but counted it out of its own.
+    assert mine.get_num_free_blocks() == 2 and len(mine.free_block_queue.get_all_free_blocks()) == 3
+    assert theirs.get_num_free_blocks() == 3
+    assert all(b is not idle for b in theirs.free_block_queue.get_all_free_blocks())
+
+    mine_k, theirs_k = BlockPool(4, True, HBS), BlockPool(4, True, HBS)
+    with pytest.raises(UnknownBlockError):
+        mine_k.touch([theirs_k.blocks[2]])
+    assert mine_k.get_num_free_blocks() == 3 and theirs_k.get_num_free_blocks() == 3
+    assert any(b is theirs_k.blocks[2] for b in theirs_k.free_block_queue.get_all_free_blocks())
