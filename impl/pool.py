@@ -488,7 +488,7 @@ class BlockPool:
         if type(blocks) is not list:
             blocks = list(blocks)
         queue = self.free_block_queue
-        unlinked: list[tuple[KVCacheBlock, KVCacheBlock]] | None = None  # (block, predecessor)
+        unlinked: list[KVCacheBlock] | None = None  # each taken idle block, then its predecessor
         try:
             for block in blocks:
                 if block._holder is not self:
@@ -501,16 +501,18 @@ class BlockPool:
                         raise UnknownBlockError(f"block {block.block_id} is not in the free queue")
                     if unlinked is None:
                         unlinked = []
-                    unlinked.append((block, prev))
+                    unlinked.append(block)
+                    unlinked.append(prev)
                     prev.next_free_block = nxt
                     nxt.prev_free_block = prev
                     block.prev_free_block = block.next_free_block = None
                     block._holder = self
-                    queue.num_free_blocks -= 1
                 block.ref_cnt += 1
         except (UnknownBlockError, AttributeError) as exc:
             self._undo_touch(blocks, unlinked or [])
             raise UnknownBlockError(f"touch: {exc}") from None
+        if unlinked:  # counted once, here, so a refused call never changed the count
+            queue.num_free_blocks -= len(unlinked) // 2
         if self.metrics_collector:
             self._notify_each(self.metrics_collector.on_block_accessed, blocks)
 
@@ -522,7 +524,7 @@ class BlockPool:
         if failure is not None:
             raise failure
 
-    def _undo_touch(self, blocks: Sequence[Any], unlinked: list[tuple[KVCacheBlock, KVCacheBlock]]) -> None:
+    def _undo_touch(self, blocks: Sequence[Any], unlinked: list[KVCacheBlock]) -> None:
         """Reverse a touch that stopped at a block it could not take.
 
         Blocks are relinked in reverse order of removal, each after its old
@@ -533,14 +535,13 @@ class BlockPool:
         for block in blocks[:stop]:
             block.ref_cnt -= 1
         queue = self.free_block_queue
-        for block, prev in reversed(unlinked):
+        for block, prev in reversed(list(zip(unlinked[::2], unlinked[1::2], strict=True))):
             nxt = prev.next_free_block
             block.prev_free_block = prev
             block.next_free_block = nxt
             prev.next_free_block = block
             nxt.prev_free_block = block  # type: ignore[union-attr]
             block._holder = queue
-            queue.num_free_blocks += 1
 
     def is_block_writable(self, block: KVCacheBlock) -> bool:
         """Whether the block's sole owner may write into it: no one shares it, no hash names it."""

@@ -347,6 +347,17 @@ def test_touch_takes_an_idle_cached_block_out_of_the_middle_of_the_free_queue() 
     assert pool.get_num_free_blocks() == 4
 
 
+def test_touch_of_several_idle_blocks_counts_each_out_once() -> None:
+    """Listed twice, an idle block leaves the queue once; the count stays an exact int."""
+    pool = make_pool(6)
+    blocks = pool.blocks
+    pool.touch([blocks[2], blocks[4], blocks[2], pool.null_block, blocks[5]])
+    assert [b.ref_cnt for b in blocks[1:]] == [0, 2, 0, 1, 1]
+    assert free_ids(pool) == [1, 3]
+    assert type(pool.get_num_free_blocks()) is int and pool.get_num_free_blocks() == 2
+    assert free_queue_link_errors(pool.free_block_queue) == []
+
+
 def test_touch_of_a_block_in_use_only_adds_a_reference() -> None:
     pool = make_pool(4)
     block = pool.get_new_blocks(1)[0]
