@@ -535,7 +535,8 @@ class BlockPool:
         for block in blocks[:stop]:
             block.ref_cnt -= 1
         queue = self.free_block_queue
-        for block, prev in reversed(list(zip(unlinked[::2], unlinked[1::2], strict=True))):
+        for i in range(len(unlinked) - 2, -1, -2):  # last taken first
+            block, prev = unlinked[i], unlinked[i + 1]
             nxt = prev.next_free_block
             block.prev_free_block = prev
             block.next_free_block = nxt
