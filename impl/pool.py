@@ -535,7 +535,7 @@ class BlockPool:
         for block in blocks[:stop]:
             block.ref_cnt -= 1
         queue = self.free_block_queue
-        for i in range(len(unlinked) - 2, -1, -2):  # last taken first
+        for i in reversed(range(0, len(unlinked), 2)):  # last taken first
             block, prev = unlinked[i], unlinked[i + 1]
             nxt = prev.next_free_block
             block.prev_free_block = prev
