@@ -176,9 +176,8 @@ class BlockPool:
 
     def _undo_release(self, released: list[Any]) -> None:
         """Give back the reference a refused call took from each of this pool's blocks."""
-        queue = self.free_block_queue
         for block in released:
-            if block._holder is self or block._holder is queue:
+            if block.pool is self:
                 block.ref_cnt += 1
 
     def _check_release(self, blocks: list[KVCacheBlock], what: str) -> None:

@@ -95,7 +95,7 @@ def free_queue_link_errors(queue: Any) -> list[str]:
     if owner is not None:
         linked = set(forward)
         wrong = [b.block_id for b in owner.blocks
-                 if (b._holder is queue) != (b.block_id in linked) or b.pool is not owner]
+                 if b._holder is not (queue if b.block_id in linked else owner)]
         if wrong:
             errors.append(f"blocks {wrong} name the wrong holder")
     return errors

@@ -237,30 +237,18 @@ def _fake_event_classes() -> tuple[type, type, type]:
     return Stored, Removed, Cleared
 
 
-def _events_of_each_kind() -> list[Any]:
-    pool = BlockPool(4, True, 2, enable_kv_cache_events=True)
-    req = Request("r", list(range(4)), block_hasher=get_request_block_hasher(2))
-    blocks = pool.get_new_blocks(1)
-    pool.cache_full_blocks(req, blocks, 0, 1, 2, 0)
-    pool.free_blocks(blocks)
-    pool.evict_blocks([blocks[0].block_id])
-    pool.reset_prefix_cache()
-    return pool.take_events()
-
-
 def test_use_event_classes_switches_and_returns_the_previous_ones() -> None:
     stored, removed, cleared = _fake_event_classes()
     previous = ev.use_event_classes(stored, removed, cleared)
     try:
         assert previous == (ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared)
-        out = _events_of_each_kind()
+        out = _all_event_kinds()
         assert [type(e) for e in out] == [stored, removed, cleared]
-        assert out[1].kw == {"block_hashes": out[0].kw["block_hashes"], "medium": "GPU", "group_idx": 0}
+        assert out[1].kw == {"block_hashes": out[0].kw["block_hashes"][:1], "medium": "GPU", "group_idx": 3}
     finally:
         back = ev.use_event_classes(*previous)
     assert back == (stored, removed, cleared)
-    assert [type(e) for e in _events_of_each_kind()] == [ev.BlockStored, ev.BlockRemoved,
-                                                          ev.AllBlocksCleared]
+    assert [type(e) for e in _all_event_kinds()] == [ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared]
 
 
 def test_use_vllm_event_classes_takes_them_from_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
