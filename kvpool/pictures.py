@@ -3,55 +3,55 @@
 A picture is plain JSON (see ``kvpool/VERIFY_SCHEMA.md``): one cell per block
 with its ref count, its position in the free queue (the eviction order) and
 its index keys, plus the index itself and the pending events.  The report
-draws it; the JSON result carries it, so other tools can draw it too.
+draws it; the JSON result carries it, so other tools can draw it too.  It is
+drawn from plain data only: a model state, an observation of a pool in the
+model's vocabulary, events as ``{"type": ..., field: value}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kvpool.impl.events import AllBlocksCleared, BlockRemoved, BlockStored
-from kvpool.impl.keys import get_block_hash, get_group_id
-from kvpool.model.state import PoolState
+from kvpool.model.state import Key, PoolState
+from kvpool.oracle.abstraction import model_event, published
+from kvpool.oracle.lockstep import Divergence
 from kvpool.oracle.observe import Observation, observe_model
 
-Label = Callable[[bytes], str]
+Label = Callable[[Key], str]
 Picture = dict[str, Any]
 
 
-def short_label(key: bytes) -> str:
+def short_label(key: Key) -> str:
     """A key as the last 3 bytes of its hash and its group, e.g. ``a1b2c3/g0``.
 
     The last bytes, because events publish a hash as its low 64 bits: the
     same six hex digits then name the key in the index and in the events.
     """
-    return f"{get_block_hash(key)[-3:].hex()}/g{get_group_id(key)}"
+    block_hash, group = key
+    return f"{block_hash[-3:].hex()}/g{group}"
 
 
-def _low64(key: bytes) -> int:
-    return int.from_bytes(get_block_hash(key), "big") & 0xFFFF_FFFF_FFFF_FFFF
-
-
-def labeller(names: Mapping[bytes, str] | None = None) -> Label:
+def labeller(names: Mapping[Key, str] | None = None) -> Label:
     """Use ``names`` where they know a key, the short hex label elsewhere."""
     known = dict(names or {})
     return lambda key: known.get(key) or short_label(key)
 
 
-def _event(ev: Any, known: Mapping[int, str]) -> str:
+def _event(ev: Mapping[str, Any], known: Mapping[Any, str]) -> str:
     """An event in one line; hashes named as the index names their keys."""
-    if isinstance(ev, AllBlocksCleared) or not isinstance(ev, (BlockStored, BlockRemoved)):
-        return type(ev).__name__
-    group = getattr(ev, "group_idx", None)
+    kind = str(ev.get("type"))
+    if kind not in ("BlockStored", "BlockRemoved"):
+        return kind
+    group = ev.get("group_idx")
 
     def name(h: Any) -> str:
-        if isinstance(h, int):
-            return known.get(h) or f"{h & 0xFFFFFF:06x}"
-        return known.get(_low64(h)) or str(h) if isinstance(h, bytes) else str(h)
+        if h in known:
+            return known[h]
+        return f"{h & 0xFFFFFF:06x}" if isinstance(h, int) else str(h)
 
-    shown = ", ".join(name(h) for h in ev.block_hashes)
-    return f"{type(ev).__name__}[{shown}]" + (f" group {group}" if group is not None else "")
+    shown = ", ".join(name(h) for h in ev.get("block_hashes") or ())
+    return f"{kind}[{shown}]" + (f" group {group}" if group is not None else "")
 
 
 def picture_of_observation(obs: Observation, label: Label = short_label,
@@ -78,20 +78,21 @@ def picture_of_observation(obs: Observation, label: Label = short_label,
             "num_free": obs.num_free, "events": None if events is None else list(events)}
 
 
-def event_names(s: PoolState, label: Label = short_label) -> dict[int, str]:
-    """How events name a key: its published (low 64-bit) hash -> the key's label."""
-    return {_low64(k): label(k).split("/g")[0] for k in [*s.names, *s.index]}
+def event_names(s: PoolState, label: Label = short_label) -> dict[Any, str]:
+    """How events name a key: its published hash -> the key's label without the group."""
+    return {published(k[0]): label(k).split("/g")[0] for k in [*s.names, *s.index]}
 
 
-def describe_events(events: Any, known: Mapping[int, str]) -> list[str]:
-    """Events in one line each, hashes named as the index names their keys."""
+def describe_events(events: Iterable[Mapping[str, Any]], known: Mapping[Any, str]) -> list[str]:
+    """Events (as field dicts) in one line each, hashes named as the index names their keys."""
     return [_event(e, known) for e in events]
 
 
 def picture_of_state(s: PoolState, label: Label = short_label) -> Picture:
     """A picture of a model state, with its pending events."""
-    return picture_of_observation(observe_model(s), label,
-                                  describe_events(s.events, event_names(s, label)))
+    return picture_of_observation(
+        observe_model(s), label,
+        describe_events((model_event(e) for e in s.events), event_names(s, label)))
 
 
 def picture_differences(expected: Picture, actual: Picture) -> list[str]:
@@ -127,4 +128,38 @@ def picture_changes(before: Picture, after: Picture) -> list[str]:
     fresh = after["events"][len(before["events"]):] if len(after["events"]) >= len(
         before["events"]) else after["events"]
     out += [f"event {e}" for e in fresh]
+    return out
+
+
+def pictured_steps(div: Divergence) -> list[dict[str, Any]]:
+    """A divergence's last calls as the report shows them (``VERIFY_SCHEMA.md``'s TraceStep).
+
+    A picture of the model's pool after each call and what the call changed;
+    on the last one, the pool under test beside it with the differences.
+    """
+    before = picture_of_state(div.before) if div.before is not None else None
+    out: list[dict[str, Any]] = []
+    last = div.first + len(div.record)
+    for number, step in enumerate(div.record, start=div.first + 1):
+        state = step.state if step.state is not None or number < last else div.model
+        picture = picture_of_state(state) if state is not None else None
+        out.append({"index": number, "call": step.call, "outcome": step.outcome,
+                    "changes": picture_changes(before, picture) if before and picture else [],
+                    "picture": picture, "pool_picture": None, "differs": []})
+        before = picture
+    if not out and div.model is not None:  # diverged before the first call: as built
+        out.append({"index": 0, "call": "(the pool as constructed)", "outcome": "",
+                    "changes": [], "picture": picture_of_state(div.model),
+                    "pool_picture": None, "differs": []})
+    if out and out[-1]["picture"] is not None:
+        if div.pool is None:
+            out[-1]["changes"].append(
+                f"the pool could not be observed: {div.unobservable or 'no observation'}")
+        else:
+            final = div.record[-1].state if div.record and div.record[-1].state else div.model
+            known = event_names(final) if final is not None else {}
+            pool = picture_of_observation(div.pool, events=None if div.pool_events is None
+                                          else describe_events(div.pool_events, known))
+            out[-1]["pool_picture"] = pool
+            out[-1]["differs"] = picture_differences(out[-1]["picture"], pool)
     return out

@@ -326,7 +326,10 @@ def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str,
     kind = "divergence" if isinstance(exc, Divergence) else "crash"
     head = (text.splitlines() or [kind])[0]
     where = "" if seed is None else f" (seed {seed})"
-    return failure(kind, head + where, text, list(getattr(exc, "steps", [])))
+    from kvpool.pictures import pictured_steps
+
+    return failure(kind, head + where, text,
+                   pictured_steps(exc) if isinstance(exc, Divergence) else [])
 
 
 def run_lockstep(budget: Budget, progress: Progress) -> Phase:
@@ -380,6 +383,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
                     progress: Progress) -> Phase:
     """Each implementation against the model: the campaign, then the state machine."""
     from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+    from kvpool.pictures import pictured_steps
 
     phase = Phase("conformance", skipped=not targets)
     if phase.skipped:
@@ -402,9 +406,10 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
         fail = None
         if bad is not None and bad.failure is not None:
             f = bad.failure
-            steps = f.steps or [{"index": i + 1, "call": line, "outcome": "", "changes": [],
-                                 "picture": None, "pool_picture": None, "differs": []}
-                                for i, line in enumerate(f.trace)]
+            steps = pictured_steps(f.divergence) if f.divergence is not None else []
+            steps = steps or [{"index": i + 1, "call": line, "outcome": "", "changes": [],
+                               "picture": None, "pool_picture": None, "differs": []}
+                              for i, line in enumerate(f.trace)]
             details = f.details if bad.name == "campaign" else "\n".join(
                 ["minimal trace, shrunk by Hypothesis:", *f.trace, "", f.details])
             fail = failure(f.kind, f"{bad.name}: {f.message}", details, steps)
@@ -629,8 +634,9 @@ class Settings:
 
 def settings_from(argv: Sequence[str] | None) -> Settings:
     """Parse and check everything that can be checked before the run; raise UsageError."""
+    from kvpool.cli.usage import check_writable as _check_writable
     from kvpool.model import REFERENCES
-    from kvpool.oracle.conform import _check_writable, load_adapter
+    from kvpool.oracle.conform import load_adapter
 
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]

@@ -2,15 +2,14 @@
 
 Each action takes a :class:`PoolState` and the operation's arguments and
 returns ``(next_state, result)``.  It first checks every argument and raises
-a typed :class:`~kvpool.impl.errors.BlockPoolError` *before* computing any
-change, so a refused call leaves the state as it was.  Queries return only
-the result.
+a :class:`~.refusals.Refusal` *before* computing any change, so a refused
+call leaves the state as it was.  Queries return only the result.
 
 Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
 
 * A block listed ``k`` times in one ``free_blocks``/``unpin_blocks`` call
   drops ``k`` references; listing it more often than it is referenced is a
-  double free and is refused (``BlockNotInUseError``), as is freeing a block
+  double free and is refused (``NOT_IN_USE``), as is freeing a block
   whose count is already 0.  The reference would drive the count negative.
 * ``free_blocks``/``touch`` of the null block stay legal (engines keep it in
   block tables); its counter moves as in vLLM 0.31 (0.33 leaves it alone:
@@ -20,7 +19,7 @@ Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
   evicted last, can still be hit (``touch``); its watcher stays registered
   until ``get_new_blocks`` hands the block out or the cache is reset.
 * ``cache_full_blocks``/``cache_partial_block`` on a pool built without
-  caching are refused (``CachingDisabledError``): the reference would index
+  caching are refused (``CACHING_DISABLED``): the reference would index
   blocks that ``get_new_blocks`` then hands out without evicting them.
 * A block's secondary keys are kept in insertion order, so removal events
   and ``move_block_hashes`` are deterministic (the reference uses a ``set``).
@@ -42,33 +41,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvpool.impl.errors import (
-    BlockHashConflictError,
-    BlockNotInUseError,
-    CachingDisabledError,
-    InvalidArgumentError,
-    NotEnoughFreeBlocksError,
-    NullBlockError,
-    UnknownBlockError,
-)
-from kvpool.impl.events import (
-    KVCacheEvent,
-    all_blocks_cleared,
-    block_removed,
-    block_stored,
-    extra_keys_of_blocks,
-    extra_keys_of_chunk,
-)
-from kvpool.impl.hashing import generate_block_hash_extra_keys, resolve_block_hashes
-from kvpool.impl.keys import (
-    MAX_GROUP_ID,
-    get_block_hash,
-    get_group_id,
-    make_block_hash_with_group_id,
-    maybe_convert_block_hash,
-)
+from .events import Cleared, Event, Hash, Removed, Stored
+from .refusals import Refusal, RefusalKind
+from .request import Content, chunk_keys, content, hashes_at, lora_of, untagged
+from .state import NULL, BlockId, Key, PoolState, Primary, Watcher
 
-from .state import NULL, BlockId, Content, Key, PoolState, Primary, Watcher
+MAX_GROUP_ID = 2**32 - 1
+"""Group ids travel as four bytes in vLLM's index keys."""
 
 Step = tuple[PoolState, Any]
 
@@ -85,7 +64,7 @@ class _Next:
     secondary: list[tuple[Key, ...]]
     index: dict[Key, tuple[BlockId, ...]]
     watchers: dict[BlockId, Watcher]
-    events: list[KVCacheEvent]
+    events: list[Event]
     fired: list[tuple[Watcher, BlockId]]
     holds: list[Content]
     names: dict[Key, Content]
@@ -117,8 +96,7 @@ def _drop_hashes(s: PoolState, n: _Next, b: BlockId) -> None:
         else:
             n.index.pop(key, None)
         if s.events_on:
-            n.events.append(block_removed(
-                maybe_convert_block_hash(get_block_hash(key)), s.medium, get_group_id(key)))
+            n.events.append(Removed(key[0], key[1], s.medium))
     n.primary[b] = None
     n.secondary[b] = ()
 
@@ -141,15 +119,20 @@ def _write(held: Content, written: Content) -> Content:
     return held if held[: len(written)] == written else written
 
 
-def _content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
-    """Ghost: the request's prefix of ``num_tokens`` tokens, chunk by chunk."""
-    chunks = []
-    mm_idx = 0
-    for start in range(0, num_tokens, hash_block_size):
-        end = start + hash_block_size
-        extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-        chunks.append((tuple(request.all_token_ids[start:end]), extra))
-    return tuple(chunks)
+def _stored(s: PoolState, request: Any, hashes: Sequence[Hash], parent: Hash | None,
+            start: int, end: int, block_size: int, group: int,
+            chunks: Sequence[tuple[int, int]]) -> Stored:
+    """The announcement of ``request``'s tokens ``[start, end)`` stored under ``hashes``.
+
+    ``chunks`` are the token ranges of the stored blocks, one per hash: the
+    extra keys are published per block.
+    """
+    lora_id, lora_name = lora_of(request)
+    return Stored(
+        hashes=tuple(hashes), parent=parent, token_ids=tuple(request.all_token_ids[start:end]),
+        block_size=block_size, lora_id=lora_id, lora_name=lora_name,
+        extra_keys=tuple(untagged(chunk_keys(request, a, b)) for a, b in chunks) or None,
+        group=group, medium=s.medium, session_id=request.session_id)
 
 
 # --------------------------------------------------------------------------
@@ -159,7 +142,7 @@ def _content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
 def _check_ids(s: PoolState, ids: Sequence[Any]) -> None:
     for b in ids:
         if not isinstance(b, int) or not 0 <= b < s.num_blocks:
-            raise UnknownBlockError(f"block id {b!r} is not in [0, {s.num_blocks})")
+            raise Refusal(RefusalKind.UNKNOWN_BLOCK, f"block id {b!r} is not in [0, {s.num_blocks})")
 
 
 def _check_releasable(s: PoolState, ids: Sequence[BlockId], what: str) -> None:
@@ -171,23 +154,23 @@ def _check_releasable(s: PoolState, ids: Sequence[BlockId], what: str) -> None:
             continue
         listed[b] = listed.get(b, 0) + 1
         if listed[b] > s.ref[b]:
-            raise BlockNotInUseError(
+            raise Refusal(RefusalKind.NOT_IN_USE,
                 f"{what} block {b}: {listed[b]} release(s) but ref count {s.ref[b]}")
 
 
 def _check_count(name: str, value: Any) -> None:
     if not isinstance(value, int) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a non-negative int, got {value!r}")
 
 
 def _check_group(group_id: Any) -> None:
     if not isinstance(group_id, int) or not 0 <= group_id <= MAX_GROUP_ID:
-        raise InvalidArgumentError(f"kv_cache_group_id {group_id!r} is not a 32-bit id")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"kv_cache_group_id {group_id!r} is not a 32-bit id")
 
 
 def _check_block_size(s: PoolState, block_size: Any) -> None:
     if not isinstance(block_size, int) or block_size <= 0 or block_size % s.hash_block_size:
-        raise InvalidArgumentError(
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
             f"block_size {block_size!r} is not a positive multiple of {s.hash_block_size}")
 
 
@@ -199,7 +182,8 @@ def get_new_blocks(s: PoolState, num_blocks: int) -> Step:
     """Hand out the first ``num_blocks`` free blocks; evict their hashes lazily."""
     _check_count("num_blocks", num_blocks)
     if num_blocks > len(s.free):
-        raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
+                      f"Cannot get {num_blocks} free blocks from the pool")
     n = _thaw(s)
     taken, n.free = n.free[:num_blocks], n.free[num_blocks:]
     for b in taken:
@@ -249,10 +233,10 @@ def touch(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
 def unpin_blocks(s: PoolState, block_ids: Sequence[BlockId], on_reuse: Watcher) -> Step:
     """Drop references but keep the contents readable until reuse or reset."""
     if not callable(on_reuse):
-        raise InvalidArgumentError("on_reuse must be callable")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, "on_reuse must be callable")
     _check_ids(s, block_ids)
     if NULL in block_ids:
-        raise NullBlockError("the null block cannot be unpinned")
+        raise Refusal(RefusalKind.NULL_BLOCK, "the null block cannot be unpinned")
     _check_releasable(s, block_ids, "unpin")
     n = _thaw(s)
     released = []
@@ -285,7 +269,7 @@ def reset_prefix_cache(s: PoolState) -> Step:
     n.primary = [None] * s.num_blocks
     n.secondary = [()] * s.num_blocks
     if s.events_on:
-        n.events.append(all_blocks_cleared())
+        n.events.append(Cleared())
     return _freeze(s, n), True
 
 
@@ -307,44 +291,43 @@ def cache_full_blocks(
     if num_cached_blocks >= num_full_blocks:
         return s, None
     if not s.caching:
-        raise CachingDisabledError("cache_full_blocks on a pool without prefix caching")
+        raise Refusal(RefusalKind.CACHING_DISABLED, "cache_full_blocks on a pool without prefix caching")
     if num_full_blocks > len(block_ids):
-        raise InvalidArgumentError(f"num_full_blocks {num_full_blocks} > {len(block_ids)} blocks")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"num_full_blocks {num_full_blocks} > {len(block_ids)} blocks")
     new_ids = block_ids[num_cached_blocks:num_full_blocks]
     _check_ids(s, new_ids)
     if block_mask is not None and len(block_mask) != len(new_ids):
-        raise InvalidArgumentError(f"block_mask has {len(block_mask)} entries, want {len(new_ids)}")
-    hashes = resolve_block_hashes(request.block_hashes, s.hash_block_size, block_size)
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"block_mask has {len(block_mask)} entries, want {len(new_ids)}")
+    hashes = hashes_at(request, s.hash_block_size, block_size)
     chosen = [
         (num_cached_blocks + i, b) for i, b in enumerate(new_ids)
         if b != NULL and (block_mask is None or block_mask[i])
     ]
     needed = max([i + 1 for i, _ in chosen] + [num_cached_blocks if s.events_on else 0])
     if len(hashes) < needed:
-        raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {needed}")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"request has {len(hashes)} block hashes, want {needed}")
     covered = {b: p.num_tokens for b in new_ids if (p := s.primary[b]) is not None}
     for i, b in chosen:
         if b in covered and covered[b] >= (i + 1) * block_size:
-            raise BlockHashConflictError(f"block {b} is already cached at a prefix this long")
+            raise Refusal(RefusalKind.HASH_CONFLICT, f"block {b} is already cached at a prefix this long")
         covered[b] = (i + 1) * block_size
 
     n = _thaw(s)
     for i, b in chosen:
         num_tokens = (i + 1) * block_size
-        content = _content(request, num_tokens, s.hash_block_size)
+        prefix = content(request, num_tokens, s.hash_block_size)
         if n.primary[b] is not None:
             _drop_hashes(s, n, b)
-        n.holds[b] = _write(n.holds[b], content)
-        _add_key(n, make_block_hash_with_group_id(hashes[i], kv_cache_group_id), b,
-                 num_tokens, content)
+        n.holds[b] = _write(n.holds[b], prefix)
+        _add_key(n, (hashes[i], kv_cache_group_id), b, num_tokens, prefix)
     if s.events_on:
-        parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
-                  if num_cached_blocks else None)
-        n.events.append(block_stored(
-            request, [maybe_convert_block_hash(hashes[i]) for i, _b in chosen], parent,
+        parent = hashes[num_cached_blocks - 1] if num_cached_blocks else None
+        n.events.append(_stored(
+            s, request, [hashes[i] for i, _b in chosen], parent,
             num_cached_blocks * block_size, num_full_blocks * block_size, block_size,
-            kv_cache_group_id, s.medium,
-            extra_keys_of_blocks(request, [i for i, _b in chosen], block_size)))
+            kv_cache_group_id, [(i * block_size, (i + 1) * block_size) for i, _b in chosen]))
     return _freeze(s, n), None
 
 
@@ -366,38 +349,36 @@ def cache_partial_block(
     _check_block_size(s, block_size)
     _check_group(kv_cache_group_id)
     if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
-        raise InvalidArgumentError(f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
     if not replace_existing_hashes and not (block_size > hbs and num_tokens % block_size):
-        raise InvalidArgumentError("a partial entry must end inside a block")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, "a partial entry must end inside a block")
     num_hash_blocks = num_tokens // hbs
     if num_hash_blocks > len(request.block_hashes):
-        raise InvalidArgumentError(f"request has only {len(request.block_hashes)} block hashes")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"request has only {len(request.block_hashes)} block hashes")
     if not s.caching:
-        raise CachingDisabledError("cache_partial_block on a pool without prefix caching")
+        raise Refusal(RefusalKind.CACHING_DISABLED, "cache_partial_block on a pool without prefix caching")
 
     n = _thaw(s)
-    key = make_block_hash_with_group_id(request.block_hashes[num_hash_blocks - 1],
-                                        kv_cache_group_id)
+    key: Key = (request.block_hashes[num_hash_blocks - 1], kv_cache_group_id)
     primary = n.primary[block_id]
     already = (primary is not None and primary.key == key) or block_id in n.index.get(key, ())
-    content = _content(request, num_tokens, hbs)
+    prefix = content(request, num_tokens, hbs)
     if replace_existing_hashes:
         _drop_hashes(s, n, block_id)
         already = False
-        n.holds[block_id] = content
+        n.holds[block_id] = prefix
     else:
         if not already and primary is not None and primary.num_tokens < num_tokens:
             _drop_hashes(s, n, block_id)
-        n.holds[block_id] = _write(n.holds[block_id], content)
-    _add_key(n, key, block_id, num_tokens, content)
+        n.holds[block_id] = _write(n.holds[block_id], prefix)
+    _add_key(n, key, block_id, num_tokens, prefix)
     if s.events_on and not already:
         start = (num_hash_blocks - 1) * hbs
         parent = request.block_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
-        n.events.append(block_stored(
-            request, [maybe_convert_block_hash(get_block_hash(key))],
-            maybe_convert_block_hash(parent) if parent is not None else None,
-            start, num_tokens, num_tokens - start, kv_cache_group_id, s.medium,
-            [extra_keys_of_chunk(request, start, num_tokens)]))
+        n.events.append(_stored(s, request, [key[0]], parent, start, num_tokens,
+                                num_tokens - start, kv_cache_group_id, [(start, num_tokens)]))
     return _freeze(s, n), key
 
 
@@ -409,9 +390,9 @@ def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> Step:
     """
     _check_ids(s, [src_id, dst_id])
     if s.primary[dst_id] is not None or s.secondary[dst_id]:
-        raise BlockHashConflictError(f"block {dst_id} already has hashes")
+        raise Refusal(RefusalKind.HASH_CONFLICT, f"block {dst_id} already has hashes")
     if dst_id == NULL and s.primary[src_id] is not None:
-        raise NullBlockError("hashes cannot be moved onto the null block")
+        raise Refusal(RefusalKind.NULL_BLOCK, "hashes cannot be moved onto the null block")
     primary = s.primary[src_id]
     if primary is None:
         return s, None
@@ -439,13 +420,13 @@ def emit_cached_block_events(
     _check_group(kv_cache_group_id)
     if not s.events_on or num_cached_blocks == 0:
         return s, None
-    hashes = resolve_block_hashes(request.block_hashes, s.hash_block_size, block_size)
+    hashes = hashes_at(request, s.hash_block_size, block_size)
     if num_cached_blocks > len(hashes):
-        raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {num_cached_blocks}")
-    event = block_stored(
-        request, [maybe_convert_block_hash(h) for h in hashes[:num_cached_blocks]], None,
-        0, num_cached_blocks * block_size, block_size, kv_cache_group_id, s.medium,
-        extra_keys_of_blocks(request, range(num_cached_blocks), block_size))
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"request has {len(hashes)} block hashes, want {num_cached_blocks}")
+    event = _stored(s, request, hashes[:num_cached_blocks], None, 0, num_cached_blocks * block_size,
+                    block_size, kv_cache_group_id,
+                    [(i * block_size, (i + 1) * block_size) for i in range(num_cached_blocks)])
     return replace(s, events=(*s.events, event)), None
 
 
@@ -454,14 +435,14 @@ def emit_cached_block_events(
 
 
 def get_cached_block(
-    s: PoolState, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    s: PoolState, block_hash: Hash, kv_cache_group_ids: Sequence[int]
 ) -> list[BlockId] | None:
     """The first block indexed under the hash in every group, or ``None``."""
     for g in kv_cache_group_ids:
         _check_group(g)
     found = []
     for g in kv_cache_group_ids:
-        blocks = s.index.get(make_block_hash_with_group_id(block_hash, g))
+        blocks = s.index.get((block_hash, g))
         if not blocks:
             return None
         found.append(blocks[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .actions import get_usage
-from .state import NULL, PoolState
+from .state import NULL, Key, PoolState
 
 Invariant = Callable[[PoolState], bool]
 INVARIANTS: dict[str, Invariant] = {}
@@ -25,7 +25,7 @@ def _real_blocks(s: PoolState) -> range:
     return range(1, s.num_blocks)
 
 
-def _keys_of(s: PoolState, b: int) -> list[bytes]:
+def _keys_of(s: PoolState, b: int) -> list[Key]:
     p = s.primary[b]
     return ([p.key] if p else []) + list(s.secondary[b])
 

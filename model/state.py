@@ -11,13 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.impl.events import KVCacheEvent
+from .events import Event, Hash
+from .request import Content
 
 BlockId = int
-Key = bytes  # block hash + 4-byte big-endian KV-cache group id
-Chunk = tuple[tuple[int, ...], tuple[Any, ...] | None]  # one hash chunk: tokens, extra keys
-Content = tuple[Chunk, ...]  # a token prefix, chunk by chunk (ghost)
-Watcher = Any  # an opaque reuse callback; compared by identity
+Key = tuple[Hash, int]
+"""An index key: a block hash and a KV-cache group id."""
+Watcher = Any
+"""An opaque reuse callback; compared by identity."""
 
 NULL: BlockId = 0
 
@@ -52,7 +53,7 @@ class PoolState:
     """The prefix-cache index, a multimap; a lookup returns the first block."""
     watchers: Mapping[BlockId, Watcher]
     """Reuse callbacks of unpinned blocks, in registration order."""
-    events: tuple[KVCacheEvent, ...]
+    events: tuple[Event, ...]
     """Events emitted and not yet taken."""
     fired: tuple[tuple[Watcher, BlockId], ...]
     """Reuse notifications delivered so far (callback, block)."""

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
-from .lockstep import same_error_type, vllm_errors_match
+from .abstraction import same_refusal, vllm_refusal
 from .observe import Observation, observe_pool
 
 ErrorMatcher = Callable[[Exception, Exception | None], bool]
@@ -108,7 +108,7 @@ class ClassAdapter:
     pool_class: Callable[..., Any]
     name: str
     supports_misuse: bool = True
-    matcher: ErrorMatcher = same_error_type
+    matcher: ErrorMatcher = same_refusal
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
                   events: bool) -> ReferencePool:
@@ -157,7 +157,7 @@ def vllm_adapter() -> ClassAdapter:
     with contextlib.suppress(ImportError, AttributeError):
         importlib.import_module("vllm.envs").enable_envs_cache()
     return ClassAdapter(module.BlockPool, "vllm.v1.core.block_pool:BlockPool",
-                        supports_misuse=False, matcher=vllm_errors_match)
+                        supports_misuse=False, matcher=vllm_refusal)
 
 
 def adapter_for_class(pool_class: Any) -> ClassAdapter:
@@ -169,7 +169,7 @@ def adapter_for_class(pool_class: Any) -> ClassAdapter:
     if getattr(pool_class, "__module__", "").startswith("vllm."):
         return vllm_adapter()
     name = f"{getattr(pool_class, '__module__', '?')}:{getattr(pool_class, '__qualname__', '?')}"
-    return ClassAdapter(pool_class, name, supports_misuse=False, matcher=vllm_errors_match)
+    return ClassAdapter(pool_class, name, supports_misuse=False, matcher=vllm_refusal)
 
 
 def missing_api(pool_class: Any) -> list[str]:

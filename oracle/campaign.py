@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .lockstep import Divergence, Lockstep, same_error_type
+from .abstraction import same_refusal
+from .lockstep import Divergence, Lockstep
 from .workload import Config, Workload
 
 
 def run_one(
     pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
-    errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
+    errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31",
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
@@ -35,7 +36,7 @@ def run_one(
 def run_campaign(
     pool_factory: Callable[..., Any], steps: int, runs: int, seed: int, out: TextIO, *,
     misuse: bool = True,
-    errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
+    errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31",
 ) -> int:
     """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""

@@ -25,7 +25,7 @@ from kvpool.impl.errors import BlockPoolError
 from kvpool.impl.free_queue import FreeKVCacheBlockQueue
 from kvpool.impl.hash_index import BlockHashToBlockMap
 from kvpool.impl.pool import BlockPool
-from kvpool.model import ACTIONS, initial_state
+from kvpool.model import ACTIONS, Refusal, initial_state
 from kvpool.model.state import PoolState
 
 from .observe import Observation, observe_model, observe_pool
@@ -227,7 +227,7 @@ def _model_view(before: PoolState, op: str, *args: object) -> PoolView:
     """What the model says the view is after ``op`` (refused: the state before)."""
     try:
         after, _ = ACTIONS[op](before, *args)
-    except BlockPoolError:
+    except Refusal:
         return (True, before.ref, before.free, len(before.free))
     return (False, after.ref, after.free, len(after.free))
 
@@ -236,7 +236,7 @@ def _agrees(pool: BlockPool, state: PoolState, op: str, *args: object) -> bool:
     """Full observation of the pool equals the model's (keys, index, watchers too)."""
     try:
         after, _ = ACTIONS[op](state, *args)
-    except BlockPoolError:
+    except Refusal:
         after = state
     mine: Observation = observe_model(after)
     return not mine.diff(observe_pool(pool))

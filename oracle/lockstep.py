@@ -13,11 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.impl.errors import NotEnoughFreeBlocksError
-from kvpool.impl.events import event_fields
 from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state, violated
 from kvpool.model.state import PoolState
 
+from .abstraction import event_differences, key_of, pool_event, refusal_name, same_refusal
 from .observe import Observation, free_queue_link_errors, observe_model, observe_pool
 
 # Which positional arguments name blocks: "one" a single id, "many" a list.
@@ -31,33 +30,33 @@ BLOCK_ARGS: dict[str, dict[int, str]] = {
     "is_block_writable": {0: "one"},
 }
 RETURNS_BLOCKS = {"get_new_blocks", "get_cached_block"}
-
-
-def same_error_type(model_error: Exception, pool_error: Exception | None) -> bool:
-    """Strict matching: the pool raised exactly the model's error class."""
-    return type(model_error) is type(pool_error)
-
-
-def vllm_errors_match(model_error: Exception, pool_error: Exception | None) -> bool:
-    """vLLM raises a plain ``ValueError`` (same message) when it runs out of blocks."""
-    if isinstance(model_error, NotEnoughFreeBlocksError):
-        return type(pool_error) in (ValueError, NotEnoughFreeBlocksError) and str(
-            model_error) == str(pool_error)
-    return same_error_type(model_error, pool_error)
+RETURNS_KEY = {"cache_partial_block"}
 
 
 class Divergence(AssertionError):
     """The pool and the model disagree; the message says where.
 
-    ``steps`` holds the last calls with a picture of the pool after each
-    (the schema of ``kvpool/VERIFY_SCHEMA.md``'s TraceStep).
+    It carries plain data for whoever draws the failure (``kvpool.pictures``):
+    ``record``, the last calls (each with the model's state after it);
+    ``first``, how many calls came before them; ``before``, the model's state
+    before the first of them (None at the start); ``model``, the model's state
+    when the difference was seen; and the pool as observed then (``pool``,
+    its pending events in ``pool_events``), or why it could not be observed
+    (``unobservable``).
     """
 
-    steps: list[dict[str, Any]]
+    record: list[Step]
+    first: int
+    before: PoolState | None
+    model: PoolState | None
+    pool: Observation | None
+    pool_events: list[dict[str, Any]] | None
+    unobservable: str | None
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        self.steps = []
+        self.record, self.first, self.before, self.model = [], 0, None, None
+        self.pool, self.pool_events, self.unobservable = None, None, None
 
 
 @dataclass(eq=False)
@@ -83,6 +82,11 @@ class Step:
     state: PoolState | None = None
     """The model's state after the call; kept for the last :data:`PICTURED` steps only."""
 
+    @property
+    def call(self) -> str:
+        """The call as one line: ``free_blocks([1, 2])``."""
+        return f"{self.op}{short_args(self.args)}"
+
 
 PICTURED = 12
 """How many of the last steps a divergence reports, with a picture of the pool each."""
@@ -96,8 +100,8 @@ class Lockstep:
     model: PoolState
     foreign: Any = None  # a block of no pool, to stand for out-of-range ids
     fired: list[tuple[str, int]] = field(default_factory=list)
-    errors_match: Callable[[Exception, Exception | None], bool] = same_error_type
-    """How a refusal of the pool is matched with the model's (default: same type)."""
+    errors_match: Callable[[Exception, Exception | None], bool] = same_refusal
+    """How a refusal of the pool is matched with the model's (default: the same kind)."""
     trace: list[Step] = field(default_factory=list)
     steps: int = 0
     observe: Callable[[Any], Observation] = observe_pool
@@ -150,9 +154,9 @@ class Lockstep:
             p_error = None
         except Exception as exc:
             p_error, p_result = exc, None
-        outcome = type(m_error).__name__ if m_error else repr(m_result)
+        outcome = refusal_name(m_error) if m_error else repr(m_result)
         self.trace.append(Step(op, tuple(list(a) if isinstance(a, list) else a for a in args),
-                               outcome, type(m_error).__name__ if m_error else None, m_state))
+                               outcome, refusal_name(m_error) if m_error else None, m_state))
         if len(self.trace) > PICTURED + 1:  # one more: the state before the first shown step
             self.trace[-PICTURED - 2].state = None
         if (m_error is None) != (p_error is None) or (
@@ -162,10 +166,13 @@ class Lockstep:
         if m_error is None:
             if op in RETURNS_BLOCKS and p_result is not None:
                 p_result = [b.block_id for b in p_result]
+            elif op in RETURNS_KEY and isinstance(p_result, bytes):
+                p_result = key_of(p_result)
             if op == "take_events":
-                m_result = [event_fields(e) for e in m_result]
-                p_result = [event_fields(e) for e in p_result]
-            if m_result != p_result:
+                taken = event_differences(m_result, p_result)
+                if taken:
+                    raise self._diverged(op, "taken events differ: " + "; ".join(taken))
+            elif m_result != p_result:
                 raise self._diverged(op, f"model returned {m_result!r}, pool {p_result!r}")
         self.model = m_state
         self.check()
@@ -182,65 +189,29 @@ class Lockstep:
             raise self._diverged("invariants", "model state breaks " + ", ".join(broken))
         diff = observe_model(self.model).diff(self.observe(self.pool))
         diff += free_queue_link_errors(self.pool.free_block_queue)
-        pending = self.pool.kv_event_queue
-        if len(pending) != len(self.model.events) or any(
-            event_fields(m) != event_fields(p) for m, p in zip(self.model.events, pending, strict=True)
-        ):
-            diff.append(f"pending events: model {list(self.model.events)} != pool {pending}")
+        diff += [f"pending {d}" for d in event_differences(self.model.events,
+                                                             self.pool.kv_event_queue)]
         if diff:
             raise self._diverged("observation", "; ".join(diff))
 
     def _diverged(self, where: str, what: str) -> Divergence:
         first = max(0, len(self.trace) - PICTURED)
-        lines = [f"step {i + 1}: {s.op}{_short(s.args)} -> {s.outcome}"
+        lines = [f"step {i + 1}: {s.op}{short_args(s.args)} -> {s.outcome}"
                  for i, s in enumerate(self.trace[first:], start=first)]
         error = Divergence(f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines))
-        error.steps = self._pictured_steps(first)
+        error.first, error.record = first, self.trace[first:]
+        error.before = self.trace[first - 1].state if first > 0 else None
+        error.model = self.model
+        try:
+            error.pool = self.observe(self.pool)
+            pending = getattr(self.pool, "kv_event_queue", None)
+            error.pool_events = None if pending is None else [pool_event(e) for e in pending]
+        except Exception as exc:  # a broken pool may not even be observable
+            error.unobservable = repr(exc)
         return error
 
-    def _pictured_steps(self, first: int) -> list[dict[str, Any]]:
-        """The last steps as the verify report shows them (``kvpool/VERIFY_SCHEMA.md``)."""
-        from kvpool.pictures import (
-            describe_events,
-            event_names,
-            picture_changes,
-            picture_differences,
-            picture_of_observation,
-            picture_of_state,
-        )
 
-        previous = self.trace[first - 1].state if first > 0 else None
-        before = picture_of_state(previous) if previous is not None else None
-        out: list[dict[str, Any]] = []
-        for number, step in enumerate(self.trace[first:], start=first + 1):
-            state = step.state if step.state is not None or number < len(self.trace) else self.model
-            picture = picture_of_state(state) if state is not None else None
-            out.append({"index": number, "call": f"{step.op}{_short(step.args)}",
-                        "outcome": step.outcome,
-                        "changes": picture_changes(before, picture) if before and picture else [],
-                        "picture": picture, "pool_picture": None, "differs": []})
-            before = picture
-        if not out:  # diverged before the first call: the pools differ as built
-            out.append({"index": 0, "call": "(the pool as constructed)", "outcome": "",
-                        "changes": [], "picture": picture_of_state(self.model),
-                        "pool_picture": None, "differs": []})
-        if out[-1]["picture"] is not None:
-            last = self.trace[-1].state if self.trace and self.trace[-1].state else self.model
-            try:
-                known = event_names(last)
-                pending = getattr(self.pool, "kv_event_queue", None)
-                pool = picture_of_observation(
-                    self.observe(self.pool), events=None if pending is None else describe_events(
-                        pending, known))
-            except Exception as exc:  # a broken pool may not even be observable
-                out[-1]["changes"].append(f"the pool could not be observed: {exc!r}")
-            else:
-                out[-1]["pool_picture"] = pool
-                out[-1]["differs"] = picture_differences(out[-1]["picture"], pool)
-        return out
-
-
-def _short(args: tuple[Any, ...]) -> str:
+def short_args(args: tuple[Any, ...]) -> str:
     parts = []
     for a in args:
         if hasattr(a, "request_id"):

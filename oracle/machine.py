@@ -56,11 +56,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvpool.impl.errors import BlockPoolError
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import ACTIONS
+from kvpool.model import ACTIONS, Refusal
 from kvpool.model.state import NULL
 
+from .abstraction import refusal_name
 from .adapter import Adapter, adapter_factory
 from .lockstep import Lockstep, Step
 from .workload import Config, Running, Workload
@@ -252,7 +252,7 @@ class PoolMachine(RuleBasedStateMachine):
         try:
             own_state, _ = free(first.model, [b for p, b in listed if p is first])
             their_state, _ = free(second.model, [b for p, b in listed if p is second])
-        except BlockPoolError as exc:
+        except Refusal as exc:
             m_error = exc
         p_error: Exception | None = None
         try:
@@ -262,7 +262,7 @@ class PoolMachine(RuleBasedStateMachine):
         first.steps += 1
         second.steps += 1
         names = [str(b) if p is first else f"second:{b}" for p, b in listed]
-        first.trace.append(Step("free_blocks", (names,), type(m_error).__name__ if m_error else "None"))
+        first.trace.append(Step("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
         if (m_error is None) != (p_error is None) or (
                 m_error is not None and not first.errors_match(m_error, p_error)):
             raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}")
@@ -378,7 +378,7 @@ class PoolMachine(RuleBasedStateMachine):
     def allocate(self, n: int) -> Any:
         """Blocks held outside any request (e.g. scratch for a copy)."""
         got = self.lock.call("get_new_blocks", n)
-        if isinstance(got, BlockPoolError):
+        if isinstance(got, Refusal):
             return multiple()
         table = Table(list(got))
         self.held.append(table)
@@ -393,7 +393,7 @@ class PoolMachine(RuleBasedStateMachine):
         if self.lock.model.primary[src] is None:
             return multiple()
         got = self.lock.call("get_new_blocks", 1)
-        if isinstance(got, BlockPoolError):
+        if isinstance(got, Refusal):
             return multiple()
         self.lock.call("move_block_hashes", src, got[0])
         table = Table(list(got))
@@ -415,7 +415,7 @@ class PoolMachine(RuleBasedStateMachine):
         """
         second = self._second()
         got = second.call("get_new_blocks", n)
-        if isinstance(got, BlockPoolError):
+        if isinstance(got, Refusal):
             return multiple()
         if prompt is not None and self.cfg.caching:
             req = self._request(prompt)

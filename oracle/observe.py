@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.model.state import PoolState
+from kvpool.model.state import Key, PoolState
+
+from .abstraction import key_of, pool_event
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,9 +21,9 @@ class Observation:
 
     ref: tuple[int, ...]
     free: tuple[int, ...]
-    primary: tuple[tuple[bytes, int] | None, ...]
-    secondary: tuple[tuple[bytes, ...], ...]
-    index: tuple[tuple[bytes, tuple[int, ...]], ...]
+    primary: tuple[tuple[Key, int] | None, ...]
+    secondary: tuple[tuple[Key, ...], ...]
+    index: tuple[tuple[Key, tuple[int, ...]], ...]
     watched: tuple[int, ...]
     num_free: int
 
@@ -53,18 +55,18 @@ def observe_pool(pool: Any) -> Observation:
     blocks = pool.blocks
     by_block = pool.cached_block_hashes_by_block
     index = pool.cached_block_hash_to_block
-    entries: dict[bytes, tuple[int, ...]] = {}
+    entries: dict[Key, tuple[int, ...]] = {}
     for key, entry in index._cache.items():
         ids = tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
-        entries[key] = ids
+        entries[key_of(key)] = ids
     return Observation(
         ref=tuple(b.ref_cnt for b in blocks),
         free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
         primary=tuple(
-            None if b.block_hash is None else (b.block_hash, b.block_hash_num_tokens)
+            None if b.block_hash is None else (key_of(b.block_hash), b.block_hash_num_tokens)
             for b in blocks
         ),
-        secondary=tuple(tuple(by_block.get(b.block_id, ())) for b in blocks),
+        secondary=tuple(tuple(key_of(k) for k in by_block.get(b.block_id, ())) for b in blocks),
         index=tuple(sorted(entries.items())),
         watched=tuple(pool._reuse_watchers),
         num_free=pool.get_num_free_blocks(),
@@ -103,11 +105,9 @@ def free_queue_link_errors(queue: Any) -> list[str]:
 
 def snapshot(pool: Any) -> tuple[Observation, list[dict[str, Any]], list[tuple[int, int]]]:
     """Observation plus pending events and watcher identities: 'exactly as it was'."""
-    from kvpool.impl.events import event_fields
-
     return (
         observe_pool(pool),
-        [event_fields(e) for e in pool.kv_event_queue],
+        [pool_event(e) for e in pool.kv_event_queue],
         [(b, id(w)) for b, w in pool._reuse_watchers.items()],
     )
 

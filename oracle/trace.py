@@ -20,18 +20,18 @@ import math
 import random
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from kvpool.impl.errors import NotEnoughFreeBlocksError
-from kvpool.impl.events import EVENT_TYPES, event_fields
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state
+from kvpool.model import ACTIONS, QUERIES, REFERENCES, Event, initial_state
 from kvpool.model.state import PoolState
 
+from . import abstraction
+from .abstraction import names_refusal, refusal_name, same_refusal, vllm_refusal
 from .adapter import import_or_exit
-from .lockstep import Divergence, Lockstep, Watcher, same_error_type, vllm_errors_match
+from .lockstep import Divergence, Lockstep, Watcher
 from .observe import Observation, observe_model
 from .workload import Config, Workload
 
@@ -111,8 +111,8 @@ def schema_gaps() -> set[str]:
     for op in ops & set(ARG_KINDS):
         if list(inspect.signature(_model_fn(op)).parameters)[1:] != list(ARG_KINDS[op]):
             gaps.add(op)
-    for name, cls in EVENT_TYPES.items():
-        if [f.name for f in fields(cls)] != list(EVENT_FIELDS.get(name, {"?": ("", True)})):
+    for name, names in abstraction.EVENT_FIELDS.items():
+        if list(names) != list(EVENT_FIELDS.get(name, {"?": ("", True)})):
             gaps.add(name)
     return gaps
 
@@ -144,8 +144,13 @@ def to_json(value: Any) -> Json:
 
 
 def event_to_json(event: Any) -> dict[str, Json]:
-    """One kvpool or vLLM KV event as a trace/event-stream object."""
-    return {k: to_json(v) for k, v in event_fields(event).items()}
+    """One event of a pool (any classes named like vLLM's) as a trace/event-stream object."""
+    return {k: to_json(v) for k, v in abstraction.pool_event(event).items()}
+
+
+def model_event_to_json(event: Event) -> dict[str, Json]:
+    """One event of the model, as a reference pool would write it."""
+    return {k: to_json(v) for k, v in abstraction.model_event(event).items()}
 
 
 def request_to_json(req: Any) -> dict[str, Json]:
@@ -167,8 +172,16 @@ def request_to_json(req: Any) -> dict[str, Json]:
 
 
 def observation_to_json(obs: Observation) -> dict[str, Json]:
-    """An :class:`Observation` with keys as hex and tuples as lists."""
-    return {name: to_json(getattr(obs, name)) for name in OBSERVATION_FIELDS}
+    """An :class:`Observation` with keys as the pool's hex bytes and tuples as lists."""
+    key = abstraction.concrete_key
+    out: dict[str, Json] = to_json({
+        "ref": obs.ref, "free": obs.free,
+        "primary": [None if p is None else (key(p[0]), p[1]) for p in obs.primary],
+        "secondary": [[key(k) for k in keys] for keys in obs.secondary],
+        "index": [(key(k), ids) for k, ids in obs.index],
+        "watched": obs.watched, "num_free": obs.num_free,
+    })
+    return out
 
 
 def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
@@ -199,6 +212,18 @@ def encode_result(op: str, result: Any) -> Json:
         return [getattr(b, "block_id", b) for b in result]
     if kind == "events":
         return [event_to_json(e) for e in result]
+    return to_json(result)
+
+
+def encode_model_result(op: str, result: Any) -> Json:
+    """The model's return value in the form a reference pool writes it."""
+    if result is None:
+        return None
+    kind = RESULT_KINDS.get(op)
+    if kind == "events":
+        return [model_event_to_json(e) for e in result]
+    if kind == "hash?":  # a key
+        return to_json(abstraction.concrete_key(result))
     return to_json(result)
 
 
@@ -665,15 +690,12 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
                  error: BaseException | None, *, vllm_errors: bool = False) -> list[str]:
     """Every difference between one recorded call and the model's run of it."""
     diffs: list[str] = []
-    m_error = type(error).__name__ if error is not None else None
-    if m_error != step.error:
-        lenient = (vllm_errors and isinstance(error, NotEnoughFreeBlocksError)
-                   and step.error == "ValueError")
-        if not lenient:
-            diffs.append(f"error: recorded {step.error}, model {m_error}"
-                         + (f" ({error})" if error is not None else ""))
+    if not names_refusal(step.error, error, vllm_errors=vllm_errors):
+        m_error = refusal_name(error) if error is not None else None
+        diffs.append(f"error: recorded {step.error}, model {m_error}"
+                     + (f" ({error})" if error is not None else ""))
     if error is None:
-        m_result = encode_result(step.op, result)
+        m_result = encode_model_result(step.op, result)
         if step.op == "get_usage" and _is_num(step.result):
             same = math.isclose(step.result, m_result, rel_tol=0, abs_tol=USAGE_TOLERANCE)
         elif step.op == "take_events":
@@ -685,7 +707,7 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
         if not same:
             diffs.append(f"result: recorded {_show(step.result)}, model {_show(m_result)}")
     emitted = [] if step.op == "take_events" else list(after.events[len(before.events):])
-    diffs += _event_diffs("events", step.events, [event_to_json(e) for e in emitted])
+    diffs += _event_diffs("events", step.events, [model_event_to_json(e) for e in emitted])
     if step.fired is not None:
         fired = [[w.name, b] for w, b in after.fired[len(before.fired):]]
         if not _strict_equal(step.fired, fired):
@@ -790,7 +812,7 @@ class RecordingLockstep(Lockstep):
         finally:
             result, error = tap.outcome
             line["result"] = None if error else encode_result(op, result)
-            line["error"] = type(error).__name__ if error else None
+            line["error"] = type(error).__name__ if error else None  # the pool's own class
             line["events"] = ([] if op == "take_events"
                               else [event_to_json(e) for e in tap.kv_event_queue[queued:]])
             line["fired"] = [[n, b] for n, b in self.fired_now]
@@ -842,7 +864,7 @@ def recording_pair(
 
 def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
            observe: bool = True,
-           errors_match: Callable[[Exception, Exception | None], bool] = same_error_type,
+           errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
            reference: str = DEFAULT_REFERENCE,
            observe_pool: Callable[[Any], Observation] | None = None) -> Recording:
     """Run the seeded workload (as ``campaign.run_one``) and keep every call as a trace line.
@@ -920,7 +942,7 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
     rec = record(pool_class, args.seed, args.steps, misuse=not args.no_misuse,
                  observe=not args.no_observe,
-                 errors_match=same_error_type if ours else vllm_errors_match,
+                 errors_match=same_refusal if ours else vllm_refusal,
                  reference=args.reference)
     try:
         rec.write(args.out)

@@ -14,9 +14,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.impl.errors import BlockPoolError
-from kvpool.impl.hashing import get_request_block_hasher, resolve_block_hashes
+from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from kvpool.model import Refusal
+from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
 from .lockstep import Lockstep
@@ -91,8 +92,7 @@ class Workload:
                        session_id=self.rng.choice([None, "sess"]), **kw)
 
     def _hashes(self, req: Request, group: int) -> Any:
-        return resolve_block_hashes(req.block_hashes, self.cfg.hash_block_size,
-                                    self.cfg.block_sizes[group])
+        return hashes_at(req, self.cfg.hash_block_size, self.cfg.block_sizes[group])
 
     def _cache(self, run: Running, group: int) -> None:
         bs = self.cfg.block_sizes[group]
@@ -114,7 +114,7 @@ class Workload:
         if need <= 0:
             return True
         got = self.pair.call("get_new_blocks", need)
-        if isinstance(got, BlockPoolError):
+        if isinstance(got, Refusal):
             return False
         run.tables[group].extend(got)
         return True
@@ -198,7 +198,7 @@ class Workload:
             return
         run, group = self.rng.choice(candidates)
         got = self.pair.call("get_new_blocks", 1)
-        if isinstance(got, BlockPoolError):
+        if isinstance(got, Refusal):
             return
         self.pair.call("move_block_hashes", run.tables[group][-1], got[0])
         self.copies.append(got[0])

@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hashlib
 import inspect
 import itertools
 import json
@@ -58,19 +59,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvpool.impl.errors import BlockNotInUseError, BlockPoolError, NotEnoughFreeBlocksError
-from kvpool.impl.events import AllBlocksCleared, BlockRemoved, BlockStored
-from kvpool.impl.hashing import get_request_block_hasher
-from kvpool.impl.keys import (
-    get_block_hash,
-    get_group_id,
-    make_block_hash_with_group_id,
-    maybe_convert_block_hash,
-)
-from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, initial_state, violated
 from kvpool.model import actions as A
-from kvpool.model.state import NULL, Content, Key, PoolState
+from kvpool.model.events import Cleared, Removed, Stored
+from kvpool.model.refusals import Refusal, RefusalKind
+from kvpool.model.request import Content, content
+from kvpool.model.state import NULL, Key, PoolState
 
 Action = Callable[..., tuple[PoolState, Any]]
 Call = tuple[str, tuple[Any, ...]]
@@ -90,6 +84,27 @@ TOKENS = {"r0": [1, 1, 1, 1], "r1": [1, 1, 2, 2], "r2": [2, 2, 2, 2]}
 
 
 @dataclass(frozen=True)
+class Request:
+    """A request as the model reads it, its hashes naming each prefix (no collisions)."""
+
+    request_id: str
+    all_token_ids: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]
+    lora_request: Any = None
+    mm_features: tuple[Any, ...] = ()
+    cache_salt: str | None = None
+    session_id: str | None = None
+
+    @classmethod
+    def of(cls, request_id: str, tokens: Sequence[int], hash_block_size: int) -> Request:
+        """Hash each whole chunk's prefix: equal hashes exactly for equal prefixes."""
+        cut = len(tokens) - len(tokens) % hash_block_size
+        hashes = tuple(hashlib.sha256(repr(tuple(tokens[:end])).encode()).digest()
+                       for end in range(hash_block_size, cut + 1, hash_block_size))
+        return cls(request_id, tuple(tokens), hashes)
+
+
+@dataclass(frozen=True)
 class Config:
     """The pool and argument domains explored."""
 
@@ -102,8 +117,7 @@ class Config:
     """Identify states that differ only by a renaming of the non-null blocks."""
 
     def requests(self) -> list[Request]:
-        hasher = get_request_block_hasher(self.hash_block_size)
-        return [Request(name, toks, block_hasher=hasher) for name, toks in TOKENS.items()]
+        return [Request.of(name, toks, self.hash_block_size) for name, toks in TOKENS.items()]
 
     def initial(self) -> PoolState:
         return initial_state(self.blocks, caching=True, hash_block_size=self.hash_block_size,
@@ -127,7 +141,7 @@ def _prefix(r: Request, num_tokens: int, hbs: int) -> Content:
     """The ghost content of a request prefix (memoised: the requests never change)."""
     k = (r.request_id, tuple(r.all_token_ids), num_tokens, hbs)
     if k not in _PREFIXES:
-        _PREFIXES[k] = A._content(r, num_tokens, hbs)
+        _PREFIXES[k] = content(r, num_tokens, hbs)
     return _PREFIXES[k]
 
 
@@ -280,15 +294,9 @@ def _key_renamer(gmap: tuple[tuple[int, int], ...]) -> Callable[[Key], Key]:
 
     @functools.cache
     def rename(k: Key) -> Key:
-        g = get_group_id(k)
-        return make_block_hash_with_group_id(get_block_hash(k), table.get(g, g))
+        return k[0], table.get(k[1], k[1])
 
     return rename
-
-
-@functools.cache
-def _ext(key: Key) -> tuple[Any, int]:
-    return maybe_convert_block_hash(get_block_hash(key)), get_group_id(key)
 
 
 def event_violations(before: PoolState, after: PoolState, action: str) -> list[str]:
@@ -300,24 +308,20 @@ def event_violations(before: PoolState, after: PoolState, action: str) -> list[s
     if not before.events_on:
         stray = any(before.watchers.get(b) is not w for w, b in after.fired[len(before.fired):])
         return ["fired_watchers_were_registered"] if stray else []
-    live: dict[tuple[Any, int], int] = {}
-    for key, blocks in before.index.items():
-        live[_ext(key)] = len(blocks)
+    live: dict[Key, int] = {key: len(blocks) for key, blocks in before.index.items()}
     bad: list[str] = []
     for ev in after.events[len(before.events):]:
-        if isinstance(ev, AllBlocksCleared):
+        if isinstance(ev, Cleared):
             live = {}
-        elif isinstance(ev, BlockRemoved):
-            for h in ev.block_hashes:
-                k = (h, ev.group_idx or 0)
-                if live.get(k, 0) <= 0:
-                    bad.append("event_removed_key_not_live")
-                live[k] = live.get(k, 0) - 1
-        elif isinstance(ev, BlockStored) and action != "emit_cached_block_events":
-            for h in ev.block_hashes:
-                k = (h, ev.group_idx or 0)
-                live[k] = live.get(k, 0) + 1
-    want = {_ext(key): len(blocks) for key, blocks in after.index.items()}
+        elif isinstance(ev, Removed):
+            k = (ev.hash, ev.group)
+            if live.get(k, 0) <= 0:
+                bad.append("event_removed_key_not_live")
+            live[k] = live.get(k, 0) - 1
+        elif isinstance(ev, Stored) and action != "emit_cached_block_events":
+            for h in ev.hashes:
+                live[(h, ev.group)] = live.get((h, ev.group), 0) + 1
+    want = {key: len(blocks) for key, blocks in after.index.items()}
     if {k: v for k, v in live.items() if v} != want:
         bad.append("event_announcements_match_index")
     if any(before.watchers.get(b) is not w for w, b in after.fired[len(before.fired):]):
@@ -431,11 +435,11 @@ def _apply(actions: Mapping[str, Action], s: PoolState, call: Call) -> Step | No
     name, args = call
     try:
         nxt, result = actions[name](s, *args)
-    except BlockPoolError as e:
+    except Refusal as e:
         left = getattr(e, "state", None)
         if left is None or (canonical(left) == canonical(s) and left.events == s.events):
             return None
-        return Step(name, args, s, left, None, type(e).__name__)
+        return Step(name, args, s, left, None, e.kind.name)
     return Step(name, args, s, nxt, result)
 
 
@@ -528,12 +532,8 @@ def _labels(cfg: Config) -> dict[Key, str]:
     for r in cfg.requests():
         for i, h in enumerate(r.block_hashes):
             for g in cfg.groups:
-                out.setdefault(make_block_hash_with_group_id(h, g), f"{r.request_id}[:{(i + 1) * hbs}]/g{g}")
+                out.setdefault((h, g), f"{r.request_id}[:{(i + 1) * hbs}]/g{g}")
     return out
-
-
-def _ext_labels(labels: Mapping[Key, str]) -> dict[tuple[Any, int], str]:
-    return {_ext(k): v for k, v in labels.items()}
 
 
 def show_arg(a: Any) -> str:
@@ -544,10 +544,11 @@ def show_arg(a: Any) -> str:
     return repr(a)
 
 
-def _event(ev: Any, ext: Mapping[tuple[Any, int], str]) -> str:
-    if isinstance(ev, AllBlocksCleared):
-        return "AllBlocksCleared"
-    names = [ext.get((h, ev.group_idx or 0), str(h)[:8]) for h in ev.block_hashes]
+def _event(ev: Any, labels: Mapping[Key, str]) -> str:
+    if isinstance(ev, Cleared):
+        return "Cleared"
+    hashes = ev.hashes if isinstance(ev, Stored) else (ev.hash,)
+    names = [labels.get((h, ev.group), h.hex()[:8]) for h in hashes]
     return f"{type(ev).__name__}({', '.join(names)})"
 
 
@@ -556,7 +557,7 @@ def describe(step: Step, labels: Mapping[Key, str]) -> list[str]:
     a, b = step.before, step.after
 
     def lab(k: Key) -> str:
-        return labels.get(k, k.hex()[:8])
+        return labels.get(k, f"{k[0].hex()[:8]}/g{k[1]}")
 
     def keys(s: PoolState, i: int) -> str:
         p = s.primary[i]
@@ -582,8 +583,7 @@ def describe(step: Step, labels: Mapping[Key, str]) -> list[str]:
         wa = {k: show_arg(v) for k, v in a.watchers.items()}
         wb = {k: show_arg(v) for k, v in b.watchers.items()}
         out.append(f"watchers {wa} -> {wb}")
-    ext = _ext_labels(labels)
-    evs = [_event(e, ext) for e in b.events[len(a.events):]]
+    evs = [_event(e, labels) for e in b.events[len(a.events):]]
     if evs:
         out.append("events " + "; ".join(evs))
     fired = [f"{show_arg(w)}({blk})" for w, blk in b.fired[len(a.fired):]]
@@ -640,7 +640,7 @@ def _check_once_per_block(s: PoolState, ids: Sequence[int], what: str) -> None:
     A._check_ids(s, ids)
     for b in set(ids):
         if b != NULL and s.ref[b] < 1:
-            raise BlockNotInUseError(f"{what} block {b}")
+            raise Refusal(RefusalKind.NOT_IN_USE, f"{what} block {b}")
 
 
 def free_without_refcount_check(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -707,7 +707,8 @@ def counter_before_check(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]
     if num_blocks <= len(s.free):
         return A.get_new_blocks(s, num_blocks)
     left, _ = A.get_new_blocks(s, len(s.free))
-    err = NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+    err = Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
+                  f"Cannot get {num_blocks} free blocks from the pool")
     err.state = left  # type: ignore[attr-defined]
     raise err
 
@@ -806,13 +807,13 @@ def reuse_notice_names_position(s: PoolState, num_blocks: int) -> tuple[PoolStat
 
 
 def removed_event_drops_group(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
-    """Eviction's BlockRemoved leaves out the KV-cache group (``group_idx=None``).
+    """Eviction's BlockRemoved leaves out the KV-cache group (``group_idx=None``, read as 0).
 
     A router keeping one view per group (full attention, sliding window)
     removes the entry from group 0 and keeps serving the evicted one.
     """
     nxt, res = A.evict_blocks(s, ids)
-    new = tuple(replace(ev, group_idx=None) if isinstance(ev, BlockRemoved) else ev
+    new = tuple(replace(ev, group=0) if isinstance(ev, Removed) else ev
                 for ev in nxt.events[len(s.events):])
     return replace(nxt, events=(*s.events, *new)), res
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import z3  # type: ignore[import-untyped]
 
-from kvpool.model.state import Content as ModelContent
+from kvpool.model.request import Content as ModelContent
+from kvpool.model.state import Key as ModelKey
 from kvpool.model.state import PoolState
 
 from .finite import ground
@@ -30,11 +31,11 @@ class Universe:
     """The finite carriers: one z3 element per block id, key and content."""
 
     blocks: list[Expr]
-    keys: dict[bytes, Expr]
+    keys: dict[ModelKey, Expr]
     contents: dict[ModelContent, Expr]
 
     @classmethod
-    def of(cls, states: Iterable[PoolState], keys: Iterable[bytes] = (),
+    def of(cls, states: Iterable[PoolState], keys: Iterable[ModelKey] = (),
            contents: Iterable[ModelContent] = ()) -> Universe:
         """Every block, key and content the states (and extra arguments) mention."""
         states = list(states)

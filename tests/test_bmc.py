@@ -76,13 +76,13 @@ def test_trace_is_readable() -> None:
     assert "ref 1: 1->-1" in text and "free queue" in text
     assert "ref_counts_non_negative" in text
     text = bmc.format_trace(_found("partial_kept_after_promotion"), SMALL)
-    assert "cache_partial_block(" in text and "index r0[:" in text and "events BlockStored" in text
+    assert "cache_partial_block(" in text and "index r0[:" in text and "events Stored" in text
 
 
 def test_refused_call_that_changes_state_is_reported() -> None:
     out = _found("counter_before_check")
     assert out.violation == ["refused_call_changes_nothing"]
-    assert out.trace[-1].error == "NotEnoughFreeBlocksError"
+    assert out.trace[-1].error == "NOT_ENOUGH_FREE_BLOCKS"
 
 
 def test_main_exit_codes_and_json(tmp_path: Any, capsys: Any) -> None:

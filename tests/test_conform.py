@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from kvpool.cli import conform
 from kvpool.impl import BlockPool
 from kvpool.impl.errors import UnknownBlockError
-from kvpool.oracle import conform
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
 from kvpool.oracle.broken import TouchLeavesInFreeQueue
 
@@ -229,7 +229,7 @@ def test_usage_errors_exit_2_in_one_line(argv: list[str], says: str,
 
 def test_usage_error_from_the_command_line_has_no_traceback(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "kvpool.oracle.conform", "--impl", "nope_nope:Pool"],
+        [sys.executable, "-m", "kvpool.cli.conform", "--impl", "nope_nope:Pool"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith("kvpool conform: error: --impl 'nope_nope:Pool'")

@@ -16,9 +16,9 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvpool.impl import BlockPool
 from kvpool.impl.errors import BlockPoolError, NotEnoughFreeBlocksError
 from kvpool.model import ACTIONS, QUERIES
+from kvpool.oracle.abstraction import same_refusal
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
 from kvpool.oracle.broken import TouchLeavesInFreeQueue
-from kvpool.oracle.lockstep import same_error_type
 from kvpool.oracle.machine import MachineFailure, machine_for
 
 GREEN = settings(max_examples=300, stateful_step_count=30, deadline=None,
@@ -77,7 +77,7 @@ def test_without_misuse_only_running_dry_is_refused() -> None:
     refused: Counter[str] = Counter()
     pool = _counting_pool(calls, refused)
     machine = machine_for(ClassAdapter(pool, "counting", supports_misuse=False,
-                                       matcher=same_error_type))
+                                       matcher=same_refusal))
     assert not machine.MISUSE
     run_state_machine_as_test(machine, settings=settings(GREEN, max_examples=150))
     assert set(refused) <= {NotEnoughFreeBlocksError.__name__}, refused

@@ -15,18 +15,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.impl.errors import (
-    BlockHashConflictError,
-    BlockNotInUseError,
-    CachingDisabledError,
-    InvalidArgumentError,
-    NotEnoughFreeBlocksError,
-    NullBlockError,
-    UnknownBlockError,
-)
-from kvpool.impl.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvpool.impl.hashing import get_request_block_hasher
-from kvpool.impl.keys import ExternalBlockHash, make_block_hash_with_group_id, maybe_convert_block_hash
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 from kvpool.model import INVARIANTS, NULL, PoolState, Primary, initial_state, violated
 from kvpool.model.actions import (
@@ -46,6 +35,9 @@ from kvpool.model.actions import (
     touch,
     unpin_blocks,
 )
+from kvpool.model.events import Cleared, Event, Removed, Stored
+from kvpool.model.refusals import Refusal, RefusalKind
+from kvpool.model.state import Key
 
 HBS = 4
 """Default hash block size, equal to the block size unless a test says otherwise."""
@@ -79,21 +71,17 @@ def request(rid: str, token_ids: Sequence[int], hbs: int = HBS, **kwargs: Any) -
     return Request(rid, list(token_ids), block_hasher=get_request_block_hasher(hbs), **kwargs)
 
 
-def key(block_hash: bytes, group: int = 0) -> bytes:
-    return make_block_hash_with_group_id(block_hash, group)
+def key(block_hash: bytes, group: int = 0) -> Key:
+    return block_hash, group
 
 
-def ext(block_hash: bytes) -> ExternalBlockHash:
-    return maybe_convert_block_hash(block_hash)
-
-
-def removed(block_hash: bytes, group: int = 0) -> BlockRemoved:
-    return BlockRemoved(block_hashes=[ext(block_hash)], medium="GPU", group_idx=group)
+def removed(block_hash: bytes, group: int = 0) -> Removed:
+    return Removed(block_hash, group, "GPU")
 
 
 def stored(
-    hashes: list[ExternalBlockHash],
-    parent: ExternalBlockHash | None,
+    hashes: list[bytes],
+    parent: bytes | None,
     token_ids: list[int],
     block_size: int,
     extra_keys: list[tuple[Any, ...] | None] | None,
@@ -101,14 +89,15 @@ def stored(
     lora_id: int | None = None,
     lora_name: str | None = None,
     session_id: str | None = None,
-) -> BlockStored:
-    return BlockStored(
-        block_hashes=hashes, parent_block_hash=parent, token_ids=token_ids, block_size=block_size,
-        lora_id=lora_id, medium="GPU", lora_name=lora_name, extra_keys=extra_keys,
-        group_idx=group, session_id=session_id)
+) -> Stored:
+    return Stored(
+        hashes=tuple(hashes), parent=parent, token_ids=tuple(token_ids), block_size=block_size,
+        lora_id=lora_id, lora_name=lora_name,
+        extra_keys=None if extra_keys is None else tuple(extra_keys),
+        group=group, medium="GPU", session_id=session_id)
 
 
-def drain(s: PoolState) -> tuple[PoolState, list[KVCacheEvent]]:
+def drain(s: PoolState) -> tuple[PoolState, list[Event]]:
     return step(take_events, s)
 
 
@@ -136,11 +125,12 @@ def make_watcher() -> Callable[[Any], None]:
     return on_reuse
 
 
-def assert_refused(error: type[Exception], fn: Callable[..., Any], s: PoolState, *args: Any) -> str:
-    """``fn(s, *args)`` raises ``error`` and leaves ``s`` exactly as it was."""
+def assert_refused(kind: RefusalKind, fn: Callable[..., Any], s: PoolState, *args: Any) -> str:
+    """``fn(s, *args)`` is refused for ``kind`` and leaves ``s`` exactly as it was."""
     before = copy.deepcopy(s)
-    with pytest.raises(error) as info:
+    with pytest.raises(Refusal) as info:
         fn(s, *args)
+    assert info.value.kind is kind
     assert s == before
     return str(info.value)
 
@@ -321,13 +311,13 @@ def test_partial_entry_makes_a_block_reachable_inside_it() -> None:
     assert s.primary[2] == Primary(key(bh[2]), 6)
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[2]): (2,)}
     assert get_cached_block(s, bh[2], [0]) == [2]
-    assert s.events == (stored([ext(bh[2])], ext(bh[1]), [104, 105], 2, [None]),)
+    assert s.events == (stored([bh[2]], bh[1], [104, 105], 2, [None]),)
 
 
 def test_first_chunk_partial_entry_has_no_parent() -> None:
     s, r = block_with_partial_entries()
     s, _ = step(cache_partial_block, s, r, 1, 2, 0, 8)
-    assert s.events == (stored([ext(r.block_hashes[0])], None, [100, 101], 2, [None]),)
+    assert s.events == (stored([r.block_hashes[0]], None, [100, 101], 2, [None]),)
 
 
 def test_partial_entry_over_a_longer_prefix_replaces_the_shorter_entry() -> None:
@@ -337,7 +327,7 @@ def test_partial_entry_over_a_longer_prefix_replaces_the_shorter_entry() -> None
     assert s.primary[1] == Primary(key(bh[1]), 4)
     assert s.secondary[1] == ()
     assert dict(s.index) == {key(bh[1]): (1,)}
-    assert s.events == (removed(bh[0]), stored([ext(bh[1])], ext(bh[0]), [102, 103], 2, [None]))
+    assert s.events == (removed(bh[0]), stored([bh[1]], bh[0], [102, 103], 2, [None]))
 
 
 def test_partial_entry_over_a_shorter_prefix_becomes_secondary() -> None:
@@ -347,7 +337,7 @@ def test_partial_entry_over_a_shorter_prefix_becomes_secondary() -> None:
     assert s.primary[1] == Primary(key(bh[1]), 4)
     assert s.secondary[1] == (key(bh[0]),)
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[0]): (1,)}
-    assert s.events == (stored([ext(bh[0])], None, [100, 101], 2, [None]),)
+    assert s.events == (stored([bh[0]], None, [100, 101], 2, [None]),)
 
 
 @pytest.mark.parametrize("num_tokens", [4, 2], ids=["primary", "secondary"])
@@ -366,7 +356,7 @@ def test_promotion_to_a_full_block_removes_every_partial_entry() -> None:
     assert s.primary[1] == Primary(key(bh[3]), 8)
     assert s.secondary[1] == ()
     assert dict(s.index) == {key(bh[3]): (1,)}
-    assert s.events == (removed(bh[1]), removed(bh[0]), stored([ext(bh[3])], None, tokens(8), 8, [None]))
+    assert s.events == (removed(bh[1]), removed(bh[0]), stored([bh[3]], None, tokens(8), 8, [None]))
 
 
 def test_replace_existing_hashes_drops_every_entry_first() -> None:
@@ -380,7 +370,7 @@ def test_replace_existing_hashes_drops_every_entry_first() -> None:
     assert s.events == (
         removed(r.block_hashes[1]),
         removed(r.block_hashes[0]),
-        stored([ext(oh[0])], None, [200, 201], 2, [None]),
+        stored([oh[0]], None, [200, 201], 2, [None]),
     )
 
 
@@ -393,7 +383,7 @@ def test_replace_existing_hashes_drops_every_entry_first() -> None:
 def test_partial_entry_misuse_is_refused(num_tokens: int, block_size: int) -> None:
     s, _ = step(get_new_blocks, pool(3, hbs=2), 1)
     r = request("r", tokens(4), hbs=2)
-    assert_refused(InvalidArgumentError, cache_partial_block, s, r, 1, num_tokens, 0, block_size)
+    assert_refused(RefusalKind.INVALID_ARGUMENT, cache_partial_block, s, r, 1, num_tokens, 0, block_size)
 
 
 def test_partial_entry_on_the_null_block_returns_none_and_changes_nothing() -> None:
@@ -425,12 +415,12 @@ def test_move_onto_a_hashed_block_is_refused() -> None:
     s, r = block_with_partial_entries(4)
     s, _ = step(get_new_blocks, s, 1)
     s, _ = step(cache_partial_block, s, r, 2, 2, 0, 8)
-    assert_refused(BlockHashConflictError, move_block_hashes, s, 1, 2)
+    assert_refused(RefusalKind.HASH_CONFLICT, move_block_hashes, s, 1, 2)
 
 
 def test_move_onto_the_null_block_is_refused() -> None:
     s, _ = block_with_partial_entries(4)
-    assert_refused(NullBlockError, move_block_hashes, s, 1, NULL)
+    assert_refused(RefusalKind.NULL_BLOCK, move_block_hashes, s, 1, NULL)
 
 
 # --------------------------------------------------------------------------
@@ -498,7 +488,7 @@ def test_reregistering_a_watcher_replaces_it_in_its_first_place() -> None:
 
 def test_unpinning_the_null_block_is_refused() -> None:
     s, _ = step(touch, pool(3), [NULL])
-    assert_refused(NullBlockError, unpin_blocks, s, [NULL], make_watcher())
+    assert_refused(RefusalKind.NULL_BLOCK, unpin_blocks, s, [NULL], make_watcher())
 
 
 def test_unpinned_hashed_block_keeps_its_hash_and_stays_hittable() -> None:
@@ -541,7 +531,7 @@ def test_reset_clears_every_hash_and_emits_all_blocks_cleared() -> None:
     assert s.primary == (None,) * 4
     assert s.secondary == ((),) * 4
     assert s.free == (3, 2, 1)
-    assert s.events == (AllBlocksCleared(),)
+    assert s.events == (Cleared(),)
     assert get_cached_block(s, r.block_hashes[0], [0]) is None
 
 
@@ -572,7 +562,7 @@ def test_take_events_hands_over_the_log_and_clears_it() -> None:
     r = request("r", tokens(4))
     s, _ = allocate_and_cache(pool(3), r, 1)
     s, taken = step(take_events, s)
-    assert taken == [stored([ext(r.block_hashes[0])], None, tokens(4), 4, [None])]
+    assert taken == [stored([r.block_hashes[0]], None, tokens(4), 4, [None])]
     assert s.events == ()
     _, taken = step(take_events, s)
     assert taken == []
@@ -583,7 +573,7 @@ def test_cache_full_blocks_emits_one_block_stored_for_the_range() -> None:
     s, ids = step(get_new_blocks, pool(4), 2)
     s, _ = step(cache_full_blocks, s, r, ids, 0, 2, HBS, 0)
     bh = r.block_hashes
-    assert s.events == (stored([ext(bh[0]), ext(bh[1])], None, tokens(8), 4, [None, None]),)
+    assert s.events == (stored([bh[0], bh[1]], None, tokens(8), 4, [None, None]),)
 
 
 def test_cache_full_blocks_parent_is_the_last_already_cached_block() -> None:
@@ -593,7 +583,7 @@ def test_cache_full_blocks_parent_is_the_last_already_cached_block() -> None:
     s, _ = drain(s)
     s, _ = step(cache_full_blocks, s, r, ids, 2, 3, HBS, 0)
     bh = r.block_hashes
-    assert s.events == (stored([ext(bh[2])], ext(bh[1]), tokens(4, start=108), 4, [None]),)
+    assert s.events == (stored([bh[2]], bh[1], tokens(4, start=108), 4, [None]),)
 
 
 def test_cache_full_blocks_parent_uses_block_size_granularity() -> None:
@@ -604,7 +594,7 @@ def test_cache_full_blocks_parent_uses_block_size_granularity() -> None:
     s, _ = step(cache_full_blocks, s, r, ids, 1, 2, 4, 0)
     bh = r.block_hashes
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[3]): (2,)}
-    assert s.events == (stored([ext(bh[3])], ext(bh[1]), [104, 105, 106, 107], 4, [None]),)
+    assert s.events == (stored([bh[3]], bh[1], [104, 105, 106, 107], 4, [None]),)
 
 
 @pytest.mark.parametrize(
@@ -630,7 +620,7 @@ def test_block_stored_carries_request_metadata_per_block(
     s, _ = allocate_and_cache(pool(4), r, 2)
     bh = r.block_hashes
     assert s.events == (
-        stored([ext(bh[0]), ext(bh[1])], None, tokens(8), 4, extra_keys,
+        stored([bh[0], bh[1]], None, tokens(8), 4, extra_keys,
                lora_id=lora_id, lora_name=lora_name, session_id=session_id),
     )
 
@@ -640,7 +630,7 @@ def test_block_stored_reports_the_kv_cache_group() -> None:
     s, _ = allocate_and_cache(pool(3), r, 1, group=3)
     h = r.block_hashes[0]
     assert dict(s.index) == {key(h, 3): (1,)}
-    assert s.events == (stored([ext(h)], None, tokens(4), 4, [None], group=3),)
+    assert s.events == (stored([h], None, tokens(4), 4, [None], group=3),)
 
 
 def test_block_mask_skips_masked_blocks_in_index_and_event() -> None:
@@ -655,7 +645,7 @@ def test_block_mask_skips_masked_blocks_in_index_and_event() -> None:
     assert dict(s.index) == {key(bh[0]): (1,), key(bh[2]): (3,)}
     assert s.primary[2] is None
     assert s.events == (
-        stored([ext(bh[0]), ext(bh[2])], None, tokens(12), 4, [(("A", 0),), (("B", 0),)]),
+        stored([bh[0], bh[2]], None, tokens(12), 4, [(("A", 0),), (("B", 0),)]),
     )
 
 
@@ -665,7 +655,7 @@ def test_null_blocks_are_skipped_in_index_and_event() -> None:
     s, _ = step(cache_full_blocks, s, r, [NULL, *ids], 0, 3, HBS, 0)
     bh = r.block_hashes
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[2]): (2,)}
-    assert s.events == (stored([ext(bh[1]), ext(bh[2])], None, tokens(12), 4, [None, None]),)
+    assert s.events == (stored([bh[1], bh[2]], None, tokens(12), 4, [None, None]),)
 
 
 def test_fully_masked_range_still_emits_an_empty_block_stored() -> None:
@@ -681,7 +671,7 @@ def test_emit_cached_block_events_announces_hits_without_changing_the_pool() -> 
     hit = request("hit", tokens(8), session_id="s2")
     nxt, _ = step(emit_cached_block_events, s, hit, 2, HBS, 0)
     assert nxt.events == (
-        stored([ext(bh[0]), ext(bh[1])], None, tokens(8), 4, [None, None], session_id="s2"),
+        stored([bh[0], bh[1]], None, tokens(8), 4, [None, None], session_id="s2"),
     )
     assert replace(nxt, events=()) == s
 
@@ -722,64 +712,63 @@ def test_cache_full_blocks_with_more_cached_than_full_does_nothing() -> None:
     assert nxt is s
 
 
-REFUSALS: list[tuple[str, type[Exception], Callable[[PoolState, Request], Any]]] = [
-    ("over-free-in-one-call", BlockNotInUseError, lambda s, r: free_blocks(s, [1, 1])),
-    ("free-of-an-idle-block", BlockNotInUseError, lambda s, r: free_blocks(s, [3])),
-    ("over-unpin-in-one-call", BlockNotInUseError, lambda s, r: unpin_blocks(s, [2, 2], W)),
-    ("free-unknown-negative", UnknownBlockError, lambda s, r: free_blocks(s, [-1])),
-    ("free-unknown-past-end", UnknownBlockError, lambda s, r: free_blocks(s, [4])),
-    ("touch-unknown", UnknownBlockError, lambda s, r: touch(s, [4])),
-    ("evict-unknown-negative", UnknownBlockError, lambda s, r: evict_blocks(s, [-1])),
-    ("evict-unknown-past-end", UnknownBlockError, lambda s, r: evict_blocks(s, [4])),
-    ("unpin-unknown", UnknownBlockError, lambda s, r: unpin_blocks(s, [4], W)),
-    ("move-unknown", UnknownBlockError, lambda s, r: move_block_hashes(s, 1, 4)),
-    ("writable-unknown", UnknownBlockError, lambda s, r: is_block_writable(s, -1)),
-    ("more-blocks-than-free", NotEnoughFreeBlocksError, lambda s, r: get_new_blocks(s, 2)),
-    ("negative-get-count", InvalidArgumentError, lambda s, r: get_new_blocks(s, -1)),
-    ("negative-num-cached", InvalidArgumentError,
+REFUSALS: list[tuple[str, RefusalKind, Callable[[PoolState, Request], Any]]] = [
+    ("over-free-in-one-call", RefusalKind.NOT_IN_USE, lambda s, r: free_blocks(s, [1, 1])),
+    ("free-of-an-idle-block", RefusalKind.NOT_IN_USE, lambda s, r: free_blocks(s, [3])),
+    ("over-unpin-in-one-call", RefusalKind.NOT_IN_USE, lambda s, r: unpin_blocks(s, [2, 2], W)),
+    ("free-unknown-negative", RefusalKind.UNKNOWN_BLOCK, lambda s, r: free_blocks(s, [-1])),
+    ("free-unknown-past-end", RefusalKind.UNKNOWN_BLOCK, lambda s, r: free_blocks(s, [4])),
+    ("touch-unknown", RefusalKind.UNKNOWN_BLOCK, lambda s, r: touch(s, [4])),
+    ("evict-unknown-negative", RefusalKind.UNKNOWN_BLOCK, lambda s, r: evict_blocks(s, [-1])),
+    ("evict-unknown-past-end", RefusalKind.UNKNOWN_BLOCK, lambda s, r: evict_blocks(s, [4])),
+    ("unpin-unknown", RefusalKind.UNKNOWN_BLOCK, lambda s, r: unpin_blocks(s, [4], W)),
+    ("move-unknown", RefusalKind.UNKNOWN_BLOCK, lambda s, r: move_block_hashes(s, 1, 4)),
+    ("writable-unknown", RefusalKind.UNKNOWN_BLOCK, lambda s, r: is_block_writable(s, -1)),
+    ("more-blocks-than-free", RefusalKind.NOT_ENOUGH_FREE_BLOCKS, lambda s, r: get_new_blocks(s, 2)),
+    ("negative-get-count", RefusalKind.INVALID_ARGUMENT, lambda s, r: get_new_blocks(s, -1)),
+    ("negative-num-cached", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: cache_full_blocks(s, FRESH, [3], -1, 1, HBS, 0)),
-    ("negative-emit-count", InvalidArgumentError,
+    ("negative-emit-count", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: emit_cached_block_events(s, r, -1, HBS, 0)),
-    ("mask-length", InvalidArgumentError,
+    ("mask-length", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: cache_full_blocks(s, FRESH, [3], 0, 1, HBS, 0, [True, False])),
-    ("too-few-request-hashes", InvalidArgumentError,
+    ("too-few-request-hashes", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: cache_full_blocks(s, SHORT, [3], 0, 1, HBS, 0)),
-    ("group-id-too-large", InvalidArgumentError,
+    ("group-id-too-large", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: cache_full_blocks(s, FRESH, [3], 0, 1, HBS, 2**32)),
-    ("group-id-negative", InvalidArgumentError,
+    ("group-id-negative", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: cache_full_blocks(s, FRESH, [3], 0, 1, HBS, -1)),
-    ("lookup-group-id-too-large", InvalidArgumentError,
+    ("lookup-group-id-too-large", RefusalKind.INVALID_ARGUMENT,
      lambda s, r: get_cached_block(s, r.block_hashes[0], [2**32])),
-    ("already-cached-at-this-length", BlockHashConflictError,
+    ("already-cached-at-this-length", RefusalKind.HASH_CONFLICT,
      lambda s, r: cache_full_blocks(s, r, [1, 2], 0, 2, HBS, 0)),
 ]
 
 
-@pytest.mark.parametrize(("error", "call"), [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
+@pytest.mark.parametrize(("kind", "call"), [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
 def test_refused_call_leaves_the_state_unchanged(
-    error: type[Exception], call: Callable[[PoolState, Request], Any]
+    kind: RefusalKind, call: Callable[[PoolState, Request], Any]
 ) -> None:
     s, r = pool_with_cached_request()
-    assert_refused(error, call, s, r)
+    assert_refused(kind, call, s, r)
 
 
 def test_double_free_is_refused() -> None:
     s, _ = step(get_new_blocks, pool(3), 1)
     s, _ = step(free_blocks, s, [1])
-    assert_refused(BlockNotInUseError, free_blocks, s, [1])
+    assert_refused(RefusalKind.NOT_IN_USE, free_blocks, s, [1])
 
 
-def test_not_enough_free_blocks_is_a_value_error_with_the_reference_message() -> None:
-    message = assert_refused(ValueError, get_new_blocks, pool(4), 4)
+def test_not_enough_free_blocks_carries_the_reference_message() -> None:
+    message = assert_refused(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, get_new_blocks, pool(4), 4)
     assert message == "Cannot get 4 free blocks from the pool"
-    assert_refused(NotEnoughFreeBlocksError, get_new_blocks, pool(4), 4)
 
 
 def test_caching_on_a_pool_without_caching_is_refused() -> None:
     s, _ = step(get_new_blocks, pool(3, hbs=2, caching=False), 1)
     r = request("r", tokens(4), hbs=2)
-    assert_refused(CachingDisabledError, cache_full_blocks, s, r, [1], 0, 1, 4, 0)
-    assert_refused(CachingDisabledError, cache_partial_block, s, r, 1, 2, 0, 4)
+    assert_refused(RefusalKind.CACHING_DISABLED, cache_full_blocks, s, r, [1], 0, 1, 4, 0)
+    assert_refused(RefusalKind.CACHING_DISABLED, cache_partial_block, s, r, 1, 2, 0, 4)
 
 
 # --------------------------------------------------------------------------
@@ -800,7 +789,7 @@ def test_touch_and_free_of_the_null_block_move_only_its_counter() -> None:
 def test_null_block_is_never_handed_out() -> None:
     s, ids = step(get_new_blocks, pool(4), 3)
     assert ids == [1, 2, 3]
-    assert_refused(NotEnoughFreeBlocksError, get_new_blocks, s, 1)
+    assert_refused(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, get_new_blocks, s, 1)
 
 
 def test_evicting_the_null_block_is_a_no_op() -> None:

@@ -50,7 +50,8 @@ from kvpool.impl.hashing import (
 )
 from kvpool.impl.keys import _env_flag, make_block_hash_with_group_id, maybe_convert_block_hash
 from kvpool.impl.request import MultiModalFeature, PlaceholderRange
-from kvpool.model import ACTIONS, QUERIES, PoolState, initial_state
+from kvpool.model import ACTIONS, QUERIES, PoolState, Refusal, RefusalKind, initial_state
+from kvpool.oracle.abstraction import model_event, pool_event, refusal_kind
 from kvpool.oracle.observe import free_queue_link_errors, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -434,7 +435,7 @@ def test_masked_range_needs_the_parent_hash_only_for_events(events: bool) -> Non
     if events:
         with pytest.raises(InvalidArgumentError, match=r"^request has 2 block hashes, want 3$"):
             pool.cache_full_blocks(req, listed, 3, 4, 4, 0, block_mask=[False])
-        with pytest.raises(InvalidArgumentError, match=r"^request has 2 block hashes, want 3$"):
+        with pytest.raises(Refusal, match=r"^request has 2 block hashes, want 3$"):
             ACTIONS["cache_full_blocks"](state, req, [0, 0, 0, 1], 3, 4, 4, 0, [False])
     else:
         pool.cache_full_blocks(req, listed, 3, 4, 4, 0, block_mask=[False])
@@ -506,12 +507,14 @@ def test_any_32_bit_group_id_keys_like_the_model(group: int) -> None:
     state, _ = ACTIONS["cache_full_blocks"](state, req, [1], 0, 1, 4, group)
     primary = state.primary[1]
     assert primary is not None
-    assert blk.block_hash == make_block_hash_with_group_id(hashes[0], group) == primary.key
+    assert blk.block_hash == make_block_hash_with_group_id(hashes[0], group)
+    assert primary.key == (hashes[0], group)
     assert pool.get_cached_block(hashes[0], [group]) == [blk]
     assert QUERIES["get_cached_block"](state, hashes[0], [group]) == [1]
     key = pool.cache_partial_block(req, blk, 6, group, 8)
     state, model_key = ACTIONS["cache_partial_block"](state, req, 1, 6, group, 8)
-    assert key == model_key == make_block_hash_with_group_id(req.block_hashes[2], group) == blk.block_hash
+    assert key == make_block_hash_with_group_id(req.block_hashes[2], group) == blk.block_hash
+    assert model_key == (req.block_hashes[2], group)
     # stored, removed (the block grew), stored
     assert [cast(Any, e).group_idx for e in pool.take_events()] == [group, group, group]
 
@@ -736,12 +739,13 @@ def test_refusals_name_what_was_wrong(
     method: str, args: tuple[Any, ...], error: type[Exception], pattern: str, caching: bool
 ) -> None:
     pool, reqs = _impl_setup(caching)
-    with pytest.raises(error, match=pattern):
+    with pytest.raises(error, match=pattern) as refused:
         getattr(pool, method)(*(_resolve(a, pool.blocks.__getitem__, reqs) for a in args))
     state, mreqs = _model_setup(caching)
     fn = ACTIONS.get(method) or QUERIES[method]
-    with pytest.raises(error, match=pattern):
+    with pytest.raises(Refusal, match=pattern) as model:
         fn(state, *(_resolve(a, int, mreqs) for a in args))
+    assert refusal_kind(refused.value) is model.value.kind
 
 
 @pytest.mark.parametrize(("call", "error", "pattern"), [
@@ -781,10 +785,12 @@ def test_pool_only_refusals_name_what_was_wrong(call: Any, error: type[Exception
 ])
 def test_model_refuses_unknown_block_ids_by_name(action: str, args: tuple[Any, ...]) -> None:
     state, _ = _model_setup(True)
-    with pytest.raises(UnknownBlockError, match=r"^block id (8|'x') is not in \[0, 8\)$"):
+    with pytest.raises(Refusal, match=r"^block id (8|'x') is not in \[0, 8\)$") as info:
         ACTIONS[action](state, *args)
-    with pytest.raises(UnknownBlockError, match=r"^block id 8 is not in \[0, 8\)$"):
+    assert info.value.kind is RefusalKind.UNKNOWN_BLOCK
+    with pytest.raises(Refusal, match=r"^block id 8 is not in \[0, 8\)$") as info:
         QUERIES["is_block_writable"](state, 8)
+    assert info.value.kind is RefusalKind.UNKNOWN_BLOCK
 
 
 def test_coarse_hash_view_index_error_names_the_index() -> None:
@@ -830,7 +836,7 @@ def test_hit_events_carry_only_the_hit_tokens() -> None:
     pool.emit_cached_block_events(req, 2, 4, 0)
     state, _ = ACTIONS["emit_cached_block_events"](initial_state(4, True, 2, events_on=True), req, 2, 4, 0)
     (event,) = cast(list[Any], pool.take_events())
-    assert list(state.events) == [event]
+    assert [model_event(e) for e in state.events] == [pool_event(event)]
     assert event.token_ids == list(range(8)) and event.parent_block_hash is None and event.block_size == 4
 
 
@@ -841,8 +847,9 @@ def test_one_token_partial_entry_with_one_token_chunks() -> None:
     key = pool.cache_partial_block(req, blk, 1, 0, 2)
     state, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 1), 1)
     state, model_key = ACTIONS["cache_partial_block"](state, req, 1, 1, 0, 2)
-    assert key == model_key == make_block_hash_with_group_id(req.block_hashes[0], 0)
-    assert state.index == {key: (1,)} and pool.get_cached_block(req.block_hashes[0], [0]) == [blk]
+    assert key == make_block_hash_with_group_id(req.block_hashes[0], 0)
+    assert model_key == (req.block_hashes[0], 0)
+    assert state.index == {model_key: (1,)} and pool.get_cached_block(req.block_hashes[0], [0]) == [blk]
 
 
 @pytest.mark.parametrize("num_tokens", [2, 4, 6, 10, 12, 14])
@@ -856,7 +863,7 @@ def test_partial_entry_events_with_multimodal_items_match_the_model(num_tokens: 
     state, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2, events_on=True), 1)
     state, _ = ACTIONS["cache_partial_block"](state, req, 1, num_tokens, 0, 8)
     (event,) = cast(list[Any], pool.take_events())
-    assert list(state.events) == [event]
+    assert [model_event(e) for e in state.events] == [pool_event(event)]
     start = num_tokens - 2
     mm = tuple((f"item{k}", o - start) for k, (o, n) in enumerate(spans) if o < num_tokens and o + n > start)
     assert event.extra_keys == [("ad", *mm, *(("s",) if start == 0 else ()))]
@@ -915,7 +922,7 @@ def test_stored_events_carry_the_range_tokens_like_the_model() -> None:
     state, _ = ACTIONS["cache_full_blocks"](state, req, [1, 2, 3, 4], 0, 1, 4, 0)
     state, _ = ACTIONS["cache_full_blocks"](state, req, [1, 2, 3, 4], 1, 3, 4, 0)
     events = cast(list[Any], pool.take_events())
-    assert list(state.events) == events
+    assert [model_event(e) for e in state.events] == [pool_event(e) for e in events]
     assert [e.token_ids for e in events] == [list(range(4)), list(range(4, 12))]
 
 

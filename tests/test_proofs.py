@@ -8,19 +8,12 @@ from typing import Any
 import pytest
 import z3  # type: ignore[import-untyped]
 
-from kvpool.impl.errors import (
-    BlockHashConflictError,
-    BlockNotInUseError,
-    BlockPoolError,
-    CachingDisabledError,
-    NotEnoughFreeBlocksError,
-    NullBlockError,
-)
-from kvpool.impl.hashing import get_request_block_hasher, resolve_block_hashes
-from kvpool.impl.keys import make_block_hash_with_group_id
+from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, initial_state, violated
 from kvpool.model import actions as A
+from kvpool.model.refusals import Refusal, RefusalKind
+from kvpool.model.request import content, hashes_at
 from kvpool.proofs import order
 from kvpool.proofs import transitions as T
 from kvpool.proofs.concrete import Universe, compare, compare_batch
@@ -131,9 +124,13 @@ def test_every_invariant_refutes_some_seeded_bug() -> None:
 # --------------------------------------------------------------------------
 # Agreement: on random reachable states the steps compute what the model computes.
 
-STATE_ERRORS = (NotEnoughFreeBlocksError, BlockNotInUseError, BlockHashConflictError, NullBlockError,
-                CachingDisabledError)
+STATE_REFUSALS = (RefusalKind.NOT_ENOUGH_FREE_BLOCKS, RefusalKind.NOT_IN_USE, RefusalKind.HASH_CONFLICT,
+                  RefusalKind.NULL_BLOCK, RefusalKind.CACHING_DISABLED)
 """Refusals that depend on the state: the step's precondition must be false there."""
+
+
+def _is_key(v: Any) -> bool:
+    return isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], bytes)
 
 
 def _watcher(_b: int) -> None:
@@ -173,21 +170,21 @@ def _call(rng: random.Random, s: PoolState) -> tuple[str, list[Any], Any, tuple[
         return "identity", [], A.take_events, ()
     req = _request(rng, hbs)
     if kind == "cache_full":
-        hashes = resolve_block_hashes(req.block_hashes, hbs, bs)
+        hashes = hashes_at(req, hbs, bs)
         i = rng.randrange(max(1, len(hashes)))
         ids = [rng.randrange(n) for _ in range(i)] + [b]
         if b == 0 or i >= len(hashes):
             return "identity", [], A.cache_full_blocks, (req, ids, i, i + 1, bs, g)
         t = (i + 1) * bs
-        key = make_block_hash_with_group_id(hashes[i], g)
-        return ("cache_full", [b, key, t, A._content(req, t, hbs)], A.cache_full_blocks,
+        key = (hashes[i], g)
+        return ("cache_full", [b, key, t, content(req, t, hbs)], A.cache_full_blocks,
                 (req, ids, i, i + 1, bs, g))
     t = hbs * rng.randint(1, max(1, len(req.block_hashes)))
     rep = rng.random() < 0.3
     if b == 0 or t // hbs > len(req.block_hashes):
         return "identity", [], A.cache_partial_block, (req, b, t, g, bs, rep)
-    key = make_block_hash_with_group_id(req.block_hashes[t // hbs - 1], g)
-    return ("cache_partial", [b, key, t, A._content(req, t, hbs), rep], A.cache_partial_block,
+    key = (req.block_hashes[t // hbs - 1], g)
+    return ("cache_partial", [b, key, t, content(req, t, hbs), rep], A.cache_partial_block,
             (req, b, t, g, bs, rep))
 
 
@@ -200,7 +197,7 @@ def _z3_args(u: Universe, step: str, args: list[Any]) -> list[Any]:
             out.append(z3.BoolVal(v))
         elif isinstance(v, int):
             out.append(u.blocks[v])
-        elif isinstance(v, bytes):
+        elif _is_key(v):
             out.append(u.keys[v])
         else:
             out.append(u.contents[v])
@@ -219,16 +216,16 @@ def test_steps_agree_with_model_on_random_reachable_states() -> None:
             step, vals, fn, margs = _call(rng, s)
             try:
                 nxt, result = fn(s, *margs)
-            except STATE_ERRORS:
+            except Refusal as refusal:
+                if refusal.kind not in STATE_REFUSALS:
+                    continue  # an argument-shape error: abstracted away
                 nxt, result = None, None
-            except BlockPoolError:
-                continue  # an argument-shape error: abstracted away
             if step == "reset" and result is False:
                 nxt = None
             if step == "identity" and nxt is None:
                 continue  # e.g. cache_full_blocks of NULL without caching: refused before any block
-            keys = [v for v in vals if isinstance(v, bytes)]
-            contents = [v for v in vals if isinstance(v, tuple)]
+            keys = [v for v in vals if _is_key(v)]
+            contents = [v for v in vals if isinstance(v, tuple) and not _is_key(v)]
             u = Universe.of([s] + ([nxt] if nxt else []), keys, contents)
             if step == "alloc" and vals[0] is None:  # nothing free: no block may be allocated
                 assert nxt is None
@@ -269,12 +266,12 @@ def _batch(rng: random.Random, s: PoolState) -> tuple[list[tuple[str, list[Any]]
         return [(kind, [b]) for b in ids], fn, (ids,)
     bs = hbs * rng.choice((1, 2))
     req = _request(rng, hbs)
-    hashes = resolve_block_hashes(req.block_hashes, hbs, bs)
+    hashes = hashes_at(req, hbs, bs)
     nf = min(len(ids), len(hashes))
     nc = rng.randrange(nf) if nf else 0
     g = rng.choice((0, 1))
-    calls = [("cache_full", [b, make_block_hash_with_group_id(hashes[i], g), (i + 1) * bs,
-                             A._content(req, (i + 1) * bs, hbs)])
+    calls = [("cache_full", [b, (hashes[i], g), (i + 1) * bs,
+                             content(req, (i + 1) * bs, hbs)])
              for i, b in enumerate(ids[:nf]) if i >= nc and b != 0]
     return calls, A.cache_full_blocks, (req, ids, nc, nf, bs, g)
 
@@ -289,16 +286,16 @@ def test_batches_agree_with_their_per_block_decomposition() -> None:
             calls, fn, margs = _batch(rng, s)
             try:
                 nxt = fn(s, *margs)[0]
-            except STATE_ERRORS:
+            except Refusal as refusal:
+                if refusal.kind not in STATE_REFUSALS:
+                    continue
                 nxt = None
-            except BlockPoolError:
-                continue
             if fn is A.cache_full_blocks and not calls:
                 continue
             vals = [v for _step, args in calls for v in args]
             u = Universe.of([s] + ([nxt] if nxt else []),
-                            [v for v in vals if isinstance(v, bytes)],
-                            [v for v in vals if isinstance(v, tuple)])
+                            [v for v in vals if _is_key(v)],
+                            [v for v in vals if isinstance(v, tuple) and not _is_key(v)])
             z = [(step, _z3_args(u, step, args)) for step, args in calls]
             v = compare_batch(u, s, nxt, z)
             assert v.enabled == (nxt is not None), (fn.__name__, margs)
@@ -369,10 +366,10 @@ def test_queue_steps_agree_with_model_order() -> None:
             fn, margs, calls = _queue_call(rng, s)
             try:
                 nxt, result = fn(s, *margs)
-            except STATE_ERRORS:
+            except Refusal as refusal:
+                if refusal.kind not in STATE_REFUSALS:
+                    continue
                 nxt, result = None, None
-            except BlockPoolError:
-                continue
             if fn is A.reset_prefix_cache and result is False:
                 nxt = None
             if fn is A.cache_full_blocks and nxt is None:

@@ -14,8 +14,8 @@ import pytest
 
 from kvpool.impl import BlockPool, UnknownBlockError
 from kvpool.impl.events import event_fields, use_event_classes, use_vllm_event_classes
+from kvpool.oracle.abstraction import vllm_refusal
 from kvpool.oracle.campaign import run_campaign
-from kvpool.oracle.lockstep import vllm_errors_match
 from kvpool.oracle.observe import observe_pool
 
 vllm_pool = pytest.importorskip("vllm.v1.core.block_pool")
@@ -116,7 +116,7 @@ def test_model_agrees_with_vllm_on_the_lockstep_workload(seed: int) -> None:
     out = io.StringIO()
     factory: Callable[..., Any] = vllm_pool.BlockPool
     status = run_campaign(factory, steps=1500, runs=6, seed=seed, out=out, misuse=False,
-                          errors_match=vllm_errors_match)
+                          errors_match=vllm_refusal)
     assert status == 0, out.getvalue()
 
 

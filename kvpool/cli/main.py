@@ -19,7 +19,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
               "prove with z3 that every operation preserves every invariant, for any pool size"),
     "bmc": ("kvpool.proofs.bmc", "main",
             "bounded model checking: every call sequence of small pools, up to a depth"),
-    "conform": ("kvpool.oracle.conform", "main",
+    "conform": ("kvpool.cli.conform", "main",
                 "check any block-pool implementation against the model, step by step"),
     "record": ("kvpool.oracle.trace", "record_main",
                "record a JSONL trace of a pool running the workload"),
@@ -88,15 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.steps <= 0 or args.runs <= 0:
             parser.error("--steps and --runs must be positive")
         from kvpool.impl import BlockPool
+        from kvpool.oracle.abstraction import same_refusal, vllm_refusal
         from kvpool.oracle.adapter import import_or_exit
         from kvpool.oracle.campaign import run_campaign
-        from kvpool.oracle.lockstep import same_error_type, vllm_errors_match
 
         pool_class = import_or_exit(parser, "--pool", args.pool)
         ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
         return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
                             out=sys.stdout, misuse=not args.no_misuse,
-                            errors_match=same_error_type if ours else vllm_errors_match,
+                            errors_match=same_refusal if ours else vllm_refusal,
                             reference=args.reference)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -1,0 +1,249 @@
+"""``kvpool conform``: check any block pool implementation against the model.
+
+Two phases run against the implementation (:mod:`kvpool.oracle.conform`), each
+compared call by call with the model:
+
+* ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
+  ``--runs`` runs of ``--steps`` calls each: long and fast, not shrunk;
+* ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
+  ``--examples`` examples of up to ``--machine-steps`` rules: a failure is
+  shrunk to a minimal trace of readable steps.
+
+Exit status: 0 when both agree with the model, 1 on a divergence (or a crash
+of the implementation), 2 on a usage error (bad ``--impl``/``--adapter``, a
+class without the pool API, an output file that cannot be written), reported
+as one line without a traceback.
+
+``--json FILE`` writes this document (schema ``kvpool.conform/1``)::
+
+    {
+      "schema": "kvpool.conform/1",
+      "implementation": "pkg.module:Class",   # the adapter's name
+      "ok": true,                             # every phase agreed
+      "exit_code": 0,                         # 0 agree, 1 divergence
+      "settings": {"steps": 1000, "runs": 4, "examples": 200, "machine_steps": 25,
+                   "seed": 0, "misuse": true, "reference": "0.31"},
+      "phases": [
+        {"name": "campaign",                  # then "machine"
+         "ok": false,
+         "seconds": 0.42,
+         "executed": 4000,                    # campaign: lockstep calls; machine:
+                                              # state machines run (examples, shrinks)
+         "failure": null | {
+            "kind": "divergence" | "crash",   # crash: the pool raised outside a call
+            "message": "free_blocks: model raised ...",   # first line
+            "details": "full message, with the last lockstep calls",
+            "trace": ["step 3: get_new_blocks(1) -> [1]", ...],
+                                              # campaign: last lockstep calls;
+                                              # machine: the shrunk Hypothesis steps
+            "seed": 2,                        # the campaign run's seed (machine: --seed)
+            "steps": [...]                    # the last calls with a picture of the pool
+                                              # each: TraceStep of kvpool/VERIFY_SCHEMA.md
+         }}
+      ]
+    }
+
+``--junit FILE`` writes JUnit XML: one ``testsuite`` named ``kvpool.conform``
+with one ``testcase`` per phase (``campaign``, ``machine``), a ``failure``
+element carrying the trace when the phase diverged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TextIO
+
+from kvpool.model import REFERENCES
+from kvpool.oracle.adapter import Adapter
+from kvpool.oracle.conform import (
+    Failure,
+    Options,
+    PhaseResult,
+    load_adapter,
+    run_campaign_phase,
+    run_machine_phase,
+)
+from kvpool.pictures import pictured_steps
+
+from .usage import UsageError, UsageParser, check_writable
+
+SCHEMA = "kvpool.conform/1"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = UsageParser(
+        prog="kvpool conform",
+        description="Run the lockstep campaign and the Hypothesis state machine against a\n"
+                    "block pool implementation. Exit 0 if it agrees with the model, 1 on a\n"
+                    "divergence (the minimal trace is printed), 2 on a usage error.",
+        epilog="examples:\n  kvpool conform --impl kvpool.impl:BlockPool\n"
+               "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse "
+               "--json out.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--impl", metavar="MODULE:CLASS",
+                        help="a pool class with the reference (vLLM BlockPool) API; "
+                             "kvpool.impl's pool and its subclasses must refuse misuse with "
+                             "the model's typed errors, other classes run without misuse")
+    target.add_argument("--adapter", metavar="MODULE:FACTORY",
+                        help="a callable returning a kvpool.oracle.adapter.Adapter")
+    parser.add_argument("--steps", type=int, default=1000, help="calls per campaign run (1000)")
+    parser.add_argument("--runs", type=int, default=4, help="campaign runs (4)")
+    parser.add_argument("--examples", type=int, default=200, help="state-machine examples (200)")
+    parser.add_argument("--machine-steps", type=int, default=25,
+                        help="rules per state-machine example (25)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of both phases (0)")
+    parser.add_argument("--reference", default="0.31",
+                        help="vLLM version whose behaviour the model reproduces (0.31)")
+    parser.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    parser.add_argument("--junit", metavar="FILE", help="write JUnit XML, one testcase per phase")
+    parser.add_argument("--no-misuse", action="store_true",
+                        help="leave out deliberately wrong calls (always off for pools that do "
+                             "not refuse misuse, like vLLM's)")
+    return parser
+
+
+
+def conform(adapter: Adapter, opts: Options, out: TextIO) -> list[PhaseResult]:
+    """Run both phases, printing a line each and the details of any failure."""
+    misuse = opts.misuse and adapter.supports_misuse
+    print(f"kvpool conform: {adapter.name} against the model (vLLM {opts.reference} "
+          f"behaviour, misuse {'on' if misuse else 'off'}, seed {opts.seed})", file=out)
+    results = []
+    for phase in (run_campaign_phase, run_machine_phase):
+        result = phase(adapter, opts)
+        results.append(result)
+        what = "calls" if result.name == "campaign" else "examples"
+        status = "ok" if result.ok else f"DIVERGED ({result.failure.kind})"  # type: ignore[union-attr]
+        print(f"{result.name}: {status}, {result.executed} {what} in {result.seconds:.1f}s",
+              file=out)
+        if result.failure is not None:
+            _print_failure(result, out)
+    agree = all(r.ok for r in results)
+    print("agrees with the model" if agree else "DIVERGES from the model", file=out)
+    return results
+
+
+def _print_failure(result: PhaseResult, out: TextIO) -> None:
+    failure = result.failure
+    if failure is None:
+        return
+    if result.name == "machine":
+        print(f"  minimal trace ({len(failure.trace)} steps, shrunk by Hypothesis):", file=out)
+        for step in failure.trace:
+            print(f"    {step}", file=out)
+        print("  lockstep says:", file=out)
+    else:
+        print(f"  run with seed {failure.seed}:", file=out)
+    for line in failure.details.splitlines():
+        print(f"    {line}", file=out)
+
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult]) -> dict[str, Any]:
+    """The JSON document described in the module docstring."""
+    ok = all(r.ok for r in results)
+    return {
+        "schema": SCHEMA,
+        "implementation": adapter.name,
+        "ok": ok,
+        "exit_code": 0 if ok else 1,
+        "settings": {**asdict(opts), "misuse": opts.misuse and adapter.supports_misuse},
+        "phases": [
+            {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "executed": r.executed,
+             "failure": None if r.failure is None else failure_json(r.failure)}
+            for r in results
+        ],
+    }
+
+
+def failure_json(f: Failure) -> dict[str, Any]:
+    """A phase's failure as the document holds it, with a picture of each last call."""
+    out: dict[str, Any] = {x.name: getattr(f, x.name) for x in fields(f) if x.name != "divergence"}
+    out["steps"] = pictured_steps(f.divergence) if f.divergence is not None else []
+    return out
+
+
+def junit_xml(adapter: Adapter, results: list[PhaseResult]) -> bytes:
+    """One testsuite, one testcase per phase, a failure element with the trace."""
+    suites = ET.Element("testsuites")
+    suite = ET.SubElement(
+        suites, "testsuite", name="kvpool.conform", tests=str(len(results)),
+        failures=str(sum(not r.ok for r in results)), errors="0",
+        time=f"{sum(r.seconds for r in results):.3f}")
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname=f"kvpool.conform.{adapter.name}",
+                             name=r.name, time=f"{r.seconds:.3f}")
+        if r.failure is not None:
+            failure = ET.SubElement(case, "failure", message=r.failure.message,
+                                    type=r.failure.kind)
+            failure.text = "\n".join([*r.failure.trace, "", r.failure.details])
+    return bytes(ET.tostring(suites, encoding="utf-8", xml_declaration=True))
+
+
+# ------------------------------------------------------------------- main
+
+
+@dataclass
+class _Args:
+    impl: str | None
+    adapter: str | None
+    json: str | None
+    junit: str | None
+    opts: Options = field(default_factory=Options)
+
+
+def _parse(argv: Sequence[str] | None) -> _Args:
+    ns = _parser().parse_args(argv)
+    for flag in ("steps", "runs", "examples", "machine_steps"):
+        if getattr(ns, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive")
+    if ns.reference not in REFERENCES:
+        raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")
+    opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
+                   machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
+                   reference=ns.reference)
+    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts)
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """The ``kvpool conform`` command; returns the exit status (0, 1 or 2)."""
+    out = out or sys.stdout
+    try:
+        args = _parse(argv)
+        check_writable("--json", args.json)
+        check_writable("--junit", args.junit)
+        adapter = load_adapter(args.impl, args.adapter)
+    except UsageError as exc:
+        print(f"kvpool conform: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    results = conform(adapter, args.opts, out)
+    try:
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(result_document(adapter, args.opts, results), fh, indent=2)
+                fh.write("\n")
+        if args.junit:
+            with open(args.junit, "wb") as fb:
+                fb.write(junit_xml(adapter, results))
+    except OSError as exc:
+        print(f"kvpool conform: error: cannot write results: {exc}", file=sys.stderr)
+        return 2
+    return 0 if all(r.ok for r in results) else 1
+
+
+__all__ = ["SCHEMA", "conform", "failure_json", "junit_xml", "main", "result_document"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

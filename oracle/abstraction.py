@@ -1,0 +1,217 @@
+"""How the oracle reads a pool: its concrete keys, events and refusals as the model's.
+
+The reference API (vLLM 0.31.0) fixes how a pool spells what the model
+states abstractly:
+
+* an index key is the block hash with the KV-cache group id appended as four
+  big-endian bytes (the model: a pair ``(hash, group)``);
+* an event is an object of a class named ``BlockStored``, ``BlockRemoved`` or
+  ``AllBlocksCleared`` with vLLM's field names, each hash published as the
+  low 64 bits of its big-endian value, or as the raw bytes when
+  ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` is off (the model: ``Stored``,
+  ``Removed``, ``Cleared`` with the opaque hashes of the request);
+* a refusal is an exception: kvpool's pool raises one typed error per kind,
+  vLLM's raises ``ValueError`` when it runs out of blocks (the model: a
+  ``Refusal`` with a kind).
+
+This module is the only place that knows those forms, and it is written
+here, not borrowed from ``kvpool.impl``: code shared by the pool and its
+checker is code the check cannot see.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kvpool.model.events import Cleared, Event, Removed
+from kvpool.model.refusals import Refusal, RefusalKind
+from kvpool.model.state import Key
+
+GROUP_BYTES = 4
+_LOW_64_BITS = (1 << 64) - 1
+
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "BlockStored": (
+        "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+        "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window", "locality", "ownership", "session_id"),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx", "locality", "ownership"),
+    "AllBlocksCleared": (),
+}
+"""vLLM's event classes and their fields, in declaration order."""
+
+REFUSAL_NAMES: dict[RefusalKind, str] = {
+    RefusalKind.NOT_ENOUGH_FREE_BLOCKS: "NotEnoughFreeBlocksError",
+    RefusalKind.INVALID_ARGUMENT: "InvalidArgumentError",
+    RefusalKind.UNKNOWN_BLOCK: "UnknownBlockError",
+    RefusalKind.NULL_BLOCK: "NullBlockError",
+    RefusalKind.NOT_IN_USE: "BlockNotInUseError",
+    RefusalKind.HASH_CONFLICT: "BlockHashConflictError",
+    RefusalKind.CACHING_DISABLED: "CachingDisabledError",
+}
+"""The name of the error a pool with typed refusals raises for each kind (kvpool's)."""
+
+_KIND_OF_NAME = {name: kind for kind, name in REFUSAL_NAMES.items()}
+
+
+# ---------------------------------------------------------------- keys
+
+
+def key_of(concrete: bytes) -> Key:
+    """A pool's index key as the model's ``(hash, group)``."""
+    return bytes(concrete[:-GROUP_BYTES]), int.from_bytes(concrete[-GROUP_BYTES:], "big")
+
+
+def concrete_key(key: Key) -> bytes:
+    """The model's key as a pool spells it (for traces written in the pool's terms)."""
+    block_hash, group = key
+    return block_hash + group.to_bytes(GROUP_BYTES, "big")
+
+
+def published(block_hash: bytes) -> int | bytes:
+    """A hash as events publish it (vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``)."""
+    raw = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")
+    if raw is not None and raw.strip().lower() in ("0", "false", "no", "off", ""):
+        return block_hash
+    return int.from_bytes(block_hash, "big") & _LOW_64_BITS
+
+
+# ---------------------------------------------------------------- events
+
+
+def event_type(event: Any) -> str | None:
+    """Which of vLLM's event types ``event`` is, by its class name (None: not an event)."""
+    name = type(event).__name__
+    return name if name in EVENT_FIELDS else None
+
+
+def pool_event(event: Any) -> dict[str, Any]:
+    """A pool's event as ``{"type": ..., field: value}``, read by vLLM's field names.
+
+    Any class works, vLLM's msgspec structs, kvpool's dataclasses or a pool's
+    own, as long as it is named like vLLM's and has its fields; a field the
+    class lacks reads as ``None`` (vLLM's default for every optional field).
+    """
+    kind = event_type(event)
+    if kind is None:
+        return {"type": type(event).__name__}
+    out: dict[str, Any] = {"type": kind}
+    for name in EVENT_FIELDS[kind]:
+        out[name] = _plain(getattr(event, name, None))
+    return out
+
+
+def model_event(event: Event) -> dict[str, Any]:
+    """The model's event as a reference pool must emit it, in :func:`pool_event`'s form.
+
+    Sequences are lists, as in :func:`pool_event`, so the two compare field by field.
+    """
+    if isinstance(event, Cleared):
+        return {"type": "AllBlocksCleared"}
+    if isinstance(event, Removed):
+        return {"type": "BlockRemoved", "block_hashes": [published(event.hash)],
+                "medium": event.medium, "group_idx": event.group, "locality": None,
+                "ownership": None}
+    return {
+        "type": "BlockStored",
+        "block_hashes": [published(h) for h in event.hashes],
+        "parent_block_hash": None if event.parent is None else published(event.parent),
+        "token_ids": list(event.token_ids),
+        "block_size": event.block_size,
+        "lora_id": event.lora_id,
+        "medium": event.medium,
+        "lora_name": event.lora_name,
+        "extra_keys": _plain(event.extra_keys),
+        "group_idx": event.group,
+        "kv_cache_spec_kind": None,
+        "kv_cache_spec_sliding_window": None,
+        "locality": None,
+        "ownership": None,
+        "session_id": event.session_id,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Sequences as lists, recursively, so that tuples and lists compare equal."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def event_differences(model: Sequence[Event], pool: Sequence[Any]) -> list[str]:
+    """Where a pool's events differ from the model's: only the differing fields, both sides.
+
+    Empty when they agree.  Fields are compared by name and value (sequences
+    as lists), whatever classes the pool's events are.
+    """
+    out = []
+    for i, (m, p) in enumerate(zip(model, pool, strict=False)):
+        want, got = model_event(m), pool_event(p)
+        if want["type"] != got["type"]:
+            out.append(f"event {i}: model {want['type']} | pool {got['type']}")
+            continue
+        for name in EVENT_FIELDS[want["type"]]:
+            if want[name] != got[name]:
+                out.append(f"event {i} ({want['type']}).{name}: model {want[name]!r} "
+                           f"| pool {got[name]!r}")
+    if len(model) != len(pool):
+        extra = (f"model also {[model_event(e)['type'] for e in model[len(pool):]]}"
+                 if len(model) > len(pool) else
+                 f"pool also {[pool_event(e)['type'] for e in pool[len(model):]]}")
+        out.append(f"events: model {len(model)} | pool {len(pool)} ({extra})")
+    return out
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def refusal_kind(error: BaseException | None) -> RefusalKind | None:
+    """The kind of a typed refusal, by the class name of the error or of a base class."""
+    if error is None:
+        return None
+    for cls in type(error).__mro__:
+        kind = _KIND_OF_NAME.get(cls.__name__)
+        if kind is not None:
+            return kind
+    return None
+
+
+def refusal_name(error: BaseException) -> str:
+    """How a refusal is named in reports and traces: kvpool's error class for a model refusal."""
+    if isinstance(error, Refusal):
+        return REFUSAL_NAMES[error.kind]
+    return type(error).__name__
+
+
+def same_refusal(model_error: Exception, pool_error: Exception | None) -> bool:
+    """Strict: the pool refused with the typed error of the model's kind."""
+    return isinstance(model_error, Refusal) and refusal_kind(pool_error) is model_error.kind
+
+
+def vllm_refusal(model_error: Exception, pool_error: Exception | None) -> bool:
+    """vLLM's pool: out of blocks is a plain ``ValueError`` with the model's message."""
+    if isinstance(model_error, Refusal) and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS:
+        return isinstance(pool_error, ValueError) and (
+            refusal_kind(pool_error) in (None, RefusalKind.NOT_ENOUGH_FREE_BLOCKS)
+            and str(pool_error) == str(model_error))
+    return same_refusal(model_error, pool_error)
+
+
+def names_refusal(recorded: str | None, model_error: BaseException | None, *,
+                  vllm_errors: bool = False) -> bool:
+    """Whether an error class name recorded in a trace is the model's refusal."""
+    if model_error is None or recorded is None:
+        return model_error is None and recorded is None
+    if not isinstance(model_error, Refusal):
+        return recorded == type(model_error).__name__
+    if recorded == REFUSAL_NAMES[model_error.kind]:
+        return True
+    return vllm_errors and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS and (
+        recorded == "ValueError")
+
+
+def keys_of(concrete: Iterable[bytes]) -> tuple[Key, ...]:
+    """Several concrete keys, in order."""
+    return tuple(key_of(k) for k in concrete)
