@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -952,111 +953,9 @@ def _h_failures(doc: Doc) -> str:
     return _section("failures", f"Failures ({len(failing)})", body, "failed")
 
 
-CSS = """
-:root{--pass:#1a7f37;--pass-bg:#dafbe1;--fail:#cf222e;--fail-bg:#ffebe9;--warn:#9a6700;--warn-bg:#fff8c5;
---muted:#59636e;--line:#d1d9e0;--soft:#f6f8fa;--ink:#1f2328;--accent:#0969da}
-*{box-sizing:border-box}
-body{margin:0;color:var(--ink);background:#fff;
-font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans","DejaVu Sans",sans-serif}
-code,pre,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono","DejaVu Sans Mono",
-monospace;font-size:12px}
-code{background:var(--soft);border:1px solid var(--line);border-radius:4px;padding:0 4px;white-space:nowrap}
-pre{background:var(--soft);border:1px solid var(--line);border-radius:6px;padding:10px 12px;overflow:auto}
-pre code{border:0;padding:0;background:none;white-space:pre}
-header{background:#24292f;color:#fff;padding:14px 32px}
-header h1{margin:0;font-size:20px}
-header nav a{color:#c9d1d9;margin-right:14px;font-size:13px;text-decoration:none}
-main{padding:8px 32px 48px;max-width:1500px}
-section{margin-top:28px}
-h2{font-size:19px;border-bottom:1px solid var(--line);padding-bottom:6px}
-h3{font-size:15px;margin:18px 0 6px}
-a{color:var(--accent)}
-table{border-collapse:collapse;margin:8px 0;font-size:13px}
-th,td{border:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
-thead th{background:var(--soft)}
-table.num td{text-align:right}
-table.num td:first-child{text-align:left}
-.muted{color:var(--muted)}
-.badge{display:inline-block;border-radius:10px;padding:0 9px;font-size:12px;font-weight:600;
-vertical-align:middle;border:1px solid transparent}
-.badge.pass{background:var(--pass-bg);color:var(--pass);border-color:#aceebb}
-.badge.fail{background:var(--fail-bg);color:var(--fail);border-color:#ffcecb}
-.badge.warn{background:var(--warn-bg);color:var(--warn)}
-.badge.skip{background:var(--soft);color:var(--muted);border-color:var(--line)}
-.verdict{display:flex;gap:28px;align-items:center;padding:14px 20px;border-radius:8px;font-size:15px}
-.verdict.pass{background:var(--pass-bg);border:2px solid var(--pass)}
-.verdict.fail{background:var(--fail-bg);border:2px solid var(--fail)}
-.verdict .big{font-size:26px;font-weight:800;letter-spacing:.04em}
-.verdict.pass .big{color:var(--pass)} .verdict.fail .big{color:var(--fail)}
-.chip{display:inline-block;background:var(--soft);border:1px solid var(--line);border-radius:12px;
-padding:0 8px;margin:2px 4px 2px 0;font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
-.failing-list{background:var(--fail-bg);border-left:4px solid var(--fail);padding:6px 14px;border-radius:4px}
-.scroll{overflow-x:auto}
-table.matrix th,table.matrix td{font-size:12px;padding:3px 6px;white-space:nowrap}
-table.matrix tbody th{font-weight:normal;background:#fff}
-table.matrix td a{color:inherit;text-decoration:none}
-.st-proven{background:var(--pass-bg);color:var(--pass)}
-.st-counterexample{background:var(--fail);color:#fff;font-weight:700}
-.st-unknown{background:var(--warn-bg);color:var(--warn);font-weight:700}
-td .t{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:11px;opacity:.85}
-tr.ne td{color:var(--muted);background:var(--soft);font-style:italic;white-space:normal}
-tr.enabled th{font-style:italic}
-td.na{color:var(--muted);text-align:center}
-.legend{display:inline-block;padding:0 6px;border-radius:4px;font-size:12px}
-.yes{color:var(--pass);font-weight:600}
-.stats{display:flex;gap:14px;margin:8px 0}
-.stat{border:1px solid var(--line);border-radius:8px;padding:8px 16px;min-width:110px;background:var(--soft)}
-.stat b{display:block;font-size:20px}
-.stat span{color:var(--muted);font-size:12px}
-.cols{display:flex;gap:28px;flex-wrap:wrap;align-items:flex-start}
-table.bars td:last-child{width:180px}
-.bar{display:block;height:10px;background:var(--accent);border-radius:3px;min-width:2px}
-table.conf tr.target th{background:var(--soft)}
-table.conf tr.sub td{color:var(--muted)}
-.prose{max-width:1100px}
-.prose table.md{font-size:13px}
-.failure{border:1px solid #ffcecb;border-left:5px solid var(--fail);border-radius:6px;padding:4px 18px 12px;
-margin:16px 0;background:#fff}
-.failure .message{font-weight:600;color:var(--fail);font-size:15px}
-.details{max-height:360px}
-ol.trace{list-style:none;padding:0;margin:0}
-.trace-step{border-top:1px dashed var(--line);padding:10px 0}
-.trace-step.diverging{background:#fff8f8}
-.unchanged{margin:2px 0 0 34px;font-style:italic;font-size:12px}
-.step-head{display:flex;align-items:center;gap:8px;flex-wrap:wrap}
-.step-no{display:inline-block;min-width:26px;height:26px;line-height:26px;text-align:center;border-radius:13px;
-background:#24292f;color:#fff;font-weight:700;font-size:12px}
-.arrow{color:var(--muted)}
-ul.changes{margin:4px 0 6px 34px;padding-left:16px;font-size:12px}
-.pool-picture{display:flex;gap:16px;flex-wrap:wrap;align-items:flex-start;margin:6px 0 0 34px}
-.pic-blocks{display:flex;gap:6px;flex-wrap:wrap}
-.block-cell{width:118px;border:2px solid #8c959f;border-radius:6px;padding:4px 6px;font-size:12px;
-background:#fff;line-height:1.35}
-.block-cell.used{border-color:var(--accent);background:#ddf4ff}
-.block-cell.free{border-color:#8c959f;background:#fff}
-.block-cell.null{border-style:dashed;color:var(--muted);
-background:repeating-linear-gradient(45deg,#f6f8fa,#f6f8fa 6px,#eaeef2 6px,#eaeef2 12px)}
-.block-cell.differs{border-color:var(--fail);box-shadow:0 0 0 3px #ffcecb}
-.block-cell code{white-space:normal;word-break:break-all;font-size:11px;padding:0 2px}
-.bid{font-weight:700;display:flex;gap:4px;align-items:center;flex-wrap:wrap}
-.tag{font-weight:600;font-size:10px;border-radius:3px;padding:0 4px;background:#eaeef2;color:var(--muted)}
-.tag.watched{background:#fbefff;color:#8250df}
-.f-tokens{color:var(--muted);margin-left:4px;font-size:11px}
-.diff{background:var(--fail-bg);outline:2px solid var(--fail);border-radius:3px;color:var(--fail)}
-.pic-side{font-size:12px;min-width:220px}
-.pic-side table{margin-top:0;font-size:12px}
-.pic-side > div{margin:3px 0;padding:1px 3px}
-.pic-events ul{margin:2px 0;padding-left:18px}
-.picture-pair{display:grid;grid-template-columns:1fr 1fr;gap:12px;margin-left:34px}
-.picture-pair .side{border:1px solid var(--line);border-radius:6px;padding:4px 8px 8px;background:#fff;
-min-width:0}
-.picture-pair .pool-picture{margin-left:0}
-.picture-pair .block-cell{width:98px}
-.picture-pair h5{margin:2px 0 4px;font-size:13px}
-.differs-list{margin-left:34px}
-.differs-list code{background:var(--fail-bg);color:var(--fail);border-color:#ffcecb}
-"""
-"""Inline CSS only: the page must render the same with no network."""
+def _css() -> str:
+    """The stylesheet, a package data file so it can be read and edited as CSS; inlined in every page."""
+    return resources.files(__name__).joinpath("style.css").read_text(encoding="utf-8")
 
 
 def render_html(doc: Doc) -> str:
@@ -1072,6 +971,6 @@ def render_html(doc: Doc) -> str:
     return ("<!DOCTYPE html>\n"
             f'<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>kvpool verify — {verdict}</title><style>{CSS}</style></head>"
+            f"<title>kvpool verify — {verdict}</title><style>\n{_css()}</style></head>"
             f'<body><header><h1>kvpool verify — {verdict}</h1><nav>{nav}</nav></header>'
             f"<main>{''.join(sections)}</main></body></html>\n")
