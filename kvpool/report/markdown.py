@@ -1,0 +1,297 @@
+"""The report view drawn as GitHub-flavoured Markdown, for a PR comment or a terminal.
+
+Markdown has no colour, so states carry a mark (✅ ❌ ⏭) and pictures of the pool
+are text tables with ``*`` on what differs.  Document text is escaped outside
+code so a message cannot break a table or smuggle live HTML into a comment;
+code spans and fences grow longer than any backtick run inside them.
+
+Headings stay plain (no status, no count): GitHub derives anchors from heading
+text, and the summary links to ``#failures``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+
+from kvpool.report.elements import (
+    Alerts,
+    Bars,
+    Blank,
+    Block,
+    BlockCell,
+    Cell,
+    Code,
+    Failure,
+    Grid,
+    Heading,
+    Inline,
+    Layout,
+    Link,
+    Listing,
+    Names,
+    Panels,
+    Para,
+    Picture,
+    Prose,
+    Report,
+    Row,
+    Section,
+    Stats,
+    Status,
+    Step,
+    Strong,
+    Swatch,
+    Table,
+    Tinted,
+    Verdict,
+)
+
+__all__ = ["render"]
+
+BLOCKS_PER_TEXT_ROW = 10
+"""Blocks per text picture chunk: keeps Markdown pictures narrower than a terminal."""
+
+STATUS_MARK = {"passed": "✅", "failed": "❌", "skipped": "⏭", "not run": "—", "not refuted": "❌"}
+"""A mark per state word, so a state reads without colour."""
+
+
+def render(report: Report) -> str:
+    """The whole report; the first section sits directly under the report's title."""
+    lead, *rest = report.sections
+    parts = [f"# {_text(report.title)}", *_blocks(lead.blocks), *(_section(s) for s in rest)]
+    return "\n\n".join(parts).rstrip() + "\n"
+
+
+def _section(section: Section) -> str:
+    """A section under a plain ``##`` heading."""
+    return "\n\n".join([f"## {_text(section.title)}", *_blocks(section.blocks)])
+
+
+# --------------------------------------------------------------------------
+# Text.
+
+
+def _text(s: str) -> str:
+    """Plain text for a Markdown line or table cell: no table breaks, no live HTML."""
+    out = s.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return out.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _code(s: str, in_table: bool) -> str:
+    """An inline code span that survives backticks (and pipes, inside a table)."""
+    text = s.replace("\r", " ").replace("\n", " ")
+    if in_table:
+        text = text.replace("|", "\\|")
+    ticks = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _fence(text: str) -> str:
+    """A fenced block longer than any backtick run inside, so the text cannot close it."""
+    ticks = "`" * max(3, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    return f"{ticks}\n{text.rstrip()}\n{ticks}"
+
+
+def _status(status: Status) -> str:
+    """A state with its mark; a loud one in bold, as it alone sinks the run."""
+    mark = STATUS_MARK.get(status.word, "")
+    word = f"**{_text(status.word)}**" if status.loud else _text(status.word)
+    return f"{mark} {word}".strip()
+
+
+def _inline(x: Inline, in_table: bool = False) -> str:
+    """Inline elements; links become their text (GitHub has no anchors for them)."""
+    if isinstance(x, str):
+        return _text(x)
+    if isinstance(x, tuple):
+        return "".join(_inline(part, in_table) for part in x)
+    if isinstance(x, Code):
+        return _code(x.text, in_table)
+    if isinstance(x, Strong):
+        return f"**{_text(x.text)}**"
+    if isinstance(x, Status):
+        return _status(x)
+    if isinstance(x, Link):
+        return _inline(x.content, in_table)
+    if isinstance(x, Names):
+        return ", ".join(_code(n, in_table) for n in x.names)
+    if isinstance(x, (Swatch, Tinted)):
+        return _text(x.text)
+    return _inline(x.markdown, in_table)
+
+
+# --------------------------------------------------------------------------
+# Blocks.
+
+
+def _blocks(blocks: Iterable[Block]) -> list[str]:
+    """Each block as Markdown, with :class:`Layout` replaced by its Markdown blocks."""
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Layout):
+            out += _blocks(block.markdown)
+        else:
+            out.append(_block(block))
+    return out
+
+
+def _block(block: Block) -> str:
+    """One block; blocks are separated by a blank line."""
+    if isinstance(block, Para):
+        return _inline(block.content)
+    if isinstance(block, Heading):
+        return f"### {_text(block.text)}"
+    if isinstance(block, Listing):
+        return "\n".join(f"{f'{i}.' if block.numbered else '-'} {_inline(item)}"
+                         for i, item in enumerate(block.items, 1))
+    if isinstance(block, Table):
+        return _table([_inline(h, True) for h in block.headers], (_row(row) for row in block.rows))
+    if isinstance(block, Grid):
+        return _grid(block)
+    if isinstance(block, Bars):
+        return _table([_inline(h, True) for h in block.headers],
+                      ([_code(name, True), _text(count)] for name, count, _pct in block.items))
+    if isinstance(block, Stats):
+        return " · ".join(f"{_text(value)} {_text(label)}" for label, value in block.items)
+    if isinstance(block, Panels):
+        return "\n\n".join(part for panel in block.panels
+                           for part in [f"{_text(panel.title)}:", *_blocks(panel.blocks)])
+    if isinstance(block, Verdict):
+        return _verdict(block)
+    if isinstance(block, Alerts):
+        see_anchor, see_title = block.see
+        return (f"**{_text(block.lead)}** — see [{_text(see_title)}](#{see_anchor}):\n\n"
+                + "\n".join(f"{i}. {_inline(item)}" for i, item in enumerate(block.items, 1)))
+    if isinstance(block, Prose):
+        return _shift_headings(block.markdown, block.shift) if block.markdown else _text(block.empty)
+    if isinstance(block, Failure):
+        return _failure(block)
+    return "\n\n".join(_blocks(block.markdown))
+
+
+def _row(row: Row) -> list[str]:
+    """A table row's cells; a group row's first cell in bold, as text has no heading cells."""
+    cells = [_inline(c, True) for c in row.cells]
+    return [f"**{cells[0]}**", *cells[1:]] if row.kind == "group" and cells else cells
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A GitHub table from already-escaped cells."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell(cell: Cell) -> str:
+    """A grid cell: status mark and time; a dash for a result the run did not produce."""
+    if cell is None:
+        return "—"
+    if isinstance(cell, Blank):
+        return ""
+    return f"{cell.mark} {cell.seconds}"
+
+
+def _grid(grid: Grid) -> str:
+    """A status matrix as a table; a note row repeats its short form, as cells cannot span."""
+    headers = [_text(grid.corner), *(_text(f) for f in grid.fixed), *(_code(k, True) for k in grid.keys)]
+    rows = []
+    for row in grid.rows:
+        label = _inline(row.label, True)
+        if row.kind == "note":
+            rows.append([label, *[_text(row.short)] * (len(grid.fixed) + len(grid.keys))])
+        else:
+            rows.append([f"*{label}*" if row.kind == "aside" else label, *(_cell(c) for c in row.cells)])
+    return _table(headers, rows)
+
+
+def _verdict(verdict: Verdict) -> str:
+    """The verdict line, then the settings and provenance as a short list."""
+    facts = " · ".join(f"{_text(f.label)} {_code(f.value, False) if f.code else _text(f.value)}"
+                       for f in verdict.facts)
+    settings = ", ".join(f"{k}={v}" for k, v in verdict.settings) or "—"
+    return (f"**{_text(verdict.word)}** · {facts}\n\n"
+            f"- {_text(verdict.settings_label)}: {_code(settings, False)}\n- {_inline(verdict.byline)}")
+
+
+def _shift_headings(text: str, by: int) -> str:
+    """Nest an embedded document under the report's headings (code blocks untouched)."""
+    out, fence = [], ""
+    for line in text.splitlines():
+        m = re.match(r"\s*(`{3,}|~{3,})", line)
+        if m and (not fence or m.group(1).startswith(fence)):
+            fence = "" if fence else m.group(1)
+        elif not fence and re.match(r"#{1,6}\s", line):
+            line = "#" * by + line
+        out.append(line)
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------
+# Failures, traces and pictures.
+
+
+def _failure(failure: Failure) -> str:
+    """A failure in full: where, what, the details verbatim, then the trace step by step."""
+    parts = [f"### {failure.number}. {_text(failure.title)}",
+             f"{_text(failure.phase)} · {_code(failure.case_id, False)} · {_text(failure.kind)} · "
+             f"{_text(failure.seconds)}\n\n**{_text(failure.message)}**"]
+    if failure.details is not None:
+        parts.append(_fence(failure.details))
+    n = len(failure.steps)
+    parts.append(f"Counterexample trace ({n} steps):" if n else _text(failure.no_trace))
+    parts += [_step(s) for s in failure.steps]
+    return "\n\n".join(parts)
+
+
+def _step(step: Step) -> str:
+    """One trace step: the call, its outcome, what changed, and the pool afterwards."""
+    lines = [f"**Step {_text(step.index)}.** {_code(step.call, False)} → {_code(step.outcome, False)}"]
+    if step.changes:
+        lines.append("\n".join(f"- {_code(c, False)}" for c in step.changes))
+    if step.actual is not None and step.picture is not None:
+        lines.append("Model (expected), `*` = differs from the implementation:")
+        lines.append(_fence(_picture(step.picture)))
+        lines.append("Implementation (actual):")
+        lines.append(_fence(_picture(step.actual)))
+        lines.append("Differs: " + (", ".join(_code(d, False) for d in step.differs) or "nothing drawn"))
+    elif step.unchanged:
+        lines.append("*Pool unchanged.*")
+    elif step.picture is not None:
+        lines.append(_fence(_picture(step.picture)))
+    return "\n\n".join(lines)
+
+
+PICTURE_ROWS: list[tuple[str, Callable[[BlockCell], str], str]] = [
+    ("block", lambda b: b.id, ""),
+    ("ref", lambda b: b.ref, "ref"),
+    ("queue", lambda b: b.queue, "free_pos"),
+    ("key", lambda b: b.key or "-", "key"),
+    ("tokens", lambda b: "-" if b.tokens is None else b.tokens, "tokens"),
+    ("extra", lambda b: ",".join(b.extra_keys) or "-", "extra_keys"),
+    ("marks", lambda b: ",".join(b.marks) or "-", "watched"),
+]
+"""A text picture's rows: label, what a block shows, and the field whose difference stars it."""
+
+
+def _picture(pic: Picture) -> str:
+    """A pool picture as a text table: a row per field, a column per block; ``*`` marks differences."""
+    blocks = list(pic.blocks)
+    out: list[str] = []
+    for start in range(0, max(len(blocks), 1), BLOCKS_PER_TEXT_ROW):
+        chunk = blocks[start:start + BLOCKS_PER_TEXT_ROW]
+        table = [[label] + [show(b) + ("*" if field in b.differs else "") for b in chunk]
+                 for label, show, field in PICTURE_ROWS]
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+        out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
+        out.append("")
+    star = {p: "*" if p in pic.differs else "" for p in ("free", "index", "num_free", "events")}
+    index = "; ".join(f"{key} -> {blocks_}" for key, blocks_ in pic.index) or "(empty)"
+    free = "None" if pic.free is None else "[" + ", ".join(pic.free) + "]"
+    out.append(f"{'index' + star['index']:<8}{index}")
+    out.append(f"{'free' + star['free']:<8}{free} (head = next evicted)"
+               f"   num_free{star['num_free']} {pic.num_free}")
+    events = "(not observed)" if pic.events is None else "; ".join(pic.events) or "(none)"
+    out.append(f"{'events' + star['events']:<8}{events}")
+    return "\n".join(out)

@@ -1,0 +1,504 @@
+"""What the reviewer's report says, built once from a ``kvpool verify`` result document.
+
+All reading of the document (``kvpool/VERIFY_SCHEMA.md``, ``kvpool.verify/1``)
+and every decision about content happens here: which sections and rows, which
+numbers and how they are written, what text, which failures link where, which
+parts of a pool picture are marked as different.  The result is plain data
+(``elements.py``) that ``markdown.py`` and ``html.py`` draw without looking at
+the document again, so the two formats cannot disagree about what the run did.
+
+The report reads top down the way a reviewer checks a run: did it pass and
+under what budget, what is claimed (invariants), how it was established (proof
+matrix, seeded bugs, bounded model checking, differential runs, conformance),
+and last, for every failure, the counterexample as a step-by-step trace with a
+picture of the pool.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from kvpool.report.elements import (
+    BLANK,
+    Alerts,
+    Bars,
+    Block,
+    BlockCell,
+    Cell,
+    Code,
+    Fact,
+    Failure,
+    Grid,
+    GridRow,
+    Heading,
+    Inline,
+    Layout,
+    Link,
+    Listing,
+    Names,
+    Panel,
+    Panels,
+    Para,
+    Picture,
+    Prose,
+    Report,
+    Result,
+    Row,
+    Section,
+    Stats,
+    Status,
+    Step,
+    Strong,
+    Swatch,
+    Table,
+    Tinted,
+    Verdict,
+    Wording,
+)
+
+__all__ = ["Doc", "build"]
+
+Doc = Mapping[str, Any]
+
+MARK = {"proven": "✓", "counterexample": "✗", "unknown": "?"}
+"""Proof statuses as one character, as ``kvpool prove`` prints them."""
+
+SLOWEST = 5
+"""How many of the slowest proofs to list: where the solver budget goes."""
+
+SECTION_OF_PHASE = {"proofs": "proof-matrix", "seeded-bugs": "seeded-bugs", "bmc": "bmc",
+                    "lockstep": "lockstep", "conformance": "conformance", "traces": "traces"}
+"""Which section shows each phase (the proofs phase is the matrix)."""
+
+Failing = list[tuple[str, Mapping[str, Any]]]
+"""Failing cases with their phase name, in document order (numbered from 1 on the page)."""
+
+
+def build(doc: Doc) -> Report:
+    """The report for ``doc``; sections always appear, in this order, whatever the run included."""
+    failing = _failing_cases(doc)
+    return Report(f"kvpool verify — {_verdict(doc)}", (
+        _summary(doc, failing), _invariants(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
+        _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc), _failures(doc, failing)))
+
+
+# --------------------------------------------------------------------------
+# Reading the document.
+
+
+def _verdict(doc: Doc) -> str:
+    """The run's verdict in one word."""
+    return "PASSED" if doc.get("ok") else "FAILED"
+
+
+def _phase(doc: Doc, name: str) -> Mapping[str, Any] | None:
+    """The phase called ``name``, or ``None`` when the run did not include it."""
+    return next((p for p in doc.get("phases", []) if p.get("name") == name), None)
+
+
+def _phase_state(phase: Mapping[str, Any] | None) -> str:
+    """``passed``, ``failed``, ``skipped`` or ``not run``: one word per phase for the summary."""
+    if phase is None:
+        return "not run"
+    if phase.get("skipped"):
+        return "skipped"
+    return "passed" if phase.get("ok") else "failed"
+
+
+def _passed(flag: Any) -> str:
+    """A run's, target's or file's ``ok`` as the same state words the phases use."""
+    return "passed" if flag else "failed"
+
+
+def _failing_cases(doc: Doc) -> Failing:
+    """Every failing case with its phase, in document order; position + 1 is its anchor number."""
+    return [(p.get("name", "?"), c) for p in doc.get("phases", []) for c in p.get("cases", [])
+            if not c.get("ok", True) or c.get("failure")]
+
+
+def _secs(x: Any) -> str:
+    """A duration a person reads at a glance: ms precision below a second, minutes above one."""
+    if not isinstance(x, (int, float)):
+        return "—"
+    if x < 1:
+        return f"{x:.3f}s"
+    if x < 60:
+        return f"{x:.2f}s"
+    return f"{int(x // 60)}m {x % 60:04.1f}s"
+
+
+def _num(x: Any) -> str:
+    """A count with thousands separators (990,590 reads better than 990590)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    return f"{x:,}" if isinstance(x, int) else f"{x:,.1f}"
+
+
+def _yes(flag: Any) -> str:
+    """Booleans as words: a table of True and False reads like a dump, not a report."""
+    return "yes" if flag else "no"
+
+
+def _joined(sep: str, parts: Iterable[Inline]) -> tuple[Inline, ...]:
+    """``parts`` with ``sep`` between them, as one piece of text."""
+    out: list[Inline] = []
+    for part in parts:
+        out += [sep, part] if out else [part]
+    return tuple(out)
+
+
+def _not_run(sid: str, title: str, nav: str, name: str, phase: Mapping[str, Any] | None) -> Section:
+    """The section of a phase that did not run: it stays, so the report's shape never changes."""
+    state = _phase_state(phase)
+    return Section(sid, title, nav, (Para(Wording(f"{name} {state}.", f"This phase was {state}."),
+                                          muted=True),), state)
+
+
+# --------------------------------------------------------------------------
+# Summary and claims.
+
+
+def _summary(doc: Doc, failing: Failing) -> Section:
+    """Verdict, exit code, budget and one row per phase: what a pipeline owner reads first."""
+    verdict = Verdict(
+        bool(doc.get("ok")), _verdict(doc),
+        (Fact("exit code", str(doc.get("exit_code"))), Fact("profile", str(doc.get("profile")), code=True),
+         Fact("total", _secs(doc.get("seconds")))),
+        "budget", tuple((str(k), str(v)) for k, v in doc.get("budget", {}).items()),
+        ("started ", str(doc.get("started")), " · kvpool ", str(doc.get("kvpool_version")), " · schema ",
+         Code(str(doc.get("schema")))))
+    rows = []
+    for p in doc.get("phases", []):
+        cases = p.get("cases", [])
+        good = sum(1 for c in cases if c.get("ok"))
+        name = str(p.get("name"))
+        rows.append(Row((Link(SECTION_OF_PHASE.get(name, name), name), Status(_phase_state(p)),
+                         f"{good}/{len(cases)}", _secs(p.get("seconds")))))
+    blocks: list[Block] = [verdict, Table(("phase", "status", "cases passed", "time"), tuple(rows), "phases")]
+    if failing:
+        blocks.append(Alerts(f"{len(failing)} failing case(s)", ("failures", "Failures"), tuple(
+            (Link(f"failure-{i}", (str(phase), ": ", Code(str(c.get("id"))))), " — ",
+             str((c.get("failure") or {}).get("message", "")))
+            for i, (phase, c) in enumerate(failing, 1))))
+    return Section("summary", "Summary", "Summary", tuple(blocks))
+
+
+def _invariants(doc: Doc) -> Section:
+    """What is claimed: each invariant with its docstring and whether z3 sees it."""
+    rows = tuple(Row((Code(str(i.get("name"))), str(i.get("doc", "")),
+                      Wording("yes", Tinted("z3", "good")) if i.get("encoded")
+                      else Wording("no — model/BMC only", Tinted("model/BMC only", "quiet"))))
+                 for i in doc.get("invariants", []))
+    return Section("invariants", "Invariants", "Invariants", (
+        Table(("invariant", "meaning", Wording("z3-encoded", "encoded")), rows),))
+
+
+# --------------------------------------------------------------------------
+# Proofs.
+
+
+def _invariant_rows(doc: Doc, proofs: Mapping[str, Any]) -> list[Any]:
+    """Matrix rows: the document's invariants in registry order, then any the matrix adds."""
+    names = [i.get("name", "?") for i in doc.get("invariants", [])]
+    seen = set(names)
+    for cells in [proofs.get("initial", {}), *proofs.get("matrix", {}).values()]:
+        for name in cells:
+            if name not in seen:
+                names.append(name)
+                seen.add(name)
+    return names
+
+
+def _proof_cells(proofs: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """Every proof result as (column, row, result): initial, matrix and precondition checks."""
+    out = [("initial", inv, r) for inv, r in proofs.get("initial", {}).items()]
+    out += [(step, inv, r) for step, row in proofs.get("matrix", {}).items() for inv, r in row.items()]
+    out += [(step, "precondition satisfiable", r) for step, r in proofs.get("enabled", {}).items()]
+    return out
+
+
+def _proof_links(proofs: Mapping[str, Any], failing: Failing) -> dict[tuple[str, str], str]:
+    """Failure anchors by (column, invariant), matched on the case id's path segments."""
+    out: dict[tuple[str, str], str] = {}
+    cells = _proof_cells(proofs)
+    for i, (phase, case) in enumerate(failing, 1):
+        if phase != "proofs":
+            continue
+        segs = set(str(case.get("id", "")).split("/"))
+        for col, inv, _r in cells:
+            if col in segs and inv in segs:
+                out.setdefault((col, inv), f"failure-{i}")
+    return out
+
+
+def _mark(r: Mapping[str, Any]) -> str:
+    """A proof result's status as its one-character mark."""
+    return MARK.get(str(r.get("status")), "?")
+
+
+def _result(r: Mapping[str, Any] | None, link: str | None = None) -> Cell:
+    """A grid cell for a proof result; ``None`` (not produced) stays ``None``."""
+    if r is None:
+        return None
+    return Result(str(r.get("status")), _mark(r), _secs(r.get("seconds")), link)
+
+
+def _mark_and_time(r: Mapping[str, Any] | None) -> str:
+    """A proof result in running text: mark and time, or a dash when there is none."""
+    return "—" if r is None else f"{_mark(r)} {_secs(r.get('seconds'))}"
+
+
+def _proofs(doc: Doc, failing: Failing) -> Section:
+    """The action x invariant matrix, with what is not encoded, coverage and what took longest."""
+    proofs = _phase(doc, "proofs")
+    if proofs is None or proofs.get("skipped"):
+        return _not_run("proof-matrix", "Proof matrix", "Proofs", "Proofs", proofs)
+    steps = list(proofs.get("steps") or proofs.get("matrix", {}).keys())
+    matrix, initial = proofs.get("matrix", {}), proofs.get("initial", {})
+    not_encoded, links = proofs.get("not_encoded", {}), _proof_links(proofs, failing)
+    rows = []
+    for inv in _invariant_rows(doc, proofs):
+        if inv in not_encoded and inv not in initial:
+            rows.append(GridRow(Code(str(inv)), kind="note", short="n/e",
+                                long=f"not encoded: {not_encoded[inv]}"))
+            continue
+        rows.append(GridRow(Code(str(inv)), (_result(initial.get(inv), links.get(("initial", inv))), *(
+            _result(matrix.get(s, {}).get(inv), links.get((s, inv))) for s in steps))))
+    enabled = proofs.get("enabled", {})
+    rows.append(GridRow("precondition satisfiable", (BLANK, *(
+        _result(enabled.get(s), links.get((s, "precondition satisfiable"))) for s in steps)), kind="aside"))
+    cells = _proof_cells(proofs)
+    proven = sum(1 for c in cells if c[2].get("status") == "proven")
+    blocks: list[Block] = [
+        Para((f"{proven}/{len(cells)} checks proven in {_secs(proofs.get('seconds'))}. ", Wording(
+            "Rows are invariants, columns the initial state and each symbolic step "
+            "(✓ proven, ✗ counterexample, ? unknown, n/e not encoded).",
+            ("Rows are invariants; columns the initial state and each symbolic step. ",
+             Swatch("proven", "✓ proven"), " ", Swatch("counterexample", "✗ counterexample"), " ",
+             Swatch("unknown", "? unknown"))))),
+        Grid("invariant", ("initial",), tuple(str(s) for s in steps), tuple(rows))]
+    if not_encoded:  # the page says why in the matrix row itself
+        blocks.append(Layout((Para((Strong("Not encoded in z3"), " (checked by the model and BMC only):")),
+                              Listing(tuple((Code(str(k)), ": ", str(v)) for k, v in not_encoded.items()))),
+                             ()))
+    if proofs.get("covers"):
+        blocks.append(Para((Strong("Model actions → steps:"), " ", *_joined("; ", (
+            (Code(str(a)), " = ", *_joined(" + ", (Code(str(s)) for s in st)))
+            for a, st in proofs["covers"].items())))))
+    slowest = sorted(cells, key=lambda c: -float(c[2].get("seconds") or 0))[:SLOWEST]
+    if slowest:
+        blocks.append(Layout(
+            (Para((Strong("Slowest proofs:"), " ", *_joined(", ", (
+                (Code(f"{col} / {inv}"), " ", _mark_and_time(r)) for col, inv, r in slowest)))),),
+            (Para(Strong("Slowest proofs")), Listing(tuple(
+                (Code(str(col)), " / ", Code(str(inv)), ": ", _mark_and_time(r)) for col, inv, r in slowest),
+                numbered=True, style="slowest"))))
+    if proofs.get("order"):
+        blocks += _order(proofs["order"])
+    return Section("proof-matrix", "Proof matrix", "Proofs", tuple(blocks), _phase_state(proofs))
+
+
+def _order(order: Mapping[str, Any]) -> list[Block]:
+    """The eviction-order proofs (``proofs/order.py``): queue steps x properties."""
+    steps = list(order.get("steps", []))
+    rows = [GridRow(Code(str(p)), tuple(_result(order.get("matrix", {}).get(s, {}).get(p)) for s in steps))
+            for p in order.get("properties", [])]
+    rows.append(GridRow("precondition satisfiable", tuple(
+        _result(order.get("enabled", {}).get(s)) for s in steps), kind="aside"))
+    initial = order.get("initial")
+    return [Heading("Eviction order", "order-matrix"),
+            Para(("The free queue as a sequence of places (", Code("proofs/order.py"),
+                  "); initial queue well formed: ",
+                  Wording(_mark_and_time(initial), _mark(initial or {})), ".")),
+            Grid("property", (), tuple(str(s) for s in steps), tuple(rows))]
+
+
+# --------------------------------------------------------------------------
+# The other phases.
+
+
+def _seeded(doc: Doc) -> Section:
+    """Deliberately broken transitions, and what caught each: evidence the checks have teeth."""
+    phase = _phase(doc, "seeded-bugs")
+    if phase is None or phase.get("skipped"):
+        return _not_run("seeded-bugs", "Seeded bugs", "Seeded bugs", "Seeded bugs", phase)
+    rows = tuple(Row((Code(str(b.get("name"))), str(b.get("story", "")),
+                      Names(tuple(str(r) for r in b["refuted_by"])) if b.get("refuted_by")
+                      else Status("not refuted", loud=True), str(b.get("method", ""))))
+                 for b in phase.get("bugs", []))
+    return Section("seeded-bugs", "Seeded bugs", "Seeded bugs",
+                   (Table(("bug", "story", "refuted by", "method"), rows),), _phase_state(phase))
+
+
+def _bmc(doc: Doc) -> Section:
+    """Each bounded run: how deep it got against its target, and how much it explored."""
+    phase = _phase(doc, "bmc")
+    if phase is None or phase.get("skipped"):
+        return _not_run("bmc", "Bounded model checking", "BMC", "BMC", phase)
+    rows = tuple(Row((Code(str(r.get("name"))), Status(_passed(r.get("ok"))), _num(r.get("blocks")),
+                      _num(r.get("hash_block_size")),
+                      f"{_num(r.get('depth'))} / {_num(r.get('depth_target'))}", _num(r.get("states")),
+                      _num(r.get("transitions")), _yes(r.get("complete")), _secs(r.get("seconds"))))
+                 for r in phase.get("runs", []))
+    return Section("bmc", "Bounded model checking", "BMC", (Table(
+        ("run", "status", "blocks", "hbs", "depth reached / target", "states", "transitions", "complete",
+         "time"), rows, "num"),), _phase_state(phase))
+
+
+def _counts(counts: Mapping[str, Any], what: str, unit: str) -> Bars:
+    """A {name: count} mapping, most frequent first, so rare operations stand out at the bottom."""
+    items = sorted(counts.items(), key=lambda kv: (-(kv[1] or 0), kv[0]))
+    top = max((float(v or 0) for _k, v in items), default=0.0) or 1.0
+    return Bars((what, Wording(unit, "count")),
+                tuple((str(k), _num(v), 100 * float(v or 0) / top) for k, v in items))
+
+
+def _lockstep(doc: Doc) -> Section:
+    """Differential statistics: volume, speed, and how much of the API and its refusals it exercised."""
+    phase = _phase(doc, "lockstep")
+    if phase is None or phase.get("skipped"):
+        return _not_run("lockstep", "Differential statistics", "Differential", "Lockstep", phase)
+    impl = Code(str(phase.get("implementation")))
+    runs, calls = _num(phase.get("runs")), _num(phase.get("calls"))
+    rate, secs = _num(phase.get("calls_per_second")), _secs(phase.get("seconds"))
+    ops = _counts(phase.get("operations", {}), "operation", "calls")
+    errs = _counts(phase.get("errors", {}), "error", "times")
+    configs = tuple(Row((_num(c.get("seed")), _num(c.get("num_blocks")), _yes(c.get("caching")),
+                         _num(c.get("hash_block_size")), _yes(c.get("events"))))
+                    for c in phase.get("configs", []))
+    none = Para("none", muted=True)
+    return Section("lockstep", "Differential statistics", "Differential", (
+        Layout((Para((Status(_phase_state(phase)), " · implementation ", impl,
+                      f" · {runs} runs · {calls} calls · {rate} calls/s · {secs}")),),
+               (Para(("implementation ", impl)),
+                Stats((("runs", runs), ("calls", calls), ("calls/s", rate), ("time", secs))))),
+        Panels((
+            Panel("Operations covered", (ops if ops.items else Layout((ops,), (none,)),)),
+            Panel("Errors exercised", (errs if errs.items else none,)),
+            Panel("Configurations", (Table(("seed", "blocks", "caching", Wording("hash block size", "hbs"),
+                                             "events"), configs, "num"),)),
+        ))), _phase_state(phase))
+
+
+def _conformance(doc: Doc) -> Section:
+    """Per implementation: each conformance phase, how much it executed and whether it agreed."""
+    phase = _phase(doc, "conformance")
+    if phase is None or phase.get("skipped"):
+        return _not_run("conformance", "Conformance", "Conformance", "Conformance", phase)
+    rows = []
+    for t in phase.get("targets", []):
+        rows.append(Row((str(t.get("name")), Code(str(t.get("spec"))), Status(_passed(t.get("ok"))), "",
+                         _secs(t.get("seconds"))), "group"))
+        rows += [Row(("", f"↳ {p.get('name')}", Status(_passed(p.get("ok"))), _num(p.get("executed")),
+                      _secs(p.get("seconds"))), "sub") for p in t.get("phases", [])]
+    headers = ("implementation", "spec / phase", "status", "executed", "time")
+    body: Block = (Table(headers, tuple(rows), "conf") if rows
+                   else Para("No implementation given.", muted=True))
+    return Section("conformance", "Conformance", "Conformance", (body,), _phase_state(phase))
+
+
+def _traces(doc: Doc) -> Section:
+    """Recorded traces and event streams checked, one row each."""
+    phase = _phase(doc, "traces")
+    if phase is None or phase.get("skipped"):
+        return _not_run("traces", "Trace and event files", "Traces", "Traces", phase)
+    rows = tuple(Row((Code(str(f.get("path"))), str(f.get("kind")), Status(_passed(f.get("ok"))),
+                      _num(f.get("steps")))) for f in phase.get("files", []))
+    body: Block = (Table(("file", "kind", "status", "steps"), rows) if rows
+                   else Para("No file given.", muted=True))
+    return Section("traces", "Trace and event files", "Traces", (body,), _phase_state(phase))
+
+
+def _reference(doc: Doc) -> Section:
+    """The documented reference differences, nested under this report's headings."""
+    text = str(doc.get("reference_differences") or "").strip()
+    return Section("reference-differences", "Reference differences", "Reference differences",
+                   (Prose(text, 2, "None documented."),))
+
+
+# --------------------------------------------------------------------------
+# Failures, their traces and pictures of the pool.
+
+
+def _failures(doc: Doc, failing: Failing) -> Section:
+    """Every failure in full; a passing run says so."""
+    if not failing:
+        text = "None." if doc.get("ok") else "The run failed but recorded no failing case."
+        return Section("failures", "Failures", "Failures", (Para(text, muted=True),))
+    return Section("failures", "Failures", "Failures",
+                   tuple(_failure(i, str(phase), c) for i, (phase, c) in enumerate(failing, 1)),
+                   "failed", len(failing))
+
+
+def _failure(i: int, phase: str, case: Mapping[str, Any]) -> Failure:
+    """A failing case: message, details, and its counterexample trace."""
+    failure = case.get("failure") or {}
+    trace = failure.get("trace") or []
+    if failure.get("kind") == "counterexample":  # a z3 model is its own counterexample
+        no_trace = "No trace: the counterexample is the solver model above."
+    else:
+        no_trace = "No trace recorded."
+    return Failure(i, f"failure-{i}", str(case.get("name")), str(failure.get("kind", "failed")), phase,
+                   str(case.get("id")), _secs(case.get("seconds")), str(failure.get("message", "no message")),
+                   str(failure["details"]) if failure.get("details") else None,
+                   tuple(_step(s, same) for s, same in zip(trace, _unchanged(trace), strict=True)), no_trace)
+
+
+def _unchanged(trace: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """Steps whose pool looks as after the step before (queries): drawn once, not again."""
+    out, prev = [], None
+    for step in trace:
+        pic = step.get("picture")
+        out.append(pic is not None and pic == prev and step.get("pool_picture") is None)
+        prev = pic
+    return out
+
+
+def _step(step: Mapping[str, Any], unchanged: bool) -> Step:
+    """One trace step; on the diverging one, the model's pool and the implementation's."""
+    differs = tuple(str(d) for d in step.get("differs") or [])
+    fields, parts = _split_differs(differs)
+    picture, actual = step.get("picture"), step.get("pool_picture")
+    if actual is not None:
+        picture = picture or {}
+    return Step(str(step.get("index")), str(step.get("call")), str(step.get("outcome")),
+                tuple(str(c) for c in step.get("changes") or []),
+                None if picture is None else _picture(picture, fields, parts),
+                None if actual is None else _picture(actual, fields, parts), differs, unchanged)
+
+
+def _split_differs(differs: Iterable[str]) -> tuple[dict[int, set[str]], frozenset[str]]:
+    """``block 3.ref`` entries by block id, and whole-picture parts (``free``, ``index``, ...)."""
+    fields: dict[int, set[str]] = {}
+    parts: set[str] = set()
+    for item in differs:
+        m = re.fullmatch(r"block (\d+)\.(\w+)", item)
+        if m:
+            fields.setdefault(int(m.group(1)), set()).add(m.group(2))
+        else:
+            parts.add(item)
+    return fields, frozenset(parts)
+
+
+def _picture(pic: Mapping[str, Any], fields: Mapping[int, set[str]], parts: frozenset[str]) -> Picture:
+    """A pool picture (``kvpool.pictures``) with the differing fields and parts marked."""
+    free, events = pic.get("free"), pic.get("events")
+    return Picture(
+        tuple(_block(b, frozenset(fields.get(int(b.get("id", -1)), ()))) for b in pic.get("blocks", [])),
+        tuple((str(e.get("key")), str(e.get("blocks"))) for e in pic.get("index", [])),
+        None if free is None else tuple(str(b) for b in free), str(pic.get("num_free")),
+        None if events is None else tuple(str(e) for e in events), parts)
+
+
+def _block(block: Mapping[str, Any], differs: frozenset[str]) -> BlockCell:
+    """A block: ref count, place in the eviction order, keys, and flags worth a glance."""
+    free_pos, null = block.get("free_pos"), bool(block.get("null"))
+    queue = f"evict #{free_pos}" if free_pos is not None else ("never free" if null else "in use")
+    state: Literal["null", "free", "used"] = "null" if null else ("used" if free_pos is None else "free")
+    key, tokens = block.get("key"), block.get("tokens")
+    return BlockCell(str(block.get("id")), state, str(block.get("ref")), queue, str(key) if key else None,
+                     None if tokens is None else str(tokens),
+                     tuple(str(k) for k in block.get("extra_keys") or []),
+                     tuple(m for m in ("null", "watched") if block.get(m)), differs)
