@@ -1,0 +1,126 @@
+"""The layer rule (docs/ARCHITECTURE.md): what import-linter checks, and what it cannot.
+
+``scripts/lint-imports.sh`` runs the contracts of ``[tool.importlinter]`` in
+``pyproject.toml`` (``.ci/run`` runs it).  Here: the linter refuses a seeded
+violation of each kind of contract, so a contract that could never fail is
+noticed; the model imports only the standard library (the linter can only
+forbid third-party modules by name); and no private name crosses a package.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"kvpool": ROOT / "kvpool", "kvpool.model": ROOT / "model", "kvpool.impl": ROOT / "impl",
+            "kvpool.proofs": ROOT / "proofs", "kvpool.oracle": ROOT / "oracle"}
+if (ROOT / "bugs").is_dir():
+    PACKAGES["kvpool.bugs"] = ROOT / "bugs"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package, by dotted name, and its source file."""
+    out = {}
+    for name, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if name == "kvpool" and parts and parts[0] in ("model", "impl", "proofs", "oracle", "bugs"):
+                continue
+            out[".".join((name, *parts))] = path
+    return out
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, list[str]]]:
+    """(imported module, names) for every import in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, [alias.name for alias in node.names]))
+    return out
+
+
+def _package_of(module: str) -> str:
+    return ".".join(module.split(".")[:2]) if module.startswith("kvpool.") else module
+
+
+@pytest.mark.parametrize("package", ["kvpool.model", "kvpool.impl"])
+def test_the_model_and_the_pool_import_only_the_standard_library_and_themselves(package: str) -> None:
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for module, path in _modules().items():
+        if not module.startswith(package):
+            continue
+        for imported, _names in _imports(path, module):
+            top = imported.split(".")[0]
+            assert top in stdlib or imported.startswith(package), f"{module} imports {imported}"
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    modules = _modules()
+    crossings = []
+    for module, path in modules.items():
+        for imported, names in _imports(path, module):
+            if not imported.startswith("kvpool") or _package_of(imported) == _package_of(module):
+                continue
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if imported.split(".")[-1].startswith("_") or private:
+                crossings.append(f"{module}: from {imported} import {', '.join(private) or '*'}")
+    assert crossings == []
+
+
+def _stage(tmp_path: Path) -> Path:
+    """The package as it installs, copied, so that a violation can be seeded into it."""
+    stage = tmp_path / "stage"
+    shutil.copytree(ROOT / "kvpool", stage / "kvpool", ignore=shutil.ignore_patterns("__pycache__"))
+    for name, folder in PACKAGES.items():
+        if name != "kvpool":
+            shutil.copytree(folder, stage / "kvpool" / name.split(".")[1],
+                            ignore=shutil.ignore_patterns("__pycache__"))
+    return stage
+
+
+def _lint(stage: Path) -> subprocess.CompletedProcess[str]:
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    return subprocess.run([lint, str(ROOT / "pyproject.toml"), "--no-cache"], cwd=stage,
+                          env={"PYTHONPATH": str(stage), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize(("target", "line", "contract"), [
+    ("model/state.py", "import kvpool.impl.keys", "Layers"),
+    ("model/state.py", "import z3", "The model and the pool are plain Python"),
+    ("impl/pool.py", "import kvpool.model", "Layers"),
+    ("proofs/finite.py", "import kvpool.oracle.observe", "Layers"),
+    ("proofs/finite.py", "import kvpool.impl.pool", "The proofs are about the model"),
+    ("oracle/abstraction.py", "import kvpool.impl.keys", "The oracle compares through its own"),
+    ("oracle/lockstep.py", "import kvpool.pictures", "Layers"),
+])
+def test_the_linter_refuses_a_seeded_violation(tmp_path: Path, target: str, line: str,
+                                                contract: str) -> None:
+    if shutil.which("lint-imports") is None and not (Path(sys.executable).parent / "lint-imports").exists():
+        pytest.skip("import-linter is not installed")
+    stage = _stage(tmp_path)
+    path = stage / "kvpool" / target
+    path.write_text(path.read_text(encoding="utf-8") + f"\n{line}  # seeded\n", encoding="utf-8")
+    done = _lint(stage)
+    assert done.returncode == 1, done.stdout + done.stderr
+    importer = "kvpool." + target.removesuffix(".py").replace("/", ".")
+    imported = line.split()[-1]
+    broken = done.stdout.split("Broken contracts")[-1]
+    assert contract in broken and f"{importer} -> {imported}" in broken, done.stdout
