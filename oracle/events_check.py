@@ -8,20 +8,22 @@ such a router and names each event that would make it guess.
 
 What it checks (each holds on every stream the model emits; the doc
 ``oracle/TRACE_FORMAT.md`` shows what the reference's streams do *not*
-promise, with traces):
+promise, with traces).  The first and the last are the model's step
+properties of the same names (:mod:`kvpool.model.properties`), read off a
+stream instead of the model's log; the second is a router's own rule.
 
-``remove-unstored``
-    A ``BlockRemoved`` names a key with no stored copy left since the last
+``event_removals_name_live_keys``
+    Broken when a ``BlockRemoved`` names a key with no stored copy left since the last
     ``AllBlocksCleared``: removed before stored, removed twice, or removed
     more often than stored.  (Removes never exceed stores, per key.)
 ``parent-unknown``
-    A ``BlockStored`` of full blocks names a ``parent_block_hash`` never
+    Broken when a ``BlockStored`` of full blocks names a ``parent_block_hash`` never
     stored in that group since the last ``AllBlocksCleared``.  Partial-entry
     stores (``block_size`` below the group's full block size) are exempt:
     their parent is at the finer ``hash_block_size`` grain and was announced
     only if an earlier partial entry ended exactly there.
-``copy-unannounced``
-    (Traces with observations, events on.)  After a call, the pool's index
+``event_announcements_match_index``
+    (Traces with observations, events on.)  Broken when, after a call, the pool's index
     holds more copies of a key than the stream has stored and not removed:
     a physical copy was never announced, or its removal was announced
     while it stayed.  The router may count *more* than the pool (phantoms,
@@ -152,7 +154,7 @@ class Router:
                     what = ("removed more often than stored" if key in self.seen
                             else "never stored since the last AllBlocksCleared")
                     report.violations.append(Violation(
-                        "remove-unstored", pos, f"BlockRemoved of {_key(key)}: {what}"))
+                        "event_removals_name_live_keys", pos, f"BlockRemoved of {_key(key)}: {what}"))
                     continue
                 self.copies[key] -= 1
                 if not self.copies[key]:
@@ -187,13 +189,13 @@ class Router:
         """The pool's index after ``line`` against the router's counts.
 
         Every copy the pool holds must have been announced and not removed
-        (``copy-unannounced`` otherwise); the router may count more (a hit
+        (``event_announcements_match_index`` otherwise); the router may count more (a hit
         re-announced, see ``emit_cached_block_events``): those are phantoms.
         """
         for key, n in copies.items():
             if self.copies.get(key, 0) < n:
                 report.violations.append(Violation(
-                    "copy-unannounced", Position(line),
+                    "event_announcements_match_index", Position(line),
                     f"the pool holds {n} cop(ies) of {_key(key)}, the stream accounts for "
                     f"{self.copies.get(key, 0)}"))
         report.phantoms = sum(1 for key, c in self.copies.items() if c > copies.get(key, 0))

@@ -19,7 +19,7 @@ What is proven, for every step below, by induction with :func:`well_formed`:
   each block appears once (the "once" that :mod:`.invariants` leaves out);
 * ``queue_keeps_relative_order`` — blocks queued before and after a step keep
   their relative order: no operation reorders the queue;
-* ``arrivals_follow_policy`` — a block that joins the queue joins where the
+* ``queue_follows_eviction_policy`` — a block that joins the queue joins where the
   policy says: ``free_blocks`` puts an unhashed block before every block that
   was queued before the call and after the earlier arrivals of the same call
   (head, in the order given: reused first), a cached block after every queued
@@ -224,7 +224,7 @@ def queue_keeps_relative_order(name: str, s: QState, post: QState, args: list[Ex
     return z3.ForAll([x, y], z3.Implies(stay, (s.pos[x] < s.pos[y]) == (post.pos[x] < post.pos[y])))
 
 
-def arrivals_follow_policy(name: str, s: QState, post: QState, args: list[Expr]) -> Expr:
+def queue_follows_eviction_policy(name: str, s: QState, post: QState, args: list[Expr]) -> Expr:
     x, y = _x, _y
     new = z3.And(post.free[x], z3.Not(s.free[x]))
     after_all = z3.ForAll([y], z3.Implies(s.free[y], s.pos[y] < post.pos[x]))
@@ -243,9 +243,20 @@ def arrivals_follow_policy(name: str, s: QState, post: QState, args: list[Expr])
 QProperty = Callable[[str, QState, QState, list[Expr]], Expr]
 
 ORDER_PROPERTIES: dict[str, QProperty] = {
-    f.__name__: f for f in (queue_well_formed, queue_keeps_relative_order, arrivals_follow_policy)
+    f.__name__: f for f in (queue_well_formed, queue_keeps_relative_order, queue_follows_eviction_policy)
 }
-"""The order properties, by name (each checked for every step)."""
+"""The order properties, by name (each checked for every step).
+
+``queue_keeps_relative_order`` and ``queue_follows_eviction_policy`` are the
+model's step properties of the same names (:mod:`kvpool.model.properties`);
+``queue_well_formed`` is a lemma of the proof (:data:`LEMMAS`)."""
+
+LEMMAS: dict[str, str] = {
+    "queue_well_formed": (
+        "the inductive queue invariant with places: free_queue_holds_exactly_idle_blocks, "
+        "its 'once' included, plus the bookkeeping of places"),
+}
+"""Order properties that are lemmas of the proof rather than properties of the model."""
 
 
 # --------------------------------------------------------------------------

@@ -10,6 +10,14 @@ from typing import Any
 import pytest
 
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, violated
+from kvpool.model.properties import (
+    EVENT_LOG,
+    QUEUE_ORDER,
+    STEP_PROPERTIES,
+    Transition,
+    broken_by,
+    policy_queue,
+)
 from kvpool.proofs import bmc
 from kvpool.proofs import seeded_bugs as z3_bugs
 
@@ -43,7 +51,7 @@ def test_every_action_is_explored() -> None:
     taken = set()
     for s in (s0, s1, s2):
         for name, args in bmc.calls(s, SMALL, SMALL.requests()):
-            if bmc._apply(ACTIONS, s, (name, args)) is not None:
+            if bmc.apply_call(ACTIONS, s, (name, args)) is not None:
                 taken.add(name)
     assert taken == set(ACTIONS)
 
@@ -103,9 +111,10 @@ def test_event_properties_can_fail() -> None:
     r = SMALL.requests()[0]
     s1, _ = ACTIONS["get_new_blocks"](SMALL.initial(), 1)
     s2, _ = ACTIONS["cache_full_blocks"](s1, r, [1, 1], 0, 2, 1, 0)
-    assert bmc.event_violations(s1, s2, "cache_full_blocks") == ["event_removed_key_not_live"]
+    call = Transition("cache_full_blocks", (r, [1, 1], 0, 2, 1, 0), s1, s2)
+    assert [p for p in broken_by(call) if p in EVENT_LOG] == ["event_removals_name_live_keys"]
     stray = replace(s1, fired=((bmc.watcher_a, 1),))
-    assert bmc.event_violations(s1, stray, "touch") == ["fired_watchers_were_registered"]
+    assert broken_by(Transition("touch", ([1],), s1, stray)) == ["fired_watchers_were_registered"]
 
 
 # --------------------------------------------------------------------------
@@ -123,8 +132,8 @@ def test_every_invariant_and_property_refutes_some_seeded_bug() -> None:
     assert [b for b, names in refuted.items() if not names] == []
     used = {name for names in refuted.values() for name in names}
     assert set(INVARIANTS) - used == set()
-    assert set(bmc.PROPERTIES) - used == set()
-    assert used <= set(INVARIANTS) | set(bmc.PROPERTIES)
+    assert set(STEP_PROPERTIES) - used == set()
+    assert used <= set(INVARIANTS) | set(STEP_PROPERTIES)
     # The two invariants z3 does not encode are refuted by the BMC's bugs.
     assert "usage_in_unit_interval" in refuted["bmc:free_appends_listing_twice"]
     assert refuted["bmc:stored_event_when_disabled"] == ("no_events_when_disabled",)
@@ -140,7 +149,7 @@ def test_eviction_order_bugs_break_only_order_properties(bug: str, prop: str) ->
     """The invariants are blind to the queue's order; the order properties are not."""
     out = _found(bug)
     assert prop in out.violation
-    assert set(out.violation) <= set(bmc.ORDER_PROPERTIES), out.violation
+    assert set(out.violation) <= set(QUEUE_ORDER), out.violation
     assert violated(out.trace[-1].after) == []
 
 
@@ -159,13 +168,13 @@ def test_policy_queue_states_the_eviction_order() -> None:
     s, _ = ACTIONS["cache_full_blocks"](s, r, [1, 3], 0, 2, 1, 0)
     s, _ = ACTIONS["touch"](s, [3])  # block 3: two references
     args = ([3, 2, 1, 3],)
-    assert bmc.policy_queue(s, "free_blocks", args) == (2, 1, 3)
+    assert policy_queue(s, "free_blocks", args) == (2, 1, 3)
     after, _ = ACTIONS["free_blocks"](s, *args)
     assert after.free == (2, 1, 3)
-    assert bmc.order_violations(s, after, "free_blocks", args, None) == []
-    assert bmc.policy_queue(after, "touch", ([1, 0],)) == (2, 3)
-    assert bmc.policy_queue(s, "unpin_blocks", ([2, 1], bmc.watcher_a)) == (2, 1)
-    assert bmc.order_violations(after, replace(after, free=(3, 2)), "touch", ([1],), None) == [
+    assert broken_by(Transition("free_blocks", args, s, after)) == []
+    assert policy_queue(after, "touch", ([1, 0],)) == (2, 3)
+    assert policy_queue(s, "unpin_blocks", ([2, 1], bmc.watcher_a)) == (2, 1)
+    assert broken_by(Transition("touch", ([1],), after, replace(after, free=(3, 2)))) == [
         "queue_keeps_relative_order", "queue_follows_eviction_policy"]
 
 
@@ -175,7 +184,7 @@ def test_policy_queue_states_the_eviction_order() -> None:
 
 def _orbits(cfg: bmc.Config, depth: int) -> tuple[set[tuple[object, ...]], int]:
     keys: set[tuple[object, ...]] = set()
-    renamings = bmc._renamings(cfg)
+    renamings = bmc.renamings_of(cfg)
 
     def visit(s: PoolState) -> None:
         keys.add(bmc.orbit_key(s, renamings))
@@ -202,7 +211,7 @@ def test_orbit_key_identifies_exactly_renamed_states() -> None:
     assert one != two and bmc.orbit_key(one) == bmc.orbit_key(two)  # in-use block renamed
     g0, _ = ACTIONS["cache_full_blocks"](s0, r, [1], 0, 1, 1, 0)
     g1, _ = ACTIONS["cache_full_blocks"](s0, r, [1], 0, 1, 1, 1)
-    ren = bmc._renamings(SMALL)
+    ren = bmc.renamings_of(SMALL)
     assert bmc.orbit_key(g0) != bmc.orbit_key(g1)
     assert bmc.orbit_key(g0, ren) == bmc.orbit_key(g1, ren)  # groups renamed
     h2, _ = ACTIONS["cache_full_blocks"](s0, r, [2], 0, 1, 1, 0)

@@ -97,12 +97,12 @@ def test_check_events_reads_traces_and_event_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("events", "rule", "line"), [
-    ([stored([1]), removed(2)], "remove-unstored", 2),                       # never stored
-    ([removed(1), stored([1])], "remove-unstored", 1),                       # remove before store
-    ([stored([1]), removed(1), removed(1)], "remove-unstored", 3),           # removed twice
-    ([stored([1]), stored([1]), removed(1), removed(1), removed(1)], "remove-unstored", 5),
-    ([stored([1]), removed(1, group=1)], "remove-unstored", 2),              # other group
-    ([stored([1]), CLEARED, removed(1)], "remove-unstored", 3),              # cleared since
+    ([stored([1]), removed(2)], "event_removals_name_live_keys", 2),                       # never stored
+    ([removed(1), stored([1])], "event_removals_name_live_keys", 1),                       # remove before store
+    ([stored([1]), removed(1), removed(1)], "event_removals_name_live_keys", 3),           # removed twice
+    ([stored([1]), stored([1]), removed(1), removed(1), removed(1)], "event_removals_name_live_keys", 5),
+    ([stored([1]), removed(1, group=1)], "event_removals_name_live_keys", 2),              # other group
+    ([stored([1]), CLEARED, removed(1)], "event_removals_name_live_keys", 3),              # cleared since
     ([stored([5, 6], parent=4)], "parent-unknown", 1),                       # child before parent
     ([stored([5], parent=4), stored([4])], "parent-unknown", 1),             # parent comes later
     ([stored([4], group=1), stored([5], parent=4)], "parent-unknown", 2),    # parent in another group
@@ -124,14 +124,14 @@ def test_an_unannounced_copy_is_caught_against_the_pool(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     rec.write(path)
     first = check_events(path).violations[0]
-    assert (first.rule, first.position.line) == ("copy-unannounced", target + 2)
+    assert (first.rule, first.position.line) == ("event_announcements_match_index", target + 2)
 
 
 def test_every_violation_is_reported_in_order(tmp_path: Path) -> None:
     events = [removed(9), stored([1]), stored([3], parent=2), removed(1), removed(1)]
     report = check_events(_events_file(tmp_path / "e.jsonl", events), {0: 2})
     assert [(v.rule, v.position.line) for v in report.violations] == [
-        ("remove-unstored", 1), ("parent-unknown", 3), ("remove-unstored", 5)]
+        ("event_removals_name_live_keys", 1), ("parent-unknown", 3), ("event_removals_name_live_keys", 5)]
     assert "e.jsonl:5:" in report.format()
 
 

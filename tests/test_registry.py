@@ -7,12 +7,15 @@ not enumerated, documented or exercised in the others.
 from __future__ import annotations
 
 import inspect
+import re
 from collections import Counter
 
 import kvpool.model.actions as actions
 import kvpool.model.invariants as invariants
+import kvpool.model.properties as properties
 from kvpool.impl import BlockPool
 from kvpool.model import ACTIONS, INVARIANTS, QUERIES
+from kvpool.model.properties import EVENT_LOG, QUEUE_ORDER, STEP_PROPERTIES
 from kvpool.model.state import PoolState
 from kvpool.oracle.campaign import run_one
 
@@ -64,3 +67,26 @@ def test_the_workload_exercises_every_operation() -> None:
         calls.update(step.op for step in run_one(BlockPool, seed, 600).trace)
     missing = (set(ACTIONS) | set(QUERIES)) - set(calls)
     assert not missing, f"the oracle workload never calls {sorted(missing)}"
+
+
+def test_every_step_property_is_registered_and_documented_in_one_line() -> None:
+    defined = {n for n, f in _public_functions(properties).items()
+               if list(inspect.signature(f).parameters) == ["t"]}
+    assert defined - {"broken_by"} == set(STEP_PROPERTIES)
+    assert not set(STEP_PROPERTIES) & set(INVARIANTS)
+    for name, pred in STEP_PROPERTIES.items():
+        doc = inspect.getdoc(pred)
+        assert doc and "\n" not in doc, f"{name} needs a one-line docstring"
+    assert set(QUEUE_ORDER) | set(EVENT_LOG) <= set(STEP_PROPERTIES)
+
+
+def test_every_layer_names_properties_as_the_model_does() -> None:
+    """One name per property: z3's invariants and order properties, the event checker's rules."""
+    from kvpool.oracle import events_check
+    from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS
+    from kvpool.proofs.order import LEMMAS, ORDER_PROPERTIES
+
+    assert set(SYM_INVARIANTS) | set(NOT_ENCODED) == set(INVARIANTS)
+    assert set(ORDER_PROPERTIES) - set(LEMMAS) <= set(STEP_PROPERTIES)
+    rules = set(re.findall(r'Violation\(\s*"([\w-]+)"', inspect.getsource(events_check)))
+    assert rules - {"parent-unknown"} == set(EVENT_LOG) & rules and len(rules) == 3, rules

@@ -1,0 +1,290 @@
+"""Seeded bugs of the bounded model checker: broken variants of model actions."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from kvpool.model import ACTIONS
+from kvpool.model import actions as A
+from kvpool.model.events import Removed
+from kvpool.model.refusals import Refusal, RefusalKind
+from kvpool.model.state import NULL, PoolState
+
+from .domains import Action, Config
+from .search import Outcome, explore
+
+
+@contextlib.contextmanager
+def _patched(**names: Any) -> Iterator[None]:
+    """Temporarily replace helpers inside :mod:`kvpool.model.actions`."""
+    old = {k: getattr(A, k) for k in names}
+    for k, v in names.items():
+        setattr(A, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(A, k, v)
+
+
+def _drop_fields_only(s: PoolState, n: Any, b: int) -> None:
+    """Forget the block's hash fields but leave its index entries behind."""
+    n.primary[b] = None
+    n.secondary[b] = ()
+
+
+def _check_once_per_block(s: PoolState, ids: Sequence[int], what: str) -> None:
+    """vLLM-style check of each distinct block, blind to repeats in one call."""
+    A._check_ids(s, ids)
+    for b in set(ids):
+        if b != NULL and s.ref[b] < 1:
+            raise Refusal(RefusalKind.NOT_IN_USE, f"{what} block {b}")
+
+
+def free_without_refcount_check(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Release with no ref-count check: a double free drives the count to -1."""
+    with _patched(_check_releasable=lambda s, ids, what: A._check_ids(s, ids)):
+        return A.free_blocks(s, ids)
+
+
+def free_same_block_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """``free_blocks([b, b])`` on a block with one reference is accepted."""
+    with _patched(_check_releasable=_check_once_per_block):
+        return A.free_blocks(s, ids)
+
+
+def evict_forgets_index(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Eviction resets the block's hash fields but not the index."""
+    with _patched(_drop_hashes=_drop_fields_only):
+        return A.evict_blocks(s, ids)
+
+
+def evict_without_events(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Eviction that tells no event consumer: their view of the cache goes stale."""
+    nxt, res = A.evict_blocks(replace(s, events_on=False), ids)
+    return replace(nxt, events_on=s.events_on), res
+
+
+def touch_leaves_block_free(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """A prefix hit takes a reference but leaves the idle block in the free queue."""
+    A._check_ids(s, ids)
+    ref = list(s.ref)
+    for b in ids:
+        ref[b] += 1
+    return replace(s, ref=tuple(ref)), None
+
+
+def free_null_into_queue(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """The null block reaching count 0 joins the free queue, to be handed out later."""
+    nxt, res = A.free_blocks(s, ids)
+    if NULL in ids and nxt.ref[NULL] == 0 and NULL not in nxt.free:
+        nxt = replace(nxt, free=(*nxt.free, NULL))
+    return nxt, res
+
+
+def partial_kept_after_promotion(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """Promoting a partial entry to a full hash leaves the partial entry indexed."""
+    with _patched(_drop_hashes=_drop_fields_only):
+        return A.cache_full_blocks(s, *args)
+
+
+def cache_full_hashes_null(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """cache_full_blocks without the null-block skip: the placeholder gets hashed."""
+    with _patched(NULL=-1):
+        return A.cache_full_blocks(s, *args)
+
+
+def reset_while_in_use(s: PoolState) -> tuple[PoolState, Any]:
+    """Reset without the in-use guard, rebuilding the free queue as at start."""
+    nxt, _ = A.reset_prefix_cache(replace(s, free=tuple(range(1, s.num_blocks))))
+    return replace(nxt, ref=s.ref), True
+
+
+def counter_before_check(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """get_new_blocks pops blocks one by one and only then finds the queue too short."""
+    if num_blocks <= len(s.free):
+        return A.get_new_blocks(s, num_blocks)
+    left, _ = A.get_new_blocks(s, len(s.free))
+    err = Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
+                  f"Cannot get {num_blocks} free blocks from the pool")
+    err.state = left  # type: ignore[attr-defined]
+    raise err
+
+
+def _free_listing(s: PoolState, ids: Sequence[int]) -> list[int]:
+    """Check a free_blocks call as the model does; the counts after dropping every listing."""
+    A._check_releasable(s, ids, "free")
+    ref = list(s.ref)
+    for b in ids:
+        if b != NULL or s.null_counted:
+            ref[b] -= 1
+    return ref
+
+
+def free_appends_listing_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """vLLM's own shape of free_blocks: drop every listing, then queue each listing at 0.
+
+    A block listed twice in one call (a request whose block table holds it
+    twice, ref count 2) is queued twice: the free count, and with it usage,
+    is wrong (usage below 0 once the queue outgrows the pool), and the block
+    can be handed to two requests.
+    """
+    ref = _free_listing(s, ids)
+    idle = [b for b in ids if b != NULL and ref[b] == 0]
+    hashed = [b for b in idle if s.caching and s.primary[b] is not None]
+    first = [b for b in idle if b not in hashed]
+    return replace(s, ref=tuple(ref), free=(*first, *s.free, *hashed)), None
+
+
+def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Freed unhashed blocks pushed onto the head one at a time (``appendleft`` in a loop).
+
+    A batch lands reversed: the engine frees a block table in reverse so that
+    its tail blocks are reused first, and the pool silently undoes that.
+    """
+    ref = _free_listing(s, ids)
+    free = list(s.free)
+    seen = list(s.ref)
+    for b in ids:
+        if b == NULL:
+            continue
+        seen[b] -= 1
+        if seen[b] == 0:
+            if s.caching and s.primary[b] is not None:
+                free.append(b)
+            else:
+                free.insert(0, b)
+    return replace(s, ref=tuple(ref), free=tuple(free)), None
+
+
+def free_hashed_to_head(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Freed cached blocks go to the head like unhashed ones: the freshest prefix is evicted first."""
+    ref = _free_listing(s, ids)
+    last = {b: i for i, b in enumerate(ids)}
+    idle = [b for b in sorted(last, key=last.__getitem__) if b != NULL and ref[b] == 0]
+    return replace(s, ref=tuple(ref), free=(*idle, *s.free)), None
+
+
+def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """A hit block leaves an array-backed free list by swap-with-last (O(1) removal).
+
+    The former tail block jumps into the hole: the eviction order is lost.
+    """
+    A._check_ids(s, ids)
+    free, ref = list(s.free), list(s.ref)
+    for b in ids:
+        if b == NULL and not s.null_counted:
+            continue
+        if ref[b] == 0 and b != NULL:
+            i = free.index(b)
+            free[i] = free[-1]
+            free.pop()
+        ref[b] += 1
+    return replace(s, ref=tuple(ref), free=tuple(free)), None
+
+
+def alloc_pops_tail(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """The free list used as a stack: allocation takes the most recently freed blocks.
+
+    The hottest cached prefixes (freed last, at the tail) are evicted first
+    instead of the least recently used ones at the head.
+    """
+    nxt, taken = A.get_new_blocks(replace(s, free=s.free[::-1]), num_blocks)
+    return replace(nxt, free=nxt.free[::-1]), taken
+
+
+def reuse_notice_names_position(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """The reuse callback gets the block's index in the allocated batch, not its id.
+
+    An ``enumerate()`` mix-up: the engine is told that the wrong block was
+    reused and keeps reading the overwritten one.
+    """
+    nxt, taken = A.get_new_blocks(s, num_blocks)
+    notices = tuple((w, taken.index(b)) for w, b in nxt.fired[len(s.fired):])
+    return replace(nxt, fired=(*s.fired, *notices)), taken
+
+
+def removed_event_drops_group(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """Eviction's BlockRemoved leaves out the KV-cache group (``group_idx=None``, read as 0).
+
+    A router keeping one view per group (full attention, sliding window)
+    removes the entry from group 0 and keeps serving the evicted one.
+    """
+    nxt, res = A.evict_blocks(s, ids)
+    new = tuple(replace(ev, group=0) if isinstance(ev, Removed) else ev
+                for ev in nxt.events[len(s.events):])
+    return replace(nxt, events=(*s.events, *new)), res
+
+
+def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """cache_full_blocks emits BlockStored without checking that events are enabled.
+
+    Nobody takes events from such a pool, so the queue grows with every
+    cached block for the life of the engine.  Needs ``Config(events_on=False)``
+    (see :data:`BUG_CONFIG`).
+    """
+    nxt, res = A.cache_full_blocks(replace(s, events_on=True), *args)
+    return replace(nxt, events_on=s.events_on), res
+
+
+BUGS: dict[str, tuple[str, Action]] = {
+    "free_without_refcount_check": ("free_blocks", free_without_refcount_check),
+    "free_same_block_twice": ("free_blocks", free_same_block_twice),
+    "evict_forgets_index": ("evict_blocks", evict_forgets_index),
+    "evict_without_events": ("evict_blocks", evict_without_events),
+    "touch_leaves_block_free": ("touch", touch_leaves_block_free),
+    "free_null_into_queue": ("free_blocks", free_null_into_queue),
+    "partial_kept_after_promotion": ("cache_full_blocks", partial_kept_after_promotion),
+    "cache_full_hashes_null": ("cache_full_blocks", cache_full_hashes_null),
+    "reset_while_in_use": ("reset_prefix_cache", reset_while_in_use),
+    "counter_before_check": ("get_new_blocks", counter_before_check),
+    "free_appends_listing_twice": ("free_blocks", free_appends_listing_twice),
+    "free_pushes_head_one_by_one": ("free_blocks", free_pushes_head_one_by_one),
+    "free_hashed_to_head": ("free_blocks", free_hashed_to_head),
+    "touch_swap_remove": ("touch", touch_swap_remove),
+    "alloc_pops_tail": ("get_new_blocks", alloc_pops_tail),
+    "reuse_notice_names_position": ("get_new_blocks", reuse_notice_names_position),
+    "removed_event_drops_group": ("evict_blocks", removed_event_drops_group),
+    "stored_event_when_disabled": ("cache_full_blocks", stored_event_when_disabled),
+}
+"""Seeded bugs for the BMC: (the action replaced, the broken variant)."""
+
+BUG_CONFIG: dict[str, dict[str, Any]] = {
+    "stored_event_when_disabled": {"events_on": False},
+    "removed_event_drops_group": {"symmetry": False},
+}
+"""Bugs to explore in a configuration other than :class:`Config`'s default.
+
+``stored_event_when_disabled`` only shows in a pool with events off.
+``removed_event_drops_group`` treats group 0 unlike group 1, so it breaks the
+group symmetry the reduction relies on (:func:`orbit_key`): with the reduction
+the search explores only the group-0 half of each pair, where the bug is
+harmless, and finds it one call later (depth 3, 12 s instead of depth 2).
+Explore them with :func:`bug_config` (``kvpool bmc --bug`` does)."""
+
+
+def bug_config(bug: str, cfg: Config | None = None) -> Config:
+    """The configuration in which to look for ``bug``: ``cfg`` with the bug's overrides."""
+    return replace(cfg or Config(), **BUG_CONFIG.get(bug, {}))
+
+
+def find_bug(bug: str, cfg: Config | None = None, depth: int = 6, seconds: float = 60.0) -> Outcome:
+    """Explore with ``bug`` seeded, in :func:`bug_config`; cached (tests share the searches)."""
+    return _find_bug(bug, bug_config(bug, cfg), depth, seconds)
+
+
+@functools.cache
+def _find_bug(bug: str, cfg: Config, depth: int, seconds: float) -> Outcome:
+    return explore(cfg, depth, seconds, with_bug(bug))
+
+
+def with_bug(bug: str) -> dict[str, Action]:
+    """A copy of ``ACTIONS`` with one action replaced by its broken variant."""
+    name, fn = BUGS[bug]
+    return {**ACTIONS, name: fn}
+
+

@@ -1,0 +1,119 @@
+"""Canonical states: one representative per class of states that differ only by names.
+
+The model, the argument domains and every checked property treat the real
+blocks, the two groups and the two watchers alike, so a renamed state has
+the renamed successors and the same verdicts: the search keeps one state per
+class (:func:`orbit_key`) and explores them all.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvpool.model.request import Content
+from kvpool.model.state import NULL, Key, PoolState
+
+from .domains import WATCHERS, Config
+
+
+def canonical(s: PoolState) -> tuple[Any, ...]:
+    """A hashable form of the variables (events/fired excluded, watchers by name)."""
+    return (
+        s.ref, s.free, s.primary, s.secondary,
+        tuple(sorted(s.index.items())),
+        tuple(sorted((b, w.__name__) for b, w in s.watchers.items())),
+        s.holds, tuple(sorted(s.names.items(), key=lambda kv: kv[0])),
+    )
+
+
+_CONTENT_IDS: dict[Content, int] = {}
+
+
+def _content_id(c: Content) -> int:
+    """A number per ghost content, so block signatures sort (contents may hold ``None``)."""
+    return _CONTENT_IDS.setdefault(c, len(_CONTENT_IDS))
+
+
+Renaming = tuple[dict[int, int], dict[str, str]]
+"""A renaming of the KV-cache groups and of the watchers (by name)."""
+
+
+def renamings_of(cfg: Config) -> list[Renaming]:
+    """Every renaming of the KV-cache groups and of the watchers the domains treat alike."""
+    names = [w.__name__ for w in WATCHERS]
+    gperms = [dict(zip(cfg.groups, p, strict=True)) for p in itertools.permutations(cfg.groups)]
+    wperms = [dict(zip(names, p, strict=True)) for p in itertools.permutations(names)]
+    return [(g, w) for g in gperms for w in wperms]
+
+
+def orbit_key(s: PoolState, renamings: Sequence[Renaming] = ()) -> tuple[Any, ...]:
+    """A canonical form of ``s`` up to renaming the non-null blocks (symmetry reduction).
+
+    Each block gets a signature that mentions no block id: its places in the
+    free queue, ref count, hashes, content, watcher, and its (key, position)
+    in every index list.  The null block's signature comes first; the real
+    blocks' signatures are sorted.  The state can be rebuilt from the key up
+    to a renaming (the queue and each index list from the positions), and a
+    renaming leaves every signature as it is, so two states share a key
+    exactly when one is a renaming of the other.  With ``renamings`` (group
+    and watcher renamings, see :func:`renamings_of`) the key is the least over
+    them, so states that differ by one of those too share a key.
+
+    Why it is sound: the model, the argument domains (every id and pair of
+    ids, both groups, both watchers) and every checked property treat the
+    real blocks, the groups and the watchers alike (none compares or orders
+    them), so a renamed state has the renamed successors and the same
+    verdicts: exploring one state per key explores them all.  The free queue
+    orders the blocks in it, so block renaming mostly merges states whose
+    in-use blocks differ; group renaming halves the hashed states.
+    """
+    n = s.num_blocks
+    places: list[list[int]] = [[] for _ in range(n)]
+    for i, b in enumerate(s.free):
+        if 0 <= b < n:
+            places[b].append(i)
+    fixed = [(tuple(places[b]), s.ref[b], _content_id(s.holds[b])) for b in range(n)]
+    watched = {b: w.__name__ for b, w in s.watchers.items()}
+    keyed = bool(s.names) or bool(s.index) or any(p is not None for p in s.primary)
+    # Renaming what the state does not mention changes nothing: skip those.
+    gmaps = {tuple(sorted(g.items())) for g, _ in renamings} if keyed else set()
+    wmaps = {tuple(sorted(w.items())) for _, w in renamings} if watched else set()
+    best: tuple[Any, ...] | None = None
+    for gmap in gmaps or {()}:
+        key = _key_renamer(gmap)
+        entries: list[list[tuple[Key, int]]] = [[] for _ in range(n)]
+        for k, blocks in s.index.items():
+            kk = key(k)
+            for i, b in enumerate(blocks):
+                entries[b].append((kk, i))
+        hashes = [((key(p.key), p.num_tokens) if (p := s.primary[b]) else (),
+                   tuple(key(k) for k in s.secondary[b]), tuple(sorted(entries[b])))
+                  for b in range(n)]
+        names = tuple(sorted((key(k), c) for k, c in s.names.items()))
+        for wmap in wmaps or {()}:
+            wm = dict(wmap)
+            sigs = [(*fixed[b], *hashes[b], wm.get(watched.get(b, ""), watched.get(b, "")))
+                    for b in range(n)]
+            out = (sigs[NULL], tuple(sorted(sigs[1:])), names, len(s.free))
+            if best is None or out < best:
+                best = out
+    assert best is not None
+    return best
+
+
+@functools.cache
+def _key_renamer(gmap: tuple[tuple[int, int], ...]) -> Callable[[Key], Key]:
+    """Rename the group part of index keys (memoised per key)."""
+    table = dict(gmap)
+    if all(k == v for k, v in gmap):
+        return lambda k: k
+
+    @functools.cache
+    def rename(k: Key) -> Key:
+        return k[0], table.get(k[1], k[1])
+
+    return rename
+
