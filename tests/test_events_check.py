@@ -96,13 +96,16 @@ def test_check_events_reads_traces_and_event_files(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ planted violations
 
 
+REMOVED_DEAD = "event_removals_name_live_keys"
+
+
 @pytest.mark.parametrize(("events", "rule", "line"), [
-    ([stored([1]), removed(2)], "event_removals_name_live_keys", 2),                       # never stored
-    ([removed(1), stored([1])], "event_removals_name_live_keys", 1),                       # remove before store
-    ([stored([1]), removed(1), removed(1)], "event_removals_name_live_keys", 3),           # removed twice
-    ([stored([1]), stored([1]), removed(1), removed(1), removed(1)], "event_removals_name_live_keys", 5),
-    ([stored([1]), removed(1, group=1)], "event_removals_name_live_keys", 2),              # other group
-    ([stored([1]), CLEARED, removed(1)], "event_removals_name_live_keys", 3),              # cleared since
+    ([stored([1]), removed(2)], REMOVED_DEAD, 2),                            # never stored
+    ([removed(1), stored([1])], REMOVED_DEAD, 1),                            # remove before store
+    ([stored([1]), removed(1), removed(1)], REMOVED_DEAD, 3),                # removed twice
+    ([stored([1]), stored([1]), removed(1), removed(1), removed(1)], REMOVED_DEAD, 5),
+    ([stored([1]), removed(1, group=1)], REMOVED_DEAD, 2),                   # other group
+    ([stored([1]), CLEARED, removed(1)], REMOVED_DEAD, 3),                   # cleared since
     ([stored([5, 6], parent=4)], "parent-unknown", 1),                       # child before parent
     ([stored([5], parent=4), stored([4])], "parent-unknown", 1),             # parent comes later
     ([stored([4], group=1), stored([5], parent=4)], "parent-unknown", 2),    # parent in another group
