@@ -35,7 +35,8 @@ from .symmetry import canonical, orbit_key, renamings_of
 __all__ = [
     "BUGS", "BUG_CONFIG", "TOKENS", "WATCHERS", "Action", "Call", "Config", "Outcome", "Request",
     "Step", "apply_call", "bug_config", "calls", "canonical", "describe", "explore", "find_bug",
-    "format_trace", "key_labels", "orbit_key", "renamings_of", "show_arg", "watcher_a", "watcher_b", "with_bug",
+    "format_trace", "key_labels", "orbit_key", "renamings_of", "show_arg", "watcher_a", "watcher_b",
+    "with_bug",
 ]
 
 
