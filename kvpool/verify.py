@@ -242,35 +242,30 @@ def _order_proofs(budget: Budget, case: Callable[..., dict[str, Any]]) -> dict[s
 
 
 def run_seeded_bugs(budget: Budget, progress: Progress) -> Phase:
-    """Every seeded bug is refuted: the proofs and the BMC can fail."""
-    from kvpool.proofs import bmc
-    from kvpool.proofs.order import ORDER_BUGS, order_refutations
-    from kvpool.proofs.seeded_bugs import BUGS, refutations, refuted_by
+    """Every form of every seeded bug is caught: the proofs, the BMC and the lockstep can fail."""
+    from kvpool.bugs import BUGS, forms
+    from kvpool.bugs.check import every_check
 
     phase = Phase("seeded-bugs")
-    progress.start("seeded-bugs", len(BUGS) + len(ORDER_BUGS) + len(bmc.BUGS))
+    progress.start("seeded-bugs", sum(len(forms(b)) for b in BUGS.values()))
     bugs: list[dict[str, Any]] = []
     start = time.perf_counter()
-
-    def record(kind: str, name: str, story: str, found: list[str], took: float) -> None:
-        method, caught = ("bmc", "found by the BMC") if kind == "bmc" else ("inductive", "refuted")
-        bugs.append({"name": name, "story": story, "refuted_by": found, "method": method})
-        phase.cases.append(Case(
-            f"seeded-bugs/{kind}/{name}", f"{'BMC finds' if kind == 'bmc' else 'z3 refutes'} {name}",
-            bool(found), took,
-            None if found else failure("violation", f"seeded bug {name} is not {caught}", story)))
-        progress.advance(f"{name}: {', '.join(found) or 'NOT ' + caught}")
-
+    verbs = {"inductive": ("z3 refutes", "refuted"), "order": ("z3 refutes", "refuted"),
+             "bmc": ("BMC finds", "found by the BMC"), "lockstep": ("the lockstep catches",
+                                                                    "caught by the lockstep")}
     for name, bug in BUGS.items():
-        began = time.perf_counter()
-        found = refuted_by(refutations(name, timeout_ms=budget.timeout_ms))
-        record("inductive", name, bug.story, found, time.perf_counter() - began)
-    for name, (_step, story) in ORDER_BUGS.items():
-        began = time.perf_counter()
-        record("order", name, story, refuted_by(order_refutations(name)), time.perf_counter() - began)
-    for name, (action, fn) in bmc.BUGS.items():
-        out = bmc.find_bug(name, seconds=min(budget.bmc_seconds, 60.0))
-        record("bmc", name, (fn.__doc__ or action).strip().splitlines()[0], out.violation, out.seconds)
+        for caught in every_check(name, bmc_seconds=min(budget.bmc_seconds, 60.0),
+                                  runs=max(8, budget.runs), steps=budget.steps,
+                                  timeout_ms=budget.timeout_ms):
+            found = list(caught.by)
+            method = "inductive" if caught.method == "order" else caught.method
+            bugs.append({"name": name, "story": bug.story, "refuted_by": found, "method": method})
+            title, missed = verbs[caught.method]
+            phase.cases.append(Case(
+                f"seeded-bugs/{caught.method}/{name}", f"{title} {name}", bool(found), caught.seconds,
+                None if found else failure("violation", f"seeded bug {name} is not {missed}",
+                                           f"{bug.story}\n{caught.detail}")))
+            progress.advance(f"{name}: {', '.join(found) or 'NOT ' + missed}")
     phase.seconds = time.perf_counter() - start
     phase.extra = {"bugs": bugs}
     return phase

@@ -45,6 +45,9 @@ class Divergence(AssertionError):
     (``unobservable``).
     """
 
+    parts: list[str]
+    """What differs, in a word each: ``refusal``, ``result``, ``events``, ``watchers``, an
+    observed field (``ref``, ``free``, ``index``, ``pending event 0``, ...) or a broken invariant."""
     record: list[Step]
     first: int
     before: PoolState | None
@@ -55,7 +58,7 @@ class Divergence(AssertionError):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        self.record, self.first, self.before, self.model = [], 0, None, None
+        self.parts, self.record, self.first, self.before, self.model = [], [], 0, None, None
         self.pool, self.pool_events, self.unobservable = None, None, None
 
 
@@ -162,7 +165,7 @@ class Lockstep:
         if (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
-            raise self._diverged(op, f"model raised {m_error!r}, pool raised {p_error!r}")
+            raise self._diverged(op, f"model raised {m_error!r}, pool raised {p_error!r}", ["refusal"])
         if m_error is None:
             if op in RETURNS_BLOCKS and p_result is not None:
                 p_result = [b.block_id for b in p_result]
@@ -171,34 +174,39 @@ class Lockstep:
             if op == "take_events":
                 taken = event_differences(m_result, p_result)
                 if taken:
-                    raise self._diverged(op, "taken events differ: " + "; ".join(taken))
+                    raise self._diverged(op, "taken events differ: " + "; ".join(taken), ["events"])
             elif m_result != p_result:
-                raise self._diverged(op, f"model returned {m_result!r}, pool {p_result!r}")
+                raise self._diverged(op, f"model returned {m_result!r}, pool {p_result!r}", ["result"])
         self.model = m_state
         self.check()
         predicted = [(w.name, b) for w, b in self.model.fired[before_fired:]]
         seen, self.fired[:] = list(self.fired), []
         if predicted != seen:
-            raise self._diverged(op, f"watchers: model fired {predicted}, pool fired {seen}")
+            raise self._diverged(op, f"watchers: model fired {predicted}, pool fired {seen}",
+                                 ["watchers"])
         return m_error if m_error else m_result
 
     def check(self) -> None:
         """Compare observations and check every invariant of the model."""
         broken = violated(self.model)
         if broken:
-            raise self._diverged("invariants", "model state breaks " + ", ".join(broken))
-        diff = observe_model(self.model).diff(self.observe(self.pool))
-        diff += free_queue_link_errors(self.pool.free_block_queue)
-        diff += [f"pending {d}" for d in event_differences(self.model.events,
-                                                             self.pool.kv_event_queue)]
+            raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken)
+        mine, theirs = observe_model(self.model), self.observe(self.pool)
+        diff = mine.diff(theirs)
+        parts = [name for name in Observation.__slots__ if getattr(mine, name) != getattr(theirs, name)]
+        links = free_queue_link_errors(self.pool.free_block_queue)
+        events = event_differences(self.model.events, self.pool.kv_event_queue)
+        diff += links + [f"pending {d}" for d in events]
+        parts += ["free queue links"] * bool(links) + ["pending events"] * bool(events)
         if diff:
-            raise self._diverged("observation", "; ".join(diff))
+            raise self._diverged("observation", "; ".join(diff), parts)
 
-    def _diverged(self, where: str, what: str) -> Divergence:
+    def _diverged(self, where: str, what: str, parts: list[str]) -> Divergence:
         first = max(0, len(self.trace) - PICTURED)
         lines = [f"step {i + 1}: {s.op}{short_args(s.args)} -> {s.outcome}"
                  for i, s in enumerate(self.trace[first:], start=first)]
         error = Divergence(f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines))
+        error.parts = list(dict.fromkeys(parts))
         error.first, error.record = first, self.trace[first:]
         error.before = self.trace[first - 1].state if first > 0 else None
         error.model = self.model

@@ -265,7 +265,8 @@ class PoolMachine(RuleBasedStateMachine):
         first.trace.append(Step("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
         if (m_error is None) != (p_error is None) or (
                 m_error is not None and not first.errors_match(m_error, p_error)):
-            raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}")
+            raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}",
+                                  ["refusal"])
         if m_error is None:
             first.model, second.model = own_state, their_state
         first.check()

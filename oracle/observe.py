@@ -73,27 +73,47 @@ def observe_pool(pool: Any) -> Observation:
     )
 
 
-def free_queue_link_errors(queue: Any) -> list[str]:
+def _walk(start: Any, step: str, stop: Any, limit: int) -> tuple[list[int], bool]:
+    """Block ids from ``start`` along ``step`` links until ``stop``; (ids, True) if cut at ``limit``."""
+    out: list[int] = []
+    node = start
+    while node is not None and node is not stop:
+        if len(out) >= limit:
+            return out, True
+        out.append(node.block_id)
+        node = getattr(node, step)
+    return out, False
+
+
+def free_queue_link_errors(queue: Any, limit: int | None = None) -> list[str]:
     """What is wrong with a free queue's links (empty when nothing is).
 
     Walking forward and backward must give the same blocks, each once, and
-    ``num_free_blocks`` must count them.  For kvpool's queue, every block of
-    its pool must name the queue as holder exactly when it is linked.
+    ``num_free_blocks`` must count them.  Every walk stops after ``limit``
+    blocks (by default: more than the pool has), so a cycle, such as a block
+    queued twice, is reported rather than walked forever.  For kvpool's
+    queue, every block of its pool must name the queue as holder exactly when
+    it is linked.
     """
-    forward = [b.block_id for b in queue.get_all_free_blocks()]
-    backward: list[int] = []
-    node = queue.fake_free_list_tail.prev_free_block
-    while node is not None and node is not queue.fake_free_list_head:
-        backward.append(node.block_id)
-        node = node.prev_free_block
+    owner = getattr(queue, "owner", None)
+    if limit is None:
+        limit = max(queue.num_free_blocks, len(owner.blocks) if owner is not None else 0) + 2
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    forward, cut_forward = _walk(head.next_free_block, "next_free_block", tail, limit)
+    backward, cut_backward = _walk(tail.prev_free_block, "prev_free_block", head, limit)
     errors = []
+    for cut, direction, ids in ((cut_forward, "forward", forward), (cut_backward, "backward", backward)):
+        if cut:
+            again = next((b for i, b in enumerate(ids) if b in ids[:i]), None)
+            errors.append(f"the free queue's {direction} links loop (at block {again}): "
+                          f"walked {limit} blocks")
     if backward[::-1] != forward:
         errors.append(f"forward {forward} != reversed backward {backward[::-1]}")
-    if len(forward) != len(set(forward)):
-        errors.append(f"a block is queued twice: {forward}")
+    twice = sorted({b for b in forward if forward.count(b) > 1})
+    if twice:
+        errors.append(f"blocks {twice} are queued twice: {forward}")
     if queue.num_free_blocks != len(forward):
         errors.append(f"num_free_blocks {queue.num_free_blocks} != {len(forward)} linked")
-    owner = getattr(queue, "owner", None)
     if owner is not None:
         linked = set(forward)
         wrong = [b.block_id for b in owner.blocks

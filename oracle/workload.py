@@ -63,6 +63,8 @@ class Workload:
     pair: Lockstep
     running: dict[str, Running] = field(default_factory=dict)
     copies: list[int] = field(default_factory=list)
+    shared: list[int] = field(default_factory=list)
+    """Blocks held twice by one holder (listed twice, freed in one call)."""
     documents: list[list[int]] = field(default_factory=list)
     counter: int = 0
     misuse_on: bool = True
@@ -207,9 +209,60 @@ class Workload:
         self.pair.call("free_blocks", self.copies)
         self.copies = []
 
+    def share(self) -> None:
+        """A holder that lists one block twice, as a sliding-window table with offloading does.
+
+        It takes two references in one ``touch`` and drops both in one
+        ``free_blocks`` later: legal, and the shape in which a pool that
+        queues a block once per listing corrupts its free queue.
+        """
+        if self.shared:
+            self.pair.call("free_blocks", self.shared)
+            self.shared = []
+            return
+        m = self.pair.model
+        pick = [b for b in range(1, m.num_blocks) if m.ref[b] > 0 or m.primary[b] is not None]
+        if pick:
+            b = self.rng.choice(pick)
+            self.pair.call("touch", [b, b])
+            self.shared = [b, b]
+
+    def partial_inside(self) -> None:
+        """A partial entry at a chunk boundary inside a block already cached further.
+
+        The block keeps its primary key and gains a secondary one: the shape
+        that eviction, promotion and moves must treat as a whole.
+        """
+        hbs = self.cfg.hash_block_size
+        options = [(run, g) for run in self.running.values() for g, bs in self.cfg.block_sizes.items()
+                   if self.cfg.caching and bs > hbs and run.cached.get(g, 0) > 0]
+        if not options:
+            return
+        run, group = self.rng.choice(options)
+        bs = self.cfg.block_sizes[group]
+        i = self.rng.randrange(run.cached[group])
+        if run.tables[group][i] == NULL:
+            return
+        tokens = i * bs + hbs * self.rng.randint(1, bs // hbs - 1)
+        self.pair.call("cache_partial_block", run.request, run.tables[group][i], tokens, group, bs)
+
+    def placeholders(self) -> None:
+        """Null placeholders in the range to cache (sliding window): skipped, never hashed."""
+        if not self.cfg.caching:
+            return
+        req = self._new_request()
+        bs = self.cfg.block_sizes[0]
+        n = min(self.rng.randint(1, 3), len(self._hashes(req, 0)))
+        self.pair.call("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
+
     def evict(self) -> None:
-        ids = self.rng.sample(range(self.cfg.num_blocks), k=self.rng.randint(0, 3)
-                              if self.cfg.num_blocks > 3 else 1)
+        m = self.pair.model
+        hashed = [b for b in range(m.num_blocks) if m.primary[b] is not None]
+        if hashed and self.rng.random() < 0.5:
+            ids = self.rng.sample(hashed, k=min(len(hashed), self.rng.randint(1, 2)))
+        else:
+            ids = self.rng.sample(range(self.cfg.num_blocks), k=self.rng.randint(0, 3)
+                                  if self.cfg.num_blocks > 3 else 1)
         self.pair.call("evict_blocks", ids)
 
     def reset(self) -> None:
@@ -217,6 +270,8 @@ class Workload:
             for rid in list(self.running):
                 self._release(self.running.pop(rid), unpin=False)
             self.drop_copies()
+            if self.shared:
+                self.share()  # frees the block it holds twice
         self.pair.call("reset_prefix_cache")
 
     def query(self) -> None:
@@ -234,7 +289,7 @@ class Workload:
         used = [b for b in range(1, m.num_blocks) if m.ref[b] > 0]
         req = self._new_request()
         bs = self.cfg.block_sizes[0]
-        choice = self.rng.randrange(10)
+        choice = self.rng.randrange(11)
         if choice == 0 and idle:
             self.pair.call("free_blocks", [self.rng.choice(idle)])
         elif choice == 1 and used:
@@ -242,8 +297,8 @@ class Workload:
             self.pair.call("free_blocks", [b] * (m.ref[b] + 1))
         elif choice == 2:
             self.pair.call("unpin_blocks", [0], self.pair.watcher("bad"))
-        elif choice == 3:
-            self.pair.call("touch", [m.num_blocks + self.rng.randint(0, 3)])
+        elif choice == 3:  # refused after taking earlier blocks: it must give them back
+            self.pair.call("touch", [*used[:1], *idle[-1:], m.num_blocks + self.rng.randint(0, 3)])
         elif choice == 4:
             self.pair.call("get_new_blocks", self.rng.choice([-1, len(m.free) + 1]))
         elif choice == 5 and used:
@@ -260,9 +315,13 @@ class Workload:
                            self.rng.choice([0, -self.cfg.hash_block_size]), 0, bs * 2)
         elif choice == 9:
             self.pair.call("cache_full_blocks", req, [0] * 4, 3, 1, bs, 0)
+        elif choice == 10:
+            hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
+            if hashed:
+                self.pair.call("move_block_hashes", self.rng.choice(hashed), NULL)
 
     STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
-             ("drop_copies", 1),
+             ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("placeholders", 1),
              ("evict", 1), ("reset", 1), ("query", 2), ("take", 2), ("misuse", 2))
 
     def step(self) -> str:

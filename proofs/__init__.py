@@ -9,13 +9,13 @@ Modules, one job each:
 * :mod:`.inductive` — the (step x invariant) preservation matrix, the
   initial-state and non-vacuity checks;
 * :mod:`.order` — the free queue's order (eviction order) with places, proven
-  for any pool size, with its own seeded bugs;
+  for any pool size;
 * :mod:`.bmc` — bounded model checking of the executable model (``kvpool bmc``);
 * :mod:`.finite` — counterexample search in a finite scope (quantifiers grounded);
-* :mod:`.seeded_bugs` — broken steps the proofs must refute;
 * :mod:`.concrete` — a concrete model state as a finite z3 interpretation,
   so tests can check that the steps agree with ``kvpool.model.actions``;
 * :mod:`.report` — the ``kvpool prove`` entry point.
 
+The broken steps the proofs must refute are in :mod:`kvpool.bugs`.
 ``z3`` is imported here and never by ``kvpool.model``.
 """

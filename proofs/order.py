@@ -323,53 +323,6 @@ def find_order_counterexample(
 
 
 # --------------------------------------------------------------------------
-# Seeded order bugs: each must be refuted.
-
-
-def _release_cached_to_head(s: QState, b: Expr) -> QStep:
-    """Freed cached blocks go to the head like unhashed ones: the freshest prefix is evicted first."""
-    st = release(replace(s, cached=z3.K(Block, z3.BoolVal(False))), b)
-    return QStep(pre=st.pre, post=replace(st.post, cached=s.cached))
-
-
-def _touch_swap_remove(s: QState, b: Expr, t: Expr) -> QStep:
-    """A hit block leaves an array-backed free list by swap-with-last: the tail ``t`` jumps
-    into its place."""
-    st = touch(s, b)
-    leaves = z3.And(b != NULL, s.ref[b] == 0)
-    is_tail = z3.And(s.free[t], z3.ForAll([_x], z3.Implies(s.free[_x], s.pos[_x] <= s.pos[t])))
-    return QStep(pre=z3.Implies(leaves, is_tail),
-                 post=replace(st.post, pos=z3.If(leaves, z3.Store(s.pos, t, s.pos[b]), s.pos)))
-
-
-def _unpin_reuses_tail_place(s: QState, b: Expr) -> QStep:
-    """unpin_blocks appends at the last used place instead of a new one (off by one)."""
-    st = unpin(s, b)
-    return QStep(pre=st.pre, post=replace(st.post, pos=z3.Store(
-        s.pos, b, z3.If(s.ref[b] == 1, s.hi - 1, s.pos[b]))))
-
-
-ORDER_BUGS: dict[str, tuple[QSpec, str]] = {
-    "release_cached_to_head": (
-        ("release", _release_cached_to_head, QSTEPS["release"][1]),
-        "cached blocks freed to the head: the hottest prefix is evicted first"),
-    "touch_swap_remove": (
-        ("touch", _touch_swap_remove, (("b", Block), ("t", Block))),
-        "a hit removed by swap-with-last: the tail block jumps into the middle"),
-    "unpin_reuses_tail_place": (
-        ("unpin", _unpin_reuses_tail_place, QSTEPS["unpin"][1]),
-        "an unpinned block appended at the old tail's place: two blocks, one place"),
-}
-"""Broken queue steps: (step, story)."""
-
-
-def order_refutations(bug: str, scope: int = 4) -> dict[str, Result]:
-    """A counterexample search for each order property against the broken step."""
-    step, _story = ORDER_BUGS[bug]
-    return {p: find_order_counterexample(step, p, scope) for p in ORDER_PROPERTIES}
-
-
-# --------------------------------------------------------------------------
 # Agreement with the executable model (used by tests/test_proofs.py).
 
 

@@ -7,6 +7,6 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir "$stage/kvpool"
 for f in "$root"/kvpool/*; do ln -s "$f" "$stage/kvpool/$(basename "$f")"; done
-for pkg in model impl proofs oracle; do ln -s "$root/$pkg" "$stage/kvpool/$pkg"; done
+for pkg in model impl proofs oracle bugs; do ln -s "$root/$pkg" "$stage/kvpool/$pkg"; done
 cd "$stage"
 python -m mypy --strict --config-file "$root/pyproject.toml" -p kvpool "$@"

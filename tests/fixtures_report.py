@@ -273,7 +273,7 @@ def failing_document() -> Doc:
                     "block 1 is writable by its owner but indexed as r0[:2]/g0"),
         "trace": bmc_violation_trace()})
 
-    target = _target("broken.FreeToHead", "kvpool.oracle.broken:FreeToHead", ok=False)
+    target = _target("pools.FreeHashedToHead", "kvpool.bugs.pools:FreeHashedToHead", ok=False)
     conformance = _conformance([_target("kvpool.impl", "kvpool.impl:BlockPool"), target])
     conformance["cases"][1].update(ok=False, failure={
         "kind": "divergence",

@@ -9,24 +9,27 @@ from typing import Any
 
 import pytest
 
+from kvpool.bugs import BUGS
+from kvpool.bugs.check import bmc_config, find_with_bmc
+from kvpool.cli.bmc import main as bmc_main
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, violated
 from kvpool.model.properties import (
     EVENT_LOG,
     QUEUE_ORDER,
-    STEP_PROPERTIES,
     Transition,
     broken_by,
     policy_queue,
 )
 from kvpool.proofs import bmc
-from kvpool.proofs import seeded_bugs as z3_bugs
 
 SMALL = bmc.Config(blocks=4)
+ACTION_FORMS = [name for name, bug in BUGS.items() if bug.action is not None]
 
 
 def _found(bug: str) -> bmc.Outcome:
-    """The search for ``bug`` (in its :func:`bmc.bug_config`), shared with the other tests."""
-    return bmc.find_bug(bug, SMALL, depth=6, seconds=60)
+    """The search for ``bug`` (in the bug's own pool), shared with the other tests."""
+    out: bmc.Outcome = find_with_bmc(bug, SMALL, depth=6, seconds=60).trace
+    return out
 
 
 def test_model_passes_bmc_to_depth_two() -> None:
@@ -61,17 +64,17 @@ def test_budget_stops_the_search() -> None:
     assert not out.complete and out.ok and out.depth < 50
 
 
-@pytest.mark.parametrize("bug", list(bmc.BUGS))
+@pytest.mark.parametrize("bug", ACTION_FORMS)
 def test_seeded_bug_is_found_with_a_short_trace(bug: str) -> None:
     out = _found(bug)
     assert out.violation, f"{bug} not found to depth {out.depth}"
     assert 1 <= len(out.trace) <= 6
-    assert out.trace[-1].action == bmc.BUGS[bug][0] or any(
-        st.action == bmc.BUGS[bug][0] for st in out.trace)
+    action = BUGS[bug].action
+    assert action is not None and any(st.action == action[0] for st in out.trace)
 
 
 def test_seeded_bugs_break_invariants_and_event_properties() -> None:
-    broken = {name for bug in bmc.BUGS for name in _found(bug).violation}
+    broken = {name for bug in ACTION_FORMS for name in _found(bug).violation}
     assert "refused_call_changes_nothing" in broken
     assert any(name.startswith("event_") for name in broken)
     assert len(broken & set(INVARIANTS)) >= 5
@@ -95,11 +98,11 @@ def test_refused_call_that_changes_state_is_reported() -> None:
 
 def test_main_exit_codes_and_json(tmp_path: Any, capsys: Any) -> None:
     out = tmp_path / "bmc.json"
-    assert bmc.main(["--depth", "1", "--blocks", "3", "--json", str(out)]) == 0
+    assert bmc_main(["--depth", "1", "--blocks", "3", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["ok"] and doc["depth"] == 1 and doc["states"] > 1
     assert "depth 1 fully explored" in capsys.readouterr().out
-    assert bmc.main(["--depth", "3", "--blocks", "3", "--bug", "touch_leaves_block_free"]) == 1
+    assert bmc_main(["--depth", "3", "--blocks", "3", "--bug", "touch_leaves_block_free"]) == 1
     assert "VIOLATION" in capsys.readouterr().out
 
 
@@ -115,28 +118,6 @@ def test_event_properties_can_fail() -> None:
     assert [p for p in broken_by(call) if p in EVENT_LOG] == ["event_removals_name_live_keys"]
     stray = replace(s1, fired=((bmc.watcher_a, 1),))
     assert broken_by(Transition("touch", ([1],), s1, stray)) == ["fired_watchers_were_registered"]
-
-
-# --------------------------------------------------------------------------
-# Every property can fail: the union over the z3 and the BMC seeded bugs.
-
-
-def test_every_invariant_and_property_refutes_some_seeded_bug() -> None:
-    """Issue #4, point 5, over both bug sets: every bug is refuted, and every model
-    invariant and every BMC property (events, queue order, refusals) refutes a bug."""
-    refuted: dict[str, tuple[str, ...]] = {}
-    for bug in z3_bugs.BUGS:
-        refuted[f"z3:{bug}"] = z3_bugs.refuted(bug)
-    for bug in bmc.BUGS:
-        refuted[f"bmc:{bug}"] = tuple(_found(bug).violation)
-    assert [b for b, names in refuted.items() if not names] == []
-    used = {name for names in refuted.values() for name in names}
-    assert set(INVARIANTS) - used == set()
-    assert set(STEP_PROPERTIES) - used == set()
-    assert used <= set(INVARIANTS) | set(STEP_PROPERTIES)
-    # The two invariants z3 does not encode are refuted by the BMC's bugs.
-    assert "usage_in_unit_interval" in refuted["bmc:free_appends_listing_twice"]
-    assert refuted["bmc:stored_event_when_disabled"] == ("no_events_when_disabled",)
 
 
 @pytest.mark.parametrize(("bug", "prop"), [
@@ -225,8 +206,8 @@ def test_model_passes_bmc_with_events_off() -> None:
 
 
 def test_bug_config_and_cli_for_an_events_off_bug(capsys: Any) -> None:
-    assert bmc.bug_config("stored_event_when_disabled").events_on is False
-    assert bmc.bug_config("free_same_block_twice") == bmc.Config()
-    assert bmc.main(["--depth", "2", "--bug", "stored_event_when_disabled"]) == 1
+    assert bmc_config(BUGS["stored_event_when_disabled"]).events_on is False
+    assert bmc_config(BUGS["free_same_block_twice"]) == bmc.Config()
+    assert bmc_main(["--depth", "2", "--bug", "stored_event_when_disabled"]) == 1
     text = capsys.readouterr().out
     assert "VIOLATION of no_events_when_disabled" in text and "events off" in text

@@ -1,10 +1,10 @@
 """``kvpool conform``: green on kvpool.impl (and on vLLM's pool when importable),
 red with a short trace on each seeded bug, and clean usage errors.
 
-The seeded bugs are subclasses of kvpool.impl's pool, each modelled on a real
-failure of block pools (the seeded-bug list of the proofs issue).  They are
-published as the module ``kvpool_seeded_bugs`` so that the command loads them
-with ``--impl kvpool_seeded_bugs:Name``, exactly as a user's class would be.
+The seeded bugs are the broken pools of the catalogue (``kvpool.bugs.pools``),
+each modelled on a real failure of block pools, loaded with ``--impl`` as a
+user's class would be; the adapter factories are published as the module
+``kvpool_seeded_bugs``.
 """
 
 from __future__ import annotations
@@ -17,105 +17,19 @@ import types
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kvpool.cli import conform
 from kvpool.impl import BlockPool
-from kvpool.impl.errors import UnknownBlockError
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
-from kvpool.oracle.broken import TouchLeavesInFreeQueue
 
 # ------------------------------------------------------------------ seeded bugs
 
-
-class FreeWithoutRefCheck(BlockPool):
-    """Freeing an idle block is silently accepted: a double free goes unnoticed."""
-
-    def free_blocks(self, ordered_blocks: Any) -> None:
-        super().free_blocks([b for b in ordered_blocks if b.ref_cnt > 0 or b.is_null])
-
-
-class SameBlockTwiceInOneCall(BlockPool):
-    """A block listed twice in one call is released once, so [b, b] with one reference passes."""
-
-    def free_blocks(self, ordered_blocks: Any) -> None:
-        super().free_blocks(list({id(b): b for b in ordered_blocks}.values()))
-
-
-class EvictForgetsIndex(BlockPool):
-    """Eviction clears the block's own hash but leaves its index entries behind."""
-
-    def evict_blocks(self, block_ids: Any) -> None:
-        ids = list(block_ids)
-        for block_id in ids:
-            if not isinstance(block_id, int) or not 0 <= block_id < len(self.blocks):
-                raise UnknownBlockError(f"Invalid block_id {block_id!r}")
-        for block_id in ids:
-            block = self.blocks[block_id]
-            block._block_hash = None
-            block._block_hash_num_tokens = None
-            self.cached_block_hashes_by_block.pop(block_id, None)
-
-
-class NullBlockHandedOut(BlockPool):
-    """The null block sits in the free queue, so get_new_blocks can hand it out."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.free_block_queue.append(self.null_block)
-
-
-class NullBlockHashed(BlockPool):
-    """Caching does not skip the null block: sliding-window placeholders get hashed."""
-
-    def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        self.null_block.is_null = False
-        try:
-            super().cache_full_blocks(*args, **kwargs)
-        finally:
-            self.null_block.is_null = True
-
-
-class PartialKeptAfterPromotion(BlockPool):
-    """When a partial entry is promoted to a full hash, the partial entry stays indexed."""
-
-    def cache_full_blocks(self, request: Any, blocks: Any, num_cached_blocks: int,
-                          num_full_blocks: int, *args: Any, **kwargs: Any) -> None:
-        old = {b.block_id: b._block_hash for b in blocks[num_cached_blocks:num_full_blocks]
-               if b._block_hash is not None}
-        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
-                                  *args, **kwargs)
-        for block_id, key in old.items():
-            if self.blocks[block_id]._block_hash != key:
-                self._add_key(key, self.blocks[block_id], None)
-
-
-class ResetWhileInUse(BlockPool):
-    """The prefix cache is reset even while blocks are in use."""
-
-    def reset_prefix_cache(self) -> bool:
-        real = self.get_num_free_blocks
-        self.get_num_free_blocks = lambda: self.num_gpu_blocks - 1  # type: ignore[method-assign]
-        try:
-            return super().reset_prefix_cache()
-        finally:
-            self.get_num_free_blocks = real  # type: ignore[method-assign]
-
-
-class CounterBeforeRefusedCheck(BlockPool):
-    """A refused free keeps the counters it already decremented: state changes on refusal."""
-
-    def _undo_release(self, blocks: Any, done: int) -> None:
-        pass
-
-
-SEEDED_BUGS: list[type[BlockPool]] = [
-    FreeWithoutRefCheck, SameBlockTwiceInOneCall, EvictForgetsIndex, TouchLeavesInFreeQueue,
-    NullBlockHandedOut, NullBlockHashed, PartialKeptAfterPromotion, ResetWhileInUse,
-    CounterBeforeRefusedCheck,
-]
+SEEDED_BUGS = ["FreeWithoutRefcountCheck", "FreeSameBlockTwice", "EvictForgetsIndex",
+               "TouchLeavesBlockFree", "NullBlockHandedOut", "NullBlockHashed",
+               "PartialKeptAfterPromotion", "ResetWhileInUse", "RefusedFreeKeepsPartialEffect"]
+"""Broken pools of the catalogue (kvpool.bugs.pools) the state machine must shrink."""
 
 
 def adapter_of_fixed_pool() -> ClassAdapter:
@@ -130,8 +44,6 @@ def not_an_adapter() -> object:
 @pytest.fixture(autouse=True, scope="module")
 def seeded_bugs_module() -> Iterator[None]:
     module = types.ModuleType("kvpool_seeded_bugs")
-    for cls in SEEDED_BUGS:
-        setattr(module, cls.__name__, cls)
     module.adapter_of_fixed_pool = adapter_of_fixed_pool  # type: ignore[attr-defined]
     module.not_an_adapter = not_an_adapter  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
@@ -176,10 +88,10 @@ def test_adapter_factory_is_accepted() -> None:
 # ------------------------------------------------------------------------ red
 
 
-@pytest.mark.parametrize("bug", SEEDED_BUGS, ids=lambda c: c.__name__)
-def test_seeded_bug_is_caught_with_a_short_trace(bug: type[BlockPool], tmp_path: Path) -> None:
+@pytest.mark.parametrize("bug", SEEDED_BUGS)
+def test_seeded_bug_is_caught_with_a_short_trace(bug: str, tmp_path: Path) -> None:
     json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
-    status, text = run("--impl", f"kvpool_seeded_bugs:{bug.__name__}", *HUNT,
+    status, text = run("--impl", f"kvpool.bugs.pools:{bug}", *HUNT,
                        "--json", str(json_path), "--junit", str(junit_path))
     assert status == 1, text
     assert "DIVERGES from the model" in text and "minimal trace" in text

@@ -11,8 +11,8 @@ import io
 
 import pytest
 
+from kvpool.bugs.pools import AllocKeepsOldHash, FreeHashedToHead
 from kvpool.impl import BlockPool
-from kvpool.oracle.broken import ForgetsLazyEviction, FreesHashedBlocksAtHead
 from kvpool.oracle.campaign import run_campaign, run_one
 from kvpool.oracle.lockstep import Divergence
 
@@ -23,7 +23,7 @@ def test_impl_agrees_with_model(seed: int) -> None:
     assert pair.steps >= 1500
 
 
-@pytest.mark.parametrize("broken", [FreesHashedBlocksAtHead, ForgetsLazyEviction])
+@pytest.mark.parametrize("broken", [FreeHashedToHead, AllocKeepsOldHash])
 def test_lockstep_catches_a_seeded_bug(broken: type[BlockPool]) -> None:
     out = io.StringIO()
     assert run_campaign(broken, steps=1500, runs=6, seed=0, out=out) == 1
@@ -33,4 +33,4 @@ def test_lockstep_catches_a_seeded_bug(broken: type[BlockPool]) -> None:
 def test_divergence_names_the_step() -> None:
     with pytest.raises(Divergence, match=r"step \d+: "):
         for seed in range(6):
-            run_one(ForgetsLazyEviction, seed, 1500)
+            run_one(AllocKeepsOldHash, seed, 1500)

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvpool.bugs.pools import TouchLeavesBlockFree
 from kvpool.impl import BlockPool
 from kvpool.impl.errors import BlockPoolError, NotEnoughFreeBlocksError
 from kvpool.model import ACTIONS, QUERIES
 from kvpool.oracle.abstraction import same_refusal
 from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
-from kvpool.oracle.broken import TouchLeavesInFreeQueue
 from kvpool.oracle.machine import MachineFailure, machine_for
 
 GREEN = settings(max_examples=300, stateful_step_count=30, deadline=None,
@@ -95,7 +95,7 @@ def _shrunk_failure(pool_class: type[BlockPool], examples: int) -> MachineFailur
 
 
 def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
-    failure = _shrunk_failure(TouchLeavesInFreeQueue, examples=500)
+    failure = _shrunk_failure(TouchLeavesBlockFree, examples=500)
     assert 2 <= len(failure.steps) <= 15, failure.steps
     assert failure.steps[0].startswith("state.setup(cfg=Config(")
     assert any("state.admit(" in s for s in failure.steps)

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import z3  # type: ignore[import-untyped]
 
+from kvpool.bugs import BUGS
+from kvpool.bugs.check import refute_queue, refute_z3
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, initial_state, violated
@@ -29,7 +31,6 @@ from kvpool.proofs.inductive import (
 )
 from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS
 from kvpool.proofs.report import main as report_main
-from kvpool.proofs.seeded_bugs import BUGS, refuted
 from kvpool.proofs.symbolic import SymState
 
 # --------------------------------------------------------------------------
@@ -107,17 +108,16 @@ def test_report_prints_matrix_and_writes_json(tmp_path: Any, capsys: Any) -> Non
 # --------------------------------------------------------------------------
 # Seeded bugs.
 
-def _refuted(bug: str) -> tuple[str, ...]:
-    return refuted(bug)  # cached: tests/test_bmc.py shares the searches
+Z3_FORMS = [name for name, bug in BUGS.items() if bug.z3 is not None]
 
 
-@pytest.mark.parametrize("bug", list(BUGS))
+@pytest.mark.parametrize("bug", Z3_FORMS)
 def test_seeded_bug_is_refuted(bug: str) -> None:
-    assert _refuted(bug), f"{bug} ({BUGS[bug].story}) is not refuted"
+    assert refute_z3(bug).by, f"{bug} ({BUGS[bug].story}) is not refuted"
 
 
 def test_every_invariant_refutes_some_seeded_bug() -> None:
-    used = {name for bug in BUGS for name in _refuted(bug)}
+    used = {name for bug in Z3_FORMS for name in refute_z3(bug).by}
     assert used == set(SYM_INVARIANTS)
 
 
@@ -320,10 +320,10 @@ def test_every_queue_step_preserves_the_order_properties() -> None:
 
 
 def test_every_order_bug_is_refuted_and_every_order_property_refutes_one() -> None:
-    used = set()
-    for bug, (_step, story) in order.ORDER_BUGS.items():
-        found = {p for p, r in order.order_refutations(bug).items() if r.status == COUNTEREXAMPLE}
-        assert found, f"{bug} ({story}) is not refuted"
+    used: set[str] = set()
+    for bug in (name for name, b in BUGS.items() if b.queue is not None):
+        found = set(refute_queue(bug).by)
+        assert found, f"{bug} ({BUGS[bug].story}) is not refuted"
         used |= found
     assert used == set(order.ORDER_PROPERTIES)
 
@@ -396,6 +396,6 @@ def test_queue_agreement_catches_a_step_in_the_wrong_place(monkeypatch: Any) -> 
     nxt, _ = A.free_blocks(s, [1])
     calls: list[tuple[str, list[Any]]] = [("open_batch", [1]), ("release", [1])]
     assert nxt.free == (2, 3, 1) and order.compare_queue(s, nxt, calls) == (True, True)
-    (_name, bug, sorts), _story = order.ORDER_BUGS["release_cached_to_head"]
+    _name, bug, sorts = BUGS["free_hashed_to_head"].queue
     monkeypatch.setitem(order.QSTEPS, "release", (bug, sorts))
     assert order.compare_queue(s, nxt, calls) == (True, False)

@@ -60,7 +60,7 @@ def test_the_pre_commit_config_is_valid() -> None:
 
 POOLS = {
     "good": "from kvpool.impl import BlockPool\n",
-    "broken": "from kvpool.oracle.broken import FreesHashedBlocksAtHead as BlockPool\n",
+    "broken": "from kvpool.bugs.pools import FreeHashedToHead as BlockPool\n",
 }
 
 

@@ -173,7 +173,7 @@ def test_html_summary_and_sections_show_the_numbers(failing_html: str) -> None:
     lockstep = failing_html.split('id="lockstep"')[1].split("</section>")[0]
     assert "8,514" in lockstep and "NotEnoughFreeBlocksError" in lockstep and "2,210" in lockstep
     conformance = failing_html.split('id="conformance"')[1].split("</section>")[0]
-    assert "broken.FreeToHead" in conformance and "6,000" in conformance
+    assert "pools.FreeHashedToHead" in conformance and "6,000" in conformance
     assert "runs/events.jsonl" in failing_html
     assert "refusal changes nothing" in failing_html
 

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from kvpool import verify
+from kvpool.bugs import BUGS
+from kvpool.bugs.check import with_bug
 from kvpool.proofs import bmc
 from kvpool.proofs import inductive as proofs_inductive
 from kvpool.proofs import transitions as proofs_transitions
-from kvpool.proofs.seeded_bugs import BUGS as PROOF_BUGS
 
 SMALL = ["--bmc-depth", "1", "--steps", "200", "--runs", "2", "--examples", "5",
          "--machine-steps", "10", "--plain"]
@@ -69,10 +70,10 @@ def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
 
 def test_a_broken_implementation_fails_with_a_pictured_counterexample(tmp_path: Path) -> None:
     done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
-                  "--impl", "kvpool.oracle.broken:FreesHashedBlocksAtHead",
+                  "--impl", "kvpool.bugs.pools:FreeHashedToHead",
                   "--json", "out.json", "--junit", "out.xml", "--report", "report", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "FAILED conformance/kvpool.oracle.broken:FreesHashedBlocksAtHead" in done.stdout
+    assert "FAILED conformance/kvpool.bugs.pools:FreeHashedToHead" in done.stdout
     doc = json.loads((tmp_path / "out.json").read_text())
     (bad,) = failing_cases(doc)
     assert bad["failure"]["kind"] == "divergence"
@@ -80,7 +81,7 @@ def test_a_broken_implementation_fails_with_a_pictured_counterexample(tmp_path: 
     assert last["picture"] and last["pool_picture"] and "free" in last["differs"]
     assert last["call"].startswith("free_blocks")
     failures = [c for c in junit_cases(tmp_path / "out.xml") if c.find("failure") is not None]
-    assert [c.get("name") for c in failures] == ["conformance/kvpool.oracle.broken:FreesHashedBlocksAtHead"]
+    assert [c.get("name") for c in failures] == ["conformance/kvpool.bugs.pools:FreeHashedToHead"]
     assert "free_blocks" in (failures[0].find("failure").text or "")  # type: ignore[union-attr]
     html = (tmp_path / "report" / "report.html").read_text()
     assert "pool-picture" in html and "free_blocks" in html
@@ -148,7 +149,7 @@ def test_every_help_says_what_and_gives_an_example(command: str, tmp_path: Path)
 
 def test_a_z3_counterexample_fails_the_proofs_phase(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a seeded bug in place of a step, the matrix has a counterexample: exit 1."""
-    broken = {**proofs_transitions.STEPS, "touch": PROOF_BUGS["touch_leaves_block_free"].step}
+    broken = {**proofs_transitions.STEPS, "touch": BUGS["touch_leaves_block_free"].z3}
     monkeypatch.setattr(proofs_transitions, "STEPS", broken)
     monkeypatch.setattr(proofs_inductive, "STEPS", broken)
     phase = verify.run_proofs(verify.Budget(), verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
@@ -168,7 +169,7 @@ def test_a_z3_counterexample_fails_the_proofs_phase(monkeypatch: pytest.MonkeyPa
 def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
     explore = bmc.explore
     monkeypatch.setattr(bmc, "explore", lambda cfg, depth, seconds: explore(
-        cfg, depth, seconds, bmc.with_bug("free_same_block_twice")))
+        cfg, depth, seconds, with_bug("free_same_block_twice")))
     budget = verify.Budget(bmc_pools=((4, 1),))
     phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
     (case,) = phase.cases

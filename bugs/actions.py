@@ -1,25 +1,30 @@
-"""Seeded bugs of the bounded model checker: broken variants of model actions."""
+"""Seeded bugs as broken model actions: the bounded model checker must find each.
+
+Each function has a model action's signature and makes one classic mistake;
+some are the action with one of its helpers replaced (:func:`patched`), the
+others are written out.  A broken action that mutates before it refuses
+attaches the state it left behind to its refusal as ``state``, so that the
+search can check that refused calls change nothing.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvpool.model import ACTIONS
 from kvpool.model import actions as A
 from kvpool.model.events import Removed
 from kvpool.model.refusals import Refusal, RefusalKind
 from kvpool.model.state import NULL, PoolState
 
-from .domains import Action, Config
-from .search import Outcome, explore
+Action = Callable[..., tuple[PoolState, Any]]
+"""A model action: ``(state, *args) -> (next state, result)``."""
 
 
 @contextlib.contextmanager
-def _patched(**names: Any) -> Iterator[None]:
+def patched(**names: Any) -> Iterator[None]:
     """Temporarily replace helpers inside :mod:`kvpool.model.actions`."""
     old = {k: getattr(A, k) for k in names}
     for k, v in names.items():
@@ -47,19 +52,19 @@ def _check_once_per_block(s: PoolState, ids: Sequence[int], what: str) -> None:
 
 def free_without_refcount_check(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Release with no ref-count check: a double free drives the count to -1."""
-    with _patched(_check_releasable=lambda s, ids, what: A._check_ids(s, ids)):
+    with patched(_check_releasable=lambda s, ids, what: A._check_ids(s, ids)):
         return A.free_blocks(s, ids)
 
 
 def free_same_block_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """``free_blocks([b, b])`` on a block with one reference is accepted."""
-    with _patched(_check_releasable=_check_once_per_block):
+    with patched(_check_releasable=_check_once_per_block):
         return A.free_blocks(s, ids)
 
 
 def evict_forgets_index(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Eviction resets the block's hash fields but not the index."""
-    with _patched(_drop_hashes=_drop_fields_only):
+    with patched(_drop_hashes=_drop_fields_only):
         return A.evict_blocks(s, ids)
 
 
@@ -88,13 +93,13 @@ def free_null_into_queue(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, A
 
 def partial_kept_after_promotion(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """Promoting a partial entry to a full hash leaves the partial entry indexed."""
-    with _patched(_drop_hashes=_drop_fields_only):
+    with patched(_drop_hashes=_drop_fields_only):
         return A.cache_full_blocks(s, *args)
 
 
 def cache_full_hashes_null(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """cache_full_blocks without the null-block skip: the placeholder gets hashed."""
-    with _patched(NULL=-1):
+    with patched(NULL=-1):
         return A.cache_full_blocks(s, *args)
 
 
@@ -231,60 +236,7 @@ def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any
     return replace(nxt, events_on=s.events_on), res
 
 
-BUGS: dict[str, tuple[str, Action]] = {
-    "free_without_refcount_check": ("free_blocks", free_without_refcount_check),
-    "free_same_block_twice": ("free_blocks", free_same_block_twice),
-    "evict_forgets_index": ("evict_blocks", evict_forgets_index),
-    "evict_without_events": ("evict_blocks", evict_without_events),
-    "touch_leaves_block_free": ("touch", touch_leaves_block_free),
-    "free_null_into_queue": ("free_blocks", free_null_into_queue),
-    "partial_kept_after_promotion": ("cache_full_blocks", partial_kept_after_promotion),
-    "cache_full_hashes_null": ("cache_full_blocks", cache_full_hashes_null),
-    "reset_while_in_use": ("reset_prefix_cache", reset_while_in_use),
-    "counter_before_check": ("get_new_blocks", counter_before_check),
-    "free_appends_listing_twice": ("free_blocks", free_appends_listing_twice),
-    "free_pushes_head_one_by_one": ("free_blocks", free_pushes_head_one_by_one),
-    "free_hashed_to_head": ("free_blocks", free_hashed_to_head),
-    "touch_swap_remove": ("touch", touch_swap_remove),
-    "alloc_pops_tail": ("get_new_blocks", alloc_pops_tail),
-    "reuse_notice_names_position": ("get_new_blocks", reuse_notice_names_position),
-    "removed_event_drops_group": ("evict_blocks", removed_event_drops_group),
-    "stored_event_when_disabled": ("cache_full_blocks", stored_event_when_disabled),
-}
-"""Seeded bugs for the BMC: (the action replaced, the broken variant)."""
-
-BUG_CONFIG: dict[str, dict[str, Any]] = {
-    "stored_event_when_disabled": {"events_on": False},
-    "removed_event_drops_group": {"symmetry": False},
-}
-"""Bugs to explore in a configuration other than :class:`Config`'s default.
-
-``stored_event_when_disabled`` only shows in a pool with events off.
-``removed_event_drops_group`` treats group 0 unlike group 1, so it breaks the
-group symmetry the reduction relies on (:func:`orbit_key`): with the reduction
-the search explores only the group-0 half of each pair, where the bug is
-harmless, and finds it one call later (depth 3, 12 s instead of depth 2).
-Explore them with :func:`bug_config` (``kvpool bmc --bug`` does)."""
-
-
-def bug_config(bug: str, cfg: Config | None = None) -> Config:
-    """The configuration in which to look for ``bug``: ``cfg`` with the bug's overrides."""
-    return replace(cfg or Config(), **BUG_CONFIG.get(bug, {}))
-
-
-def find_bug(bug: str, cfg: Config | None = None, depth: int = 6, seconds: float = 60.0) -> Outcome:
-    """Explore with ``bug`` seeded, in :func:`bug_config`; cached (tests share the searches)."""
-    return _find_bug(bug, bug_config(bug, cfg), depth, seconds)
-
-
-@functools.cache
-def _find_bug(bug: str, cfg: Config, depth: int, seconds: float) -> Outcome:
-    return explore(cfg, depth, seconds, with_bug(bug))
-
-
-def with_bug(bug: str) -> dict[str, Action]:
-    """A copy of ``ACTIONS`` with one action replaced by its broken variant."""
-    name, fn = BUGS[bug]
-    return {**ACTIONS, name: fn}
-
-
+def alloc_keeps_old_hash(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """Allocation without lazy eviction: the old hash still serves the new owner's block."""
+    nxt, taken = A.get_new_blocks(replace(s, caching=False), num_blocks)
+    return replace(nxt, caching=s.caching), taken

@@ -1,0 +1,176 @@
+"""Seeded bugs as broken z3 steps: the inductive proofs must refute each.
+
+A step is a precondition and a post-state over the symbolic pool
+(:mod:`kvpool.proofs.transitions`, :mod:`kvpool.proofs.order`); each function
+here is a correct step with one classic mistake.  The catalogue
+(:mod:`.catalogue`) names them, tells their stories and pairs them with the
+same mistake at the other layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import z3  # type: ignore[import-untyped]
+
+from kvpool.proofs import transitions as t
+from kvpool.proofs.order import QSTEPS, QSpec, QState, QStep, release, touch, unpin
+from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, SymState
+from kvpool.proofs.transitions import Step, StepSpec
+
+_qx = z3.Const("bound.qx", Block)
+
+
+def _without(pre: Expr, *dropped: Expr) -> Expr:
+    """``pre`` (a conjunction) minus the conjuncts ``dropped``: a forgotten check."""
+    kept = [c for c in pre.children() if not any(c.eq(d) for d in dropped)]
+    assert len(kept) == len(pre.children()) - len(dropped), "a dropped check is not a conjunct"
+    return z3.And(*kept)
+
+
+def free_without_refcount_check(s: SymState, b: Expr) -> Step:
+    """Release with no ``ref > 0`` check: a double free drives the count to -1."""
+    return Step(pre=z3.BoolVal(True), post=t.release(s, b).post)
+
+
+def free_same_block_twice(s: SymState, b: Expr) -> Step:
+    """``free_blocks([b, b])`` checked once per distinct block against the state before the call.
+
+    The loop invariant of a batch checks each listing against the running
+    state; this variant checks ``ref > 0`` once, before both releases.
+    """
+    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0), post=t.release(t.release(s, b).post, b).post)
+
+
+def evict_forgets_index(s: SymState, b: Expr) -> Step:
+    """Eviction clears the block's hash fields but leaves its index entries behind."""
+    d = t.drop_hashes(s, b)
+    return Step(pre=z3.BoolVal(True), post=replace(d, idx=s.idx))
+
+
+def evict_keeps_secondaries(s: SymState, b: Expr) -> Step:
+    """Eviction removes only the primary key; partial entries outlive it."""
+    k = s.pkey[b]
+    return Step(pre=z3.BoolVal(True), post=replace(
+        s, prim=z3.Store(s.prim, b, False),
+        idx=z3.If(s.prim[b], z3.Store(s.idx, k, b, False), s.idx)))
+
+
+def touch_leaves_block_free(s: SymState, b: Expr) -> Step:
+    """A prefix hit takes a reference but leaves the idle block in the free queue."""
+    return Step(pre=z3.BoolVal(True), post=replace(s, ref=z3.Store(s.ref, b, s.ref[b] + 1)))
+
+
+def free_null_into_queue(s: SymState, b: Expr) -> Step:
+    """Freeing the null block puts it in the free queue (later handed out)."""
+    r = s.ref[b] - 1
+    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0),
+                post=replace(s, ref=z3.Store(s.ref, b, r),
+                             free=z3.Store(s.free, b, z3.Or(s.free[b], r <= 0))))
+
+
+def cache_full_hashes_null(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+    """cache_full_blocks indexes the null block (no skip for NULL)."""
+    st = t.cache_full(s, b, k, n, c)
+    return Step(pre=_without(st.pre, b != NULL), post=st.post)
+
+
+def unpin_null(s: SymState, b: Expr) -> Step:
+    """unpin_blocks accepts the null block and registers a watcher on it."""
+    st = t.unpin(s, b)
+    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0), post=st.post)
+
+
+def free_hashed_not_queued(s: SymState, b: Expr) -> Step:
+    """A hashed block reaching count 0 is parked outside the queue: never evictable."""
+    r = s.ref[b] - 1
+    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0),
+                post=replace(s, ref=z3.Store(s.ref, b, r),
+                             free=z3.Store(s.free, b, z3.Or(
+                                 s.free[b], z3.And(b != NULL, r == 0, z3.Not(s.prim[b]))))))
+
+
+def partial_kept_after_promotion(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+    """Promoting a partial entry to a full hash keeps the stale partial entry."""
+    st = t.cache_full(s, b, k, n, c)
+    wrote = replace(s, holds=z3.Store(s.holds, b, t.written(s.holds[b], c)))
+    return Step(pre=st.pre, post=t.add_key(wrote, k, b, n, c))
+
+
+def partial_not_whole_chunks(
+    s: SymState, b: Expr, k: Expr, n: Expr, c: Expr, rep: Expr,
+) -> Step:
+    """cache_partial_block accepts a token count that is not a multiple of hbs."""
+    st = t.cache_partial(s, b, k, n, c, rep)
+    return Step(pre=_without(st.pre, n % s.hbs == 0), post=st.post)
+
+
+def cache_without_caching(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+    """cache_full_blocks on a pool built without prefix caching indexes anyway."""
+    st = t.cache_full(s, b, k, n, c)
+    return Step(pre=_without(st.pre, s.caching), post=st.post)
+
+
+def reset_requeues_everything(s: SymState) -> Step:
+    """Reset with no in-use guard that rebuilds the free queue from every real block."""
+    x = z3.Const("lam.x", s.free.domain())
+    st = t.reset(s)
+    return Step(pre=z3.BoolVal(True), post=replace(st.post, free=z3.Lambda([x], x != NULL)))
+
+
+def alloc_keeps_old_hash(s: SymState, b: Expr) -> Step:
+    """Allocation without lazy eviction: the new owner's block stays indexed (stale hit)."""
+    return Step(pre=z3.And(b != NULL, s.free[b]), post=replace(
+        s, ref=z3.Store(s.ref, b, 1), free=z3.Store(s.free, b, False),
+        watched=z3.Store(s.watched, b, False), holds=z3.Store(s.holds, b, EMPTY)))
+
+
+def alloc_forgets_primary_only(s: SymState, b: Expr) -> Step:
+    """Allocation resets the block's hash field but not the index: writable yet reachable."""
+    st = alloc_keeps_old_hash(s, b)
+    return Step(pre=st.pre, post=replace(st.post, prim=z3.Store(s.prim, b, False),
+                                         sec=t.drop_hashes(s, b).sec))
+
+
+def move_onto_null(s: SymState, src: Expr, dst: Expr) -> Step:
+    """move_block_hashes onto the null block (no NullBlockError)."""
+    st = t.move(s, src, dst)
+    return Step(pre=_without(st.pre, z3.Implies(s.prim[src], dst != NULL)), post=st.post)
+
+
+
+# --------------------------------------------------------------------------
+# The free queue with places (the eviction order).
+
+
+def release_cached_to_head(s: QState, b: Expr) -> QStep:
+    """Freed cached blocks go to the head like unhashed ones: the freshest prefix is evicted first."""
+    st = release(replace(s, cached=z3.K(Block, z3.BoolVal(False))), b)
+    return QStep(pre=st.pre, post=replace(st.post, cached=s.cached))
+
+
+def touch_swap_remove(s: QState, b: Expr, tail: Expr) -> QStep:
+    """A hit block leaves an array-backed free list by swap-with-last: the tail block ``tail`` jumps
+    into its place."""
+    st = touch(s, b)
+    leaves = z3.And(b != NULL, s.ref[b] == 0)
+    is_tail = z3.And(s.free[tail], z3.ForAll([_qx], z3.Implies(s.free[_qx], s.pos[_qx] <= s.pos[tail])))
+    return QStep(pre=z3.Implies(leaves, is_tail),
+                 post=replace(st.post, pos=z3.If(leaves, z3.Store(s.pos, tail, s.pos[b]), s.pos)))
+
+
+def unpin_reuses_tail_place(s: QState, b: Expr) -> QStep:
+    """unpin_blocks appends at the last used place instead of a new one (off by one)."""
+    st = unpin(s, b)
+    return QStep(pre=st.pre, post=replace(st.post, pos=z3.Store(
+        s.pos, b, z3.If(s.ref[b] == 1, s.hi - 1, s.pos[b]))))
+
+
+def step(name: str, fn: t.StepFn) -> StepSpec:
+    """A broken form of the per-block step ``name`` (same argument sorts)."""
+    return StepSpec(fn, t.STEPS[name].args)
+
+
+def queue_step(name: str, fn: object, sorts: tuple[tuple[str, z3.SortRef], ...] | None = None) -> QSpec:
+    """A broken form of the queue step ``name``; ``sorts`` when it takes other arguments."""
+    return (name, fn, sorts if sorts is not None else QSTEPS[name][1])  # type: ignore[return-value]
