@@ -14,8 +14,7 @@ import random
 from typing import Any
 
 from kvpool.impl import Request, get_request_block_hasher
-from kvpool.impl.keys import make_block_hash_with_group_id
-from kvpool.model import ACTIONS, INVARIANTS, PoolState, initial_state
+from kvpool.model import ACTIONS, INVARIANTS, Key, PoolState, initial_state
 from kvpool.pictures import Label, labeller, picture_differences, picture_of_state
 
 Doc = dict[str, Any]
@@ -183,10 +182,10 @@ def _requests() -> tuple[list[Request], Label]:
     hasher = get_request_block_hasher(2)
     reqs = [Request("r0", [1, 1, 2, 2, 3], block_hasher=hasher),
             Request("r1", [1, 1, 4, 4], block_hasher=hasher)]
-    names: dict[bytes, str] = {}
+    names: dict[Key, str] = {}
     for r in reqs:  # a shared prefix keeps the first request's name
         for i, h in enumerate(r.block_hashes):
-            names.setdefault(make_block_hash_with_group_id(h, 0), f"{r.request_id}[:{2 * (i + 1)}]/g0")
+            names.setdefault((h, 0), f"{r.request_id}[:{2 * (i + 1)}]/g0")
     return reqs, labeller(names)
 
 

@@ -25,6 +25,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
                "record a JSONL trace of a pool running the workload"),
     "check-trace": ("kvpool.oracle.trace", "check_trace_main",
                     "replay a recorded trace on the model; report the first divergent line"),
+    "claims": ("kvpool.cli.claims", "main",
+               "every property of the model and what establishes it (z3, BMC, lockstep, bugs)"),
     "check-events": ("kvpool.oracle.events_check", "check_events_main",
                      "check a KV-event stream as a router rebuilding the index reads it"),
 }

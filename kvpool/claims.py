@@ -1,0 +1,178 @@
+"""The claims table: every named property of the model, and what establishes it.
+
+A reviewer's one page of what is known and how.  One row per property
+(:data:`kvpool.model.INVARIANTS` and
+:data:`kvpool.model.properties.STEP_PROPERTIES`), one column per method:
+
+* ``z3`` — proven for every step, for a pool of any size (:mod:`kvpool.proofs`);
+* ``bmc`` — checked in every state of every call sequence of small pools;
+* ``lockstep`` — checked on the model after every call of the random
+  workloads while the pool's observation equals the model's;
+* ``bugs`` — the seeded bugs that break it (a property no bug breaks could
+  be vacuous);
+* ``tests`` — the test files that name it (in a source checkout).
+
+Without a ``kvpool verify`` result the table says what each method is set
+up to establish; with one (:func:`claims_table` ``doc=``) it says what that
+run established: proof statuses, the depth the BMC reached on which pools,
+how many calls agreed, which bugs were caught.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvpool.model import INVARIANTS
+from kvpool.model.properties import STEP_PROPERTIES
+from kvpool.proofs.invariants import NOT_ENCODED, PARTIAL
+from kvpool.proofs.order import LEMMAS, ORDER_PROPERTIES
+from kvpool.proofs.transitions import STEPS
+
+Row = dict[str, Any]
+
+BY_CONSTRUCTION: dict[str, str] = {
+    "allocation_takes_queue_head": (
+        "the queue proof's alloc step takes the head by its precondition; "
+        "tests/test_proofs.py checks it computes the model's queue"),
+    "refused_call_changes_nothing": "a refused call is the identity step: no step of a refusal exists",
+}
+"""Step properties that hold in the z3 encoding by the way the steps are written."""
+
+NOT_IN_Z3: dict[str, str] = {
+    "event_removals_name_live_keys": "events are not in the symbolic state",
+    "event_announcements_match_index": "events are not in the symbolic state",
+    "fired_watchers_were_registered": "reuse notices are not in the symbolic state",
+}
+"""Step properties the z3 encoding does not state, and why."""
+
+
+def _doc(fn: Any) -> str:
+    return (inspect.getdoc(fn) or "").splitlines()[0]
+
+
+def _phase(doc: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    if doc is None:
+        return None
+    found = next((p for p in doc.get("phases", []) if p.get("name") == name), None)
+    return None if found is None or found.get("skipped") else found
+
+
+COMPLETED_BY: dict[str, str] = {
+    "free_queue_holds_exactly_idle_blocks": "the eviction-order proof's queue_well_formed adds 'once'",
+}
+"""Invariants whose dropped conjunct another proof establishes, for any pool size."""
+
+
+def _z3_invariant(name: str, proofs: Mapping[str, Any] | None) -> str:
+    if name in NOT_ENCODED:
+        return f"not encoded: {NOT_ENCODED[name]}"
+    notes = [n for n in (PARTIAL.get(name), COMPLETED_BY.get(name)) if n]
+    note = f" ({'; '.join(notes)})" if notes else ""
+    if proofs is None:
+        return f"every step preserves it, any pool size: {len(STEPS)} steps{note}"
+    cells = [proofs["initial"][name], *(row[name] for row in proofs["matrix"].values())]
+    proven = sum(c["status"] == "proven" for c in cells)
+    verdict = "proven" if proven == len(cells) else "NOT PROVEN"
+    return f"{verdict}: {proven}/{len(cells)} (initial + {len(cells) - 1} steps), any pool size{note}"
+
+
+def _z3_step_property(name: str, proofs: Mapping[str, Any] | None) -> str:
+    if name in ORDER_PROPERTIES:
+        order = (proofs or {}).get("order")
+        if not order:
+            return "the eviction-order proof: every queue step keeps it, any pool size"
+        cells = [row[name] for row in order["matrix"].values()]
+        proven = sum(c["status"] == "proven" for c in cells)
+        verdict = "proven" if proven == len(cells) else "NOT PROVEN"
+        return f"{verdict}: {proven}/{len(cells)} queue steps, any pool size"
+    if name in BY_CONSTRUCTION:
+        return f"by construction: {BY_CONSTRUCTION[name]}"
+    return f"not stated: {NOT_IN_Z3.get(name, 'no symbolic form')}"
+
+
+def _bmc(bmc_phase: Mapping[str, Any] | None, budget: Mapping[str, Any] | None) -> str:
+    if bmc_phase is not None:
+        runs = [f"depth {r['depth']}{'' if r['complete'] else '+'} on {r['blocks']} blocks, "
+                f"hbs {r['hash_block_size']}" for r in bmc_phase.get("runs", [])]
+        failed = not bmc_phase.get("ok", True)
+        return ("VIOLATED; " if failed else "every reachable state: ") + "; ".join(runs)
+    if budget is not None:
+        pools = "; ".join(f"{b} blocks, hbs {h}" for b, h in budget.get("bmc_pools", []))
+        return f"every reachable state to depth {budget.get('bmc_depth')}: {pools}"
+    return "every reachable state of small pools, to the profile's depth (kvpool verify)"
+
+
+def _lockstep(phase: Mapping[str, Any] | None) -> str:
+    if phase is None:
+        return "after every call of the seeded workloads, pool and model observed equal"
+    verdict = "" if phase.get("ok", True) else "DIVERGED; "
+    return (f"{verdict}{phase.get('calls', 0):,} calls over {phase.get('runs', 0)} runs, "
+            "checked after every call")
+
+
+def _tests_naming(names: list[str]) -> dict[str, list[str]]:
+    """Test files that name each property (empty outside a source checkout)."""
+    root = Path(__file__).resolve().parents[1] / "tests"
+    out: dict[str, list[str]] = {n: [] for n in names}
+    if not root.is_dir():
+        return out
+    for path in sorted(root.glob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        for n in names:
+            if n in text:
+                out[n].append(path.name)
+    return out
+
+
+def _bugs_by_property(doc: Mapping[str, Any] | None) -> dict[str, list[str]] | None:
+    seeded = _phase(doc, "seeded-bugs")
+    if seeded is None:
+        return None
+    out: dict[str, list[str]] = {}
+    for bug in seeded.get("bugs", []):
+        for prop in bug.get("refuted_by", []):
+            out.setdefault(prop, [])
+            if bug["name"] not in out[prop]:
+                out[prop].append(bug["name"])
+    return out
+
+
+def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
+    """One row per property of the model; measured columns when ``doc`` (a verify result) is given."""
+    proofs = _phase(doc, "proofs")
+    bmc = _bmc(_phase(doc, "bmc"), None if doc is None else doc.get("budget"))
+    lockstep = _lockstep(_phase(doc, "lockstep"))
+    bugs = _bugs_by_property(doc)
+    names = [*INVARIANTS, *STEP_PROPERTIES]
+    tests = _tests_naming(names)
+    rows: list[Row] = []
+    for name, pred in INVARIANTS.items():
+        rows.append({"property": name, "kind": "invariant", "doc": _doc(pred),
+                     "z3": _z3_invariant(name, proofs), "bmc": bmc, "lockstep": lockstep,
+                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
+    for name, prop in STEP_PROPERTIES.items():
+        rows.append({"property": name, "kind": "step property", "doc": _doc(prop),
+                     "z3": _z3_step_property(name, proofs), "bmc": bmc, "lockstep": lockstep,
+                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
+    return rows
+
+
+def lemmas() -> dict[str, str]:
+    """Properties the proofs establish on the way that are not properties of the model."""
+    return dict(LEMMAS)
+
+
+def format_table(rows: list[Row]) -> str:
+    """The table as text, one block per property (the columns are too wide for one line)."""
+    out = []
+    for r in rows:
+        bugs = ("(run kvpool verify)" if r["bugs"] is None
+                else ", ".join(r["bugs"]) or "NONE: no seeded bug breaks it")
+        out += [f"{r['property']}  [{r['kind']}]", f"    {r['doc']}",
+                f"    z3        {r['z3']}", f"    bmc       {r['bmc']}",
+                f"    lockstep  {r['lockstep']}", f"    bugs      {bugs}",
+                f"    tests     {', '.join(r['tests']) or '-'}", ""]
+    return "\n".join(out).rstrip() + "\n"

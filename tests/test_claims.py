@@ -1,0 +1,64 @@
+"""The claims table (kvpool claims): one row per property of the model, columns per method."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvpool.claims import claims_table, format_table
+from kvpool.model import INVARIANTS
+from kvpool.model.properties import STEP_PROPERTIES
+
+
+def passing_doc() -> dict[str, Any]:
+    """The passing verify result of tests/fixtures_report.py (loaded by path: tests are no package)."""
+    spec = importlib.util.spec_from_file_location(
+        "fixtures_report", Path(__file__).with_name("fixtures_report.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc: dict[str, Any] = module.passing_document()
+    return doc
+
+
+def test_every_property_has_a_row_with_every_method() -> None:
+    rows = claims_table()
+    assert [r["property"] for r in rows] == [*INVARIANTS, *STEP_PROPERTIES]
+    for row in rows:
+        assert row["doc"] and row["z3"] and row["bmc"] and row["lockstep"], row
+        assert row["bugs"] is None  # only a verify result says which bugs were caught
+    by_name = {r["property"]: r for r in rows}
+    assert by_name["usage_in_unit_interval"]["z3"].startswith("not encoded")
+    assert by_name["queue_follows_eviction_policy"]["z3"].startswith("the eviction-order proof")
+    assert by_name["event_announcements_match_index"]["z3"].startswith("not stated")
+
+
+def test_a_verify_result_fills_in_what_the_run_established() -> None:
+    doc = passing_doc()
+    rows = {r["property"]: r for r in claims_table(doc)}
+    inv = rows["null_block_inert"]
+    assert inv["z3"].startswith("proven:") and "any pool size" in inv["z3"]
+    assert "depth" in inv["bmc"] and "blocks" in inv["bmc"]
+    assert "calls" in inv["lockstep"]
+    refuting = {b["name"] for b in next(p for p in doc["phases"] if p["name"] == "seeded-bugs")["bugs"]
+                if "null_block_inert" in b["refuted_by"]}
+    assert set(inv["bugs"]) == refuting
+    assert "NONE" not in format_table([inv]) or not refuting
+
+
+def test_the_command_prints_and_writes_json(tmp_path: Path) -> None:
+    source = tmp_path / "verify.json"
+    source.write_text(json.dumps(passing_doc()))
+    out = tmp_path / "claims.json"
+    done = subprocess.run([sys.executable, "-m", "kvpool", "claims", "--from", str(source),
+                           "--json", str(out)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "free_queue_holds_exactly_idle_blocks  [invariant]" in done.stdout
+    assert len(json.loads(out.read_text())["claims"]) == len(INVARIANTS) + len(STEP_PROPERTIES)
+    bad = subprocess.run([sys.executable, "-m", "kvpool", "claims", "--from", str(out)],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "not a kvpool verify result" in bad.stderr
