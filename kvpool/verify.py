@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvpool import __version__
-from kvpool.oracle.adapter import Adapter, UsageError, UsageParser
+from kvpool.cli.usage import UsageError, UsageParser, load_adapter
+from kvpool.oracle.adapter import Adapter
 
 SCHEMA = "kvpool.verify/1"
 PHASES = ("proofs", "seeded-bugs", "bmc", "lockstep", "conformance", "traces")
@@ -636,7 +637,6 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     """Parse and check everything that can be checked before the run; raise UsageError."""
     from kvpool.cli.usage import check_writable as _check_writable
     from kvpool.model import REFERENCES
-    from kvpool.oracle.conform import load_adapter
 
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]

@@ -30,7 +30,6 @@ from kvpool.model.state import PoolState
 
 from . import abstraction
 from .abstraction import names_refusal, refusal_name, same_refusal, vllm_refusal
-from .adapter import import_or_exit
 from .lockstep import Divergence, Lockstep, Watcher
 from .observe import Observation, observe_model
 from .workload import Config, Workload
@@ -936,6 +935,8 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps <= 0:
         parser.error("--steps must be positive")
+    from kvpool.cli.usage import import_or_exit  # for one commit: record_main moves to the CLI
+
     pool_class = import_or_exit(parser, "--pool", args.pool)
     from kvpool.impl import BlockPool
 

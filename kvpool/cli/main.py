@@ -89,8 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--steps and --runs must be positive")
         from kvpool.impl import BlockPool
         from kvpool.oracle.abstraction import same_refusal, vllm_refusal
-        from kvpool.oracle.adapter import import_or_exit
         from kvpool.oracle.campaign import run_campaign
+
+        from .usage import import_or_exit
 
         pool_class = import_or_exit(parser, "--pool", args.pool)
         ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
