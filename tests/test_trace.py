@@ -13,16 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvpool.cli.trace import check_trace_main, record_main
 from kvpool.impl import BlockPool
 from kvpool.oracle.broken import FreesHashedBlocksAtHead
 from kvpool.oracle.trace import (
     TraceError,
     check_trace,
-    check_trace_main,
     read_trace,
     record,
     record_adapter,
-    record_main,
     schema_gaps,
 )
 

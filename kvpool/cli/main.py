@@ -21,11 +21,11 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
             "bounded model checking: every call sequence of small pools, up to a depth"),
     "conform": ("kvpool.cli.conform", "main",
                 "check any block-pool implementation against the model, step by step"),
-    "record": ("kvpool.oracle.trace", "record_main",
+    "record": ("kvpool.cli.trace", "record_main",
                "record a JSONL trace of a pool running the workload"),
-    "check-trace": ("kvpool.oracle.trace", "check_trace_main",
+    "check-trace": ("kvpool.cli.trace", "check_trace_main",
                     "replay a recorded trace on the model; report the first divergent line"),
-    "check-events": ("kvpool.oracle.events_check", "check_events_main",
+    "check-events": ("kvpool.cli.events", "check_events_main",
                      "check a KV-event stream as a router rebuilding the index reads it"),
 }
 
