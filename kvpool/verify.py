@@ -282,7 +282,7 @@ def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
     from kvpool.pictures import labeller, picture_of_state
     from kvpool.proofs import bmc
 
-    labels = bmc._labels(cfg)
+    labels = bmc.key_labels(cfg)
     label = labeller(labels)
     trace = []
     for number, step in enumerate(out.trace, start=1):

@@ -46,14 +46,11 @@ request writing into a block holding another prefix breaks
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import hashlib
 import inspect
 import itertools
-import json
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -525,7 +522,7 @@ def explore(
 # Printing a trace for a reviewer.
 
 
-def _labels(cfg: Config) -> dict[Key, str]:
+def key_labels(cfg: Config) -> dict[Key, str]:
     """Name each key by the request prefix it stands for, e.g. ``r0[:2]/g1``."""
     out: dict[Key, str] = {}
     hbs = cfg.hash_block_size
@@ -599,7 +596,7 @@ def _params(action: str) -> list[str]:
 
 def format_trace(out: Outcome, cfg: Config = Config()) -> str:
     """The violating trace, one numbered call per step with its changes."""
-    labels = _labels(cfg)
+    labels = key_labels(cfg)
     lines = [f"VIOLATION of {', '.join(out.violation)} after {len(out.trace)} step(s):"]
     for n, st in enumerate(out.trace, 1):
         args = ", ".join(f"{k}={show_arg(x)}" for k, x in zip(_params(st.action), st.args, strict=False))
@@ -884,56 +881,3 @@ def with_bug(bug: str) -> dict[str, Action]:
     """A copy of ``ACTIONS`` with one action replaced by its broken variant."""
     name, fn = BUGS[bug]
     return {**ACTIONS, name: fn}
-
-
-# --------------------------------------------------------------------------
-
-
-def _as_json(out: Outcome, cfg: Config) -> dict[str, Any]:
-    return {
-        "depth": out.depth, "states": out.states, "transitions": out.transitions,
-        "seconds": round(out.seconds, 3), "complete": out.complete, "ok": out.ok,
-        "blocks": cfg.blocks, "events_on": cfg.events_on, "symmetry": cfg.symmetry,
-        "violation": out.violation,
-        "trace": [{"action": st.action, "args": [show_arg(a) for a in st.args],
-                   "changes": describe(st, _labels(cfg))} for st in out.trace],
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Explore; print depth and states, or the violating trace (exit 1)."""
-    p = argparse.ArgumentParser(
-        prog="kvpool bmc", description=__doc__.split("\n")[0],
-        epilog="examples:\n  kvpool bmc --depth 3 --seconds 300\n  kvpool bmc --bug free_same_block_twice",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--depth", type=int, default=3, help="maximum number of calls")
-    p.add_argument("--seconds", type=float, default=20.0, help="time budget")
-    p.add_argument("--blocks", type=int, default=4, help="pool size, null block included")
-    p.add_argument("--hash-block-size", type=int, default=1, choices=(1, 2))
-    p.add_argument("--no-events", action="store_true", help="a pool with KV events off")
-    p.add_argument("--no-symmetry", action="store_true",
-                   help="explore renamed states too (no symmetry reduction)")
-    p.add_argument("--bug", choices=sorted(BUGS), help="explore with a seeded bug")
-    p.add_argument("--json", metavar="FILE", help="also write the outcome as JSON")
-    args = p.parse_args(argv)
-    cfg = Config(blocks=args.blocks, hash_block_size=args.hash_block_size,
-                 events_on=not args.no_events, symmetry=not args.no_symmetry)
-    if args.bug:
-        cfg = bug_config(args.bug, cfg)
-    acts = with_bug(args.bug) if args.bug else ACTIONS
-    out = explore(cfg, args.depth, args.seconds, acts)
-    if out.violation:
-        print(format_trace(out, cfg))
-    print(f"bmc: {cfg.blocks} blocks, hbs {cfg.hash_block_size}"
-          f"{'' if cfg.events_on else ', events off'}: depth {out.depth} fully explored"
-          f"{'' if out.complete else ' (budget or violation stopped the next level)'}, "
-          f"{out.states} states{' up to renaming' if cfg.symmetry else ''}, "
-          f"{out.transitions} transitions, {out.seconds:.2f}s")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(_as_json(out, cfg), fh, indent=2)
-    return 1 if out.violation else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

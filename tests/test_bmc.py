@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kvpool.cli import bmc as bmc_cli
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, violated
 from kvpool.proofs import bmc
 from kvpool.proofs import seeded_bugs as z3_bugs
@@ -87,11 +88,11 @@ def test_refused_call_that_changes_state_is_reported() -> None:
 
 def test_main_exit_codes_and_json(tmp_path: Any, capsys: Any) -> None:
     out = tmp_path / "bmc.json"
-    assert bmc.main(["--depth", "1", "--blocks", "3", "--json", str(out)]) == 0
+    assert bmc_cli.main(["--depth", "1", "--blocks", "3", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["ok"] and doc["depth"] == 1 and doc["states"] > 1
     assert "depth 1 fully explored" in capsys.readouterr().out
-    assert bmc.main(["--depth", "3", "--blocks", "3", "--bug", "touch_leaves_block_free"]) == 1
+    assert bmc_cli.main(["--depth", "3", "--blocks", "3", "--bug", "touch_leaves_block_free"]) == 1
     assert "VIOLATION" in capsys.readouterr().out
 
 
@@ -218,6 +219,6 @@ def test_model_passes_bmc_with_events_off() -> None:
 def test_bug_config_and_cli_for_an_events_off_bug(capsys: Any) -> None:
     assert bmc.bug_config("stored_event_when_disabled").events_on is False
     assert bmc.bug_config("free_same_block_twice") == bmc.Config()
-    assert bmc.main(["--depth", "2", "--bug", "stored_event_when_disabled"]) == 1
+    assert bmc_cli.main(["--depth", "2", "--bug", "stored_event_when_disabled"]) == 1
     text = capsys.readouterr().out
     assert "VIOLATION of no_events_when_disabled" in text and "events off" in text

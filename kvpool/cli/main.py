@@ -17,7 +17,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
                "JUnit/JSON results and a reviewer's report"),
     "prove": ("kvpool.proofs.report", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
-    "bmc": ("kvpool.proofs.bmc", "main",
+    "bmc": ("kvpool.cli.bmc", "main",
             "bounded model checking: every call sequence of small pools, up to a depth"),
     "conform": ("kvpool.cli.conform", "main",
                 "check any block-pool implementation against the model, step by step"),
