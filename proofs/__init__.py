@@ -15,7 +15,7 @@ Modules, one job each:
 * :mod:`.seeded_bugs` — broken steps the proofs must refute;
 * :mod:`.concrete` — a concrete model state as a finite z3 interpretation,
   so tests can check that the steps agree with ``kvpool.model.actions``;
-* :mod:`.report` — the ``kvpool prove`` entry point.
+* :mod:`.prove` — every proof at once, as plain results (``kvpool prove``).
 
 ``z3`` is imported here and never by ``kvpool.model``.
 """

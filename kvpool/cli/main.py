@@ -15,7 +15,7 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "verify": ("kvpool.verify", "main",
                "everything at once for CI: proofs, seeded bugs, BMC, lockstep, conformance; "
                "JUnit/JSON results and a reviewer's report"),
-    "prove": ("kvpool.proofs.report", "main",
+    "prove": ("kvpool.cli.prove", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
     "bmc": ("kvpool.cli.bmc", "main",
             "bounded model checking: every call sequence of small pools, up to a depth"),
