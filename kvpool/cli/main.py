@@ -1,4 +1,8 @@
-"""The ``kvpool`` command line."""
+"""The ``kvpool`` command line: one parser whose subcommands live in this package.
+
+Each subcommand in :data:`DELEGATED` parses its own arguments in its own
+module; ``check`` is a subparser of this parser (:mod:`.check`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvpool import __version__
+
+from . import check
 
 # Subcommands whose module parses its own arguments: name -> (module, function, help).
 DELEGATED: dict[str, tuple[str, str, str]] = {
@@ -46,30 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, _function, summary) in DELEGATED.items():
         sub.add_parser(name, help=summary, add_help=False)
-    check = sub.add_parser(
-        "check",
-        help="run kvpool.impl and the model in lockstep on a random workload",
-        description=(
-            "Drive kvpool.impl and kvpool.model with the same random workload, compare\n"
-            "every result, error and observation after each step, and check every model\n"
-            "invariant. Exits 0 when all agree, 1 on the first divergence."
-        ),
-        epilog="example:\n  kvpool check --steps 20000 --seed 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    check.add_argument("--steps", type=int, default=5000, help="operations per run (default 5000)")
-    check.add_argument("--runs", type=int, default=4, help="independent runs (default 4)")
-    check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
-    check.add_argument(
-        "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
-        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
-             "vllm.v1.core.block_pool:BlockPool")
-    check.add_argument(
-        "--reference", choices=["0.31", "0.33"], default="0.31",
-        help="the vLLM version whose behaviour the model reproduces (default 0.31)")
-    check.add_argument(
-        "--no-misuse", action="store_true",
-        help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
+    check.add_parser(sub)
     return parser
 
 
@@ -85,19 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command == "check":
-        if args.steps <= 0 or args.runs <= 0:
-            parser.error("--steps and --runs must be positive")
-        from kvpool.impl import BlockPool
-        from kvpool.oracle.abstraction import same_refusal, vllm_refusal
-        from kvpool.oracle.campaign import run_campaign
-
-        from .usage import import_or_exit
-
-        pool_class = import_or_exit(parser, "--pool", args.pool)
-        ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
-        return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
-                            out=sys.stdout, misuse=not args.no_misuse,
-                            errors_match=same_refusal if ours else vllm_refusal,
-                            reference=args.reference)
+        return check.run(args, parser)
     parser.error(f"unknown command {args.command}")
     return 2
