@@ -18,7 +18,7 @@ from . import check
 
 # Subcommands whose module parses its own arguments: name -> (module, function, help).
 DELEGATED: dict[str, tuple[str, str, str]] = {
-    "verify": ("kvpool.verify", "main",
+    "verify": ("kvpool.cli.verify", "main",
                "everything at once for CI: proofs, seeded bugs, BMC, lockstep, conformance; "
                "JUnit/JSON results and a reviewer's report"),
     "prove": ("kvpool.cli.prove", "main",
