@@ -17,13 +17,12 @@ the reference API.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .abstraction import same_refusal, vllm_refusal
 from .observe import Observation, observe_pool
@@ -177,44 +176,32 @@ def missing_api(pool_class: Any) -> list[str]:
     return [op for op in REQUIRED_API if not callable(getattr(pool_class, op, None))]
 
 
-__all__ = [
-    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "ReferencePool", "UsageError",
-    "UsageParser", "adapter_factory", "adapter_for_class", "import_or_exit", "import_spec", "kvpool_adapter",
-    "missing_api", "vllm_adapter",
-]
+class LoadError(ValueError):
+    """A ``module:name`` that names no usable pool or adapter.
+
+    The message starts with the spec (``'pkg.mod:Pool': cannot import pkg.mod: ...``);
+    a command line puts its flag in front of it (``--impl 'pkg.mod:Pool': ...``).
+    """
 
 
-class UsageError(Exception):
-    """A mistake on the command line: reported in one line, exit status 2."""
-
-
-class UsageParser(argparse.ArgumentParser):
-    """An argument parser that raises :class:`UsageError` instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any:
-    """:func:`import_spec` for an argparse command: a bad spec exits 2 with one line."""
-    try:
-        return import_spec(flag, spec)
-    except UsageError as exc:
-        parser.error(str(exc))
-
-
-def import_spec(flag: str, spec: str) -> Any:
-    """Import ``module:name`` given as ``flag``; a bad spec raises :class:`UsageError`."""
+def load_object(spec: str) -> Any:
+    """Import ``module:name`` (a dotted name inside the module); raise :class:`LoadError`."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise UsageError(f"{flag} {spec!r}: expected MODULE:NAME")
+        raise LoadError(f"{spec!r}: expected MODULE:NAME")
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:
-        raise UsageError(f"{flag} {spec!r}: cannot import {module_name}: {exc}") from None
+        raise LoadError(f"{spec!r}: cannot import {module_name}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise UsageError(f"{flag} {spec!r}: {module_name} has no attribute {attr}")
+            raise LoadError(f"{spec!r}: {module_name} has no attribute {attr}")
         obj = getattr(obj, part)
     return obj
 
+
+__all__ = [
+    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "ReferencePool",
+    "adapter_factory", "adapter_for_class", "kvpool_adapter", "load_object", "missing_api",
+    "vllm_adapter",
+]

@@ -24,10 +24,10 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .adapter import (
     Adapter,
-    UsageError,
+    LoadError,
     adapter_factory,
     adapter_for_class,
-    import_spec,
+    load_object,
     missing_api,
 )
 from .campaign import run_one
@@ -41,33 +41,38 @@ ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "observe", "errors_matc
 
 
 def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
-    """The adapter named on the command line, checked enough to fail early and clearly."""
+    """The adapter for a pool class (``impl``) or from a factory (``adapter``), as ``module:name``.
+
+    Checked enough to fail early and clearly: a bad spec, a class without the
+    pool API, a factory that returns no adapter or a pool that cannot be built
+    raise :class:`~kvpool.oracle.adapter.LoadError`, whose message starts with
+    the spec (a command line puts its flag in front).
+    """
     if impl is not None:
-        pool_class = import_spec("--impl", impl)
+        pool_class = load_object(impl)
         missing = missing_api(pool_class)
         if not callable(pool_class) or missing:
-            raise UsageError(f"--impl {impl!r} is not a block pool class: it lacks "
-                             f"{', '.join(missing) or 'a constructor'}")
+            raise LoadError(f"{impl!r} is not a block pool class: it lacks "
+                            f"{', '.join(missing) or 'a constructor'}")
         loaded: Adapter = adapter_for_class(pool_class)
-        flag, spec = "--impl", impl
+        spec = impl
     else:
         assert adapter is not None
-        factory = import_spec("--adapter", adapter)
+        factory = load_object(adapter)
         if not callable(factory):
-            raise UsageError(f"--adapter {adapter!r} is not callable")
+            raise LoadError(f"{adapter!r} is not callable")
         try:
             loaded = factory()
         except Exception as exc:
-            raise UsageError(f"--adapter {adapter!r} failed: {exc!r}") from None
+            raise LoadError(f"{adapter!r} failed: {exc!r}") from None
         lacking = [a for a in ADAPTER_ATTRS if not hasattr(loaded, a)]
         if lacking:
-            raise UsageError(f"--adapter {adapter!r} returned no adapter: it lacks "
-                             f"{', '.join(lacking)}")
-        flag, spec = "--adapter", adapter
+            raise LoadError(f"{adapter!r} returned no adapter: it lacks {', '.join(lacking)}")
+        spec = adapter
     try:
         loaded.construct(4, True, 1, False)
     except Exception as exc:
-        raise UsageError(f"{flag} {spec!r}: cannot build a pool: {exc!r}") from None
+        raise LoadError(f"{spec!r}: cannot build a pool: {exc!r}") from None
     return loaded
 
 

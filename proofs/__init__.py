@@ -14,7 +14,7 @@ Modules, one job each:
 * :mod:`.finite` — counterexample search in a finite scope (quantifiers grounded);
 * :mod:`.concrete` — a concrete model state as a finite z3 interpretation,
   so tests can check that the steps agree with ``kvpool.model.actions``;
-* :mod:`.report` — the ``kvpool prove`` entry point.
+* :mod:`.prove` — every proof at once, as plain results (``kvpool prove``).
 
 The broken steps the proofs must refute are in :mod:`kvpool.bugs`.
 ``z3`` is imported here and never by ``kvpool.model``.

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvpool.cli.events import check_events_main
 from kvpool.impl import BlockPool
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
-from kvpool.oracle.events_check import check_event_list, check_events, check_events_main
+from kvpool.oracle.events_check import check_event_list, check_events
 from kvpool.oracle.trace import (
     Recording,
     RecordingLockstep,

@@ -10,6 +10,7 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.bugs import BUGS
 from kvpool.bugs.check import refute_queue, refute_z3
+from kvpool.cli.prove import main as prove_main
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, INVARIANTS, PoolState, initial_state, violated
@@ -30,7 +31,6 @@ from kvpool.proofs.inductive import (
     matrix,
 )
 from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS
-from kvpool.proofs.report import main as report_main
 from kvpool.proofs.symbolic import SymState
 
 # --------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_report_prints_matrix_and_writes_json(tmp_path: Any, capsys: Any) -> Non
     import json
 
     out = tmp_path / "proofs.json"
-    assert report_main(["--json", str(out)]) == 0
+    assert prove_main(["--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "✓" in text and "✗" not in text and "checks proven" in text
     doc = json.loads(out.read_text())

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvpool import verify
+from kvpool.cli import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"

@@ -14,15 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.bugs.pools import FreeHashedToHead
+from kvpool.cli.trace import check_trace_main, record_main
 from kvpool.impl import BlockPool
 from kvpool.oracle.trace import (
     TraceError,
     check_trace,
-    check_trace_main,
     read_trace,
     record,
     record_adapter,
-    record_main,
     schema_gaps,
 )
 

@@ -64,13 +64,12 @@ from kvpool.oracle.conform import (
     Failure,
     Options,
     PhaseResult,
-    load_adapter,
     run_campaign_phase,
     run_machine_phase,
 )
 from kvpool.pictures import pictured_steps
 
-from .usage import UsageError, UsageParser, check_writable
+from .usage import UsageError, UsageParser, check_writable, load_adapter
 
 SCHEMA = "kvpool.conform/1"
 

@@ -1,4 +1,8 @@
-"""The ``kvpool`` command line."""
+"""The ``kvpool`` command line: one parser whose subcommands live in this package.
+
+Each subcommand in :data:`DELEGATED` parses its own arguments in its own
+module; ``check`` is a subparser of this parser (:mod:`.check`).
+"""
 
 from __future__ import annotations
 
@@ -10,24 +14,26 @@ from typing import Any
 
 from kvpool import __version__
 
+from . import check
+
 # Subcommands whose module parses its own arguments: name -> (module, function, help).
 DELEGATED: dict[str, tuple[str, str, str]] = {
-    "verify": ("kvpool.verify", "main",
+    "verify": ("kvpool.cli.verify", "main",
                "everything at once for CI: proofs, seeded bugs, BMC, lockstep, conformance; "
                "JUnit/JSON results and a reviewer's report"),
-    "prove": ("kvpool.proofs.report", "main",
+    "prove": ("kvpool.cli.prove", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
     "bmc": ("kvpool.cli.bmc", "main",
             "bounded model checking: every call sequence of small pools, up to a depth"),
     "conform": ("kvpool.cli.conform", "main",
                 "check any block-pool implementation against the model, step by step"),
-    "record": ("kvpool.oracle.trace", "record_main",
+    "record": ("kvpool.cli.trace", "record_main",
                "record a JSONL trace of a pool running the workload"),
-    "check-trace": ("kvpool.oracle.trace", "check_trace_main",
+    "check-trace": ("kvpool.cli.trace", "check_trace_main",
                     "replay a recorded trace on the model; report the first divergent line"),
     "claims": ("kvpool.cli.claims", "main",
                "every property of the model and what establishes it (z3, BMC, lockstep, bugs)"),
-    "check-events": ("kvpool.oracle.events_check", "check_events_main",
+    "check-events": ("kvpool.cli.events", "check_events_main",
                      "check a KV-event stream as a router rebuilding the index reads it"),
 }
 
@@ -48,30 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, _function, summary) in DELEGATED.items():
         sub.add_parser(name, help=summary, add_help=False)
-    check = sub.add_parser(
-        "check",
-        help="run kvpool.impl and the model in lockstep on a random workload",
-        description=(
-            "Drive kvpool.impl and kvpool.model with the same random workload, compare\n"
-            "every result, error and observation after each step, and check every model\n"
-            "invariant. Exits 0 when all agree, 1 on the first divergence."
-        ),
-        epilog="example:\n  kvpool check --steps 20000 --seed 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    check.add_argument("--steps", type=int, default=5000, help="operations per run (default 5000)")
-    check.add_argument("--runs", type=int, default=4, help="independent runs (default 4)")
-    check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
-    check.add_argument(
-        "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
-        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
-             "vllm.v1.core.block_pool:BlockPool")
-    check.add_argument(
-        "--reference", choices=["0.31", "0.33"], default="0.31",
-        help="the vLLM version whose behaviour the model reproduces (default 0.31)")
-    check.add_argument(
-        "--no-misuse", action="store_true",
-        help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
+    check.add_parser(sub)
     return parser
 
 
@@ -87,18 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command == "check":
-        if args.steps <= 0 or args.runs <= 0:
-            parser.error("--steps and --runs must be positive")
-        from kvpool.impl import BlockPool
-        from kvpool.oracle.abstraction import same_refusal, vllm_refusal
-        from kvpool.oracle.adapter import import_or_exit
-        from kvpool.oracle.campaign import run_campaign
-
-        pool_class = import_or_exit(parser, "--pool", args.pool)
-        ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
-        return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
-                            out=sys.stdout, misuse=not args.no_misuse,
-                            errors_match=same_refusal if ours else vllm_refusal,
-                            reference=args.reference)
+        return check.run(args, parser)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -1,12 +1,61 @@
-"""Mistakes on the command line: one line on stderr, exit status 2, before any work."""
+"""Mistakes on the command line: one line on stderr, exit status 2, before any work.
+
+The library below the command line raises its own errors (the oracle's
+:class:`~kvpool.oracle.adapter.LoadError` for a ``module:name`` that names no
+usable pool); this module turns them into :class:`UsageError`, with the flag
+that was given in front, so that every subcommand reports them the same way.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from kvpool.oracle.adapter import UsageError, UsageParser
+from kvpool.oracle.adapter import LoadError, load_object
 
-__all__ = ["UsageError", "UsageParser", "check_writable"]
+if TYPE_CHECKING:
+    from kvpool.oracle.adapter import Adapter
+
+__all__ = ["UsageError", "UsageParser", "check_writable", "import_or_exit", "import_spec",
+           "load_adapter"]
+
+
+class UsageError(Exception):
+    """A mistake on the command line: reported in one line, exit status 2."""
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def import_spec(flag: str, spec: str) -> Any:
+    """Import ``module:name`` given as ``flag``; a bad spec raises :class:`UsageError`."""
+    try:
+        return load_object(spec)
+    except LoadError as exc:
+        raise UsageError(f"{flag} {exc}") from None
+
+
+def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any:
+    """:func:`import_spec` for an argparse command: a bad spec exits 2 with one line."""
+    try:
+        return import_spec(flag, spec)
+    except UsageError as exc:
+        parser.error(str(exc))
+
+
+def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
+    """The adapter named by ``--impl`` or ``--adapter``; a bad one raises :class:`UsageError`."""
+    from kvpool.oracle.conform import load_adapter as load  # hypothesis: only when asked
+
+    try:
+        return load(impl, adapter)
+    except LoadError as exc:
+        raise UsageError(f"{'--impl' if impl is not None else '--adapter'} {exc}") from None
 
 
 def check_writable(flag: str, path: str | None) -> None:

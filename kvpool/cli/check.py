@@ -1,0 +1,65 @@
+"""``kvpool check``: kvpool.impl (or any pool class) and the model in lockstep on a random workload.
+
+Unlike the other subcommands, ``check`` is a subparser of the ``kvpool``
+parser itself (it was the first command): its mistakes are reported by that
+parser, with the ``kvpool [-h] [--version] COMMAND ...`` usage line, so
+:mod:`.main` builds it with :func:`add_parser` and runs it with :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = "run kvpool.impl and the model in lockstep on a random workload"
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``check`` subparser, added to ``sub`` (the ``kvpool`` parser's subparsers)."""
+    check: argparse.ArgumentParser = sub.add_parser(
+        "check",
+        help=HELP,
+        description=(
+            "Drive kvpool.impl and kvpool.model with the same random workload, compare\n"
+            "every result, error and observation after each step, and check every model\n"
+            "invariant. Exits 0 when all agree, 1 on the first divergence."
+        ),
+        epilog="example:\n  kvpool check --steps 20000 --seed 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("--steps", type=int, default=5000, help="operations per run (default 5000)")
+    check.add_argument("--runs", type=int, default=4, help="independent runs (default 4)")
+    check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
+    check.add_argument(
+        "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
+        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
+             "vllm.v1.core.block_pool:BlockPool")
+    check.add_argument(
+        "--reference", choices=["0.31", "0.33"], default="0.31",
+        help="the vLLM version whose behaviour the model reproduces (default 0.31)")
+    check.add_argument(
+        "--no-misuse", action="store_true",
+        help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
+    return check
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the campaign the parsed ``args`` ask for; ``parser`` reports a usage error (exit 2)."""
+    if args.steps <= 0 or args.runs <= 0:
+        parser.error("--steps and --runs must be positive")
+    from kvpool.impl import BlockPool
+    from kvpool.oracle.abstraction import same_refusal, vllm_refusal
+    from kvpool.oracle.campaign import run_campaign
+
+    from .usage import import_or_exit
+
+    pool_class = import_or_exit(parser, "--pool", args.pool)
+    ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
+    return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
+                        out=sys.stdout, misuse=not args.no_misuse,
+                        errors_match=same_refusal if ours else vllm_refusal,
+                        reference=args.reference)
+
+
+__all__ = ["HELP", "add_parser", "run"]

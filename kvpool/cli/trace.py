@@ -1,0 +1,83 @@
+"""``kvpool record`` and ``kvpool check-trace``: JSONL traces of pool calls (``oracle/TRACE_FORMAT.md``).
+
+``record`` runs the seeded workload against a pool in lockstep with the model
+and writes every call; ``check-trace`` replays a trace, written by kvpool or
+by a pool in another language or process, on the model
+(:mod:`kvpool.oracle.trace`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kvpool.model import REFERENCES
+from kvpool.oracle.abstraction import same_refusal, vllm_refusal
+from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record
+
+from .usage import import_or_exit
+
+
+def record_main(argv: Sequence[str] | None = None) -> int:
+    """``kvpool record``: 0 recorded and pool agreed with the model, 1 it diverged, 2 usage."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool record",
+        description="Run the random workload against a pool in lockstep with the model and "
+                    "write every call to a JSONL trace (see oracle/TRACE_FORMAT.md).",
+        epilog="example:\n  kvpool record --pool vllm.v1.core.block_pool:BlockPool --no-misuse run.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="trace file to write")
+    parser.add_argument("--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=1000, help="workload steps (default 1000)")
+    parser.add_argument("--no-misuse", action="store_true", help="leave out deliberately wrong calls")
+    parser.add_argument("--reference", choices=sorted(REFERENCES), default=DEFAULT_REFERENCE,
+                        help="the vLLM version whose behaviour the model reproduces")
+    parser.add_argument("--no-observe", action="store_true",
+                        help="leave the observation out of each line (smaller traces)")
+    args = parser.parse_args(argv)
+    if args.steps <= 0:
+        parser.error("--steps must be positive")
+    pool_class = import_or_exit(parser, "--pool", args.pool)
+    from kvpool.impl import BlockPool
+
+    ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
+    rec = record(pool_class, args.seed, args.steps, misuse=not args.no_misuse,
+                 observe=not args.no_observe,
+                 errors_match=same_refusal if ours else vllm_refusal,
+                 reference=args.reference)
+    try:
+        rec.write(args.out)
+    except OSError as exc:
+        print(f"kvpool record: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: {len(rec.lines)} calls recorded")
+    if rec.divergence:
+        print(f"the pool diverged from the model at the last call:\n{rec.divergence}")
+        return 1
+    return 0
+
+
+def check_trace_main(argv: Sequence[str] | None = None) -> int:
+    """``kvpool check-trace``: 0 agrees, 1 diverges, 2 usage or unreadable file."""
+    parser = argparse.ArgumentParser(
+        prog="kvpool check-trace",
+        description="Replay a JSONL trace on the model and report the first call whose "
+                    "result, error class, events, watcher firings or observation differ.",
+        epilog="example:\n  kvpool check-trace run.jsonl --vllm-errors",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace", help="trace file (oracle/TRACE_FORMAT.md)")
+    parser.add_argument("--vllm-errors", action="store_true",
+                        help="accept ValueError where the model raises NotEnoughFreeBlocksError")
+    args = parser.parse_args(argv)
+    try:
+        report = check_trace(args.trace, vllm_errors=args.vllm_errors)
+    except TraceError as exc:
+        print(f"kvpool check-trace: {exc}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0 if report.ok else 1
+
+
+__all__ = ["check_trace_main", "record_main"]

@@ -1,0 +1,174 @@
+"""``kvpool verify``'s command line: the profile, the budget, the targets, the outputs.
+
+Everything that can be checked before the run is (a budget that is not
+positive, an unknown ``--reference``, an unreadable trace, an output that
+cannot be written, an implementation that cannot be loaded), so that a
+mistake costs a line on stderr, not a minute of proofs.  The run itself is
+:mod:`kvpool.verify`'s.
+
+Exit status: 0 when every case passed, 1 when any failed (a counterexample,
+an ``unknown`` proof, a divergence), 2 on a usage error, reported in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TextIO
+
+from kvpool.verify import (
+    PHASES,
+    PROFILES,
+    Settings,
+    Target,
+    make_progress,
+    run,
+    summary,
+    write_outputs,
+)
+
+from .usage import UsageError, UsageParser, check_writable, load_adapter
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``kvpool verify`` parser (tests/test_recipes.py reads the CI recipes with it)."""
+    p = UsageParser(
+        prog="kvpool verify",
+        description="Run the z3 proofs, the seeded bugs, bounded model checking, the lockstep\n"
+                    "campaign of kvpool.impl and the conformance of every implementation given,\n"
+                    "under a profile or an explicit budget. Exit 0 if everything passed, 1 on a\n"
+                    "found violation, 2 on a usage error.",
+        epilog="examples:\n"
+               "  kvpool verify\n"
+               "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
+               "  kvpool verify --impl mypkg.pool:BlockPool --skip proofs --skip seeded-bugs\n"
+               "  kvpool verify --trace run.jsonl --events kv-events.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
+                   help="budget preset: ci (default, under a minute), dev, deep")
+    p.add_argument("--impl", action="append", default=[], metavar="MODULE:CLASS",
+                   help="a pool class with the reference API to check for conformance (repeatable)")
+    p.add_argument("--adapter", action="append", default=[], metavar="MODULE:FACTORY",
+                   help="a callable returning a kvpool.oracle.adapter.Adapter (repeatable)")
+    p.add_argument("--trace", action="append", default=[], metavar="FILE",
+                   help="a recorded JSONL trace to replay on the model (repeatable)")
+    p.add_argument("--events", action="append", default=[], metavar="FILE",
+                   help="a KV-event stream (or trace) to check as a router would (repeatable)")
+    p.add_argument("--vllm-errors", action="store_true",
+                   help="traces: accept ValueError where the model raises NotEnoughFreeBlocksError")
+    p.add_argument("--reference", default="0.31", metavar="VERSION",
+                   help="vLLM behaviour the model reproduces: 0.31 (default) or 0.33")
+    p.add_argument("--no-misuse", action="store_true",
+                   help="conformance: leave out deliberately wrong calls")
+    p.add_argument("--skip", action="append", default=[], choices=PHASES, help="leave a phase out")
+    budget = p.add_argument_group("budget (overrides the profile)")
+    for name, kind, what in (("bmc-depth", int, "BMC depth"), ("bmc-seconds", float, "BMC time per run"),
+                             ("steps", int, "calls per lockstep/campaign run"),
+                             ("runs", int, "lockstep/campaign runs"),
+                             ("examples", int, "state-machine examples per implementation"),
+                             ("machine-steps", int, "rules per state-machine example"),
+                             ("timeout-ms", int, "z3 timeout per proof")):
+        budget.add_argument(f"--{name}", type=kind, help=what, metavar="N" if kind is int else "S")
+    budget.add_argument("--seed", type=int, help="first random seed", metavar="N")
+    out = p.add_argument_group("outputs")
+    out.add_argument("--json", metavar="FILE", help="write the result document (kvpool/VERIFY_SCHEMA.md)")
+    out.add_argument("--junit", metavar="FILE", help="write JUnit XML, one testcase per check")
+    out.add_argument("--report", metavar="DIR", help="write report.md and report.html for reviewers")
+    out.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    return p
+
+
+def settings_from(argv: Sequence[str] | None) -> Settings:
+    """Parse and check everything that can be checked before the run; raise UsageError."""
+    from kvpool.model import REFERENCES
+
+    ns = parser().parse_args(argv)
+    budget = PROFILES[ns.profile]
+    custom = {}
+    for name in ("bmc_depth", "bmc_seconds", "steps", "runs", "examples", "machine_steps",
+                 "timeout_ms", "seed"):
+        value = getattr(ns, name)
+        if value is None:
+            continue
+        if name != "seed" and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+        custom[name] = value
+    profile = ns.profile if not custom else f"{ns.profile}+custom"
+    if ns.reference not in REFERENCES:
+        raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")
+    for flag, paths in (("--trace", ns.trace), ("--events", ns.events)):
+        for path in paths:
+            _check_readable(flag, path)
+    for flag, path in (("--json", ns.json), ("--junit", ns.junit)):
+        if path and os.path.dirname(path):
+            _check_directory(flag, os.path.dirname(path))
+        check_writable(flag, path)
+    if ns.report:
+        _check_directory("--report", ns.report)
+    targets = [Target(spec, load_adapter(spec, None)) for spec in ns.impl]
+    targets += [Target(spec, load_adapter(None, spec)) for spec in ns.adapter]
+    return Settings(profile, replace(budget, **custom), targets, ns.trace, ns.events,
+                    ns.vllm_errors, ns.reference, not ns.no_misuse, set(ns.skip), ns.json,
+                    ns.junit, ns.report, ns.plain)
+
+
+def _check_readable(flag: str, path: str) -> None:
+    """A trace or event file must exist and be JSON lines before an expensive run starts."""
+    from kvpool.oracle.trace import TraceError, json_lines
+
+    try:
+        for _ in json_lines(path):
+            pass
+    except TraceError as exc:
+        raise UsageError(f"{flag} {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _check_directory(flag: str, path: str) -> None:
+    """An output directory must be creatable and writable (it is created if missing)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag} {path!r}: is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = Path(path) / ".kvpool-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path!r}: cannot write there: {exc.strerror or exc}") from None
+
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """The ``kvpool verify`` command; returns 0, 1 or 2."""
+    out = out or sys.stdout
+    try:
+        cfg = settings_from(argv)
+    except UsageError as exc:
+        print(f"kvpool verify: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    progress = make_progress(out, True if cfg.plain else None)
+    try:
+        doc = run(cfg, progress)
+    finally:
+        progress.close()
+    try:
+        written = write_outputs(doc, json_path=cfg.json, junit=cfg.junit, report=cfg.report)
+    except OSError as exc:
+        print(f"kvpool verify: error: cannot write results: {exc}", file=sys.stderr)
+        return 2
+    print(summary(doc, written), file=out)
+    return int(doc["exit_code"])
+
+
+__all__ = ["main", "parser", "settings_from"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

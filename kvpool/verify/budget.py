@@ -1,0 +1,36 @@
+"""How much ``kvpool verify`` explores: the budget of each phase, and the named profiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA = "kvpool.verify/1"
+PHASES = ("proofs", "seeded-bugs", "bmc", "lockstep", "conformance", "traces")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much each phase explores; a profile is a named budget."""
+
+    bmc_depth: int = 2
+    bmc_seconds: float = 60.0
+    bmc_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))
+    """BMC runs as (blocks including the null block, hash_block_size)."""
+    steps: int = 2000
+    runs: int = 4
+    examples: int = 50
+    machine_steps: int = 25
+    seed: int = 0
+    timeout_ms: int = 30_000
+
+
+PROFILES: dict[str, Budget] = {
+    "ci": Budget(),
+    "dev": Budget(bmc_depth=3, bmc_seconds=300.0, steps=10_000, runs=8, examples=200),
+    "deep": Budget(bmc_depth=4, bmc_seconds=1800.0, bmc_pools=((4, 1), (4, 2), (5, 1)),
+                   steps=50_000, runs=16, examples=1000, machine_steps=50),
+}
+"""ci: under a minute on 2 cores; dev: a few minutes; deep: an hour-scale campaign."""
+
+
+__all__ = ["PHASES", "PROFILES", "SCHEMA", "Budget"]

@@ -1,0 +1,146 @@
+"""What ``kvpool verify`` leaves behind: the JSON document, JUnit XML, the summary it prints.
+
+The JSON document (schema ``kvpool.verify/1``, ``kvpool/VERIFY_SCHEMA.md``) is
+the one source: JUnit, the summary and the reviewer's report
+(:mod:`kvpool.report`) are each written from it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvpool import __version__
+
+from .budget import SCHEMA, Budget
+from .phases import Phase
+
+
+def invariants_table() -> list[dict[str, Any]]:
+    """The model's invariants with their docstrings, and whether z3 proves them."""
+    from kvpool.model import INVARIANTS
+    from kvpool.proofs.invariants import SYM_INVARIANTS
+
+    return [{"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0],
+             "encoded": name in SYM_INVARIANTS} for name, fn in INVARIANTS.items()]
+
+
+def reference_differences() -> str:
+    """oracle/REFERENCE_DIFFERENCES.md, shipped with the package."""
+    try:
+        return resources.files("kvpool.oracle").joinpath("REFERENCE_DIFFERENCES.md").read_text("utf-8")
+    except OSError:
+        return ""
+
+
+def document(phases: Sequence[Phase], profile: str, budget: Budget, started: datetime.datetime,
+             seconds: float) -> dict[str, Any]:
+    """The JSON result (``kvpool/VERIFY_SCHEMA.md``)."""
+    ok = all(p.ok for p in phases)
+    budget_json = asdict(budget)
+    budget_json["bmc_pools"] = [list(p) for p in budget.bmc_pools]
+    return {"schema": SCHEMA, "kvpool_version": __version__,
+            "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 3),
+            "profile": profile, "budget": budget_json, "ok": ok, "exit_code": 0 if ok else 1,
+            "invariants": invariants_table(), "reference_differences": reference_differences(),
+            "phases": [p.as_json() for p in phases]}
+
+
+def _trace_text(fail: dict[str, Any]) -> str:
+    lines = [f"step {s['index']}: {s['call']} -> {s['outcome']}" for s in fail["trace"]]
+    return "\n".join([*lines, "", fail["details"]]).strip()
+
+
+def junit_xml(doc: dict[str, Any]) -> bytes:
+    """One testsuite per phase, one testcase per case; failures carry the trace."""
+    suites = ET.Element("testsuites", name="kvpool.verify",
+                        tests=str(sum(len(p["cases"]) for p in doc["phases"])),
+                        failures=str(sum(not c["ok"] for p in doc["phases"] for c in p["cases"])),
+                        time=f"{doc['seconds']:.3f}")
+    for p in doc["phases"]:
+        suite = ET.SubElement(suites, "testsuite", name=f"kvpool.verify.{p['name']}",
+                              tests=str(len(p["cases"])),
+                              failures=str(sum(not c["ok"] for c in p["cases"])), errors="0",
+                              skipped="0", time=f"{p['seconds']:.3f}")
+        for c in p["cases"]:
+            case = ET.SubElement(suite, "testcase", classname=f"kvpool.verify.{p['name']}",
+                                 name=c["id"], time=f"{c['seconds']:.3f}")
+            if c["failure"] is not None:
+                el = ET.SubElement(case, "failure", message=c["failure"]["message"],
+                                   type=c["failure"]["kind"])
+                el.text = _trace_text(c["failure"])
+    return bytes(ET.tostring(suites, encoding="utf-8", xml_declaration=True))
+
+
+def summary(doc: dict[str, Any], written: Sequence[str]) -> str:
+    """The one-screen summary printed at the end."""
+    lines = ["", f"kvpool verify ({doc['profile']} profile, {doc['seconds']:.1f}s)"]
+    for p in doc["phases"]:
+        bad = [c for c in p["cases"] if not c["ok"]]
+        if p["skipped"]:
+            lines.append(f"  {p['name']:<12} skipped")
+            continue
+        status = "ok" if not bad else "FAILED"
+        lines.append(f"  {p['name']:<12} {status:<7} {len(p['cases']) - len(bad):>4}/"
+                     f"{len(p['cases']):<4} cases {p['seconds']:7.1f}s  {_phase_figure(p)}")
+    failed = [c for p in doc["phases"] for c in p["cases"] if not c["ok"]]
+    for c in failed[:10]:
+        lines.append(f"  FAILED {c['id']}: {c['failure']['message']}")
+        lines += [f"      step {s['index']}: {s['call']} -> {s['outcome']}"
+                  for s in c["failure"]["trace"][-5:]]
+    if len(failed) > 10:
+        lines.append(f"  ... and {len(failed) - 10} more failing cases")
+    lines += [f"  wrote {w}" for w in written]
+    verdict = "PASSED" if doc["ok"] else f"FAILED: {len(failed)} failing case(s)"
+    lines.append(f"kvpool verify: {verdict} (exit {doc['exit_code']})")
+    return "\n".join(lines)
+
+
+def _phase_figure(p: dict[str, Any]) -> str:
+    """The headline number of a phase."""
+    if p["skipped"]:
+        return ""
+    if p["name"] == "bmc":
+        return "; ".join(f"{r['blocks']}b/hbs{r['hash_block_size']}: depth {r['depth']}/"
+                         f"{r['depth_target']}, {r['states']} states" for r in p["runs"])
+    if p["name"] == "lockstep":
+        return (f"{p['calls']} calls ({p['calls_per_second']}/s), {len(p['operations'])} operations, "
+                f"{sum(p['errors'].values())} refusals")
+    if p["name"] == "conformance":
+        return ", ".join(t["spec"] for t in p["targets"])
+    if p["name"] == "seeded-bugs":
+        return f"{sum(bool(b['refuted_by']) for b in p['bugs'])}/{len(p['bugs'])} refuted"
+    if p["name"] == "proofs":
+        order = p.get("order") or {"steps": [], "properties": []}
+        return (f"{len(p['steps'])} steps x {len(p['initial'])} invariants; eviction order: "
+                f"{len(order['steps'])} queue steps x {len(order['properties'])} properties")
+    return ""
+
+
+def write_outputs(doc: dict[str, Any], *, json_path: str | None = None, junit: str | None = None,
+                  report: str | None = None) -> list[str]:
+    """The JSON document, the JUnit XML and the report asked for; their paths."""
+    written = []
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2)
+            fh.write("\n")
+        written.append(json_path)
+    if junit:
+        Path(junit).write_bytes(junit_xml(doc))
+        written.append(junit)
+    if report:
+        from kvpool.report import write_report
+
+        written += [str(p) for p in write_report(doc, Path(report))]
+    return written
+
+
+__all__ = ["document", "invariants_table", "junit_xml", "reference_differences", "summary",
+           "write_outputs"]

@@ -1,0 +1,343 @@
+"""The phases of ``kvpool verify``, each a list of cases: one per proof, per seeded bug, per
+BMC run, per lockstep run, per conformance target, per trace or event file.
+
+A case is a JUnit test case, an entry of the JSON document
+(``kvpool/VERIFY_SCHEMA.md``) and a row of the report; a failing one carries
+a Failure object with a picture of the pool at each step where there is one.
+The project's modules are imported by the phase that needs them, so a
+skipped phase costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvpool.oracle.adapter import Adapter
+
+from .budget import Budget
+from .progress import Progress
+
+if TYPE_CHECKING:  # the proofs (and z3) are imported when the proofs phase runs
+    from kvpool.proofs.prove import Check
+
+
+@dataclass
+class Case:
+    """One checked claim: a JUnit test case."""
+
+    id: str
+    name: str
+    ok: bool
+    seconds: float
+    failure: dict[str, Any] | None = None
+
+
+@dataclass
+class Phase:
+    """One phase's cases and its own figures (``extra``, flattened into the JSON)."""
+
+    name: str
+    seconds: float = 0.0
+    skipped: bool = False
+    cases: list[Case] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.cases)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "seconds": round(self.seconds, 3),
+                "skipped": self.skipped, "cases": [asdict(c) for c in self.cases], **self.extra}
+
+
+def failure(kind: str, message: str, details: str = "",
+            trace: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A Failure object of the schema."""
+    return {"kind": kind, "message": message, "details": details, "trace": trace or []}
+
+
+def run_proofs(budget: Budget, progress: Progress) -> Phase:
+    """Initial states, preservation of every invariant by every step, non-vacuity; the eviction order."""
+    from kvpool.proofs.inductive import PROVEN, Result
+    from kvpool.proofs.invariants import NOT_ENCODED
+    from kvpool.proofs.order import ORDER_PROPERTIES, QSTEPS
+    from kvpool.proofs.prove import check_count, prove_all
+    from kvpool.proofs.transitions import COVERS
+
+    phase = Phase("proofs")
+    progress.start("proofs", check_count())
+
+    def case(check: Check, r: Result) -> None:
+        cid, title = _proof_case(check)
+        ok = r.status == PROVEN
+        trace: list[dict[str, Any]] = []
+        if not ok and check.part == "invariants" and check.step and check.name:
+            # a concrete pool that breaks it, if a small one does
+            from kvpool.proof_pictures import counterexample_steps
+
+            trace = counterexample_steps(check.step, check.name, timeout_ms=budget.timeout_ms)
+        kind = "counterexample" if trace or r.status != "unknown" else "unknown"
+        phase.cases.append(Case(cid, title, ok, r.seconds, None if ok else failure(
+            kind, f"{title}: {r.status}" + (" (a counterexample in finite scope)"
+                                            if trace and r.status == "unknown" else ""),
+            r.detail, trace)))
+        progress.advance("" if ok else f"{title}: {r.status}")
+
+    def figures(r: Result) -> dict[str, Any]:
+        return {"status": r.status, "seconds": round(r.seconds, 4)}
+
+    start = time.perf_counter()
+    proofs = prove_all(budget.timeout_ms, case)
+    order = proofs.order
+    phase.extra = {
+        "steps": list(proofs.matrix),
+        "matrix": {st: {n: figures(r) for n, r in row.items()} for st, row in proofs.matrix.items()},
+        "initial": {n: figures(r) for n, r in proofs.initial.items()},
+        "enabled": {st: figures(r) for st, r in proofs.enabled.items()},
+        "not_encoded": dict(NOT_ENCODED),
+        "covers": {a: list(s) for a, s in COVERS.items()},
+        "order": {  # the eviction order (proofs/order.py): the free queue as a sequence of places
+            "steps": list(QSTEPS), "properties": list(ORDER_PROPERTIES),
+            "initial": figures(order.initial),
+            "matrix": {st: {p: figures(r) for p, r in row.items()} for st, row in order.matrix.items()},
+            "enabled": {st: figures(r) for st, r in order.enabled.items()}},
+    }
+    phase.seconds = time.perf_counter() - start
+    return phase
+
+
+def _proof_case(check: Check) -> tuple[str, str]:
+    """A proof's case id and title."""
+    st, name = check.step, check.name
+    if check.part == "order":
+        return {"initial": ("proofs/order/initial", "initial queue is well formed"),
+                "preserve": (f"proofs/order/{st}/{name}", f"queue step {st} keeps {name}"),
+                "enabled": (f"proofs/order/enabled/{st}", f"queue step {st} precondition satisfiable"),
+                }[check.kind]
+    return {"initial": (f"proofs/initial/{name}", f"initial state satisfies {name}"),
+            "preserve": (f"proofs/preserve/{st}/{name}", f"{st} preserves {name}"),
+            "enabled": (f"proofs/enabled/{st}", f"{st} precondition satisfiable"),
+            }[check.kind]
+
+
+def run_seeded_bugs(budget: Budget, progress: Progress) -> Phase:
+    """Every form of every seeded bug is caught: the proofs, the BMC and the lockstep can fail."""
+    from kvpool.bugs import BUGS, forms
+    from kvpool.bugs.check import every_check
+
+    phase = Phase("seeded-bugs")
+    progress.start("seeded-bugs", sum(len(forms(b)) for b in BUGS.values()))
+    bugs: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    verbs = {"inductive": ("z3 refutes", "refuted"), "order": ("z3 refutes", "refuted"),
+             "bmc": ("BMC finds", "found by the BMC"), "lockstep": ("the lockstep catches",
+                                                                    "caught by the lockstep")}
+    for name, bug in BUGS.items():
+        for caught in every_check(name, bmc_seconds=min(budget.bmc_seconds, 60.0),
+                                  runs=max(8, budget.runs), steps=budget.steps,
+                                  timeout_ms=budget.timeout_ms):
+            found = list(caught.by)
+            method = "inductive" if caught.method == "order" else caught.method
+            bugs.append({"name": name, "story": bug.story, "refuted_by": found, "method": method})
+            title, missed = verbs[caught.method]
+            phase.cases.append(Case(
+                f"seeded-bugs/{caught.method}/{name}", f"{title} {name}", bool(found), caught.seconds,
+                None if found else failure("violation", f"seeded bug {name} is not {missed}",
+                                           f"{bug.story}\n{caught.detail}")))
+            progress.advance(f"{name}: {', '.join(found) or 'NOT ' + missed}")
+    phase.seconds = time.perf_counter() - start
+    phase.extra = {"bugs": bugs}
+    return phase
+
+
+def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
+    """A BMC violation as a Failure with a picture of the pool after each call."""
+    from kvpool.pictures import labeller, picture_of_state
+    from kvpool.proofs import bmc
+
+    labels = bmc.key_labels(cfg)
+    label = labeller(labels)
+    trace = []
+    for number, step in enumerate(out.trace, start=1):
+        call = f"{step.action}({', '.join(bmc.show_arg(a) for a in step.args)})"
+        trace.append({"index": number, "call": call,
+                      "outcome": step.error or repr(step.result),
+                      "changes": bmc.describe(step, labels),
+                      "picture": picture_of_state(step.after, label),
+                      "pool_picture": None, "differs": []})
+    return failure("violation", "breaks " + ", ".join(out.violation), bmc.format_trace(out, cfg), trace)
+
+
+def run_bmc(budget: Budget, progress: Progress) -> Phase:
+    """Every call sequence of small pools up to the depth, within the time budget."""
+    from kvpool.proofs import bmc
+
+    phase = Phase("bmc")
+    progress.start("bmc", len(budget.bmc_pools))
+    runs = []
+    start = time.perf_counter()
+    for blocks, hbs in budget.bmc_pools:
+        cfg = bmc.Config(blocks=blocks, hash_block_size=hbs)
+        out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds)
+        name = f"{blocks} blocks, hash_block_size {hbs}"
+        runs.append({"name": name, "blocks": blocks, "hash_block_size": hbs,
+                     "depth_target": budget.bmc_depth, "depth": out.depth, "states": out.states,
+                     "transitions": out.transitions, "complete": out.complete, "ok": out.ok,
+                     "seconds": round(out.seconds, 3)})
+        phase.cases.append(Case(f"bmc/{blocks}-blocks-hbs-{hbs}", f"BMC {name}", out.ok, out.seconds,
+                                None if out.ok else bmc_failure(out, cfg)))
+        progress.advance(f"{name}: depth {out.depth}/{budget.bmc_depth}, {out.states} states")
+    phase.seconds = time.perf_counter() - start
+    phase.extra = {"runs": runs}
+    return phase
+
+
+def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str, Any]:
+    """A lockstep divergence (or a crash of the pool) as a Failure with pictures."""
+    from kvpool.oracle.lockstep import Divergence
+
+    text = str(exc) if isinstance(exc, Divergence) else f"{type(exc).__name__}: {exc}"
+    kind = "divergence" if isinstance(exc, Divergence) else "crash"
+    head = (text.splitlines() or [kind])[0]
+    where = "" if seed is None else f" (seed {seed})"
+    from kvpool.pictures import pictured_steps
+
+    return failure(kind, head + where, text,
+                   pictured_steps(exc) if isinstance(exc, Divergence) else [])
+
+
+def run_lockstep(budget: Budget, progress: Progress) -> Phase:
+    """kvpool.impl against the model on seeded random workloads, misuse included."""
+    from kvpool.impl import BlockPool
+    from kvpool.oracle.campaign import run_one
+
+    phase = Phase("lockstep")
+    progress.start("lockstep", budget.runs)
+    operations: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    configs = []
+    calls = 0
+    start = time.perf_counter()
+    for run in range(budget.runs):
+        seed = budget.seed + run
+        run_start = time.perf_counter()
+        try:
+            pair = run_one(BlockPool, seed, budget.steps)
+        except Exception as exc:
+            phase.cases.append(Case(f"lockstep/seed-{seed}", f"lockstep seed {seed}", False,
+                                    time.perf_counter() - run_start, divergence_failure(exc, seed)))
+            progress.advance(f"seed {seed}: DIVERGED")
+            continue
+        calls += pair.steps
+        operations.update(step.op for step in pair.trace)
+        errors.update(step.error for step in pair.trace if step.error)
+        m = pair.model
+        configs.append({"seed": seed, "num_blocks": m.num_blocks, "caching": m.caching,
+                        "hash_block_size": m.hash_block_size, "events": m.events_on})
+        phase.cases.append(Case(f"lockstep/seed-{seed}", f"lockstep seed {seed}", True,
+                                time.perf_counter() - run_start))
+        progress.advance(f"seed {seed}: {pair.steps} calls agree")
+    phase.seconds = time.perf_counter() - start
+    phase.extra = {"implementation": "kvpool.impl:BlockPool", "runs": budget.runs, "calls": calls,
+                   "calls_per_second": round(calls / phase.seconds) if phase.seconds else 0,
+                   "operations": dict(sorted(operations.items())),
+                   "errors": dict(sorted(errors.items())), "configs": configs}
+    return phase
+
+
+@dataclass(frozen=True)
+class Target:
+    """An implementation to check: its name on the command line and its adapter."""
+
+    spec: str
+    adapter: Adapter
+
+
+def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, reference: str,
+                    progress: Progress) -> Phase:
+    """Each implementation against the model: the campaign, then the state machine."""
+    from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+    from kvpool.pictures import pictured_steps
+
+    phase = Phase("conformance", skipped=not targets)
+    if phase.skipped:
+        return phase
+    progress.start("conformance", len(targets) * 2)
+    opts = Options(steps=budget.steps, runs=budget.runs, examples=budget.examples,
+                   machine_steps=budget.machine_steps, seed=budget.seed, misuse=misuse,
+                   reference=reference)
+    rows = []
+    start = time.perf_counter()
+    for target in targets:
+        results = []
+        for run in (run_campaign_phase, run_machine_phase):
+            result = run(target.adapter, opts)
+            results.append(result)
+            progress.advance(f"{target.spec} {result.name}: {'ok' if result.ok else 'DIVERGED'}")
+        ok = all(r.ok for r in results)
+        seconds = sum(r.seconds for r in results)
+        bad = next((r for r in results if r.failure is not None), None)
+        fail = None
+        if bad is not None and bad.failure is not None:
+            f = bad.failure
+            steps = pictured_steps(f.divergence) if f.divergence is not None else []
+            steps = steps or [{"index": i + 1, "call": line, "outcome": "", "changes": [],
+                               "picture": None, "pool_picture": None, "differs": []}
+                              for i, line in enumerate(f.trace)]
+            details = f.details if bad.name == "campaign" else "\n".join(
+                ["minimal trace, shrunk by Hypothesis:", *f.trace, "", f.details])
+            fail = failure(f.kind, f"{bad.name}: {f.message}", details, steps)
+        rows.append({"name": target.adapter.name, "spec": target.spec, "ok": ok,
+                     "seconds": round(seconds, 3),
+                     "phases": [{"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3),
+                                 "executed": r.executed} for r in results]})
+        phase.cases.append(Case(f"conformance/{target.spec}", f"{target.spec} conforms", ok,
+                                seconds, fail))
+    phase.seconds = time.perf_counter() - start
+    phase.extra = {"targets": rows}
+    return phase
+
+
+def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
+               progress: Progress) -> Phase:
+    """Recorded traces replayed on the model; event streams read as a router reads them."""
+    from kvpool.oracle.events_check import check_events
+    from kvpool.oracle.trace import TraceError, check_trace
+
+    phase = Phase("traces", skipped=not (traces or events))
+    if phase.skipped:
+        return phase
+    progress.start("traces", len(traces) + len(events))
+    files = []
+    start = time.perf_counter()
+    for kind, path in [*(("trace", p) for p in traces), *(("events", p) for p in events)]:
+        began = time.perf_counter()
+        fail = None
+        try:
+            if kind == "trace":
+                report: Any = check_trace(path, vllm_errors=vllm_errors)
+                count = report.steps
+            else:
+                report = check_events(path)
+                count = report.events
+            if not report.ok:
+                fail = failure("divergence", report.format().splitlines()[0], report.format())
+        except TraceError as exc:  # read before the run; changed since?
+            fail, count = failure("crash", str(exc)), 0
+        files.append({"path": path, "kind": kind, "ok": fail is None, "steps": count})
+        phase.cases.append(Case(f"traces/{kind}/{Path(path).name}", f"{kind} {path}",
+                                fail is None, time.perf_counter() - began, fail))
+        progress.advance(f"{path}: {'ok' if fail is None else 'DIFFERS'}")
+    phase.seconds = time.perf_counter() - start
+    phase.extra = {"files": files}
+    return phase
+
+
+__all__ = ["Case", "Phase", "Target", "bmc_failure", "divergence_failure", "failure", "run_bmc",
+           "run_conformance", "run_lockstep", "run_proofs", "run_seeded_bugs", "run_traces"]

@@ -1,0 +1,76 @@
+"""A ``kvpool verify`` run: what it was asked for, and its phases in order."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .budget import Budget
+from .outputs import document
+from .phases import (
+    Case,
+    Phase,
+    Target,
+    failure,
+    run_bmc,
+    run_conformance,
+    run_lockstep,
+    run_proofs,
+    run_seeded_bugs,
+    run_traces,
+)
+from .progress import Progress
+
+
+@dataclass
+class Settings:
+    """A validated request for a run (``kvpool verify``'s command line, parsed and checked)."""
+
+    profile: str
+    budget: Budget
+    targets: list[Target]
+    traces: list[str]
+    events: list[str]
+    vllm_errors: bool
+    reference: str
+    misuse: bool
+    skip: set[str]
+    json: str | None
+    junit: str | None
+    report: str | None
+    plain: bool
+
+
+def run(cfg: Settings, progress: Progress) -> dict[str, Any]:
+    """Every phase not skipped, in order; the result document."""
+    started = datetime.datetime.now(datetime.UTC)
+    clock = time.perf_counter()
+    b = cfg.budget
+    plan: list[tuple[str, Callable[[], Phase]]] = [
+        ("proofs", lambda: run_proofs(b, progress)),
+        ("seeded-bugs", lambda: run_seeded_bugs(b, progress)),
+        ("bmc", lambda: run_bmc(b, progress)),
+        ("lockstep", lambda: run_lockstep(b, progress)),
+        ("conformance", lambda: run_conformance(cfg.targets, b, cfg.misuse, cfg.reference, progress)),
+        ("traces", lambda: run_traces(cfg.traces, cfg.events, cfg.vllm_errors, progress)),
+    ]
+    phases = []
+    for name, fn in plan:
+        if name in cfg.skip:
+            phases.append(Phase(name, skipped=True))
+            continue
+        try:
+            phase = fn()
+        except Exception as exc:  # a crash of kvpool itself is a failure, not a traceback
+            phase = Phase(name, cases=[Case(f"{name}/crash", f"{name} ran to the end", False, 0.0,
+                                            failure("crash", f"{type(exc).__name__}: {exc}"))])
+        if not phase.skipped:
+            progress.done(phase)
+        phases.append(phase)
+    return document(phases, cfg.profile, b, started, time.perf_counter() - clock)
+
+
+__all__ = ["Settings", "run"]

@@ -1,0 +1,203 @@
+"""Checking a trace: each recorded call replayed on the model, the first difference named.
+
+Results, error classes, events, watcher firings and observations are
+compared as JSON values, strictly (``true`` is not ``1``), except the usage
+fraction (within :data:`~.schema.USAGE_TOLERANCE`), the order of index keys,
+and event hashes (compared in their 64-bit integer form).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state
+from kvpool.model.state import PoolState
+
+from ..abstraction import names_refusal, refusal_name
+from ..lockstep import Watcher
+from ..observe import observe_model
+from .read import TraceStep, read_trace
+from .schema import EVENT_FIELDS, OBSERVATION_FIELDS, USAGE_TOLERANCE, Json, is_int, show
+from .write import encode_model_result, model_event_to_json, observation_to_json
+
+_LOW_64 = (1 << 64) - 1
+
+
+@dataclass
+class StepDivergence:
+    """The first step where the trace and the model disagree."""
+
+    line: int
+    step: int
+    op: str
+    diffs: list[str]
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check_trace` found: ``divergence`` is None when every step agrees."""
+
+    path: str
+    steps: int
+    divergence: StepDivergence | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+    def format(self) -> str:
+        if self.divergence is None:
+            return f"{self.path}: ok, {self.steps} calls agree with the model"
+        d = self.divergence
+        body = "\n  ".join(d.diffs)
+        return (f"{self.path}:{d.line}: step {d.step} ({d.op}) differs from the model "
+                f"({self.steps - 1} calls agreed before it)\n  {body}")
+
+
+def canonical_hash(h: Json) -> Json:
+    """Event hashes compare in their int form: hex bytes become their low 64 bits."""
+    if isinstance(h, str):
+        try:
+            return int.from_bytes(bytes.fromhex(h), "big") & _LOW_64
+        except ValueError:
+            return h
+    return h
+
+
+def canonical_event(e: dict[str, Json]) -> dict[str, Json]:
+    """An event with defaults filled and hashes in int form, for comparison."""
+    spec = EVENT_FIELDS.get(str(e.get("type")), {})
+    out: dict[str, Json] = {"type": e.get("type")}
+    for name in spec:
+        out[name] = e.get(name)
+    if "block_hashes" in out and isinstance(out["block_hashes"], list):
+        out["block_hashes"] = [canonical_hash(h) for h in out["block_hashes"]]
+    if out.get("parent_block_hash") is not None:
+        out["parent_block_hash"] = canonical_hash(out["parent_block_hash"])
+    return out
+
+
+def _strict_equal(a: Json, b: Json) -> bool:
+    """JSON equality that does not confuse true with 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_strict_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_strict_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, dict)) or isinstance(b, (list, dict)):
+        return False
+    return type(a) is type(b) and a == b if not (_is_num(a) and _is_num(b)) else a == b
+
+
+def _is_num(v: Any) -> bool:
+    return (is_int(v) or isinstance(v, float)) and not isinstance(v, bool)
+
+
+def _event_diffs(where: str, recorded: list[dict[str, Json]], model: list[dict[str, Json]]) -> list[str]:
+    rec = [canonical_event(e) for e in recorded]
+    mod = [canonical_event(e) for e in model]
+    out = []
+    for i, (r, m) in enumerate(zip(rec, mod, strict=False)):
+        if r.get("type") != m.get("type"):
+            out.append(f"{where}[{i}]: recorded {r['type']}, model {m['type']}")
+            continue
+        for name in m:
+            if not _strict_equal(r.get(name), m[name]):
+                out.append(f"{where}[{i}].{name}: recorded {show(r.get(name))}, model {show(m[name])}")
+    if len(rec) != len(mod):
+        out.append(f"{where}: recorded {len(rec)} event(s), model {len(mod)}; "
+                   f"model's: {[e['type'] for e in mod]}")
+    return out
+
+
+def _observation_diffs(recorded: dict[str, Json], model: dict[str, Json]) -> list[str]:
+    out = []
+    for name in OBSERVATION_FIELDS:
+        r, m = recorded[name], model[name]
+        if name == "index":  # key order is not significant; per-key block order is
+            r = dict(sorted((k, v) for k, v in r))
+            m = dict(sorted((k, v) for k, v in m))
+        if not _strict_equal(r, m):
+            out.append(f"observation.{name}: recorded {show(r)}, model {show(m)}")
+    return out
+
+
+def _model_call(state: PoolState, step: TraceStep, watchers: dict[str, Watcher],
+                log: list[tuple[str, int]]) -> tuple[PoolState, Any, BaseException | None]:
+    args = dict(step.args)
+    if "on_reuse" in args:
+        name = args["on_reuse"]
+        args["on_reuse"] = watchers.setdefault(name, Watcher(name, log))
+    try:
+        if step.op in ACTIONS:
+            new, result = ACTIONS[step.op](state, **args)
+            return new, result, None
+        return state, QUERIES[step.op](state, **args), None
+    except RecursionError as exc:
+        return state, None, exc
+    except Exception as exc:  # the model refusing the call is a result, like the pool's
+        return state, None, exc
+
+
+def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: Any,
+                 error: BaseException | None, *, vllm_errors: bool = False) -> list[str]:
+    """Every difference between one recorded call and the model's run of it."""
+    diffs: list[str] = []
+    if not names_refusal(step.error, error, vllm_errors=vllm_errors):
+        m_error = refusal_name(error) if error is not None else None
+        diffs.append(f"error: recorded {step.error}, model {m_error}"
+                     + (f" ({error})" if error is not None else ""))
+    if error is None:
+        m_result = encode_model_result(step.op, result)
+        if step.op == "get_usage" and _is_num(step.result):
+            same = math.isclose(step.result, m_result, rel_tol=0, abs_tol=USAGE_TOLERANCE)
+        elif step.op == "take_events":
+            ev = _event_diffs("result", step.result, m_result)
+            diffs += ev
+            same = True
+        else:
+            same = _strict_equal(step.result, m_result)
+        if not same:
+            diffs.append(f"result: recorded {show(step.result)}, model {show(m_result)}")
+    emitted = [] if step.op == "take_events" else list(after.events[len(before.events):])
+    diffs += _event_diffs("events", step.events, [model_event_to_json(e) for e in emitted])
+    if step.fired is not None:
+        fired = [[w.name, b] for w, b in after.fired[len(before.fired):]]
+        if not _strict_equal(step.fired, fired):
+            diffs.append(f"fired: recorded {show(step.fired)}, model {show(fired)}")
+    if step.observation is not None:
+        diffs += _observation_diffs(step.observation, observation_to_json(observe_model(after)))
+    return diffs
+
+
+def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
+    """Replay a trace on the model; report the first call that differs.
+
+    ``vllm_errors`` accepts vLLM's plain ``ValueError`` where the model raises
+    ``NotEnoughFreeBlocksError``.  Raises :class:`TraceError` on a bad file.
+    """
+    trace = read_trace(path)
+    h = trace.header
+    state = initial_state(h.num_blocks, h.enable_caching, h.hash_block_size,
+                          h.enable_kv_cache_events, h.medium,
+                          null_counted=REFERENCES[h.reference])
+    watchers: dict[str, Watcher] = {}
+    log: list[tuple[str, int]] = []
+    for number, step in enumerate(trace.steps, start=1):
+        new, result, error = _model_call(state, step, watchers, log)
+        try:
+            diffs = compare_step(step, state, new, result, error, vllm_errors=vllm_errors)
+        except RecursionError:
+            diffs = ["value nested too deeply to compare"]
+        if diffs:
+            return CheckReport(trace.path, number, StepDivergence(step.line, number, step.op, diffs))
+        state = new
+    return CheckReport(trace.path, len(trace.steps))
+
+
+__all__ = ["CheckReport", "StepDivergence", "canonical_event", "canonical_hash", "check_trace",
+           "compare_step"]

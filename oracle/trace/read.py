@@ -1,0 +1,362 @@
+"""Reading traces: JSON lines, and strict parsers for the header, each call line and each event.
+
+Strict on purpose: a writer in another language gets a :class:`~.schema.TraceError`
+naming the file, the line and the field, rather than a silent mismatch later.
+Nothing else is raised on bad input (the fuzz harness in ``fuzz/`` holds it to that).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
+from kvpool.model import REFERENCES
+
+from .schema import (
+    ARG_KINDS,
+    DEFAULT_REFERENCE,
+    EVENT_FIELDS,
+    HEADER_FIELDS,
+    INT_MAX,
+    INT_MIN,
+    MAX_NUM_BLOCKS,
+    OBSERVATION_FIELDS,
+    OPTIONAL_ARGS,
+    RESULT_KINDS,
+    STEP_FIELDS,
+    VERSION,
+    FieldError,
+    Json,
+    TraceError,
+    is_int,
+    show,
+)
+
+
+@dataclass(frozen=True)
+class Header:
+    """The pool's configuration, as the trace's first line declares it."""
+
+    num_blocks: int
+    enable_caching: bool
+    hash_block_size: int
+    enable_kv_cache_events: bool
+    medium: str
+    reference: str = "0.31"
+    block_sizes: dict[int, int] | None = None
+    meta: dict[str, Json] = field(default_factory=dict)
+
+
+@dataclass
+class TraceStep:
+    """One call line: ``args`` are model-ready Python values, the rest stays JSON."""
+
+    line: int
+    op: str
+    args: dict[str, Any]
+    result: Json
+    error: str | None
+    events: list[dict[str, Json]]
+    fired: list[list[Json]] | None
+    observation: dict[str, Json] | None
+
+
+@dataclass
+class Trace:
+    path: str
+    header: Header
+    steps: list[TraceStep]
+
+
+
+def _kind_ok(kind: str, v: Any, where: str) -> None:
+    """Raise :class:`FieldError` unless ``v`` is a JSON value of ``kind``."""
+    if kind.endswith("?"):
+        if v is None:
+            return
+        kind = kind[:-1]
+    if kind == "int":
+        if not is_int(v):
+            raise FieldError(f"{where}: expected an integer, got {show(v)}")
+        if not INT_MIN <= v <= INT_MAX:
+            raise FieldError(f"{where}: integer {show(v)} does not fit in 64 bits")
+    elif kind == "number":
+        if not (is_int(v) or isinstance(v, float)):
+            raise FieldError(f"{where}: expected a number, got {show(v)}")
+    elif kind == "bool":
+        if not isinstance(v, bool):
+            raise FieldError(f"{where}: expected true or false, got {show(v)}")
+    elif kind == "str":
+        if not isinstance(v, str):
+            raise FieldError(f"{where}: expected a string, got {show(v)}")
+    elif kind == "hash":
+        _hex(v, where)
+    elif kind == "ehash":
+        if isinstance(v, str):
+            _hex(v, where)
+        elif not is_int(v) or not 0 <= v <= INT_MAX:
+            raise FieldError(f"{where}: expected a hash (unsigned 64-bit integer or hex string), "
+                       f"got {show(v)}")
+    elif kind in ("ints", "bools", "hashes"):
+        if not isinstance(v, list):
+            raise FieldError(f"{where}: expected a list, got {show(v)}")
+        item = {"ints": "int", "bools": "bool", "hashes": "ehash"}[kind]
+        for i, x in enumerate(v):
+            _kind_ok(item, x, f"{where}[{i}]")
+    elif kind != "any":
+        raise AssertionError(kind)
+
+
+def _hex(v: Any, where: str) -> bytes:
+    if not isinstance(v, str):
+        raise FieldError(f"{where}: expected a hex string, got {show(v)}")
+    try:
+        if v != v.lower():
+            raise ValueError
+        return bytes.fromhex(v)
+    except ValueError:
+        raise FieldError(f"{where}: {show(v)} is not lowercase hex bytes") from None
+
+
+
+def _object(v: Any, where: str, allowed: Collection[str], required: Sequence[str]) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise FieldError(f"{where}: expected an object, got {show(v)}")
+    for key in v:
+        if key not in allowed:
+            raise FieldError(f"{where}: unknown field {key!r}")
+    for key in required:
+        if key not in v:
+            raise FieldError(f"{where}: missing field {key!r}")
+    return v
+
+
+def _parse_request(v: Any, where: str) -> Request:
+    fields_ = ("request_id", "all_token_ids", "block_hashes", "lora", "mm", "cache_salt",
+               "session_id")
+    obj = _object(v, where, fields_, fields_[:3])
+    _kind_ok("str", obj["request_id"], f"{where}.request_id")
+    _kind_ok("ints", obj["all_token_ids"], f"{where}.all_token_ids")
+    if not isinstance(obj["block_hashes"], list):
+        raise FieldError(f"{where}.block_hashes: expected a list, got {show(obj['block_hashes'])}")
+    hashes = [_hex(h, f"{where}.block_hashes[{i}]") for i, h in enumerate(obj["block_hashes"])]
+    lora = None
+    if obj.get("lora") is not None:
+        lw = f"{where}.lora"
+        lo = _object(obj["lora"], lw, ("name", "id", "path"), ("name", "id", "path"))
+        _kind_ok("str", lo["name"], f"{lw}.name")
+        _kind_ok("int", lo["id"], f"{lw}.id")
+        _kind_ok("str", lo["path"], f"{lw}.path")
+        lora = LoRARequest(lo["name"], lo["id"], lo["path"])
+    mm = obj.get("mm") or []
+    if not isinstance(mm, list):
+        raise FieldError(f"{where}.mm: expected a list, got {show(mm)}")
+    features = []
+    for i, item in enumerate(mm):
+        mw = f"{where}.mm[{i}]"
+        it = _object(item, mw, ("identifier", "offset", "length"), ("identifier", "offset", "length"))
+        _kind_ok("str", it["identifier"], f"{mw}.identifier")
+        _kind_ok("int", it["offset"], f"{mw}.offset")
+        _kind_ok("int", it["length"], f"{mw}.length")
+        features.append(MultiModalFeature(it["identifier"], PlaceholderRange(it["offset"], it["length"])))
+    for name in ("cache_salt", "session_id"):
+        _kind_ok("str?", obj.get(name), f"{where}.{name}")
+    return Request(obj["request_id"], list(obj["all_token_ids"]), block_hashes=hashes,
+                   lora_request=lora, mm_features=features, cache_salt=obj.get("cache_salt"),
+                   session_id=obj.get("session_id"))
+
+
+def parse_event(v: Any, where: str) -> dict[str, Json]:
+    """Validate one event object; return it with optional fields filled with null."""
+    if not isinstance(v, dict):
+        raise FieldError(f"{where}: expected an event object, got {show(v)}")
+    kind = v.get("type")
+    if not isinstance(kind, str) or kind not in EVENT_FIELDS:
+        raise FieldError(f"{where}.type: expected one of {sorted(EVENT_FIELDS)}, got {show(kind)}")
+    spec = EVENT_FIELDS[kind]
+    _object(v, where, {"type", *spec}, [k for k, (_, req) in spec.items() if req])
+    out: dict[str, Json] = {"type": kind}
+    for name, (fkind, _req) in spec.items():
+        value = v.get(name)
+        _kind_ok(fkind, value, f"{where}.{name}")
+        out[name] = value
+    return out
+
+
+def _parse_observation(v: Any, where: str, num_blocks: int) -> dict[str, Json]:
+    obj = _object(v, where, OBSERVATION_FIELDS, OBSERVATION_FIELDS)
+    for name in ("ref", "free", "watched"):
+        _kind_ok("ints", obj[name], f"{where}.{name}")
+    _kind_ok("int", obj["num_free"], f"{where}.num_free")
+    for name in ("primary", "secondary"):
+        if not isinstance(obj[name], list):
+            raise FieldError(f"{where}.{name}: expected a list, got {show(obj[name])}")
+    for i, p in enumerate(obj["primary"]):
+        pw = f"{where}.primary[{i}]"
+        if p is not None:
+            if not (isinstance(p, list) and len(p) == 2):
+                raise FieldError(f"{pw}: expected null or [hex key, num_tokens], got {show(p)}")
+            _hex(p[0], f"{pw}[0]")
+            _kind_ok("int", p[1], f"{pw}[1]")
+    for i, keys in enumerate(obj["secondary"]):
+        if not isinstance(keys, list):
+            raise FieldError(f"{where}.secondary[{i}]: expected a list, got {show(keys)}")
+        for j, k in enumerate(keys):
+            _hex(k, f"{where}.secondary[{i}][{j}]")
+    if not isinstance(obj["index"], list):
+        raise FieldError(f"{where}.index: expected a list, got {show(obj['index'])}")
+    for i, entry in enumerate(obj["index"]):
+        ew = f"{where}.index[{i}]"
+        if not (isinstance(entry, list) and len(entry) == 2):
+            raise FieldError(f"{ew}: expected [hex key, [block ids]], got {show(entry)}")
+        _hex(entry[0], f"{ew}[0]")
+        _kind_ok("ints", entry[1], f"{ew}[1]")
+    return obj
+
+
+def parse_header(v: Any) -> Header:
+    """Validate the first line; an unknown version is refused before anything else."""
+    if not isinstance(v, dict):
+        raise FieldError(f"header: expected an object, got {show(v)}")
+    if "kvpool_trace" not in v:
+        raise FieldError("header: missing field 'kvpool_trace' (is this a kvpool trace?)")
+    if v["kvpool_trace"] != VERSION or not is_int(v["kvpool_trace"]):
+        raise FieldError(f"header: unsupported trace version {show(v['kvpool_trace'])} "
+                   f"(this reader knows version {VERSION})")
+    obj = _object(v, "header", {*HEADER_FIELDS, "reference", "block_sizes", "meta"},
+                  list(HEADER_FIELDS))
+    for name, kind in HEADER_FIELDS.items():
+        _kind_ok(kind, obj[name], f"header.{name}")
+    if not 1 <= obj["num_blocks"] <= MAX_NUM_BLOCKS:
+        raise FieldError(f"header.num_blocks: {obj['num_blocks']} is not in [1, {MAX_NUM_BLOCKS}]")
+    if not 1 <= obj["hash_block_size"] <= 1 << 31:
+        raise FieldError(f"header.hash_block_size: {obj['hash_block_size']} is not in [1, 2**31]")
+    reference = obj.get("reference", DEFAULT_REFERENCE)
+    if not isinstance(reference, str) or reference not in REFERENCES:
+        raise FieldError(f"header.reference: expected one of {sorted(REFERENCES)}, got {show(reference)}")
+    block_sizes = None
+    if obj.get("block_sizes") is not None:
+        raw = obj["block_sizes"]
+        if not isinstance(raw, dict):
+            raise FieldError(f"header.block_sizes: expected an object, got {show(raw)}")
+        block_sizes = {}
+        for g, n in raw.items():
+            if not (g.isascii() and g.isdigit() and len(g) <= 10):
+                raise FieldError(f"header.block_sizes: key {g!r} is not a group id in decimal")
+            _kind_ok("int", n, f"header.block_sizes.{g}")
+            if n <= 0:
+                raise FieldError(f"header.block_sizes.{g}: {n} is not a positive block size")
+            block_sizes[int(g)] = n
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise FieldError(f"header.meta: expected an object, got {show(meta)}")
+    return Header(obj["num_blocks"], obj["enable_caching"], obj["hash_block_size"],
+                  obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta)
+
+
+def parse_step(v: Any, line: int, header: Header) -> TraceStep:
+    """Validate one call line and decode its arguments for the model."""
+    obj = _object(v, "step", STEP_FIELDS, ("op", "args", "result", "error", "events"))
+    op = obj["op"]
+    if not isinstance(op, str) or op not in ARG_KINDS:
+        raise FieldError(f"op: unknown operation {show(op)}")
+    kinds = ARG_KINDS[op]
+    required = [n for n in kinds if (op, n) not in OPTIONAL_ARGS]
+    raw = _object(obj["args"], "args", kinds, required)
+    args: dict[str, Any] = {}
+    for name, value in raw.items():
+        where, kind = f"args.{name}", kinds[name]
+        if kind == "request":
+            args[name] = _parse_request(value, where)
+        elif kind == "watcher":
+            _kind_ok("str", value, where)
+            args[name] = value
+        elif kind == "hash":
+            args[name] = _hex(value, where)
+        else:
+            _kind_ok(kind, value, where)
+            args[name] = value
+    error = obj["error"]
+    if error is not None and not (isinstance(error, str) and error.isidentifier()):
+        raise FieldError(f"error: expected null or an error class name, got {show(error)}")
+    result = obj["result"]
+    if error is not None or op not in RESULT_KINDS:
+        if result is not None:
+            raise FieldError(f"result: must be null for {op}" + (" that raised" if error else ""))
+    elif RESULT_KINDS[op] == "events":
+        if not isinstance(result, list):
+            raise FieldError(f"result: expected a list of events, got {show(result)}")
+        result = [parse_event(e, f"result[{i}]") for i, e in enumerate(result)]
+    else:
+        _kind_ok(RESULT_KINDS[op], result, "result")
+    events = obj["events"]
+    if not isinstance(events, list):
+        raise FieldError(f"events: expected a list, got {show(events)}")
+    events = [parse_event(e, f"events[{i}]") for i, e in enumerate(events)]
+    fired = obj.get("fired")
+    if fired is not None:
+        if not isinstance(fired, list):
+            raise FieldError(f"fired: expected a list, got {show(fired)}")
+        for i, f in enumerate(fired):
+            if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str) and is_int(f[1])):
+                raise FieldError(f"fired[{i}]: expected [watcher name, block id], got {show(f)}")
+    observation = obj.get("observation")
+    if observation is not None:
+        observation = _parse_observation(observation, "observation", header.num_blocks)
+    return TraceStep(line, op, args, result, error, events, fired, observation)
+
+
+def _reject_constant(name: str) -> Any:
+    raise FieldError(f"{name} is not valid JSON")
+
+
+def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Each non-blank line's JSON value with its 1-based number; errors as :class:`TraceError`."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TraceError(name, 0, f"cannot read: {exc.strerror or exc}") from None
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(name, number, f"not UTF-8 (byte {exc.start})") from None
+        try:
+            yield number, json.loads(text, parse_constant=_reject_constant)
+        except FieldError as exc:
+            raise TraceError(name, number, f"bad JSON: {exc}") from None
+        except RecursionError:
+            raise TraceError(name, number, "bad JSON: nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, and ints beyond Python's digit limit
+            raise TraceError(name, number, f"bad JSON: {exc}") from None
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and validate a whole trace; raise :class:`TraceError` at the first bad line."""
+    name = str(path)
+    header: Header | None = None
+    steps: list[TraceStep] = []
+    for number, value in json_lines(path):
+        try:
+            if header is None:
+                header = parse_header(value)
+            else:
+                steps.append(parse_step(value, number, header))
+        except FieldError as exc:
+            raise TraceError(name, number, str(exc)) from None
+        except RecursionError:
+            raise TraceError(name, number, "value nested too deeply") from None
+    if header is None:
+        raise TraceError(name, 1, "empty file: expected a header line {\"kvpool_trace\": 1, ...}")
+    return Trace(name, header, steps)
+
+
+__all__ = ["Header", "Trace", "TraceStep", "json_lines", "parse_event", "parse_header", "parse_step",
+           "read_trace"]

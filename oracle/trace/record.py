@@ -1,0 +1,193 @@
+"""Recording a trace: a pool running the seeded workload in lockstep with the model, every call kept.
+
+The lockstep compares as it goes, so a recorded run that diverged ends with
+the call that diverged, and :func:`~.check.check_trace` on it names the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from ..abstraction import same_refusal
+from ..lockstep import Divergence, Lockstep, Watcher
+from ..observe import Observation
+from ..workload import Config, Workload
+from .schema import DEFAULT_REFERENCE, VERSION, Json
+from .write import encode_args, encode_result, event_to_json, observation_to_json
+
+
+class _Tap:
+    """Stands in for a pool: delegates everything, and captures one armed call.
+
+    Lockstep calls the pool's method itself; wrapping the pool is how this
+    module sees the pool's own result and error without editing Lockstep.
+    """
+
+    def __init__(self, pool: Any):
+        self._pool = pool
+        self._armed: str | None = None
+        self.outcome: tuple[Any, BaseException | None] = (None, None)
+
+    def arm(self, op: str) -> None:
+        self._armed, self.outcome = op, (None, None)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._pool, name)
+        if name != self._armed:
+            return attr
+        self._armed = None
+
+        def captured(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = attr(*args, **kwargs)
+            except Exception as exc:
+                self.outcome = (None, exc)
+                raise
+            self.outcome = (result, None)
+            return result
+
+        return captured
+
+
+class _Tee(list[tuple[str, int]]):
+    """A watcher log that also keeps its own copy of this call's firings."""
+
+    def __init__(self, main: list[tuple[str, int]], copy: list[tuple[str, int]]):
+        super().__init__()
+        self.main, self.mine = main, copy
+
+    def append(self, item: tuple[str, int]) -> None:
+        self.main.append(item)
+        self.mine.append(item)
+
+
+@dataclass
+class RecordingLockstep(Lockstep):
+    """A :class:`Lockstep` that also writes each call, as the pool saw it, to trace lines."""
+
+    lines: list[dict[str, Json]] = field(default_factory=list)
+    keep_observations: bool = True
+    fired_now: list[tuple[str, int]] = field(default_factory=list)
+
+    def watcher(self, name: str) -> Watcher:
+        return Watcher(name, _Tee(self.fired, self.fired_now))
+
+    def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        tap: _Tap = self.pool
+        line: dict[str, Json] = {"op": op, "args": encode_args(op, args, kwargs)}
+        queued = len(tap.kv_event_queue)
+        self.fired_now.clear()
+        tap.arm(op)
+        try:
+            return super().call(op, *args, **kwargs)
+        finally:
+            result, error = tap.outcome
+            line["result"] = None if error else encode_result(op, result)
+            line["error"] = type(error).__name__ if error else None  # the pool's own class
+            line["events"] = ([] if op == "take_events"
+                              else [event_to_json(e) for e in tap.kv_event_queue[queued:]])
+            line["fired"] = [[n, b] for n, b in self.fired_now]
+            if self.keep_observations:
+                line["observation"] = observation_to_json(self.observe(tap))
+            self.lines.append(line)
+
+
+@dataclass
+class Recording:
+    """A recorded run: the trace lines, and the lockstep divergence if there was one."""
+
+    header: dict[str, Json]
+    lines: list[dict[str, Json]]
+    divergence: str | None
+
+    def write(self, path: str | Path) -> None:
+        with open(path, "w", encoding="utf-8") as out:
+            for obj in [self.header, *self.lines]:
+                out.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+
+
+def recording_pair(
+    pool_factory: Callable[..., Any], num_blocks: int, caching: bool, hash_block_size: int,
+    events: bool, *, reference: str = DEFAULT_REFERENCE,
+    block_sizes: dict[int, int] | None = None, meta: dict[str, Json] | None = None,
+) -> tuple[RecordingLockstep, dict[str, Json]]:
+    """A fresh recording lockstep pair and the trace header that describes it.
+
+    For hand-written scenarios: call ``pair.call(op, ...)`` and write
+    ``Recording(header, pair.lines, None)``.
+    """
+
+    def tapped(*a: Any, **k: Any) -> Any:
+        return _Tap(pool_factory(*a, **k))
+
+    pair = cast(RecordingLockstep, RecordingLockstep.fresh(
+        tapped, num_blocks, caching, hash_block_size, events, reference))
+    header: dict[str, Json] = {
+        "kvpool_trace": VERSION, "num_blocks": num_blocks, "enable_caching": caching,
+        "hash_block_size": hash_block_size, "enable_kv_cache_events": events,
+        "medium": getattr(pair.pool, "medium", "GPU"), "reference": reference}
+    if block_sizes:
+        header["block_sizes"] = {str(g): n for g, n in block_sizes.items()}
+    if meta:
+        header["meta"] = meta
+    return pair, header
+
+
+def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
+           observe: bool = True,
+           errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
+           reference: str = DEFAULT_REFERENCE,
+           observe_pool: Callable[[Any], Observation] | None = None) -> Recording:
+    """Run the seeded workload (as ``campaign.run_one``) and keep every call as a trace line.
+
+    A divergence stops the run; the trace then ends with the call that
+    diverged, so ``check_trace`` on it names the same step.  ``observe_pool``
+    replaces the default observation of the pool (an adapter's).
+    """
+    rng = random.Random(seed)
+    cfg = Config.draw(rng)
+    pair, header = recording_pair(
+        pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size, cfg.events,
+        reference=reference, block_sizes=cfg.block_sizes,
+        meta={"seed": seed, "steps": steps, "pool": _name(pool_factory), "misuse": misuse})
+    pair.errors_match = errors_match
+    pair.keep_observations = observe
+    if observe_pool is not None:
+        custom = observe_pool
+        pair.observe = lambda tap: custom(tap._pool)
+    work = Workload(rng, cfg, pair, misuse_on=misuse)
+    divergence = None
+    try:
+        for _ in range(steps):
+            work.step()
+    except Divergence as exc:
+        divergence = str(exc)
+    return Recording(header, pair.lines, divergence)
+
+
+def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
+                   reference: str = DEFAULT_REFERENCE) -> Recording:
+    """:func:`record` through an ``oracle.adapter.Adapter``: its constructor, observation,
+    error pairing and misuse setting (duck-typed, so this module does not import it)."""
+
+    def factory(num_blocks: int, caching: bool, hash_block_size: int,
+                enable_kv_cache_events: bool = False) -> Any:
+        return adapter.construct(num_blocks, caching, hash_block_size, enable_kv_cache_events)
+
+    factory.__qualname__ = str(getattr(adapter, "name", "adapter"))
+    return record(factory, seed, steps, misuse=bool(adapter.supports_misuse), observe=observe,
+                  errors_match=adapter.errors_match, reference=reference,
+                  observe_pool=adapter.observe)
+
+
+def _name(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
+
+
+
+__all__ = ["Recording", "RecordingLockstep", "record", "record_adapter", "recording_pair"]

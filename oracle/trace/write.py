@@ -1,0 +1,121 @@
+"""Writing trace lines: a pool's (or the model's) calls, results and events in the trace's JSON form.
+
+Bytes become lowercase hex, blocks their ids, keys the pool's concrete form
+(:mod:`kvpool.oracle.abstraction`), so that a trace written here reads the
+same as one written by a pool in another language.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.model import Event
+
+from .. import abstraction
+from ..lockstep import Watcher
+from ..observe import Observation
+from .schema import ARG_KINDS, RESULT_KINDS, Json, model_fn
+
+
+def to_json(value: Any) -> Json:
+    """Plain JSON form: bytes as lowercase hex, tuples as lists."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    return value
+
+
+def event_to_json(event: Any) -> dict[str, Json]:
+    """One event of a pool (any classes named like vLLM's) as a trace/event-stream object."""
+    return {k: to_json(v) for k, v in abstraction.pool_event(event).items()}
+
+
+def model_event_to_json(event: Event) -> dict[str, Json]:
+    """One event of the model, as a reference pool would write it."""
+    return {k: to_json(v) for k, v in abstraction.model_event(event).items()}
+
+
+def request_to_json(req: Any) -> dict[str, Json]:
+    """The request attributes the pool reads, as they are at this call."""
+    if getattr(req, "prompt_embeds", None) is not None:
+        raise ValueError("requests with prompt_embeds cannot be traced (format version 1)")
+    lora = req.lora_request
+    return {
+        "request_id": str(req.request_id),
+        "all_token_ids": list(req.all_token_ids),
+        "block_hashes": [bytes(h).hex() for h in req.block_hashes],
+        "lora": None if lora is None else {
+            "name": lora.lora_name, "id": lora.lora_int_id, "path": lora.lora_path},
+        "mm": [{"identifier": f.identifier, "offset": f.mm_position.offset,
+                "length": f.mm_position.length} for f in req.mm_features or ()],
+        "cache_salt": req.cache_salt,
+        "session_id": req.session_id,
+    }
+
+
+def observation_to_json(obs: Observation) -> dict[str, Json]:
+    """An :class:`Observation` with keys as the pool's hex bytes and tuples as lists."""
+    key = abstraction.concrete_key
+    out: dict[str, Json] = to_json({
+        "ref": obs.ref, "free": obs.free,
+        "primary": [None if p is None else (key(p[0]), p[1]) for p in obs.primary],
+        "secondary": [[key(k) for k in keys] for keys in obs.secondary],
+        "index": [(key(k), ids) for k, ids in obs.index],
+        "watched": obs.watched, "num_free": obs.num_free,
+    })
+    return out
+
+
+def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
+    """Name each argument after the model's parameter and encode it by its kind."""
+    params = list(inspect.signature(model_fn(op)).parameters)[1:]
+    named = dict(zip(params, args, strict=False))
+    named.update(kwargs)
+    out: dict[str, Json] = {}
+    for name, value in named.items():
+        kind = ARG_KINDS[op][name]
+        if kind == "request":
+            out[name] = request_to_json(value)
+        elif kind == "watcher":
+            out[name] = value.name if isinstance(value, Watcher) else repr(value)
+        elif kind == "ints":
+            out[name] = [getattr(b, "block_id", b) for b in value]
+        else:
+            out[name] = to_json(getattr(value, "block_id", value))
+    return out
+
+
+def encode_result(op: str, result: Any) -> Json:
+    """A pool's return value in the trace's form (blocks as ids)."""
+    if result is None:
+        return None
+    kind = RESULT_KINDS.get(op)
+    if kind in ("ints", "ints?"):
+        return [getattr(b, "block_id", b) for b in result]
+    if kind == "events":
+        return [event_to_json(e) for e in result]
+    return to_json(result)
+
+
+def encode_model_result(op: str, result: Any) -> Json:
+    """The model's return value in the form a reference pool writes it."""
+    if result is None:
+        return None
+    kind = RESULT_KINDS.get(op)
+    if kind == "events":
+        return [model_event_to_json(e) for e in result]
+    if kind == "hash?":  # a key
+        return to_json(abstraction.concrete_key(result))
+    return to_json(result)
+
+
+
+__all__ = [
+    "encode_args", "encode_model_result", "encode_result", "event_to_json", "model_event_to_json",
+    "observation_to_json", "request_to_json", "to_json",
+]
