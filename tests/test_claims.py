@@ -62,3 +62,14 @@ def test_the_command_prints_and_writes_json(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "kvpool", "claims", "--from", str(out)],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "not a kvpool verify result" in bad.stderr
+
+
+def test_the_report_shows_the_claims() -> None:
+    from kvpool.report import render_html, render_markdown
+
+    doc = passing_doc()
+    doc["claims"] = claims_table(doc)
+    md, page = render_markdown(doc), render_html(doc)
+    assert "## Claims: what establishes each property" in md
+    for row in doc["claims"]:
+        assert row["property"] in md and row["property"] in page

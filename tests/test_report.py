@@ -38,7 +38,7 @@ def _load_fixtures() -> ModuleType:
 
 fx = _load_fixtures()
 
-SECTION_IDS = ["summary", "invariants", "proof-matrix", "seeded-bugs", "bmc", "lockstep", "conformance",
+SECTION_IDS = ["summary", "invariants", "claims", "proof-matrix", "seeded-bugs", "bmc", "lockstep", "conformance",
                "traces", "reference-differences", "failures"]
 
 
@@ -311,7 +311,7 @@ def _md_tables(md: str) -> Iterator[list[str]]:
 
 def test_markdown_sections_and_counts(failing: dict[str, Any], failing_md: str) -> None:
     headings = re.findall(r"^## (.+)$", failing_md, re.M)
-    assert headings == ["Invariants", "Proof matrix", "Seeded bugs", "Bounded model checking",
+    assert headings == ["Invariants", "Claims", "Proof matrix", "Seeded bugs", "Bounded model checking",
                         "Differential statistics", "Conformance", "Trace and event files",
                         "Reference differences", "Failures"]
     assert failing_md.startswith("# kvpool verify — FAILED")

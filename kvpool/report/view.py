@@ -80,7 +80,7 @@ def build(doc: Doc) -> Report:
     """The report for ``doc``; sections always appear, in this order, whatever the run included."""
     failing = _failing_cases(doc)
     return Report(f"kvpool verify — {_verdict(doc)}", (
-        _summary(doc, failing), _invariants(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
+        _summary(doc, failing), _invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
         _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc), _failures(doc, failing)))
 
 
@@ -193,6 +193,22 @@ def _invariants(doc: Doc) -> Section:
                  for i in doc.get("invariants", []))
     return Section("invariants", "Invariants", "Invariants", (
         Table(("invariant", "meaning", Wording("z3-encoded", "encoded")), rows),))
+
+
+def _claims(doc: Doc) -> Section:
+    """How each property is known: the reviewer's one page (``kvpool claims``)."""
+    claims = doc.get("claims")
+    if not claims:
+        return Section("claims", "Claims", "Claims", (
+            Para("This document carries no claims table (kvpool claims --from FILE rebuilds it).",
+                 muted=True),))
+    rows = tuple(Row((Code(str(c.get("property"))), str(c.get("kind", "")), str(c.get("z3", "")),
+                      str(c.get("bmc", "")),
+                      ", ".join(c.get("bugs") or []) if c.get("bugs") is not None else "not run"))
+                 for c in claims)
+    return Section("claims", "Claims: what establishes each property", "Claims", (
+        Table(("property", "kind", "z3, any pool size", "bounded model checking",
+               "seeded bugs that break it"), rows),))
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool import __version__
+from kvpool.claims import claims_table
 
 from .budget import SCHEMA, Budget
 from .phases import Phase
@@ -45,11 +46,14 @@ def document(phases: Sequence[Phase], profile: str, budget: Budget, started: dat
     ok = all(p.ok for p in phases)
     budget_json = asdict(budget)
     budget_json["bmc_pools"] = [list(p) for p in budget.bmc_pools]
-    return {"schema": SCHEMA, "kvpool_version": __version__,
-            "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 3),
-            "profile": profile, "budget": budget_json, "ok": ok, "exit_code": 0 if ok else 1,
-            "invariants": invariants_table(), "reference_differences": reference_differences(),
-            "phases": [p.as_json() for p in phases]}
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "kvpool_version": __version__,
+        "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 3),
+        "profile": profile, "budget": budget_json, "ok": ok, "exit_code": 0 if ok else 1,
+        "invariants": invariants_table(), "reference_differences": reference_differences(),
+        "phases": [p.as_json() for p in phases]}
+    doc["claims"] = claims_table(doc)
+    return doc
 
 
 def _trace_text(fail: dict[str, Any]) -> str:
