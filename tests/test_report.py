@@ -38,8 +38,8 @@ def _load_fixtures() -> ModuleType:
 
 fx = _load_fixtures()
 
-SECTION_IDS = ["summary", "invariants", "claims", "proof-matrix", "seeded-bugs", "bmc", "lockstep", "conformance",
-               "traces", "reference-differences", "failures"]
+SECTION_IDS = ["summary", "invariants", "claims", "proof-matrix", "seeded-bugs", "bmc", "lockstep",
+               "conformance", "traces", "reference-differences", "failures"]
 
 
 @pytest.fixture(scope="module")

@@ -80,8 +80,9 @@ def build(doc: Doc) -> Report:
     """The report for ``doc``; sections always appear, in this order, whatever the run included."""
     failing = _failing_cases(doc)
     return Report(f"kvpool verify — {_verdict(doc)}", (
-        _summary(doc, failing), _invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
-        _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc), _failures(doc, failing)))
+        _summary(doc, failing), _invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc),
+        _bmc(doc), _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc),
+        _failures(doc, failing)))
 
 
 # --------------------------------------------------------------------------
