@@ -143,11 +143,11 @@ def _toml_value(value: object) -> str:
 def _copy_tree(dest: Path, tests_only: bool = False) -> None:
     for rel in _git_files():
         top, _, rest = rel.partition("/")
-        if tests_only and top not in ("tests", ".github"):
+        if tests_only and top != "tests":
             continue
         if top in PACKAGE_DIRS and rest:
             out = dest / PACKAGE_DIRS[top] / rest
-        elif top in ("tests", ".github") and rest:  # .github: a test checks the weekly workflow
+        elif top == "tests" and rest:
             out = dest / rel
         else:
             continue
@@ -172,7 +172,6 @@ def stage(target: str, dest: Path) -> None:
         "",
         "[tool.mutmut]",
         'source_paths = ["kvpool"]',
-        'also_copy = [".github"]',
         f'only_mutate = ["kvpool/{target}/*"]',
         f"pytest_add_cli_args_test_selection = {_toml_value(KILLERS[target])}",
         "pytest_add_cli_args = []",  # mutmut adds -x -q itself
