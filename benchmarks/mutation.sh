@@ -9,10 +9,13 @@
 # Installs mutmut into its own venv (.venv-mutation, ignored by git), copies the tree into
 # a staging folder in the layout the package installs as, and runs mutmut there with ONE
 # worker: the checkout itself is never mutated, so tests can run on it meanwhile.
-# Killers: impl/ <- unit, misuse, callbacks, lockstep, hashing tests; model/ <- model
-# scenarios, proofs agreement, BMC (kvpool.proofs.bmc explores the model and checks every
-# invariant).  The `ci` Hypothesis profile; mutmut's per-mutant CPU limit is
-# (duration of the tests covering the mutant + 1 s) x 8.
+# Killers (KILLERS in benchmarks/mutation_run.py): impl/ <- impl unit and impl events,
+# misuse, callbacks, lockstep, hashing tests and the refusal table
+# (tests/test_mutation_killers.py); model/ <- model scenarios, proofs agreement, BMC
+# (kvpool.proofs.bmc explores the model and checks every invariant), the refusal table and
+# model killers (tests/test_mutation_killers.py), and the impl unit and impl events tests
+# (two of their killers run the model too).  The `ci` Hypothesis profile; mutmut's
+# per-mutant CPU limit is (duration of the tests covering the mutant + 1 s) x 8.
 #
 # Environment: MUTATION_VENV (default .venv-mutation), MUTATION_WORK (default
 # .venv-mutation/work; one folder per target, kept for `mutmut show NAME` afterwards),

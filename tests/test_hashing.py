@@ -1,24 +1,37 @@
-"""Block hashing: chained, stable across processes, and injective on its inputs."""
+"""Block hashing: chained, stable across processes, and injective on its inputs; the block-key
+encoding as documented, multimodal windows and scans, the extra keys of a chunk, prompt
+embeddings, the coarse hash view and the environment flags of ``kvpool.impl.keys``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
+import struct
 import subprocess
 import sys
+import types
+from array import array
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvpool.impl import BlockPool
+from kvpool.impl import events as ev
 from kvpool.impl.hashing import (
     NONE_HASH,
     BlockHashListWithBlockSize,
     generate_block_hash_extra_keys,
+    get_mm_features_in_window,
     get_request_block_hasher,
     hash_block_tokens,
     resolve_block_hashes,
     to_event_extra_keys,
 )
-from kvpool.impl.keys import get_block_hash, get_group_id, make_block_hash_with_group_id
+from kvpool.impl.keys import _env_flag, get_block_hash, get_group_id, make_block_hash_with_group_id
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 
 tokens = st.lists(st.integers(min_value=0, max_value=2**40), max_size=8)
@@ -102,3 +115,237 @@ def test_coarser_block_size_uses_the_last_fine_hash() -> None:
 def test_keys_pack_and_unpack(block_hash: bytes, group: int) -> None:
     key = make_block_hash_with_group_id(block_hash, group)
     assert get_block_hash(key) == block_hash and get_group_id(key) == group
+
+
+# --------------------------------------------------------------------------- keys
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("0", False), ("false", False), (" FALSE ", False), ("No", False), ("off", False), ("", False),
+    (" ", False), ("1", True), ("true", True), ("yes", True), ("on", True), ("anything", True),
+])
+def test_env_flag_parses_like_vllm(raw: str, expected: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVPOOL_TEST_FLAG", raw)
+    assert _env_flag("KVPOOL_TEST_FLAG", not expected) is expected
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_env_flag_unset_gives_the_default(default: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVPOOL_TEST_FLAG", raising=False)
+    assert _env_flag("KVPOOL_TEST_FLAG", default) is default
+
+
+# ------------------------------------------------------------ multimodal windows
+
+
+def _features(spans: list[tuple[int, int]]) -> list[MultiModalFeature]:
+    return [MultiModalFeature(f"item{i}", PlaceholderRange(offset=o, length=n))
+            for i, (o, n) in enumerate(spans)]
+
+
+# Offset-sorted, non-overlapping layouts of items with positive length over 12 tokens.
+_LAYOUTS = [
+    [], [(0, 1)], [(0, 12)], [(3, 3)], [(2, 2), (4, 4)], [(1, 2), (5, 1), (8, 3)],
+    [(0, 4), (4, 4), (8, 4)], [(2, 6)], [(6, 2), (9, 3)], [(11, 1)], [(0, 2), (7, 5)],
+]
+
+
+@pytest.mark.parametrize("spans", _LAYOUTS)
+def test_mm_window_is_the_range_of_overlapping_items(spans: list[tuple[int, int]]) -> None:
+    feats: Any = _features(spans)  # frozen dataclasses satisfy the read-only protocol
+    for start, end in itertools.combinations(range(14), 2):
+        overlapping = [i for i, (o, n) in enumerate(spans) if o < end and o + n > start]
+        if overlapping:
+            want = (overlapping[0], overlapping[-1] + 1)
+        else:  # empty range: both ends at the first item after the window's start
+            lo = next((i for i, (o, n) in enumerate(spans) if o + n > start), len(spans))
+            want = (lo, lo)
+        assert get_mm_features_in_window(feats, start, end) == want, (start, end)
+
+
+def _mm_request(spans: list[tuple[int, int]], hbs: int) -> Request:
+    return Request("mm", list(range(12)), mm_features=_features(spans),
+                   block_hasher=get_request_block_hasher(hbs))
+
+
+@pytest.mark.parametrize("hbs", [1, 2, 3, 4])
+@pytest.mark.parametrize("spans", _LAYOUTS)
+def test_chunk_extra_keys_are_the_keys_the_hasher_used(spans: list[tuple[int, int]], hbs: int) -> None:
+    """A partial-block event's extra keys (``extra_keys_of_chunk``) are the chunk's own keys:
+    scanned from the first item, and they reproduce the request's block hash."""
+    req = _mm_request(spans, hbs)
+    parent: bytes | None = None
+    for k, block_hash in enumerate(req.block_hashes):
+        start, end = k * hbs, (k + 1) * hbs
+        keys = ev.extra_keys_of_chunk(req, start, end)
+        assert keys == generate_block_hash_extra_keys(req, start, end, 0)[0]
+        mm = [(f"item{i}", o - start) for i, (o, n) in enumerate(spans) if o < end and o + n > start]
+        assert keys == (tuple(("mm", ident, off) for ident, off in mm) or None)
+        assert hash_block_tokens(parent, req.all_token_ids[start:end], keys) == block_hash
+        parent = block_hash
+
+
+def _reference_mm_scan(spans: list[tuple[int, int]], start: int, end: int, idx: int) -> tuple[Any, int]:
+    """vLLM's multimodal scan: from item ``idx`` (negative counts from the end), the items
+    overlapping ``[start, end)`` and the index to resume from (the first item not ending
+    inside the chunk); ``idx`` unchanged when no item ends after ``start``."""
+    if not spans or spans[-1][0] + spans[-1][1] <= start:
+        return None, idx
+    first = idx if idx >= 0 else len(spans) + idx
+    keys = tuple(("mm", f"item{i}", o - start) for i, (o, n) in enumerate(spans)
+                 if i >= first and o < end and o + n > start)
+    nxt = next((i for i in range(first, len(spans)) if spans[i][0] + spans[i][1] > end), len(spans))
+    if nxt < len(spans) and spans[nxt][0] >= end:  # the scan stops at the first item past the chunk
+        keys = tuple(k for k in keys if int(k[1][4:]) < nxt)
+    return keys or None, nxt
+
+
+@pytest.mark.parametrize("spans", _LAYOUTS)
+def test_mm_scan_from_any_start_index(spans: list[tuple[int, int]]) -> None:
+    req = Request("mm", list(range(12)), mm_features=_features(spans))
+    for start, end in itertools.combinations(range(0, 13, 2), 2):
+        for idx in range(-len(spans), len(spans) + 1):
+            got = generate_block_hash_extra_keys(req, start, end, idx)
+            assert got == _reference_mm_scan(spans, start, end, idx), (start, end, idx)
+
+
+@pytest.mark.parametrize("spans", _LAYOUTS)
+def test_hasher_resumes_with_the_right_items(spans: list[tuple[int, int]]) -> None:
+    """Hashing a request token by token gives the hashes of hashing it at once."""
+    whole = _mm_request(spans, 2)
+    grown = Request("mm", [0], mm_features=_features(spans), block_hasher=get_request_block_hasher(2))
+    for t in range(1, 12):
+        grown.append_output_token_ids(t)
+    assert grown.block_hashes == whole.block_hashes and len(whole.block_hashes) == 6
+
+
+# ------------------------------------------------------------- hash encoding
+
+
+def _spec_encode(obj: Any) -> bytes:
+    """The block-key encoding as documented in kvpool.impl.hashing, written out again:
+    a one-letter type tag, a big-endian length, then the payload."""
+    if obj is None:
+        return b"N"
+    if isinstance(obj, bool):
+        return b"T" if obj else b"F"
+    if isinstance(obj, int):
+        raw = obj.to_bytes((obj.bit_length() + 8) // 8, "big", signed=True)
+        return b"I" + struct.pack(">I", len(raw)) + raw
+    if isinstance(obj, str):
+        raw = obj.encode("utf-8", "surrogatepass")
+        return b"S" + struct.pack(">Q", len(raw)) + raw
+    if isinstance(obj, bytes):
+        return b"B" + struct.pack(">Q", len(obj)) + obj
+    assert isinstance(obj, (tuple, list))
+    return b"L" + struct.pack(">Q", len(obj)) + b"".join(_spec_encode(x) for x in obj)
+
+
+def _spec_hash(parent: bytes | None, tokens: list[int], extra: Any) -> bytes:
+    if all(-(2**63) <= t < 2**63 for t in tokens):
+        packed = b"Q" + struct.pack(">Q", len(tokens)) + array("q", tokens).tobytes()
+    else:
+        packed = _spec_encode(tuple(tokens))
+    return hashlib.sha256(_spec_encode(parent or NONE_HASH) + packed + _spec_encode(extra)).digest()
+
+
+@pytest.mark.parametrize("extra", [
+    None, (None,), (True,), (False,), (True, False, None), (0,), (-1,), (255,), (-(2**70), 2**70),
+    ("", "s", "\udc80"), (b"", b"xy"), ((), [1, [2, None]]), (("lora", "a", "/p"), ("mm", "i", -3)),
+])
+@pytest.mark.parametrize("tokens", [[], [1, 2], [-5, 2**63 - 1], [2**63, 1]])
+def test_block_hash_is_sha256_of_the_documented_encoding(extra: Any, tokens: list[int]) -> None:
+    for parent in (None, b"", b"parent"):
+        assert hash_block_tokens(parent, tokens, extra) == _spec_hash(parent, tokens, extra)
+
+
+# --------------------------------------------------------------- prompt embeds
+
+
+class _FakeTorch(types.ModuleType):
+    uint8 = "uint8"
+
+
+class _FakeTensor:
+    """Just enough of a torch tensor: slicing, flatten, contiguous, view(uint8), numpy."""
+
+    def __init__(self, rows: list[bytes]) -> None:
+        self.rows = rows
+
+    def __getitem__(self, idx: slice) -> _FakeTensor:
+        return _FakeTensor(self.rows[idx])
+
+    def flatten(self) -> _FakeTensor:
+        return _FakeTensor([b"".join(self.rows)])
+
+    def contiguous(self) -> _FakeTensor:
+        return self
+
+    def view(self, dtype: Any) -> _FakeTensor:
+        assert dtype == "uint8"
+        return self
+
+    def numpy(self) -> bytes:
+        return b"".join(self.rows)
+
+
+def _embeds_keys(embeds: Any, start: int, end: int) -> tuple[Any, ...] | None:
+    req = Request("e", list(range(8)), prompt_embeds=embeds)
+    return generate_block_hash_extra_keys(req, start, end, 0)[0]
+
+
+def test_prompt_embeds_key_is_the_digest_of_the_chunk_bytes() -> None:
+    embeds = bytes(range(8))  # a buffer: one byte per token
+    assert _embeds_keys(embeds, 2, 6) == (("prompt_embeds", hashlib.sha256(embeds[2:6]).digest()),)
+
+
+def test_prompt_embeds_of_a_tensor_hash_its_raw_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch("torch"))
+    rows = [bytes([i, i + 100]) for i in range(8)]
+    got = _embeds_keys(_FakeTensor(rows), 2, 6)
+    assert got == (("prompt_embeds", hashlib.sha256(b"".join(rows[2:6])).digest()),)
+
+
+class _BytesWithView(bytes):
+    """A buffer with a ``view`` method but no ``contiguous``: not a torch tensor."""
+
+    def view(self, *args: Any) -> Any:
+        raise AssertionError("a buffer is hashed through memoryview, not as a tensor")
+
+
+class _Rows:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __getitem__(self, idx: slice) -> _BytesWithView:
+        return _BytesWithView(self.data[idx])
+
+
+def test_only_tensors_take_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch would fail
+    data = bytes(range(10, 18))
+    assert _embeds_keys(_Rows(data), 4, 8) == (("prompt_embeds", hashlib.sha256(data[4:8]).digest()),)
+
+
+def test_request_needs_only_the_documented_attributes() -> None:
+    """Any object with vLLM's Request attributes works (README): no ``prompt_embeds`` needed."""
+    full = Request("q", list(range(8)), block_hasher=get_request_block_hasher(2))
+    bare: Any = types.SimpleNamespace(
+        block_hashes=list(full.block_hashes), all_token_ids=list(full.all_token_ids), lora_request=None,
+        mm_features=[], cache_salt=None, session_id=None)
+    events = []
+    for req in (full, bare):
+        pool = BlockPool(4, True, 2, enable_kv_cache_events=True)
+        blocks = pool.get_new_blocks(2)
+        pool.cache_full_blocks(req, blocks, 0, 2, 4, 0)
+        pool.cache_partial_block(req, blocks[1], 6, 0, 8)
+        events.append(pool.take_events())
+    assert events[0] == events[1] and len(events[0]) == 2
+
+
+# ------------------------------------------------------------ the coarse hash view
+
+
+def test_coarse_view_refuses_a_zero_hash_block_size() -> None:
+    with pytest.raises(ValueError, match="positive multiple"):
+        BlockHashListWithBlockSize([b"a"], 0, 4)

@@ -7,8 +7,10 @@ point there.  Choices the reference leaves open follow ``kvpool.model.actions``.
 
 from __future__ import annotations
 
+import itertools
+import types
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -28,13 +30,16 @@ from kvpool.impl import (
     LoRARequest,
     NotEnoughFreeBlocksError,
     Request,
+    UnknownBlockError,
     get_block_hash,
     get_group_id,
     get_request_block_hasher,
     make_block_hash_with_group_id,
 )
 from kvpool.impl.events import event_fields
+from kvpool.impl.hashing import resolve_block_hashes
 from kvpool.impl.keys import maybe_convert_block_hash
+from kvpool.model import ACTIONS, QUERIES, initial_state
 from kvpool.oracle.observe import free_queue_link_errors, snapshot
 
 HBS = 2  # hash_block_size of the pools below
@@ -333,6 +338,77 @@ def test_free_blocks_over_free_in_the_second_pool_is_refused_before_either_chang
     assert my_block.ref_cnt == 1
 
 
+@pytest.mark.parametrize("bad", [0, 1, 2])
+@pytest.mark.parametrize("how", ["unpin", "free", "free_iter"])
+def test_refused_release_changes_no_reference(how: str, bad: int) -> None:
+    """An over-release anywhere in the list is refused and every count stays as it was."""
+    pool = BlockPool(8, True, 2)
+    blocks = pool.get_new_blocks(4)
+    pool.touch([blocks[0]])
+    listed = [blocks[0], blocks[1], blocks[2]]
+    listed[bad] = pool.blocks[6]  # a free block: one release too many
+    before = snapshot(pool)
+    with pytest.raises(BlockNotInUseError):
+        if how == "unpin":
+            pool.unpin_blocks(listed, RecordingWatcher())
+        elif how == "free":
+            pool.free_blocks(listed)
+        else:
+            pool.free_blocks(x for x in listed)
+    assert snapshot(pool) == before
+    assert [b.ref_cnt for b in pool.blocks] == [0, 2, 1, 1, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_refused_free_with_a_block_of_another_pool_changes_no_reference(order: tuple[int, ...]) -> None:
+    mine, theirs = BlockPool(6, True, 2), BlockPool(4, True, 2)
+    used = mine.get_new_blocks(2)
+    (their_block,) = theirs.get_new_blocks(1)
+    listed = [[used[0], their_block, mine.blocks[5]][i] for i in order] + [used[1]]
+    before = snapshot(mine), snapshot(theirs)
+    with pytest.raises(BlockNotInUseError):
+        mine.free_blocks(listed)
+    assert (snapshot(mine), snapshot(theirs)) == before
+
+
+@pytest.mark.parametrize("holder", [False, True])
+def test_object_posing_as_a_block_of_another_pool_is_refused(holder: bool) -> None:
+    """Refused by this pool, or (naming a holder too) by the pool it claims; nothing changes."""
+    mine, theirs = BlockPool(4, True, 2), BlockPool(4, True, 2)
+    (block,) = theirs.get_new_blocks(1)
+    (own,) = mine.get_new_blocks(1)
+    poser: Any = types.SimpleNamespace(pool=theirs, **({"_holder": theirs} if holder else {}))
+    with pytest.raises(UnknownBlockError, match=r"^free: not a KV-cache block: "):
+        mine.free_blocks([own, block, poser])
+    assert block.ref_cnt == 1 and theirs.get_num_free_blocks() == 2
+    assert own.ref_cnt == 1 and mine.get_num_free_blocks() == 2
+
+
+def test_freeing_a_shared_block_of_another_pool_keeps_its_other_references() -> None:
+    mine, theirs = BlockPool(4, True, 2), BlockPool(4, True, 2)
+    (block,) = theirs.get_new_blocks(1)
+    theirs.touch([block, block])  # three references
+    mine.free_blocks([block])
+    assert block.ref_cnt == 2 and theirs.get_num_free_blocks() == 2
+    mine.free_blocks([block, block])
+    assert block.ref_cnt == 0 and theirs.get_num_free_blocks() == 3
+
+
+def test_over_freeing_a_block_of_another_pool_is_refused_and_named() -> None:
+    mine, theirs = BlockPool(4, True, 2), BlockPool(4, True, 2)
+    (block,) = theirs.get_new_blocks(1)
+    with pytest.raises(ValueError, match=f"free block {block.block_id}: more releases"):
+        mine.free_blocks([block, block])
+    assert block.ref_cnt == 1
+
+
+def test_block_of_no_pool_is_refused_and_named() -> None:
+    pool = BlockPool(4, True, 2)
+    stray = type(pool.blocks[1])(7)
+    with pytest.raises(UnknownBlockError, match="belongs to no pool"):
+        pool.free_blocks([stray])
+
+
 # ---------------------------------------------------------------------------- touch
 
 
@@ -380,6 +456,80 @@ def test_touch_reports_each_access_to_metrics() -> None:
     metrics.calls.clear()
     pool.touch([block, pool.null_block, block])
     assert metrics.calls == [("accessed", 1), ("accessed", 0), ("accessed", 1)]
+
+
+def test_touch_takes_any_iterable_of_blocks() -> None:
+    metrics = RecordingMetrics()
+    pool = BlockPool(6, True, 2, metrics_collector=metrics)
+    b = pool.blocks
+    pool.touch((b[2], b[3]))
+    pool.touch(cast(Any, (x for x in [b[4], b[2]])))  # any iterable, not only sequences
+    assert metrics.calls == [("accessed", i) for i in (2, 3, 4, 2)]
+    assert [b[i].ref_cnt for i in range(1, 6)] == [0, 2, 1, 1, 0]
+    with pytest.raises(UnknownBlockError):
+        pool.touch(cast(Any, (x for x in [b[5], b[1], BlockPool(3, True, 2).blocks[1]])))
+    assert [x.block_id for x in pool.free_block_queue.get_all_free_blocks()] == [1, 5]
+    assert b[1].ref_cnt == b[5].ref_cnt == 0 and metrics.calls == [("accessed", i) for i in (2, 3, 4, 2)]
+
+
+def test_refused_touch_relinks_the_free_queue_both_ways() -> None:
+    pool = BlockPool(8, True, 2)
+    stranger = BlockPool(4, True, 2).blocks[1]
+    b = pool.blocks
+    with pytest.raises(UnknownBlockError):
+        pool.touch([b[3], b[5], b[4], stranger])
+    assert free_queue_link_errors(pool.free_block_queue) == []
+    pool.touch([b[4]])  # unlinking uses both neighbours' links
+    pool.touch([b[6]])
+    pool.touch([b[3]])
+    assert [x.block_id for x in pool.free_block_queue.get_all_free_blocks()] == [1, 2, 5, 7]
+    assert free_queue_link_errors(pool.free_block_queue) == []
+
+
+def _links(pool: BlockPool) -> list[tuple[int, Any, Any]]:
+    """Every block's ref count and free-queue neighbours, by id (a full picture of the queue)."""
+    return [(b.ref_cnt, getattr(b.prev_free_block, "block_id", b.prev_free_block),
+             getattr(b.next_free_block, "block_id", b.next_free_block)) for b in pool.blocks]
+
+
+def test_touch_unlinks_an_idle_block_completely() -> None:
+    """A touched idle block leaves the queue with both links None, as vLLM's remove() leaves it."""
+    pool = BlockPool(6, True, 1)
+    block = pool.blocks[3]
+    pool.touch([block])
+    assert block.prev_free_block is None and block.next_free_block is None
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [1, 2, 4, 5]
+
+
+def test_refused_touch_undoes_by_what_it_unlinked_not_by_ref_counts() -> None:
+    """A block the caller took out of the queue by hand (idle, yet held) is not relinked on undo."""
+    pool = BlockPool(8, True, 1)
+    loose = pool.blocks[4]
+    pool.free_block_queue.remove(loose)
+    before, free_before = _links(pool), pool.get_num_free_blocks()
+    with pytest.raises(UnknownBlockError, match=r"^touch: "):
+        pool.touch([pool.blocks[2], loose, pool.blocks[6], pool.blocks[2], KVCacheBlock(3)])
+    assert _links(pool) == before and pool.get_num_free_blocks() == free_before
+    assert [b.ref_cnt for b in pool.blocks] == [0] * 8
+    assert free_queue_link_errors(pool.free_block_queue) == []
+
+
+@pytest.mark.parametrize("cut", ["both", "prev", "next"])
+def test_touch_refuses_an_idle_block_missing_from_the_queue_and_changes_nothing(cut: str) -> None:
+    """An idle block not (fully) linked into the queue is refused by name; earlier blocks are undone."""
+    pool = BlockPool(8, True, 1)
+    held = pool.get_new_blocks(1)[0]
+    loose = pool.blocks[5]
+    if cut == "both":
+        loose.prev_free_block = loose.next_free_block = None
+    elif cut == "prev":
+        loose.prev_free_block = None
+    else:
+        loose.next_free_block = None
+    before, free_before = _links(pool), pool.get_num_free_blocks()
+    with pytest.raises(UnknownBlockError, match=r"^touch: block 5 is not in the free queue$"):
+        pool.touch([held, pool.blocks[2], pool.blocks[3], loose, pool.blocks[4]])
+    assert _links(pool) == before and pool.get_num_free_blocks() == free_before
 
 
 # --------------------------------------------------------------------- unpin_blocks
@@ -706,6 +856,29 @@ def test_cache_partial_block_of_the_null_block_returns_none_and_changes_nothing(
     assert snapshot(pool) == before
 
 
+@pytest.mark.parametrize("group", [0, 1, 63, 64, 65, 1000, 2**31, 2**32 - 1, False, True])
+def test_any_32_bit_group_id_keys_like_the_model(group: int) -> None:
+    req = make_request(range(8))
+    pool = BlockPool(4, True, 2, enable_kv_cache_events=True)
+    (blk,) = pool.get_new_blocks(1)
+    hashes = resolve_block_hashes(req.block_hashes, 2, 4)
+    pool.cache_full_blocks(req, [blk], 0, 1, 4, group)
+    state, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2, events_on=True), 1)
+    state, _ = ACTIONS["cache_full_blocks"](state, req, [1], 0, 1, 4, group)
+    primary = state.primary[1]
+    assert primary is not None
+    assert blk.block_hash == make_block_hash_with_group_id(hashes[0], group)
+    assert primary.key == (hashes[0], group)
+    assert pool.get_cached_block(hashes[0], [group]) == [blk]
+    assert QUERIES["get_cached_block"](state, hashes[0], [group]) == [1]
+    key = pool.cache_partial_block(req, blk, 6, group, 8)
+    state, model_key = ACTIONS["cache_partial_block"](state, req, 1, 6, group, 8)
+    assert key == make_block_hash_with_group_id(req.block_hashes[2], group) == blk.block_hash
+    assert model_key == (req.block_hashes[2], group)
+    # stored, removed (the block grew), stored
+    assert [cast(Any, e).group_idx for e in pool.take_events()] == [group, group, group]
+
+
 # --------------------------------------------------------------- move_block_hashes
 
 
@@ -948,6 +1121,25 @@ def test_kv_cache_block_takes_the_reference_dataclass_fields() -> None:
     assert blk.prev_free_block is head and blk.is_null
 
 
+def test_block_constructor_keeps_vllms_fields() -> None:
+    prev, nxt = KVCacheBlock(1), KVCacheBlock(3)
+    block = KVCacheBlock(2, 5, b"key", 8, prev, nxt, True)
+    assert (block.block_id, block.ref_cnt, block.block_hash, block.block_hash_num_tokens) == (2, 5, b"key", 8)
+    assert block.prev_free_block is prev and block.next_free_block is nxt and block.is_null is True
+    assert block.pool is None
+    assert repr(block) == ("KVCacheBlock(block_id=2, ref_cnt=5, _block_hash=b'key', "
+                           "_block_hash_num_tokens=8, prev_free_block=1, next_free_block=3)")
+
+
+def test_block_hash_conflict_names_the_block() -> None:
+    pool = BlockPool(4, True, 2)
+    block = pool.blocks[2]
+    block.set_block_hash(b"k" * 8, 2)
+    with pytest.raises(BlockHashConflictError, match="block 2 "):
+        block.set_block_hash(b"j" * 8, 4)
+    assert block.block_hash == b"k" * 8 and block.block_hash_num_tokens == 2
+
+
 # ---------------------------------------------------------- FreeKVCacheBlockQueue
 
 
@@ -1092,6 +1284,22 @@ def test_queue_iter_blocks_after_walks_from_a_cursor_to_the_tail() -> None:
     assert ids(list(queue.iter_blocks_after(None))) == [0, 1, 2, 3]
     assert ids(list(queue.iter_blocks_after(blocks[1]))) == [2, 3]
     assert list(queue.iter_blocks_after(blocks[3])) == []
+
+
+def test_free_queue_sentinels_are_block_minus_one_as_in_vllm() -> None:
+    pool = BlockPool(4, True, 2)
+    queue = pool.free_block_queue
+    assert queue.fake_free_list_head.block_id == queue.fake_free_list_tail.block_id == -1
+    assert "prev_free_block=-1" in repr(pool.blocks[1]) and "next_free_block=-1" in repr(pool.blocks[3])
+
+
+def test_removing_a_sentinel_from_the_free_queue_is_refused() -> None:
+    pool = BlockPool(4, True, 2)
+    queue = pool.free_block_queue
+    for sentinel in (queue.fake_free_list_head, queue.fake_free_list_tail):
+        with pytest.raises(UnknownBlockError):
+            queue.remove(sentinel)
+    assert [b.block_id for b in queue.get_all_free_blocks()] == [1, 2, 3]
 
 
 # ------------------------------------------------------------- BlockHashToBlockMap

@@ -1,4 +1,5 @@
-"""The README's CI recipes: valid files, quoted verbatim, and the pre-commit hook really runs."""
+"""The README's CI recipes (valid files, quoted verbatim, the pre-commit hook really runs) and
+the project's own weekly mutation-testing workflow."""
 
 from __future__ import annotations
 
@@ -83,3 +84,18 @@ def test_the_pre_commit_hook_passes_a_good_pool_and_stops_a_broken_one(pool: str
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == (0 if pool == "good" else 1), done.stdout + done.stderr
     assert ("Passed" if pool == "good" else "FAILED conformance/mypkg.block_pool:BlockPool") in done.stdout
+
+
+# ------------------------------------------------------------ the weekly mutation workflow
+
+
+def test_weekly_mutation_workflow_is_valid() -> None:
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / "mutation-weekly.yml").read_text())
+    assert isinstance(doc, dict) and doc["name"]
+    crons = [entry["cron"] for entry in doc.get("on", doc.get(True))["schedule"]]  # YAML 1.1: `on` is true
+    assert crons and all(len(c.split()) == 5 for c in crons)
+    job = doc["jobs"]["mutation"]
+    assert isinstance(job["runs-on"], str) and int(job["timeout-minutes"]) > 0
+    runs = [step.get("run", "") for step in job["steps"]]
+    assert any("bash benchmarks/mutation.sh all" in r for r in runs)
+    assert any(step.get("uses", "").startswith("actions/checkout@") for step in job["steps"])

@@ -1,0 +1,188 @@
+"""Events of ``kvpool.impl``: ``event_fields``/``from_fields``, switching the event classes
+(``use_event_classes``, ``use_vllm_event_classes``), and what the pool's stored events carry
+(per-block extra keys, partial entries and their parents, the parent hash of a masked range).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, cast
+
+import pytest
+
+from kvpool.impl import BlockPool, LoRARequest, Request, get_request_block_hasher
+from kvpool.impl import events as ev
+from kvpool.impl.errors import InvalidArgumentError
+from kvpool.impl.keys import maybe_convert_block_hash
+from kvpool.impl.request import MultiModalFeature, PlaceholderRange
+from kvpool.model import ACTIONS, Refusal, initial_state
+
+
+def _req(n: int = 8) -> Request:
+    return Request("q", list(range(n)), block_hasher=get_request_block_hasher(2))
+
+
+def _features(spans: list[tuple[int, int]]) -> list[MultiModalFeature]:
+    return [MultiModalFeature(f"item{i}", PlaceholderRange(offset=o, length=n))
+            for i, (o, n) in enumerate(spans)]
+
+
+# ------------------------------------------------------- event fields, event classes
+
+
+def _all_event_kinds() -> list[Any]:
+    pool = BlockPool(6, True, 2, enable_kv_cache_events=True)
+    req = Request("r", list(range(8)), lora_request=LoRARequest("ad", 7, "/p"), cache_salt="s",
+                  session_id="sess", block_hasher=get_request_block_hasher(2))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 4, 3)
+    pool.free_blocks(blocks)
+    pool.evict_blocks([blocks[0].block_id])
+    pool.reset_prefix_cache()
+    return pool.take_events()
+
+
+def test_event_fields_round_trip() -> None:
+    events = _all_event_kinds()
+    assert [type(e).__name__ for e in events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    for event in events:
+        data = ev.event_fields(event)
+        again = ev.from_fields(data)
+        assert again == event and type(again) is type(event)
+        assert data == ev.event_fields(again)  # from_fields does not consume its argument
+
+
+def _fake_event_classes() -> tuple[type, type, type]:
+    class Stored:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+    class Removed(Stored):
+        pass
+
+    class Cleared(Stored):
+        pass
+
+    return Stored, Removed, Cleared
+
+
+def test_use_event_classes_switches_and_returns_the_previous_ones() -> None:
+    stored, removed, cleared = _fake_event_classes()
+    previous = ev.use_event_classes(stored, removed, cleared)
+    try:
+        assert previous == (ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared)
+        out = _all_event_kinds()
+        assert [type(e) for e in out] == [stored, removed, cleared]
+        assert out[1].kw == {"block_hashes": out[0].kw["block_hashes"][:1], "medium": "GPU", "group_idx": 3}
+    finally:
+        back = ev.use_event_classes(*previous)
+    assert back == (stored, removed, cleared)
+    assert [type(e) for e in _all_event_kinds()] == [ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared]
+
+
+def test_use_vllm_event_classes_takes_them_from_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    stored, removed, cleared = _fake_event_classes()
+    fake = types.ModuleType("vllm.distributed.kv_events")
+    fake.BlockStored, fake.BlockRemoved, fake.AllBlocksCleared = stored, removed, cleared  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.distributed"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.distributed.kv_events", fake)
+    previous = ev.use_vllm_event_classes()
+    try:
+        assert previous == (ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared)
+        assert (ev.EventClasses.stored, ev.EventClasses.removed, ev.EventClasses.cleared) == (
+            stored, removed, cleared)
+    finally:
+        ev.use_event_classes(*previous)
+
+
+# ------------------------------------------------------- what stored events carry
+
+
+@pytest.mark.parametrize("events", [True, False])
+def test_masked_range_needs_the_parent_hash_only_for_events(events: bool) -> None:
+    """With nothing to store, ``cache_full_blocks`` still needs the parent's hash for the
+    event, so a request too short for it is refused when (and only when) events are on."""
+    req = _req()  # two hashes at block size 4
+    pool = BlockPool(6, True, 2, enable_kv_cache_events=events)
+    (blk,) = pool.get_new_blocks(1)
+    listed = [pool.null_block] * 3 + [blk]
+    state, _ = ACTIONS["get_new_blocks"](initial_state(6, True, 2, events_on=events), 1)
+    for short in (_req(2), _req(0)):  # nothing stored, no event: no hash needed at all
+        if not events:
+            pool.cache_full_blocks(short, [blk], 0, 1, 4, 0, block_mask=[False])
+            assert ACTIONS["cache_full_blocks"](state, short, [1], 0, 1, 4, 0, [False])[0] == state
+    if events:
+        with pytest.raises(InvalidArgumentError, match=r"^request has 2 block hashes, want 3$"):
+            pool.cache_full_blocks(req, listed, 3, 4, 4, 0, block_mask=[False])
+        with pytest.raises(Refusal, match=r"^request has 2 block hashes, want 3$"):
+            ACTIONS["cache_full_blocks"](state, req, [0, 0, 0, 1], 3, 4, 4, 0, [False])
+    else:
+        pool.cache_full_blocks(req, listed, 3, 4, 4, 0, block_mask=[False])
+        assert blk.block_hash is None and pool.take_events() == []
+        after, _ = ACTIONS["cache_full_blocks"](state, req, [0, 0, 0, 1], 3, 4, 4, 0, [False])
+        assert after == state
+
+
+def _partial_pool() -> tuple[BlockPool, Request, Request]:
+    pool = BlockPool(8, True, 2, enable_kv_cache_events=True)
+    a = Request("a", list(range(16)), block_hasher=get_request_block_hasher(2))
+    b = Request("b", list(range(100, 116)), block_hasher=get_request_block_hasher(2))
+    return pool, a, b
+
+
+@pytest.mark.parametrize("b_tokens", [2, 6])
+def test_partial_entry_of_equal_or_shorter_prefix_is_added_once(b_tokens: int) -> None:
+    pool, a, b = _partial_pool()
+    (blk,) = pool.get_new_blocks(1)
+    key_a = pool.cache_partial_block(a, blk, 6, 0, 8)
+    key_b = pool.cache_partial_block(b, blk, b_tokens, 0, 8)
+    assert pool.take_events() == [
+        ev.BlockStored([maybe_convert_block_hash(a.block_hashes[2])],
+                       maybe_convert_block_hash(a.block_hashes[1]), [4, 5], 2, None, "GPU", None,
+                       extra_keys=[None], group_idx=0),
+        ev.BlockStored([maybe_convert_block_hash(b.block_hashes[b_tokens // 2 - 1])],
+                       maybe_convert_block_hash(b.block_hashes[b_tokens // 2 - 2]) if b_tokens > 2 else None,
+                       b.all_token_ids[b_tokens - 2:b_tokens], 2, None, "GPU", None, extra_keys=[None],
+                       group_idx=0),
+    ]
+    assert pool.cache_partial_block(b, blk, b_tokens, 0, 8) == key_b  # already there: nothing new
+    assert pool.cache_partial_block(a, blk, 6, 0, 8) == key_a
+    assert pool.take_events() == []
+    assert pool.get_cached_block(a.block_hashes[2], [0]) == [blk]
+    assert pool.get_cached_block(b.block_hashes[b_tokens // 2 - 1], [0]) == [blk]
+    assert blk.block_hash == key_a and blk.block_hash_num_tokens == 6
+
+
+def test_partial_entry_event_names_its_parent_chunk() -> None:
+    pool, a, _ = _partial_pool()
+    (blk,) = pool.get_new_blocks(1)
+    pool.cache_partial_block(a, blk, 4, 0, 8)
+    (stored,) = cast(list[Any], pool.take_events())
+    assert stored.parent_block_hash == maybe_convert_block_hash(a.block_hashes[0])
+    assert stored.block_hashes == [maybe_convert_block_hash(a.block_hashes[1])]
+
+
+def test_stored_event_extra_keys_are_per_block_keys() -> None:
+    """``BlockStored.extra_keys`` has, per stored block, the LoRA, the multimodal items
+    overlapping the block (offset from the block's start) and the salt on the first block."""
+    spans = [(1, 2), (3, 6), (13, 1), (15, 4)]
+    bs, n = 4, 5
+    req = Request("x", list(range(n * bs)), lora_request=LoRARequest("ad", 1, "/p"), cache_salt="s",
+                  mm_features=_features(spans), block_hasher=get_request_block_hasher(2))
+
+    def want(i: int) -> tuple[Any, ...]:
+        start, end = i * bs, (i + 1) * bs
+        mm = tuple((f"item{k}", o - start) for k, (o, ln) in enumerate(spans) if o < end and o + ln > start)
+        return ("ad", *mm, *(("s",) if i == 0 else ()))
+
+    pool = BlockPool(8, True, 2, enable_kv_cache_events=True)
+    blocks = pool.get_new_blocks(n)
+    pool.cache_full_blocks(req, blocks, 0, 2, bs, 0)
+    pool.cache_full_blocks(req, blocks, 2, n, bs, 0, block_mask=[True, False, True])
+    pool.emit_cached_block_events(req, n, bs, 0)
+    first, second, hits = cast(list[Any], pool.take_events())
+    assert first.extra_keys == [want(0), want(1)]
+    assert second.extra_keys == [want(2), want(4)]
+    assert hits.extra_keys == [want(i) for i in range(n)]
