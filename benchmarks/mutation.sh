@@ -11,10 +11,10 @@
 # worker: the checkout itself is never mutated, so tests can run on it meanwhile.
 # Killers (KILLERS in benchmarks/mutation_run.py): impl/ <- impl unit and impl events,
 # misuse, callbacks, lockstep, hashing tests and the refusal table
-# (tests/test_mutation_killers.py); model/ <- model scenarios, proofs agreement, BMC
-# (kvpool.proofs.bmc explores the model and checks every invariant), the refusal table and
-# model killers (tests/test_mutation_killers.py), and the impl unit and impl events tests
-# (two of their killers run the model too).  The `ci` Hypothesis profile; mutmut's
+# (tests/test_refusal_messages.py); model/ <- model scenarios, proofs agreement, BMC
+# (kvpool.proofs.bmc explores the model and checks every invariant and step property), the
+# refusal table, the impl unit and impl events tests (some of their killers run the model
+# too), the lockstep and the registry.  The `ci` Hypothesis profile; mutmut's
 # per-mutant CPU limit is (duration of the tests covering the mutant + 1 s) x 8.
 #
 # Environment: MUTATION_VENV (default .venv-mutation), MUTATION_WORK (default

@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # The killers of each target: fast tests only, run with the ``ci`` Hypothesis profile.  The
-# mutation killers live in the component files (test_hashing, test_impl_unit, test_impl_events);
-# test_mutation_killers.py keeps the pool-and-model refusal table and the model's killers.  Two
-# of the pool's killers (group ids, a masked range's parent hash) also run the model, so the
-# impl files that hold them are killers of model/ too.
+# mutation killers live in the component files (test_hashing, test_impl_unit, test_impl_events,
+# test_model_scenarios); test_refusal_messages.py runs every misuse on the pool and the model.
+# Some of the pool's killers (group ids, a masked range's parent hash) also run the model, and
+# the lockstep compares the model's events with the pool's, so those files kill model/ mutants too.
 KILLERS: dict[str, list[str]] = {
     "impl": [
         "tests/test_impl_unit.py",
@@ -42,21 +42,23 @@ KILLERS: dict[str, list[str]] = {
         "tests/test_callbacks.py",
         "tests/test_lockstep.py",
         "tests/test_hashing.py",
-        "tests/test_mutation_killers.py",
+        "tests/test_refusal_messages.py",
     ],
     "model": [
         "tests/test_model_scenarios.py",
         "tests/test_proofs.py",
         "tests/test_bmc.py",
-        "tests/test_mutation_killers.py",
+        "tests/test_refusal_messages.py",
         "tests/test_impl_unit.py",
         "tests/test_impl_events.py",
+        "tests/test_lockstep.py",
+        "tests/test_registry.py",
     ],
 }
 
 # Folders of the checkout and where they sit in the installed package.
 PACKAGE_DIRS = {"kvpool": "kvpool", "model": "kvpool/model", "impl": "kvpool/impl",
-                "proofs": "kvpool/proofs", "oracle": "kvpool/oracle"}
+                "proofs": "kvpool/proofs", "oracle": "kvpool/oracle", "bugs": "kvpool/bugs"}
 
 # Mutants that no test can kill because they do not change behaviour, by mutmut's name,
 # with the reason.  Names are stable as long as the mutated function is unchanged.

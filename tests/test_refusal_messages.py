@@ -1,15 +1,19 @@
-"""The pool-and-model refusal table and the model's mutation killers, pending their move."""
+"""Every refusal names what was wrong: the pool and the model refuse alike, with the same words.
+
+The same misuse is run on kvpool's pool and on the model: the pool's typed
+error must be the model's refusal kind (as the oracle reads it) and both
+messages must match the same pattern.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from kvpool.impl import (
     BlockPool,
-    LoRARequest,
     Request,
     get_request_block_hasher,
     hash_block_tokens,
@@ -25,18 +29,8 @@ from kvpool.impl.errors import (
     UnknownBlockError,
 )
 from kvpool.impl.hashing import resolve_block_hashes
-from kvpool.impl.keys import make_block_hash_with_group_id
-from kvpool.impl.request import MultiModalFeature, PlaceholderRange
 from kvpool.model import ACTIONS, QUERIES, PoolState, Refusal, RefusalKind, initial_state
-from kvpool.oracle.abstraction import model_event, pool_event, refusal_kind
-from kvpool.oracle.observe import snapshot
-
-
-# Multimodal items item0, item1, ... at the given (offset, length) spans; used by the model tests.
-def _features(spans: list[tuple[int, int]]) -> list[MultiModalFeature]:
-    return [MultiModalFeature(f"item{i}", PlaceholderRange(offset=o, length=n))
-            for i, (o, n) in enumerate(spans)]
-
+from kvpool.oracle.abstraction import refusal_kind
 
 # ------------------------------------------------------------ refusals, named
 # Every refusal says what was wrong: the argument, its value, the block.  The same call is
@@ -230,135 +224,3 @@ def test_reset_logs_as_vllm_does(caplog: pytest.LogCaptureFixture) -> None:
     ]
 
 
-# ------------------------------------------------------------------- the model
-
-
-def test_invariant_decorator_registers_and_returns_the_predicate(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvpool.model import invariants
-
-    monkeypatch.setattr(invariants, "INVARIANTS", dict(invariants.INVARIANTS))
-
-    def never_holds(s: PoolState) -> bool:
-        return False
-
-    assert invariants.invariant(never_holds) is never_holds
-    assert invariants.INVARIANTS["never_holds"] is never_holds
-    assert invariants.violated(initial_state(4, True, 2)) == ["never_holds"]
-
-
-def test_hit_events_carry_only_the_hit_tokens() -> None:
-    req = Request("h", list(range(11)), block_hasher=get_request_block_hasher(2))
-    pool = BlockPool(4, True, 2, enable_kv_cache_events=True)
-    pool.emit_cached_block_events(req, 2, 4, 0)
-    state, _ = ACTIONS["emit_cached_block_events"](initial_state(4, True, 2, events_on=True), req, 2, 4, 0)
-    (event,) = cast(list[Any], pool.take_events())
-    assert [model_event(e) for e in state.events] == [pool_event(event)]
-    assert event.token_ids == list(range(8)) and event.parent_block_hash is None and event.block_size == 4
-
-
-def test_one_token_partial_entry_with_one_token_chunks() -> None:
-    req = Request("o", [7, 8, 9], block_hasher=get_request_block_hasher(1))
-    pool = BlockPool(4, True, 1)
-    (blk,) = pool.get_new_blocks(1)
-    key = pool.cache_partial_block(req, blk, 1, 0, 2)
-    state, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 1), 1)
-    state, model_key = ACTIONS["cache_partial_block"](state, req, 1, 1, 0, 2)
-    assert key == make_block_hash_with_group_id(req.block_hashes[0], 0)
-    assert model_key == (req.block_hashes[0], 0)
-    assert state.index == {model_key: (1,)} and pool.get_cached_block(req.block_hashes[0], [0]) == [blk]
-
-
-@pytest.mark.parametrize("num_tokens", [2, 4, 6, 10, 12, 14])
-def test_partial_entry_events_with_multimodal_items_match_the_model(num_tokens: int) -> None:
-    spans = [(1, 2), (3, 6), (13, 1), (15, 4)]
-    req = Request("x", list(range(20)), lora_request=LoRARequest("ad", 1, "/p"), cache_salt="s",
-                  mm_features=_features(spans), block_hasher=get_request_block_hasher(2))
-    pool = BlockPool(4, True, 2, enable_kv_cache_events=True)
-    (blk,) = pool.get_new_blocks(1)
-    pool.cache_partial_block(req, blk, num_tokens, 0, 8)
-    state, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2, events_on=True), 1)
-    state, _ = ACTIONS["cache_partial_block"](state, req, 1, num_tokens, 0, 8)
-    (event,) = cast(list[Any], pool.take_events())
-    assert [model_event(e) for e in state.events] == [pool_event(event)]
-    start = num_tokens - 2
-    mm = tuple((f"item{k}", o - start) for k, (o, n) in enumerate(spans) if o < num_tokens and o + n > start)
-    assert event.extra_keys == [("ad", *mm, *(("s",) if start == 0 else ()))]
-
-
-def test_model_null_block_counter_per_reference_version() -> None:
-    """0.31 moves the null block's counter on free/touch, 0.33 leaves it; real blocks alike."""
-    for null_counted in (True, False):
-        s, _ = ACTIONS["get_new_blocks"](initial_state(5, True, 2, null_counted=null_counted), 3)
-        s, _ = ACTIONS["touch"](s, [0, 1, 0, 2])
-        assert s.ref == ((2 if null_counted else 0), 2, 2, 1, 0)
-        s, _ = ACTIONS["free_blocks"](s, [0, 3, 1, 0, 2])
-        assert s.ref == (0, 1, 1, 0, 0) and s.free == (3, 4)
-
-
-def test_model_keeps_every_reuse_notification() -> None:
-    def first(b: Any) -> None:
-        pass
-
-    def second(b: Any) -> None:
-        pass
-
-    s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2), 2)
-    s, _ = ACTIONS["unpin_blocks"](s, [1], first)
-    s, _ = ACTIONS["get_new_blocks"](s, 2)  # 3 then 1: block 1 is reused
-    assert s.fired == ((first, 1),)
-    s, _ = ACTIONS["unpin_blocks"](s, [2], second)
-    s, _ = ACTIONS["free_blocks"](s, [1, 3])
-    s, ok = ACTIONS["reset_prefix_cache"](s)
-    assert ok and s.fired == ((first, 1), (second, 2)) and s.watchers == {}
-
-
-@pytest.mark.parametrize("caching", [True, False])
-@pytest.mark.parametrize(("num_cached", "num_full"), [(0, 0), (1, 1), (2, 1), (3, 3)])
-def test_cache_full_blocks_with_nothing_new_does_nothing(
-    caching: bool, num_cached: int, num_full: int
-) -> None:
-    """As in vLLM (its sparse-attention coordinator relies on it): not even a refusal."""
-    req = _req(2)  # no hash at block size 4
-    pool = BlockPool(4, caching, 2, enable_kv_cache_events=True)
-    blocks = pool.get_new_blocks(1)
-    before = snapshot(pool)
-    pool.cache_full_blocks(req, blocks, num_cached, num_full, 4, 0)
-    assert snapshot(pool) == before and pool.take_events() == []
-    state, _ = ACTIONS["get_new_blocks"](initial_state(4, caching, 2, events_on=True), 1)
-    assert ACTIONS["cache_full_blocks"](state, req, [1], num_cached, num_full, 4, 0) == (state, None)
-
-
-def test_stored_events_carry_the_range_tokens_like_the_model() -> None:
-    req = Request("t", list(range(20)), block_hasher=get_request_block_hasher(2))
-    pool = BlockPool(6, True, 2, enable_kv_cache_events=True)
-    blocks = pool.get_new_blocks(4)
-    pool.cache_full_blocks(req, blocks, 0, 1, 4, 0)
-    pool.cache_full_blocks(req, blocks, 1, 3, 4, 0)
-    state, _ = ACTIONS["get_new_blocks"](initial_state(6, True, 2, events_on=True), 4)
-    state, _ = ACTIONS["cache_full_blocks"](state, req, [1, 2, 3, 4], 0, 1, 4, 0)
-    state, _ = ACTIONS["cache_full_blocks"](state, req, [1, 2, 3, 4], 1, 3, 4, 0)
-    events = cast(list[Any], pool.take_events())
-    assert [model_event(e) for e in state.events] == [pool_event(e) for e in events]
-    assert [e.token_ids for e in events] == [list(range(4)), list(range(4, 12))]
-
-
-def test_model_ghost_content_is_what_the_hashes_cover() -> None:
-    """``names``/``holds`` record each chunk's tokens and the extra keys its hash covers."""
-    spans = [(0, 3), (5, 2), (9, 4)]
-    req = Request("g", list(range(16)), mm_features=_features(spans), cache_salt="s",
-                  block_hasher=get_request_block_hasher(2))
-    state, _ = ACTIONS["get_new_blocks"](initial_state(6, True, 2), 3)
-    state, _ = ACTIONS["cache_full_blocks"](state, req, [1, 2, 3], 0, 3, 4, 0)
-    chunks = tuple((tuple(range(k, k + 2)), ev.extra_keys_of_chunk(req, k, k + 2)) for k in range(0, 12, 2))
-    assert chunks[0][1] == (("mm", "item0", 0), ("cache_salt", "s"))
-    for i, b in enumerate((1, 2, 3)):
-        primary = state.primary[b]
-        assert primary is not None
-        assert state.names[primary.key] == chunks[: 2 * (i + 1)] == state.holds[b]
-
-
-def test_model_initial_state_defaults_are_the_pools() -> None:
-    pool = BlockPool(4, True, 2)
-    state = initial_state(4, True, 2)
-    assert (state.events_on, state.medium) == (pool.enable_kv_cache_events, pool.medium) == (False, "GPU")
-    assert state.null_counted is True and state.free == (1, 2, 3) and state.ref == (0, 0, 0, 0)
