@@ -12,9 +12,15 @@ Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
   double free and is refused (``NOT_IN_USE``), as is freeing a block
   whose count is already 0.  The reference would drive the count negative.
 * ``free_blocks``/``touch`` of the null block stay legal (engines keep it in
-  block tables); its counter moves as in vLLM 0.31 (0.33 leaves it alone:
-  ``initial_state(..., null_counted=False)``), it never enters the free queue
-  and is never hashed.  ``unpin_blocks`` of it is refused.
+  block tables); its counter moves as in vLLM 0.31 (0.33 leaves it alone and
+  tells no metrics collector: ``null_counted=False``), it never enters the
+  free queue and is never hashed.  ``unpin_blocks`` of it is refused.
+* A partial entry must end inside a block, as vLLM 0.31 asserts; from 0.32 on
+  it may end at a block boundary too (``boundary_partials=True``).
+* A metrics collector is told, in vLLM's order, of every block handed out
+  (evicted first when caching is on, then allocated), every block touched
+  (accessed), every block listed to ``evict_blocks`` (evicted, hashed or
+  not) and every successful reset (``told``).
 * ``unpin_blocks`` of a hashed block is allowed: the block keeps its hash, is
   evicted last, can still be hit (``touch``); its watcher stays registered
   until ``get_new_blocks`` hands the block out or the cache is reset.
@@ -66,6 +72,7 @@ class _Next:
     watchers: dict[BlockId, Watcher]
     events: list[Event]
     fired: list[tuple[Watcher, BlockId]]
+    told: list[tuple[str, BlockId | None]]
     holds: list[Content]
     names: dict[Key, Content]
 
@@ -73,7 +80,7 @@ class _Next:
 def _thaw(s: PoolState) -> _Next:
     return _Next(
         list(s.ref), list(s.free), list(s.primary), list(s.secondary), dict(s.index),
-        dict(s.watchers), list(s.events), list(s.fired), list(s.holds), dict(s.names),
+        dict(s.watchers), list(s.events), list(s.fired), list(s.told), list(s.holds), dict(s.names),
     )
 
 
@@ -81,7 +88,8 @@ def _freeze(s: PoolState, n: _Next) -> PoolState:
     return replace(
         s, ref=tuple(n.ref), free=tuple(n.free), primary=tuple(n.primary),
         secondary=tuple(n.secondary), index=n.index, watchers=n.watchers,
-        events=tuple(n.events), fired=tuple(n.fired), holds=tuple(n.holds), names=n.names,
+        events=tuple(n.events), fired=tuple(n.fired), told=tuple(n.told), holds=tuple(n.holds),
+        names=n.names,
     )
 
 
@@ -192,6 +200,8 @@ def get_new_blocks(s: PoolState, num_blocks: int) -> Step:
     for b in taken:
         if s.caching:
             _drop_hashes(s, n, b)
+            n.told.append(("evicted", b))
+        n.told.append(("allocated", b))
         n.ref[b] = 1
         n.holds[b] = ()
     return _freeze(s, n), taken
@@ -227,6 +237,7 @@ def touch(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
         if n.ref[b] == 0 and b != NULL:
             n.free.remove(b)
         n.ref[b] += 1
+        n.told.append(("accessed", b))
     return _freeze(s, n), None
 
 
@@ -254,6 +265,7 @@ def evict_blocks(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
     _check_ids(s, block_ids)
     n = _thaw(s)
     for b in block_ids:
+        n.told.append(("evicted", b))
         _drop_hashes(s, n, b)
     return _freeze(s, n), None
 
@@ -270,6 +282,7 @@ def reset_prefix_cache(s: PoolState) -> Step:
     n.secondary = [()] * s.num_blocks
     if s.events_on:
         n.events.append(Cleared())
+    n.told.append(("reset", None))
     return _freeze(s, n), True
 
 
@@ -351,7 +364,8 @@ def cache_partial_block(
     if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
         raise Refusal(RefusalKind.INVALID_ARGUMENT,
                       f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
-    if not replace_existing_hashes and not (block_size > hbs and num_tokens % block_size):
+    if not (replace_existing_hashes or s.boundary_partials
+            or (block_size > hbs and num_tokens % block_size)):
         raise Refusal(RefusalKind.INVALID_ARGUMENT, "a partial entry must end inside a block")
     num_hash_blocks = num_tokens // hbs
     if num_hash_blocks > len(request.block_hashes):

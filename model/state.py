@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from .events import Event, Hash
 from .request import Content
@@ -57,6 +57,9 @@ class PoolState:
     """Events emitted and not yet taken."""
     fired: tuple[tuple[Watcher, BlockId], ...]
     """Reuse notifications delivered so far (callback, block)."""
+    told: tuple[tuple[str, BlockId | None], ...]
+    """What a metrics collector has been told so far, in order: ``("allocated", b)``,
+    ``("accessed", b)``, ``("evicted", b)``, ``("reset", None)``."""
 
     holds: tuple[Content, ...]
     """Ghost: the prefix whose KV each block holds, as written by its owner."""
@@ -64,11 +67,24 @@ class PoolState:
     """Ghost: the prefix each index key stands for."""
 
     null_counted: bool = True
-    """Whether touch/free move the null block's counter (vLLM 0.31) or not (0.33)."""
+    """Whether touch/free move the null block's counter (vLLM 0.31) or skip it (0.33)."""
+    boundary_partials: bool = False
+    """Whether a partial entry may end at a block boundary (vLLM 0.32 on) or only inside one."""
 
 
-REFERENCES: dict[str, bool] = {"0.31": True, "0.33": False}
-"""vLLM versions the model reproduces, and their ``null_counted`` setting."""
+class Reference(TypedDict):
+    """The settings of :class:`PoolState` that differ between vLLM versions."""
+
+    null_counted: bool
+    boundary_partials: bool
+
+
+REFERENCES: dict[str, Reference] = {
+    "0.31": {"null_counted": True, "boundary_partials": False},
+    "0.33": {"null_counted": False, "boundary_partials": True},
+}
+"""vLLM versions the model reproduces, and the settings of :class:`PoolState` each implies
+(``initial_state(..., **REFERENCES[version])``)."""
 
 
 def initial_state(
@@ -78,6 +94,7 @@ def initial_state(
     events_on: bool = False,
     medium: str = "GPU",
     null_counted: bool = True,
+    boundary_partials: bool = False,
 ) -> PoolState:
     """A fresh pool: every block but the null block free, in id order."""
     return PoolState(
@@ -94,7 +111,9 @@ def initial_state(
         watchers={},
         events=(),
         fired=(),
+        told=(),
         holds=((),) * num_blocks,
         names={},
         null_counted=null_counted,
+        boundary_partials=boundary_partials,
     )

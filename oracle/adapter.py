@@ -1,31 +1,58 @@
 """How the oracle reaches a block pool implementation under test.
 
 The oracle drives every implementation through the reference API (vLLM
-0.31.0's ``BlockPool``): the same operation names and signatures, blocks as
-objects with ``block_id``/``ref_cnt``/``block_hash``, and the internal
-structures the whole-pool observation reads.  :class:`ReferencePool` spells
-that API out; :class:`Lockstep` calls it with block ids translated.
+0.31.0's ``BlockPool``): the same operation names and signatures, and blocks
+as objects with ``block_id``, ``ref_cnt`` and ``block_hash``.
+:class:`ReferencePool` spells that API out; :class:`Lockstep` calls it with
+block ids translated and observes the pool through its public surface,
+adding vLLM's internals where the pool has them
+(:mod:`kvpool.oracle.observe`).
 
 An :class:`Adapter` is the small part that differs between implementations:
-how to build a pool, how to observe it, how its refusals pair with the
-model's typed errors, and whether it refuses misuse at all (vLLM's pool uses
-``assert`` or corrupts itself, so deliberately wrong calls are left out for
-it).  An implementation with a different surface (another language behind
-FFI, say) writes its own adapter whose ``construct`` returns a facade with
-the reference API.
+how to build a pool, how its refusals pair with the model's, and whether it
+refuses misuse at all (vLLM's pool uses ``assert`` or corrupts itself, so
+deliberately wrong calls are left out for it).  A pool class with the
+reference constructor needs no adapter of its own: ``kvpool conform --impl
+mymodule:MyPool`` wraps it in a :class:`ClassAdapter`.  An implementation
+with a different surface (another language behind FFI, say) writes one::
+
+    from dataclasses import dataclass
+    from kvpool.oracle.abstraction import vllm_refusal
+
+    @dataclass
+    class MyAdapter:
+        name: str = "mypool over FFI"
+        supports_misuse: bool = False        # it does not refuse misuse with typed errors
+
+        def construct(self, num_blocks, caching, hash_block_size, events,
+                      metrics_collector=None):
+            return MyFacade(num_blocks, caching, hash_block_size, events, metrics_collector)
+
+        def errors_match(self, model_error, pool_error):
+            return vllm_refusal(model_error, pool_error)   # out of blocks: a ValueError
+
+    def make_adapter():                      # kvpool conform --adapter mymodule:make_adapter
+        return MyAdapter()
+
+``construct`` may leave out ``metrics_collector`` (metrics calls are then not
+compared).  An adapter may also define ``observe(pool, probes)`` returning an
+:class:`~kvpool.oracle.observe.Observation`, to observe what the public
+surface cannot show.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import logging
+import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .abstraction import same_refusal, vllm_refusal
-from .observe import Observation, observe_pool
 
 ErrorMatcher = Callable[[Exception, Exception | None], bool]
 
@@ -42,14 +69,14 @@ REQUIRED_API: tuple[str, ...] = (
 class ReferencePool(Protocol):
     """A pool with the reference API; blocks are objects with a ``block_id``.
 
-    Besides the operations, :func:`~kvpool.oracle.observe.observe_pool` reads
-    ``blocks``, ``free_block_queue``, ``cached_block_hash_to_block``,
-    ``cached_block_hashes_by_block``, ``kv_event_queue`` (pending events) and
-    ``_reuse_watchers`` (registered by ``unpin_blocks``).
+    Besides the operations, the observation reads ``blocks`` (each with
+    ``block_id``, ``ref_cnt``, ``block_hash``) and ``free_block_queue`` (with
+    ``get_all_free_blocks()`` and ``num_free_blocks``); vLLM's internals are
+    read where present (:class:`~kvpool.oracle.observe.Observer`).
     """
 
     blocks: list[Any]
-    kv_event_queue: list[Any]
+    free_block_queue: Any
 
     def get_new_blocks(self, num_blocks: int) -> list[Any]: ...
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
@@ -88,11 +115,10 @@ class Adapter(Protocol):
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
                   events: bool) -> ReferencePool:
-        """A fresh pool; block 0 is the null block."""
-        ...
+        """A fresh pool; block 0 is the null block.
 
-    def observe(self, pool: Any) -> Observation:
-        """The whole-pool observation, in the model's vocabulary."""
+        May also take ``metrics_collector`` (a collector the pool must tell).
+        """
         ...
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
@@ -110,13 +136,11 @@ class ClassAdapter:
     matcher: ErrorMatcher = same_refusal
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
-                  events: bool) -> ReferencePool:
+                  events: bool, metrics_collector: Any = None) -> ReferencePool:
+        extra = {} if metrics_collector is None else {"metrics_collector": metrics_collector}
         pool: ReferencePool = self.pool_class(num_blocks, caching, hash_block_size,
-                                              enable_kv_cache_events=events)
+                                              enable_kv_cache_events=events, **extra)
         return pool
-
-    def observe(self, pool: Any) -> Observation:
-        return observe_pool(pool)
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
         return self.matcher(model_error, pool_error)
@@ -127,13 +151,31 @@ class ClassAdapter:
 
 
 def adapter_factory(adapter: Adapter) -> Callable[..., Any]:
-    """Turn an adapter into the ``pool_factory(n, caching, hbs, enable_kv_cache_events=)``."""
+    """Turn an adapter into the ``pool_factory(n, caching, hbs, enable_kv_cache_events=)``.
+
+    The factory takes a ``metrics_collector`` too when the adapter's ``construct`` does.
+    """
+    if _takes(adapter.construct, "metrics_collector"):
+        def with_metrics(num_blocks: int, caching: bool, hash_block_size: int,
+                         enable_kv_cache_events: bool = False, metrics_collector: Any = None) -> Any:
+            construct: Any = adapter.construct  # the protocol leaves metrics_collector optional
+            return construct(num_blocks, caching, hash_block_size, enable_kv_cache_events,
+                             metrics_collector=metrics_collector)
+
+        return with_metrics
 
     def factory(num_blocks: int, caching: bool, hash_block_size: int,
                 enable_kv_cache_events: bool = False) -> Any:
         return adapter.construct(num_blocks, caching, hash_block_size, enable_kv_cache_events)
 
     return factory
+
+
+def _takes(fn: Callable[..., Any], keyword: str) -> bool:
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def kvpool_adapter(pool_class: type[Any] | None = None) -> ClassAdapter:
@@ -189,6 +231,8 @@ def load_object(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise LoadError(f"{spec!r}: expected MODULE:NAME")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as ``python -m`` would find it
+        sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:

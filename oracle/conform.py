@@ -34,7 +34,7 @@ from .campaign import run_one
 from .lockstep import Divergence
 from .machine import MachineFailure, machine_for
 
-ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "observe", "errors_match")
+ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "errors_match")
 
 
 # ---------------------------------------------------------------- loading

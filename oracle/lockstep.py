@@ -9,15 +9,16 @@ same reuse watchers.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state, violated
-from kvpool.model.state import PoolState
+from kvpool.model.state import Key, PoolState
 
-from .abstraction import event_differences, key_of, pool_event, refusal_name, same_refusal
-from .observe import Observation, free_queue_link_errors, observe_model, observe_pool
+from .abstraction import event_differences, key_of, pool_event, published, refusal_name, same_refusal
+from .observe import WHITE_BOX, Observation, Observer, comparable, observe_model
 
 # Which positional arguments name blocks: "one" a single id, "many" a list.
 BLOCK_ARGS: dict[str, dict[int, str]] = {
@@ -95,9 +96,50 @@ PICTURED = 12
 """How many of the last steps a divergence reports, with a picture of the pool each."""
 
 
+class MetricsRecorder:
+    """A metrics collector that writes down what it is told, as the model's ``told`` does."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int | None]] = []
+
+    def on_block_allocated(self, block: Any) -> None:
+        self.log.append(("allocated", block.block_id))
+
+    def on_block_accessed(self, block: Any) -> None:
+        self.log.append(("accessed", block.block_id))
+
+    def on_block_evicted(self, block: Any) -> None:
+        self.log.append(("evicted", block.block_id))
+
+    def reset(self) -> None:
+        self.log.append(("reset", None))
+
+
+def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
+    """Whether ``fn`` takes ``keyword`` (or any keyword)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+class _Foreign:
+    """Stands for a block id outside the pool when the pool's block class cannot be built."""
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id, self.ref_cnt, self.block_hash, self.is_null = block_id, 0, None, False
+
+
 @dataclass
 class Lockstep:
-    """The model and a pool side by side; ``call`` runs one operation on both."""
+    """The model and a pool side by side; ``call`` runs one operation on both.
+
+    After every call it compares results and refusals, the whole observation
+    at the level the pool allows (:class:`~kvpool.oracle.observe.Observer`),
+    the events, the reuse watchers' calls and, when a metrics collector is
+    attached, what it was told; and checks every invariant of the model.
+    """
 
     pool: Any
     model: PoolState
@@ -107,22 +149,56 @@ class Lockstep:
     """How a refusal of the pool is matched with the model's (default: the same kind)."""
     trace: list[Step] = field(default_factory=list)
     steps: int = 0
-    observe: Callable[[Any], Observation] = observe_pool
-    """How the pool is observed (an adapter may supply its own)."""
+    observe: Callable[..., Observation] | None = None
+    """An adapter's own observation, ``observe(pool, probes)``; None: :class:`Observer`'s."""
+    metrics: MetricsRecorder | None = None
+    """The metrics collector attached to the pool, if the pool took one."""
+    observer: Observer = field(init=False, repr=False)
+    known: dict[Any, bytes] = field(default_factory=dict)
+    """Request hashes seen, by their published form: how events name a key to probe."""
+    probed: set[Key] = field(default_factory=set)
+    """Keys the model indexed at the last check: a key that left the index is probed once more."""
 
     @classmethod
     def fresh(
         cls, pool_factory: Callable[..., Any], num_blocks: int, caching: bool,
-        hash_block_size: int, events: bool, reference: str = "0.31",
+        hash_block_size: int, events: bool, reference: str = "0.31", metrics: bool = False,
     ) -> Lockstep:
-        """A new pool and the model configured alike, for vLLM ``reference``'s behaviour."""
-        pool = pool_factory(num_blocks, caching, hash_block_size, enable_kv_cache_events=events)
+        """A new pool and the model configured alike, for vLLM ``reference``'s behaviour.
+
+        With ``metrics``, the pool is built with a :class:`MetricsRecorder` if
+        its factory takes a ``metrics_collector``.
+        """
+        recorder = MetricsRecorder() if metrics and _accepts(pool_factory, "metrics_collector") else None
+        extra = {} if recorder is None else {"metrics_collector": recorder}
+        pool = pool_factory(num_blocks, caching, hash_block_size, enable_kv_cache_events=events,
+                            **extra)
         model = initial_state(num_blocks, caching, hash_block_size, events,
-                              null_counted=REFERENCES[reference])
-        return cls(pool=pool, model=model, foreign=type(pool.blocks[0])(num_blocks))
+                              **REFERENCES[reference])
+        try:
+            foreign = type(pool.blocks[0])(num_blocks)
+        except Exception:  # a block class we cannot build: any object with an id will do
+            foreign = _Foreign(num_blocks)
+        return cls(pool=pool, model=model, foreign=foreign, metrics=recorder)
+
+    def __post_init__(self) -> None:
+        # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.
+        self.observer = Observer(getattr(self.pool, "wrapped", self.pool))
 
     def watcher(self, name: str) -> Watcher:
         return Watcher(name, self.fired)
+
+    def level(self) -> dict[str, Any]:
+        """What this lockstep observes of the pool: the level and each check, run or skipped."""
+        observer = self.observer
+        checks = {name: "ran" if observer.has[name] else "skipped: the pool does not expose it"
+                  for name in WHITE_BOX}
+        if self.observe is not None:
+            checks.update({n: "the adapter's own observation" for n in
+                           ("index multimap", "secondary keys", "registered watchers")})
+        checks["index lookups"] = "ran" if observer.black_box else "skipped: the index is seen whole"
+        checks["metrics calls"] = "ran" if self.metrics is not None else "skipped: no collector attached"
+        return {"level": "custom" if self.observe is not None else observer.level, "checks": checks}
 
     def _block(self, block_id: Any) -> Any:
         if isinstance(block_id, int) and 0 <= block_id < len(self.pool.blocks):
@@ -138,12 +214,21 @@ class Lockstep:
                 out[pos] = [self._block(b) for b in args[pos]]
         return out
 
+    def _remember(self, args: Sequence[Any]) -> None:
+        """Note the hashes of any request in ``args``, so events can name keys to probe."""
+        for a in args:
+            for h in getattr(a, "block_hashes", ()):
+                self.known[published(h)] = h
+
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``op`` on both sides; raise :class:`Divergence` on any difference."""
         self.steps += 1
         before_fired = len(self.model.fired)
+        before_told = len(self.model.told)
         model_fn = ACTIONS.get(op)
         query = model_fn is None
+        if self.observer.black_box:
+            self._remember(args)
         try:
             if query:
                 m_result, m_state = QUERIES[op](self.model, *args, **kwargs), self.model
@@ -165,7 +250,8 @@ class Lockstep:
         if (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
-            raise self._diverged(op, f"model raised {m_error!r}, pool raised {p_error!r}", ["refusal"])
+            raise self._diverged(op, f"model raised {m_error!r} | pool raised {p_error!r}",
+                                 ["refusal"], p_error if m_error is None else None)
         if m_error is None:
             if op in RETURNS_BLOCKS and p_result is not None:
                 p_result = [b.block_id for b in p_result]
@@ -176,47 +262,90 @@ class Lockstep:
                 if taken:
                     raise self._diverged(op, "taken events differ: " + "; ".join(taken), ["events"])
             elif m_result != p_result:
-                raise self._diverged(op, f"model returned {m_result!r}, pool {p_result!r}", ["result"])
+                raise self._diverged(op, f"model returned {m_result!r} | pool returned {p_result!r}",
+                                     ["result"])
         self.model = m_state
         self.check()
         predicted = [(w.name, b) for w, b in self.model.fired[before_fired:]]
         seen, self.fired[:] = list(self.fired), []
         if predicted != seen:
-            raise self._diverged(op, f"watchers: model fired {predicted}, pool fired {seen}",
+            raise self._diverged(op, f"watchers: model fired {predicted} | pool fired {seen}",
                                  ["watchers"])
+        if self.metrics is not None:
+            told, self.metrics.log[:] = list(self.metrics.log), []
+            if list(self.model.told[before_told:]) != told:
+                raise self._diverged(op, f"metrics collector: model told "
+                                         f"{list(self.model.told[before_told:])} | pool told {told}",
+                                     ["metrics calls"])
         return m_error if m_error else m_result
+
+    def _probes(self) -> list[Key]:
+        """Keys to look up in a pool whose index cannot be seen whole.
+
+        Every key the model indexes, every key it indexed at the last check,
+        every key a block of the pool names as its primary, and every key of
+        the pending events the pool shows (named through the requests seen).
+        """
+        observer = self.observer
+        if not observer.black_box:
+            return []
+        keys = set(self.model.index) | self.probed
+        for b in self.pool.blocks:
+            if b.block_hash is not None:
+                keys.add(key_of(b.block_hash))
+        for event in observer.pending_events() or ():
+            fields_ = pool_event(event)
+            for h in fields_.get("block_hashes") or ():
+                if h in self.known and isinstance(fields_.get("group_idx"), int):
+                    keys.add((self.known[h], fields_["group_idx"]))
+        self.probed = set(self.model.index)
+        return sorted(keys)
 
     def check(self) -> None:
         """Compare observations and check every invariant of the model."""
         broken = violated(self.model)
         if broken:
             raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken)
-        mine, theirs = observe_model(self.model), self.observe(self.pool)
-        diff = mine.diff(theirs)
-        parts = [name for name in Observation.__slots__ if getattr(mine, name) != getattr(theirs, name)]
-        links = free_queue_link_errors(self.pool.free_block_queue)
-        events = event_differences(self.model.events, self.pool.kv_event_queue)
+        observer = self.observer
+        links = observer.link_errors()  # first: a looping queue must not be walked again
+        probes = self._probes()
+        theirs = (self.observe(observer.pool, probes) if self.observe is not None
+                  else observer.observe(probes))
+        mine = comparable(observe_model(self.model, probes), theirs)
+        diff, parts = mine.diff(theirs), mine.differing_parts(theirs)
+        pending = observer.pending_events()
+        events = [] if pending is None else event_differences(self.model.events, pending)
         diff += links + [f"pending {d}" for d in events]
         parts += ["free queue links"] * bool(links) + ["pending events"] * bool(events)
         if diff:
             raise self._diverged("observation", "; ".join(diff), parts)
 
-    def _diverged(self, where: str, what: str, parts: list[str]) -> Divergence:
+    def _diverged(self, where: str, what: str, parts: list[str],
+                  crash: BaseException | None = None) -> Divergence:
         first = max(0, len(self.trace) - PICTURED)
         lines = [f"step {i + 1}: {s.op}{short_args(s.args)} -> {s.outcome}"
                  for i, s in enumerate(self.trace[first:], start=first)]
         error = Divergence(f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines))
+        error.__cause__ = crash  # the pool's own exception, with its traceback
         error.parts = list(dict.fromkeys(parts))
         error.first, error.record = first, self.trace[first:]
         error.before = self.trace[first - 1].state if first > 0 else None
         error.model = self.model
         try:
-            error.pool = self.observe(self.pool)
-            pending = getattr(self.pool, "kv_event_queue", None)
+            observer = self.observer
+            error.pool = comparable_pool(observer)
+            pending = observer.pending_events()
             error.pool_events = None if pending is None else [pool_event(e) for e in pending]
         except Exception as exc:  # a broken pool may not even be observable
             error.unobservable = repr(exc)
         return error
+
+
+def comparable_pool(observer: Observer) -> Observation:
+    """The pool as a picture shows it, with the free queue walked safely."""
+    if observer.link_errors():
+        raise ValueError("the free queue's links are broken: " + "; ".join(observer.link_errors()))
+    return observer.observe()
 
 
 def short_args(args: tuple[Any, ...]) -> str:

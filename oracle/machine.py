@@ -229,7 +229,7 @@ class PoolMachine(RuleBasedStateMachine):
             pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
                                   cfg.hash_block_size, cfg.events, self.REFERENCE)
             pair.errors_match = self.ADAPTER.errors_match
-            pair.observe = self.ADAPTER.observe
+            pair.observe = getattr(self.ADAPTER, "observe", None)
             pair.check()
             self.other = pair
         return self.other
@@ -280,7 +280,7 @@ class PoolMachine(RuleBasedStateMachine):
         pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
                               cfg.hash_block_size, cfg.events, self.REFERENCE)
         pair.errors_match = self.ADAPTER.errors_match
-        pair.observe = self.ADAPTER.observe
+        pair.observe = getattr(self.ADAPTER, "observe", None)
         self.pair = pair
         # Fixed documents and hasher; this Workload's dice are never rolled.
         self.work = Workload(random.Random(0), cfg, pair, misuse_on=False)

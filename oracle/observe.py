@@ -1,76 +1,194 @@
-"""One observation of a whole pool, in the model's vocabulary.
+"""One observation of a whole pool, in the model's vocabulary, at the level the pool allows.
 
-Two pools agree when their observations are equal: ref counts, the free
-queue in order, each block's keys, the index with its per-key order,
-the blocks with reuse watchers, and the free count.
+Black box, always: only what the reference API makes public — each block's
+``ref_cnt`` and ``block_hash`` (and ``block_hash_num_tokens`` if the block has
+it), the free queue through ``free_block_queue.get_all_free_blocks()`` and
+``num_free_blocks``, and the index through ``get_cached_block`` for the keys
+the caller asks about (:class:`Observer` ``probes``).  Watcher calls, events
+and metrics-collector calls are compared by the lockstep as they happen.
+
+White box, where the pool exposes vLLM's internals: the whole index
+multimap (``cached_block_hash_to_block._cache``) with its per-key order, each
+block's secondary keys (``cached_block_hashes_by_block``), the registered
+watchers (``_reuse_watchers``), the free queue's links walked both ways
+(``fake_free_list_head``/``tail``), kvpool's block holders, and the pending
+events (``kv_event_queue``).  A check whose internals are missing is
+reported as skipped, never failed.
+
+Every walk of links is bounded by the pool's size: a cycle, such as a
+block queued twice, is reported with the block it loops at.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kvpool.model.state import Key, PoolState
 
 from .abstraction import key_of, pool_event
 
+WHITE_BOX = ("free-queue links", "index multimap", "secondary keys", "registered watchers",
+             "block holders", "pending events")
+"""The checks that need a pool's internals, by the name a report shows."""
+
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """Everything a caller of the pool could see, block ids for blocks."""
+    """What the oracle saw of a pool, block ids for blocks; ``None``: not observable there."""
 
     ref: tuple[int, ...]
     free: tuple[int, ...]
-    primary: tuple[tuple[Key, int] | None, ...]
-    secondary: tuple[tuple[Key, ...], ...]
-    index: tuple[tuple[Key, tuple[int, ...]], ...]
-    watched: tuple[int, ...]
     num_free: int
+    primary: tuple[tuple[Key, int | None] | None, ...]
+    """Per block: its primary key and the tokens it covers (``None`` if the block hides that)."""
+    lookups: tuple[tuple[Key, int | None], ...] = ()
+    """Probed keys and the block ``get_cached_block`` returns for each (``None``: a miss)."""
+    secondary: tuple[tuple[Key, ...], ...] | None = None
+    index: tuple[tuple[Key, tuple[int, ...]], ...] | None = None
+    watched: tuple[int, ...] | None = None
 
     def diff(self, other: Observation) -> list[str]:
-        """Readable differences, field by field (empty when equal)."""
+        """Readable differences of the parts both observed, model side first (empty when equal)."""
         out = []
-        for name in self.__slots__:
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if mine != theirs:
-                out.append(f"{name}: {mine!r} != {theirs!r}")
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if mine is None or theirs is None or mine == theirs:
+                continue
+            out.append(f"{f.name}: {_differing(f.name, mine, theirs)}")
         return out
 
+    def differing_parts(self, other: Observation) -> list[str]:
+        """The names of the parts that differ."""
+        return [f.name for f in fields(self)
+                if None not in (getattr(self, f.name), getattr(other, f.name))
+                and getattr(self, f.name) != getattr(other, f.name)]
 
-def observe_model(s: PoolState) -> Observation:
-    """The observation the specification predicts."""
+
+def _differing(name: str, mine: Any, theirs: Any) -> str:
+    """``model X | pool Y``, narrowed to the blocks or keys that differ when there are many."""
+    if name in ("ref", "primary", "secondary") and len(mine) == len(theirs):
+        at = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+        return "; ".join(f"block {i}: model {mine[i]!r} | pool {theirs[i]!r}" for i in at)
+    if name in ("index", "lookups"):
+        a, b = dict(mine), dict(theirs)
+        keys = sorted(set(a) | set(b), key=repr)
+        return "; ".join(f"{k!r}: model {a.get(k)!r} | pool {b.get(k)!r}"
+                         for k in keys if a.get(k) != b.get(k))
+    return f"model {mine!r} | pool {theirs!r}"
+
+
+def observe_model(s: PoolState, probes: Iterable[Key] = ()) -> Observation:
+    """The observation the specification predicts (every part)."""
     return Observation(
         ref=s.ref,
         free=s.free,
+        num_free=len(s.free),
         primary=tuple(None if p is None else (p.key, p.num_tokens) for p in s.primary),
+        lookups=tuple((k, s.index[k][0] if s.index.get(k) else None) for k in probes),
         secondary=s.secondary,
         index=tuple(sorted(s.index.items())),
         watched=tuple(s.watchers),
-        num_free=len(s.free),
     )
 
 
-def observe_pool(pool: Any) -> Observation:
-    """Observe a kvpool or vLLM ``BlockPool`` through its public attributes."""
-    blocks = pool.blocks
-    by_block = pool.cached_block_hashes_by_block
-    index = pool.cached_block_hash_to_block
-    entries: dict[Key, tuple[int, ...]] = {}
-    for key, entry in index._cache.items():
-        ids = tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
-        entries[key_of(key)] = ids
-    return Observation(
-        ref=tuple(b.ref_cnt for b in blocks),
-        free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
-        primary=tuple(
-            None if b.block_hash is None else (key_of(b.block_hash), b.block_hash_num_tokens)
-            for b in blocks
-        ),
-        secondary=tuple(tuple(key_of(k) for k in by_block.get(b.block_id, ())) for b in blocks),
-        index=tuple(sorted(entries.items())),
-        watched=tuple(pool._reuse_watchers),
-        num_free=pool.get_num_free_blocks(),
-    )
+def comparable(model: Observation, pool: Observation) -> Observation:
+    """The model's observation reduced to what the pool's observation shows."""
+    primary = model.primary
+    if pool.primary and any(p is not None and p[1] is None for p in pool.primary):
+        primary = tuple(None if p is None else (p[0], None) for p in model.primary)
+    return replace(model, primary=primary,
+                   secondary=None if pool.secondary is None else model.secondary,
+                   index=None if pool.index is None else model.index,
+                   watched=None if pool.watched is None else model.watched)
+
+
+class Observer:
+    """How the oracle sees one pool: the public surface always, vLLM's internals if present."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        queue = pool.free_block_queue
+        index = getattr(pool, "cached_block_hash_to_block", None)
+        self.has = {
+            "free-queue links": all(hasattr(queue, a) for a in ("fake_free_list_head",
+                                                                "fake_free_list_tail")),
+            "index multimap": isinstance(getattr(index, "_cache", None), dict),
+            "secondary keys": isinstance(getattr(pool, "cached_block_hashes_by_block", None), dict),
+            "registered watchers": isinstance(getattr(pool, "_reuse_watchers", None), dict),
+            "block holders": getattr(queue, "owner", None) is pool,
+            "pending events": isinstance(getattr(pool, "kv_event_queue", None), list),
+        }
+        self.num_tokens = all(hasattr(b, "block_hash_num_tokens") for b in pool.blocks[:1])
+
+    @property
+    def level(self) -> str:
+        """``white-box`` (every internal check runs), ``black-box`` (none) or ``mixed``."""
+        ran = sum(self.has.values())
+        return "white-box" if ran >= len(WHITE_BOX) - 1 else "black-box" if not ran else "mixed"
+
+    @property
+    def black_box(self) -> bool:
+        """Whether the index is seen only through lookups."""
+        return not self.has["index multimap"]
+
+    def observe(self, probes: Iterable[Key] = ()) -> Observation:
+        """The pool now, probing ``get_cached_block`` with each of ``probes``."""
+        pool = self.pool
+        blocks = pool.blocks
+        queue = pool.free_block_queue
+        if self.has["free-queue links"]:
+            free, _cut = _walk(queue.fake_free_list_head.next_free_block, "next_free_block",
+                               queue.fake_free_list_tail, len(blocks) + 2)
+        else:
+            free = [b.block_id for b in queue.get_all_free_blocks()]
+        lookups = []
+        for block_hash, group in probes:
+            hit = pool.get_cached_block(block_hash, [group])
+            lookups.append(((block_hash, group), hit[0].block_id if hit else None))
+        return Observation(
+            ref=tuple(b.ref_cnt for b in blocks),
+            free=tuple(free),
+            num_free=queue.num_free_blocks,
+            primary=tuple(
+                None if b.block_hash is None
+                else (key_of(b.block_hash), b.block_hash_num_tokens if self.num_tokens else None)
+                for b in blocks),
+            lookups=tuple(lookups),
+            secondary=self._secondary(),
+            index=self._index(),
+            watched=tuple(pool._reuse_watchers) if self.has["registered watchers"] else None,
+        )
+
+    def _index(self) -> tuple[tuple[Key, tuple[int, ...]], ...] | None:
+        if not self.has["index multimap"]:
+            return None
+        entries: dict[Key, tuple[int, ...]] = {}
+        for key, entry in self.pool.cached_block_hash_to_block._cache.items():
+            entries[key_of(key)] = tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
+        return tuple(sorted(entries.items()))
+
+    def _secondary(self) -> tuple[tuple[Key, ...], ...] | None:
+        if not self.has["secondary keys"]:
+            return None
+        by_block = self.pool.cached_block_hashes_by_block
+        return tuple(tuple(key_of(k) for k in by_block.get(b.block_id, ())) for b in self.pool.blocks)
+
+    def link_errors(self) -> list[str]:
+        """What is wrong with the free queue's links (empty when they cannot be seen)."""
+        if not self.has["free-queue links"]:
+            return []
+        return free_queue_link_errors(self.pool.free_block_queue, len(self.pool.blocks) + 2)
+
+    def pending_events(self) -> list[Any] | None:
+        """The events queued and not yet taken, if the pool shows them."""
+        return self.pool.kv_event_queue if self.has["pending events"] else None
+
+
+def observe_pool(pool: Any, probes: Iterable[Key] = ()) -> Observation:
+    """Observe any pool with the reference API, as far as it allows (see :class:`Observer`)."""
+    return Observer(pool).observe(probes)
 
 
 def _walk(start: Any, step: str, stop: Any, limit: int) -> tuple[list[int], bool]:

@@ -797,11 +797,12 @@ def test_null_block_is_never_handed_out() -> None:
     assert_refused(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, get_new_blocks, s, 1)
 
 
-def test_evicting_the_null_block_is_a_no_op() -> None:
+def test_evicting_the_null_block_changes_nothing_but_tells_the_metrics_collector() -> None:
     s, _ = allocate_and_cache(pool(3), request("r", tokens(4)), 1)
     s, _ = drain(s)
     nxt, _ = step(evict_blocks, s, [NULL])
-    assert nxt == s
+    assert replace(nxt, told=s.told) == s
+    assert nxt.told[len(s.told):] == (("evicted", NULL),)  # as vLLM's evict_blocks does
 
 
 def test_reset_succeeds_while_only_the_null_block_is_referenced() -> None:

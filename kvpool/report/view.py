@@ -504,7 +504,7 @@ def _picture(pic: Mapping[str, Any], fields: Mapping[int, set[str]], parts: froz
     free, events = pic.get("free"), pic.get("events")
     return Picture(
         tuple(_block(b, frozenset(fields.get(int(b.get("id", -1)), ()))) for b in pic.get("blocks", [])),
-        tuple((str(e.get("key")), str(e.get("blocks"))) for e in pic.get("index", [])),
+        tuple((str(e.get("key")), str(e.get("blocks"))) for e in pic.get("index") or []),
         None if free is None else tuple(str(b) for b in free), str(pic.get("num_free")),
         None if events is None else tuple(str(e) for e in events), parts)
 

@@ -26,6 +26,7 @@ from .schema import (
     MAX_NUM_BLOCKS,
     OBSERVATION_FIELDS,
     OPTIONAL_ARGS,
+    REQUIRED_OBSERVATION,
     RESULT_KINDS,
     STEP_FIELDS,
     VERSION,
@@ -171,7 +172,7 @@ def _parse_request(v: Any, where: str) -> Request:
 
 
 def parse_event(v: Any, where: str) -> dict[str, Json]:
-    """Validate one event object; return it with optional fields filled with null."""
+    """Validate one event object; return the fields it has (optional ones may be left out)."""
     if not isinstance(v, dict):
         raise FieldError(f"{where}: expected an event object, got {show(v)}")
     kind = v.get("type")
@@ -181,19 +182,20 @@ def parse_event(v: Any, where: str) -> dict[str, Json]:
     _object(v, where, {"type", *spec}, [k for k, (_, req) in spec.items() if req])
     out: dict[str, Json] = {"type": kind}
     for name, (fkind, _req) in spec.items():
-        value = v.get(name)
-        _kind_ok(fkind, value, f"{where}.{name}")
-        out[name] = value
+        if name in v:
+            _kind_ok(fkind, v[name], f"{where}.{name}")
+            out[name] = v[name]
     return out
 
 
 def _parse_observation(v: Any, where: str, num_blocks: int) -> dict[str, Json]:
-    obj = _object(v, where, OBSERVATION_FIELDS, OBSERVATION_FIELDS)
+    obj = _object(v, where, OBSERVATION_FIELDS, REQUIRED_OBSERVATION)
     for name in ("ref", "free", "watched"):
-        _kind_ok("ints", obj[name], f"{where}.{name}")
+        if name in obj:
+            _kind_ok("ints", obj[name], f"{where}.{name}")
     _kind_ok("int", obj["num_free"], f"{where}.num_free")
-    for name in ("primary", "secondary"):
-        if not isinstance(obj[name], list):
+    for name in ("primary", "secondary", "index"):
+        if name in obj and not isinstance(obj[name], list):
             raise FieldError(f"{where}.{name}: expected a list, got {show(obj[name])}")
     for i, p in enumerate(obj["primary"]):
         pw = f"{where}.primary[{i}]"
@@ -201,15 +203,13 @@ def _parse_observation(v: Any, where: str, num_blocks: int) -> dict[str, Json]:
             if not (isinstance(p, list) and len(p) == 2):
                 raise FieldError(f"{pw}: expected null or [hex key, num_tokens], got {show(p)}")
             _hex(p[0], f"{pw}[0]")
-            _kind_ok("int", p[1], f"{pw}[1]")
-    for i, keys in enumerate(obj["secondary"]):
+            _kind_ok("int?", p[1], f"{pw}[1]")
+    for i, keys in enumerate(obj.get("secondary", [])):
         if not isinstance(keys, list):
             raise FieldError(f"{where}.secondary[{i}]: expected a list, got {show(keys)}")
         for j, k in enumerate(keys):
             _hex(k, f"{where}.secondary[{i}][{j}]")
-    if not isinstance(obj["index"], list):
-        raise FieldError(f"{where}.index: expected a list, got {show(obj['index'])}")
-    for i, entry in enumerate(obj["index"]):
+    for i, entry in enumerate(obj.get("index", [])):
         ew = f"{where}.index[{i}]"
         if not (isinstance(entry, list) and len(entry) == 2):
             raise FieldError(f"{ew}: expected [hex key, [block ids]], got {show(entry)}")
@@ -294,9 +294,10 @@ def parse_step(v: Any, line: int, header: Header) -> TraceStep:
     else:
         _kind_ok(RESULT_KINDS[op], result, "result")
     events = obj["events"]
-    if not isinstance(events, list):
-        raise FieldError(f"events: expected a list, got {show(events)}")
-    events = [parse_event(e, f"events[{i}]") for i, e in enumerate(events)]
+    if events is not None:  # null: the pool does not show the events of one call
+        if not isinstance(events, list):
+            raise FieldError(f"events: expected a list or null, got {show(events)}")
+        events = [parse_event(e, f"events[{i}]") for i, e in enumerate(events)]
     fired = obj.get("fired")
     if fired is not None:
         if not isinstance(fired, list):

@@ -30,6 +30,7 @@ class _Tap:
 
     def __init__(self, pool: Any):
         self._pool = pool
+        self.wrapped = pool  # what the lockstep observes (kvpool.oracle.lockstep)
         self._armed: str | None = None
         self.outcome: tuple[Any, BaseException | None] = (None, None)
 
@@ -80,7 +81,8 @@ class RecordingLockstep(Lockstep):
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         tap: _Tap = self.pool
         line: dict[str, Json] = {"op": op, "args": encode_args(op, args, kwargs)}
-        queued = len(tap.kv_event_queue)
+        pending = self.observer.pending_events()
+        queued = len(pending) if pending is not None else 0
         self.fired_now.clear()
         tap.arm(op)
         try:
@@ -89,11 +91,14 @@ class RecordingLockstep(Lockstep):
             result, error = tap.outcome
             line["result"] = None if error else encode_result(op, result)
             line["error"] = type(error).__name__ if error else None  # the pool's own class
-            line["events"] = ([] if op == "take_events"
-                              else [event_to_json(e) for e in tap.kv_event_queue[queued:]])
+            pending = self.observer.pending_events()
+            line["events"] = (None if pending is None else [] if op == "take_events"
+                              else [event_to_json(e) for e in pending[queued:]])
             line["fired"] = [[n, b] for n, b in self.fired_now]
             if self.keep_observations:
-                line["observation"] = observation_to_json(self.observe(tap))
+                line["observation"] = observation_to_json(
+                    self.observe(self.observer.pool, ()) if self.observe is not None
+                    else self.observer.observe())
             self.lines.append(line)
 
 
@@ -142,7 +147,7 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
            observe: bool = True,
            errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
            reference: str = DEFAULT_REFERENCE,
-           observe_pool: Callable[[Any], Observation] | None = None) -> Recording:
+           observe_pool: Callable[..., Observation] | None = None) -> Recording:
     """Run the seeded workload (as ``campaign.run_one``) and keep every call as a trace line.
 
     A divergence stops the run; the trace then ends with the call that
@@ -158,8 +163,7 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
     pair.errors_match = errors_match
     pair.keep_observations = observe
     if observe_pool is not None:
-        custom = observe_pool
-        pair.observe = lambda tap: custom(tap._pool)
+        pair.observe = observe_pool
     work = Workload(rng, cfg, pair, misuse_on=misuse)
     divergence = None
     try:
@@ -182,7 +186,7 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
     factory.__qualname__ = str(getattr(adapter, "name", "adapter"))
     return record(factory, seed, steps, misuse=bool(adapter.supports_misuse), observe=observe,
                   errors_match=adapter.errors_match, reference=reference,
-                  observe_pool=adapter.observe)
+                  observe_pool=getattr(adapter, "observe", None))
 
 
 def _name(obj: Any) -> str:

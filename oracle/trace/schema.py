@@ -63,6 +63,8 @@ HEADER_FIELDS = {"kvpool_trace": "int", "num_blocks": "int", "enable_caching": "
                  "hash_block_size": "int", "enable_kv_cache_events": "bool", "medium": "str"}
 STEP_FIELDS = {"op", "args", "result", "error", "events", "fired", "observation"}
 OBSERVATION_FIELDS = ("ref", "free", "primary", "secondary", "index", "watched", "num_free")
+REQUIRED_OBSERVATION = ("ref", "free", "primary", "num_free")
+"""What any pool shows; the other fields are recorded where the pool exposes them."""
 # Event fields: name -> (kind, required).  Optional ones default to null.
 EVENT_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     "BlockStored": {

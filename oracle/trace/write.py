@@ -61,13 +61,16 @@ def request_to_json(req: Any) -> dict[str, Json]:
 def observation_to_json(obs: Observation) -> dict[str, Json]:
     """An :class:`Observation` with keys as the pool's hex bytes and tuples as lists."""
     key = abstraction.concrete_key
-    out: dict[str, Json] = to_json({
-        "ref": obs.ref, "free": obs.free,
-        "primary": [None if p is None else (key(p[0]), p[1]) for p in obs.primary],
-        "secondary": [[key(k) for k in keys] for keys in obs.secondary],
-        "index": [(key(k), ids) for k, ids in obs.index],
-        "watched": obs.watched, "num_free": obs.num_free,
-    })
+    out: dict[str, Json] = {
+        "ref": to_json(obs.ref), "free": to_json(obs.free),
+        "primary": [None if p is None else [key(p[0]).hex(), p[1]] for p in obs.primary]}
+    if obs.secondary is not None:
+        out["secondary"] = [[key(k).hex() for k in keys] for keys in obs.secondary]
+    if obs.index is not None:
+        out["index"] = [[key(k).hex(), list(ids)] for k, ids in obs.index]
+    if obs.watched is not None:
+        out["watched"] = list(obs.watched)
+    out["num_free"] = obs.num_free
     return out
 
 

@@ -129,7 +129,7 @@ def explore(
                                    time.perf_counter() - start, False, bad, trace_to(step))
                 if not seen:
                     parent[c] = step  # its events are kept for the trace
-                    nxt.append(replace(step.after, events=(), fired=()))
+                    nxt.append(replace(step.after, events=(), fired=(), told=()))
                     if visit is not None:
                         visit(nxt[-1])
         done, frontier = level, nxt
