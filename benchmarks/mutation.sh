@@ -14,7 +14,7 @@
 # (tests/test_refusal_messages.py); model/ <- model scenarios, proofs agreement, BMC
 # (kvpool.proofs.bmc explores the model and checks every invariant and step property), the
 # refusal table, the impl unit and impl events tests (some of their killers run the model
-# too), the lockstep and the registry.  The `ci` Hypothesis profile; mutmut's
+# too) and the lockstep.  The `ci` Hypothesis profile; mutmut's
 # per-mutant CPU limit is (duration of the tests covering the mutant + 1 s) x 8.
 #
 # Environment: MUTATION_VENV (default .venv-mutation), MUTATION_WORK (default
