@@ -25,7 +25,7 @@ def run_one(
     rng = random.Random(seed)
     cfg = Config.draw(rng)
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                          cfg.events, reference)
+                          cfg.events, reference, metrics=cfg.metrics)
     pair.errors_match = errors_match
     work = Workload(rng, cfg, pair, misuse_on=misuse)
     for _ in range(steps):

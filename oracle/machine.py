@@ -105,7 +105,7 @@ def configs(draw: st.DrawFn) -> Config:
     caching = draw(st.integers(0, 4)) < 4  # mostly on: most of the pool is about caching
     return Config(num_blocks=draw(st.integers(2, 24)), caching=caching,
                   hash_block_size=hbs, block_sizes=sizes, events=draw(st.booleans()),
-                  extra_keys=True)
+                  extra_keys=True, metrics=draw(st.booleans()))
 
 
 _NO_MASK = st.none()
@@ -227,7 +227,7 @@ class PoolMachine(RuleBasedStateMachine):
         if self.other is None:
             cfg = self.cfg
             pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
-                                  cfg.hash_block_size, cfg.events, self.REFERENCE)
+                                  cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics)
             pair.errors_match = self.ADAPTER.errors_match
             pair.observe = getattr(self.ADAPTER, "observe", None)
             pair.check()
@@ -278,7 +278,7 @@ class PoolMachine(RuleBasedStateMachine):
     def setup(self, cfg: Config) -> None:
         self.cfg = cfg
         pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
-                              cfg.hash_block_size, cfg.events, self.REFERENCE)
+                              cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics)
         pair.errors_match = self.ADAPTER.errors_match
         pair.observe = getattr(self.ADAPTER, "observe", None)
         self.pair = pair

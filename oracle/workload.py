@@ -42,6 +42,8 @@ class Config:
     block_sizes: dict[int, int]  # group id -> block size (a multiple of hash_block_size)
     events: bool
     extra_keys: bool
+    metrics: bool = False
+    """Whether the pool is built with a metrics collector, compared call by call."""
 
     @classmethod
     def draw(cls, rng: random.Random) -> Config:
@@ -51,6 +53,7 @@ class Config:
         return cls(
             num_blocks=rng.randint(2, 24), caching=rng.random() < 0.85, hash_block_size=hbs,
             block_sizes=sizes, events=rng.random() < 0.7, extra_keys=rng.random() < 0.4,
+            metrics=rng.random() < 0.5,
         )
 
 
