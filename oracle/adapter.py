@@ -213,6 +213,17 @@ def adapter_for_class(pool_class: Any) -> ClassAdapter:
     return ClassAdapter(pool_class, name, supports_misuse=False, matcher=vllm_refusal)
 
 
+def misuse_setting(adapter: Adapter, requested: bool = True) -> tuple[bool, str]:
+    """Whether deliberately wrong calls are made, and a line that says why (for every command)."""
+    if not requested:
+        return False, "misuse off: asked for (--no-misuse); only legal calls are made"
+    if not adapter.supports_misuse:
+        return False, (f"misuse off: {adapter.name} does not refuse misuse with the model's refusal "
+                       "kinds (vLLM asserts or corrupts itself); only legal calls are made")
+    return True, ("misuse on: deliberately wrong calls are made; each must be refused, as the model "
+                  "refuses it, and change nothing")
+
+
 def missing_api(pool_class: Any) -> list[str]:
     """Operations of the reference API that ``pool_class`` lacks (empty when complete)."""
     return [op for op in REQUIRED_API if not callable(getattr(pool_class, op, None))]

@@ -15,18 +15,20 @@ from .workload import Config, Workload
 def run_one(
     pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
-    reference: str = "0.31",
+    reference: str = "0.31", observe: Callable[..., Any] | None = None,
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
     ``misuse=False`` leaves out deliberately wrong calls (for pools, like
-    vLLM's, that do not refuse them); ``errors_match`` pairs refusals.
+    vLLM's, that do not refuse them); ``errors_match`` pairs refusals;
+    ``observe`` is an adapter's own observation, if it has one.
     """
     rng = random.Random(seed)
     cfg = Config.draw(rng)
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
                           cfg.events, reference, metrics=cfg.metrics)
     pair.errors_match = errors_match
+    pair.observe = observe
     work = Workload(rng, cfg, pair, misuse_on=misuse)
     for _ in range(steps):
         work.step()

@@ -16,7 +16,9 @@ prints them and writes them as JSON and JUnit.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
@@ -31,7 +33,7 @@ from .adapter import (
     missing_api,
 )
 from .campaign import run_one
-from .lockstep import Divergence
+from .lockstep import Divergence, Lockstep
 from .machine import MachineFailure, machine_for
 
 ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "errors_match")
@@ -90,6 +92,8 @@ class Failure:
     seed: int | None
     divergence: Divergence | None = field(default=None, repr=False, compare=False)
     """The lockstep's divergence, for a picture of each last call (``kvpool.pictures``)."""
+    cause: BaseException | None = field(default=None, repr=False, compare=False)
+    """The pool's own exception, when it raised where the model did not (or crashed)."""
 
 
 @dataclass
@@ -99,6 +103,10 @@ class PhaseResult:
     seconds: float
     executed: int
     failure: Failure | None = None
+    operations: dict[str, int] = field(default_factory=dict)
+    """Calls made, by operation (the campaign)."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Calls the model refused, by refusal (the campaign)."""
 
 
 @dataclass
@@ -120,8 +128,16 @@ def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> F
     lines = text.splitlines() or [type(exc).__name__]
     if trace is None:  # the lockstep's own "last steps" lines
         trace = [ln.strip() for ln in lines if ln.strip().startswith("step ")]
-    return Failure(kind, lines[0], text, trace, seed,
-                   exc if isinstance(exc, Divergence) else None)
+    divergence = exc if isinstance(exc, Divergence) else None
+    cause = exc.__cause__ if divergence is not None else exc
+    return Failure(kind, lines[0], text, trace, seed, divergence, cause)
+
+
+def observation_level(adapter: Adapter, reference: str = "0.31") -> dict[str, Any]:
+    """What the lockstep observes of the adapter's pools: the level and each check, run or skipped."""
+    pair = Lockstep.fresh(adapter_factory(adapter), 4, True, 1, True, reference, metrics=True)
+    pair.observe = getattr(adapter, "observe", None)
+    return pair.level()
 
 
 def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
@@ -130,16 +146,22 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     calls = 0
     factory = adapter_factory(adapter)
     misuse = opts.misuse and adapter.supports_misuse
+    operations: Counter[str] = Counter()
+    refusals: Counter[str] = Counter()
     for run in range(opts.runs):
         seed = opts.seed + run
         try:
             pair = run_one(factory, seed, opts.steps, misuse=misuse,
-                           errors_match=adapter.errors_match, reference=opts.reference)
+                           errors_match=adapter.errors_match, reference=opts.reference,
+                           observe=getattr(adapter, "observe", None))
         except Exception as exc:
             return PhaseResult("campaign", False, time.perf_counter() - started, calls,
-                               _failure(exc, None, seed))
+                               _failure(exc, None, seed), dict(operations), dict(refusals))
         calls += pair.steps
-    return PhaseResult("campaign", True, time.perf_counter() - started, calls)
+        operations.update(step.op for step in pair.trace)
+        refusals.update(step.error for step in pair.trace if step.error)
+    return PhaseResult("campaign", True, time.perf_counter() - started, calls, None,
+                       dict(sorted(operations.items())), dict(sorted(refusals.items())))
 
 
 def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
@@ -170,5 +192,5 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     return PhaseResult("machine", True, time.perf_counter() - started, examples[0])
 
 
-__all__ = ["ADAPTER_ATTRS", "Failure", "Options", "PhaseResult", "load_adapter",
+__all__ = ["ADAPTER_ATTRS", "Failure", "Options", "PhaseResult", "load_adapter", "observation_level",
            "run_campaign_phase", "run_machine_phase"]

@@ -311,9 +311,10 @@ def _md_tables(md: str) -> Iterator[list[str]]:
 
 def test_markdown_sections_and_counts(failing: dict[str, Any], failing_md: str) -> None:
     headings = re.findall(r"^## (.+)$", failing_md, re.M)
-    assert headings == ["Invariants", "Claims", "Proof matrix", "Seeded bugs", "Bounded model checking",
-                        "Differential statistics", "Conformance", "Trace and event files",
-                        "Reference differences", "Failures"]
+    # A failed run opens with its counterexamples, right after the summary.
+    assert headings == ["Failures", "Invariants", "Claims", "Proof matrix", "Seeded bugs",
+                        "Bounded model checking", "Differential statistics", "Conformance",
+                        "Trace and event files", "Reference differences"]
     assert failing_md.startswith("# kvpool verify — FAILED")
     assert "### Where the reference versions differ" in failing_md  # nested under the report
     assert len(re.findall(r"^### \d+\. ", failing_md, re.M)) == _failure_count(failing)

@@ -48,17 +48,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the campaign the parsed ``args`` ask for; ``parser`` reports a usage error (exit 2)."""
     if args.steps <= 0 or args.runs <= 0:
         parser.error("--steps and --runs must be positive")
-    from kvpool.impl import BlockPool
-    from kvpool.oracle.abstraction import same_refusal, vllm_refusal
+    from kvpool.oracle.adapter import adapter_for_class, misuse_setting
     from kvpool.oracle.campaign import run_campaign
 
     from .usage import import_or_exit
 
-    pool_class = import_or_exit(parser, "--pool", args.pool)
-    ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
-    return run_campaign(pool_class, steps=args.steps, runs=args.runs, seed=args.seed,
-                        out=sys.stdout, misuse=not args.no_misuse,
-                        errors_match=same_refusal if ours else vllm_refusal,
+    adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
+    misuse, why = misuse_setting(adapter, not args.no_misuse)
+    print(f"kvpool check: {adapter.name}; {why}")
+    return run_campaign(adapter.factory(), steps=args.steps, runs=args.runs, seed=args.seed,
+                        out=sys.stdout, misuse=misuse, errors_match=adapter.errors_match,
                         reference=args.reference)
 
 

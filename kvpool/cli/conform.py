@@ -56,14 +56,16 @@ import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from traceback import format_exception
 from typing import Any, TextIO
 
 from kvpool.model import REFERENCES
-from kvpool.oracle.adapter import Adapter
+from kvpool.oracle.adapter import Adapter, misuse_setting
 from kvpool.oracle.conform import (
     Failure,
     Options,
     PhaseResult,
+    observation_level,
     run_campaign_phase,
     run_machine_phase,
 )
@@ -91,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                              "the model's typed errors, other classes run without misuse")
     target.add_argument("--adapter", metavar="MODULE:FACTORY",
                         help="a callable returning a kvpool.oracle.adapter.Adapter")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on a failure, show where in the pool its own exception was raised")
     parser.add_argument("--steps", type=int, default=1000, help="calls per campaign run (1000)")
     parser.add_argument("--runs", type=int, default=4, help="campaign runs (4)")
     parser.add_argument("--examples", type=int, default=200, help="state-machine examples (200)")
@@ -108,11 +112,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 
-def conform(adapter: Adapter, opts: Options, out: TextIO) -> list[PhaseResult]:
+def conform(adapter: Adapter, opts: Options, out: TextIO,
+            traceback: bool = False) -> list[PhaseResult]:
     """Run both phases, printing a line each and the details of any failure."""
-    misuse = opts.misuse and adapter.supports_misuse
+    _misuse, why = misuse_setting(adapter, opts.misuse)
     print(f"kvpool conform: {adapter.name} against the model (vLLM {opts.reference} "
-          f"behaviour, misuse {'on' if misuse else 'off'}, seed {opts.seed})", file=out)
+          f"behaviour, seed {opts.seed})", file=out)
+    print(f"  {why}", file=out)
+    level = observation_level(adapter, opts.reference)
+    skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
+    print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
+          file=out)
     results = []
     for phase in (run_campaign_phase, run_machine_phase):
         result = phase(adapter, opts)
@@ -122,13 +132,13 @@ def conform(adapter: Adapter, opts: Options, out: TextIO) -> list[PhaseResult]:
         print(f"{result.name}: {status}, {result.executed} {what} in {result.seconds:.1f}s",
               file=out)
         if result.failure is not None:
-            _print_failure(result, out)
+            _print_failure(result, out, traceback)
     agree = all(r.ok for r in results)
     print("agrees with the model" if agree else "DIVERGES from the model", file=out)
     return results
 
 
-def _print_failure(result: PhaseResult, out: TextIO) -> None:
+def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
     failure = result.failure
     if failure is None:
         return
@@ -141,6 +151,14 @@ def _print_failure(result: PhaseResult, out: TextIO) -> None:
         print(f"  run with seed {failure.seed}:", file=out)
     for line in failure.details.splitlines():
         print(f"    {line}", file=out)
+    if failure.cause is not None:
+        if traceback:
+            print("  the pool's own exception:", file=out)
+            for line in "".join(format_exception(failure.cause)).rstrip().splitlines():
+                print(f"    {line}", file=out)
+        else:
+            print(f"  the pool raised {type(failure.cause).__name__}; --traceback shows where",
+                  file=out)
 
 
 
@@ -155,7 +173,9 @@ def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult])
         "implementation": adapter.name,
         "ok": ok,
         "exit_code": 0 if ok else 1,
-        "settings": {**asdict(opts), "misuse": opts.misuse and adapter.supports_misuse},
+        "settings": {**asdict(opts), "misuse": misuse_setting(adapter, opts.misuse)[0]},
+        "misuse": misuse_setting(adapter, opts.misuse)[1],
+        "observation": observation_level(adapter, opts.reference),
         "phases": [
             {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "executed": r.executed,
              "failure": None if r.failure is None else failure_json(r.failure)}
@@ -166,7 +186,8 @@ def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult])
 
 def failure_json(f: Failure) -> dict[str, Any]:
     """A phase's failure as the document holds it, with a picture of each last call."""
-    out: dict[str, Any] = {x.name: getattr(f, x.name) for x in fields(f) if x.name != "divergence"}
+    out: dict[str, Any] = {x.name: getattr(f, x.name) for x in fields(f)
+                           if x.name not in ("divergence", "cause")}
     out["steps"] = pictured_steps(f.divergence) if f.divergence is not None else []
     return out
 
@@ -198,6 +219,7 @@ class _Args:
     json: str | None
     junit: str | None
     opts: Options = field(default_factory=Options)
+    traceback: bool = False
 
 
 def _parse(argv: Sequence[str] | None) -> _Args:
@@ -210,7 +232,7 @@ def _parse(argv: Sequence[str] | None) -> _Args:
     opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
                    machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
                    reference=ns.reference)
-    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts)
+    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -226,7 +248,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    results = conform(adapter, args.opts, out)
+    results = conform(adapter, args.opts, out, args.traceback)
     try:
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:

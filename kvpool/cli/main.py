@@ -66,9 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args_list[1:]))
     parser = _parser()
     args = parser.parse_args(args_list)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # a command is required: show what there is, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
     if args.command == "check":
         return check.run(args, parser)
     parser.error(f"unknown command {args.command}")

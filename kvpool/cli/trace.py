@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from kvpool.model import REFERENCES
-from kvpool.oracle.abstraction import same_refusal, vllm_refusal
-from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record
+from kvpool.oracle.adapter import adapter_for_class, misuse_setting
+from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record_adapter
 
 from .usage import import_or_exit
 
@@ -39,14 +39,11 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps <= 0:
         parser.error("--steps must be positive")
-    pool_class = import_or_exit(parser, "--pool", args.pool)
-    from kvpool.impl import BlockPool
-
-    ours = isinstance(pool_class, type) and issubclass(pool_class, BlockPool)
-    rec = record(pool_class, args.seed, args.steps, misuse=not args.no_misuse,
-                 observe=not args.no_observe,
-                 errors_match=same_refusal if ours else vllm_refusal,
-                 reference=args.reference)
+    adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
+    misuse, why = misuse_setting(adapter, not args.no_misuse)
+    print(f"kvpool record: {adapter.name}; {why}")
+    rec = record_adapter(adapter, args.seed, args.steps, observe=not args.no_observe,
+                         reference=args.reference, misuse=misuse)
     try:
         rec.write(args.out)
     except OSError as exc:

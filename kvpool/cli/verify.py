@@ -111,9 +111,12 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
         _check_directory("--report", ns.report)
     targets = [Target(spec, load_adapter(spec, None)) for spec in ns.impl]
     targets += [Target(spec, load_adapter(None, spec)) for spec in ns.adapter]
+    if budget.skip and not (targets or ns.trace or ns.events):
+        raise UsageError(f"--profile {ns.profile} checks the pool you give: "
+                         "add --impl MODULE:CLASS, --adapter MODULE:FACTORY, --trace or --events")
     return Settings(profile, replace(budget, **custom), targets, ns.trace, ns.events,
-                    ns.vllm_errors, ns.reference, not ns.no_misuse, set(ns.skip), ns.json,
-                    ns.junit, ns.report, ns.plain)
+                    ns.vllm_errors, ns.reference, not ns.no_misuse, set(ns.skip) | set(budget.skip),
+                    ns.json, ns.junit, ns.report, ns.plain)
 
 
 def _check_readable(flag: str, path: str) -> None:

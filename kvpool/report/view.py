@@ -79,10 +79,13 @@ Failing = list[tuple[str, Mapping[str, Any]]]
 def build(doc: Doc) -> Report:
     """The report for ``doc``; sections always appear, in this order, whatever the run included."""
     failing = _failing_cases(doc)
-    return Report(f"kvpool verify — {_verdict(doc)}", (
-        _summary(doc, failing), _invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc),
-        _bmc(doc), _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc),
-        _failures(doc, failing)))
+    rest = (_invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
+            _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc))
+    if failing:  # a failed run opens with its counterexamples, step by step
+        return Report(f"kvpool verify — {_verdict(doc)}",
+                      (_summary(doc, failing), _failures(doc, failing), *rest))
+    return Report(f"kvpool verify — {_verdict(doc)}", (_summary(doc, failing), *rest,
+                                                       _failures(doc, failing)))
 
 
 # --------------------------------------------------------------------------
@@ -413,7 +416,26 @@ def _conformance(doc: Doc) -> Section:
     headers = ("implementation", "spec / phase", "status", "executed", "time")
     body: Block = (Table(headers, tuple(rows), "conf") if rows
                    else Para("No implementation given.", muted=True))
-    return Section("conformance", "Conformance", "Conformance", (body,), _phase_state(phase))
+    return Section("conformance", "Conformance", "Conformance",
+                   (body, *_targets_described(phase.get("targets", []))), _phase_state(phase))
+
+
+def _targets_described(targets: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """What was checked of each pool under test: how it was observed, misuse, what it was asked."""
+    out: list[Block] = []
+    for t in targets:
+        level = t.get("observation") or {}
+        skipped = [n for n, how in (level.get("checks") or {}).items() if str(how).startswith("skipped")]
+        seen = f"observed {level.get('level', '?')}" + (
+            f" (not shown by this pool: {', '.join(skipped)})" if skipped else "")
+        ops = t.get("operations") or {}
+        refusals = t.get("refusals") or {}
+        out.append(Para(
+            f"{t.get('name')}: {seen}; {t.get('misuse', '')}; "
+            f"{sum(ops.values()):,} calls over {len(ops)} operations"
+            + (f", {sum(refusals.values()):,} refused ({', '.join(sorted(refusals))})" if refusals else "")
+            + "."))
+    return out
 
 
 def _traces(doc: Doc) -> Section:

@@ -22,6 +22,8 @@ class Budget:
     machine_steps: int = 25
     seed: int = 0
     timeout_ms: int = 30_000
+    skip: tuple[str, ...] = ()
+    """Phases the profile leaves out (``pool``: everything but the pool under test)."""
 
 
 PROFILES: dict[str, Budget] = {
@@ -29,8 +31,10 @@ PROFILES: dict[str, Budget] = {
     "dev": Budget(bmc_depth=3, bmc_seconds=300.0, steps=10_000, runs=8, examples=200),
     "deep": Budget(bmc_depth=4, bmc_seconds=1800.0, bmc_pools=((4, 1), (4, 2), (5, 1)),
                    steps=50_000, runs=16, examples=1000, machine_steps=50),
+    "pool": Budget(steps=5000, runs=8, examples=200, skip=("proofs", "seeded-bugs", "bmc", "lockstep")),
 }
-"""ci: under a minute on 2 cores; dev: a few minutes; deep: an hour-scale campaign."""
+"""ci: under a minute on 2 cores; dev: a few minutes; deep: an hour-scale campaign;
+pool: only the pool under test (``--impl``/``--adapter``) and the traces given, for its author."""
 
 
 __all__ = ["PHASES", "PROFILES", "SCHEMA", "Budget"]

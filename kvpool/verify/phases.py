@@ -262,7 +262,13 @@ class Target:
 def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, reference: str,
                     progress: Progress) -> Phase:
     """Each implementation against the model: the campaign, then the state machine."""
-    from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+    from kvpool.oracle.adapter import misuse_setting
+    from kvpool.oracle.conform import (
+        Options,
+        observation_level,
+        run_campaign_phase,
+        run_machine_phase,
+    )
     from kvpool.pictures import pictured_steps
 
     phase = Phase("conformance", skipped=not targets)
@@ -282,7 +288,8 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
             progress.advance(f"{target.spec} {result.name}: {'ok' if result.ok else 'DIVERGED'}")
         ok = all(r.ok for r in results)
         seconds = sum(r.seconds for r in results)
-        bad = next((r for r in results if r.failure is not None), None)
+        # The state machine's failure first: Hypothesis shrank it to a short trace.
+        bad = next((r for r in reversed(results) if r.failure is not None), None)
         fail = None
         if bad is not None and bad.failure is not None:
             f = bad.failure
@@ -296,7 +303,10 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
         rows.append({"name": target.adapter.name, "spec": target.spec, "ok": ok,
                      "seconds": round(seconds, 3),
                      "phases": [{"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3),
-                                 "executed": r.executed} for r in results]})
+                                 "executed": r.executed} for r in results],
+                     "observation": observation_level(target.adapter, reference),
+                     "misuse": misuse_setting(target.adapter, misuse)[1],
+                     "operations": results[0].operations, "refusals": results[0].refusals})
         phase.cases.append(Case(f"conformance/{target.spec}", f"{target.spec} conforms", ok,
                                 seconds, fail))
     phase.seconds = time.perf_counter() - start

@@ -175,17 +175,18 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
 
 
 def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
-                   reference: str = DEFAULT_REFERENCE) -> Recording:
+                   reference: str = DEFAULT_REFERENCE, misuse: bool | None = None) -> Recording:
     """:func:`record` through an ``oracle.adapter.Adapter``: its constructor, observation,
-    error pairing and misuse setting (duck-typed, so this module does not import it)."""
+    error pairing and misuse setting (``misuse`` None: whatever the adapter supports)."""
 
     def factory(num_blocks: int, caching: bool, hash_block_size: int,
                 enable_kv_cache_events: bool = False) -> Any:
         return adapter.construct(num_blocks, caching, hash_block_size, enable_kv_cache_events)
 
     factory.__qualname__ = str(getattr(adapter, "name", "adapter"))
-    return record(factory, seed, steps, misuse=bool(adapter.supports_misuse), observe=observe,
-                  errors_match=adapter.errors_match, reference=reference,
+    supported = bool(adapter.supports_misuse)
+    return record(factory, seed, steps, misuse=supported if misuse is None else misuse and supported,
+                  observe=observe, errors_match=adapter.errors_match, reference=reference,
                   observe_pool=getattr(adapter, "observe", None))
 
 
