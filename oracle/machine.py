@@ -262,7 +262,11 @@ class PoolMachine(RuleBasedStateMachine):
         first.steps += 1
         second.steps += 1
         names = [str(b) if p is first else f"second:{b}" for p, b in listed]
-        first.trace.append(Step("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
+        outcome = refusal_name(m_error) if m_error else "None"
+        first.trace.append(Step("free_blocks", (names,), outcome))
+        # The second pool's history shows the call too: its divergence names it.
+        second.trace.append(Step("free_blocks", (names,), outcome, None, their_state if m_error is None
+                                 else second.model))
         if (m_error is None) != (p_error is None) or (
                 m_error is not None and not first.errors_match(m_error, p_error)):
             raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}",
