@@ -6,7 +6,8 @@ sanity tests drive it and kvpool's pool through the same hand-written
 scenarios and compare everything a caller can see through the public API:
 results, ref counts, the free queue in order, primary keys, lookups of every
 hash of every request, events field by field, reuse-watcher and
-metrics-collector calls.
+metrics-collector calls.  Each broken variant in ``mypool_bugs.py`` must
+differ from the correct pool on at least one scenario.
 
 Requests come from kvpool (``Request``, ``get_request_block_hasher``): the
 test builds them, the third-party pool only reads their attributes.
@@ -44,6 +45,7 @@ def _load(name: str) -> ModuleType:
 
 
 mypool = _load("mypool")
+mypool_bugs = _load("mypool_bugs")
 
 # ------------------------------------------------------------------ harness
 
@@ -347,6 +349,32 @@ def test_third_party_pool_matches_kvpool(name: str) -> None:
         assert step_mine == step_kv, f"first difference at step {step_kv[0]!r}"
 
 
+# Each variant, the scenario that shows it, and the step where it must first differ.
+BUG_SHOWS_AT = {
+    "QueuesPerListing": ("duplicate_listing_in_one_free", "free a, b, a"),
+    "CachedFreedToHead": ("free_order_head_and_tail", "free reversed"),
+    "TouchLeavesQueued": ("prefix_hit_with_touch", "touch the hit"),
+    "ForgetsLazyEviction": ("partial_entries_and_promotion", "reuse evicts lazily"),
+    "StoredWithoutLoraId": ("partial_entries_and_promotion", "cache 2 at 8"),
+    "EvictKeepsSecondaryKeys": ("secondary_keys_and_eviction", "evict in use"),
+}
+
+
+def test_every_bug_variant_is_listed() -> None:
+    base = mypool.BlockPool
+    variants = {name for name, obj in vars(mypool_bugs).items()
+                if isinstance(obj, type) and issubclass(obj, base) and obj is not base}
+    assert variants == set(BUG_SHOWS_AT)
+
+
+@pytest.mark.parametrize("bug", sorted(BUG_SHOWS_AT))
+def test_bug_variant_differs_from_the_correct_pool(bug: str) -> None:
+    name, step = BUG_SHOWS_AT[bug]
+    broken, correct = run(getattr(mypool_bugs, bug), name), run(mypool.BlockPool, name)
+    first = next((b[0] for b, c in zip(broken, correct, strict=True) if b != c), None)
+    assert first == step
+
+
 def test_event_classes_have_vllm_field_names_in_order() -> None:
     for cls in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
         ours = [f.name for f in dataclasses.fields(getattr(mypool, cls))]
@@ -354,7 +382,7 @@ def test_event_classes_have_vllm_field_names_in_order() -> None:
 
 
 def test_third_party_pool_imports_only_the_standard_library() -> None:
-    for path in (THIRD_PARTY / "mypool.py",):
+    for path in (THIRD_PARTY / "mypool.py", THIRD_PARTY / "mypool_bugs.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -363,7 +391,7 @@ def test_third_party_pool_imports_only_the_standard_library() -> None:
                 roots = {(node.module or "").split(".")[0]} if node.level == 0 else {"."}
             else:
                 continue
-            assert roots <= set(sys.stdlib_module_names) | {"__future__"}, (path.name, roots)
+            assert roots <= set(sys.stdlib_module_names) | {"__future__", "mypool"}, (path.name, roots)
         assert "kvpool" not in path.read_text()
 
 
