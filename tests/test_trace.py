@@ -388,3 +388,30 @@ def test_atheris_harness_property_on_its_seeds_and_mutations(tmp_path: Path) -> 
             for _ in range(rng.randint(1, 3)):
                 data = harness.mutate_structure(data, rng) or data
             harness.run_one(reader, data)
+
+
+def test_what_the_format_calls_optional_may_be_left_out(
+    tmp_path: Path, recorded: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """Optional event fields, the internal parts of observations and a call's events (null):
+    a writer whose pool does not show them leaves them out, and the trace still checks."""
+    header, original = recorded
+    lines = _copy(original)
+    for line in lines:
+        for event in [*(line["events"] or []), *(line["result"] if line["op"] == "take_events" else [])]:
+            for optional in ("extra_keys", "group_idx", "session_id", "locality"):
+                event.pop(optional, None)
+        if line.get("observation"):
+            for internal in ("secondary", "index", "watched"):
+                line["observation"].pop(internal)
+            line["observation"]["primary"] = [None if p is None else [p[0], None]
+                                              for p in line["observation"]["primary"]]
+        if line["op"] != "take_events":
+            line["events"] = None
+    report = check_trace(_write(tmp_path / "t.jsonl", header, lines))
+    assert report.ok, report.format()
+    i = _first(lines, lambda x: x["op"] == "take_events" and any(
+        e["type"] == "BlockStored" for e in x["result"]))
+    stored = next(e for e in lines[i]["result"] if e["type"] == "BlockStored")
+    stored["extra_keys"] = [["bogus"]] * len(stored["block_hashes"])  # written: compared
+    assert check_trace(_write(tmp_path / "t.jsonl", header, lines)).divergence is not None
