@@ -71,3 +71,31 @@ def test_prove_proves_everything_and_writes_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "checks proven" in done.stdout
     assert out.read_text().strip().startswith(("{", "["))
+
+
+def test_kvpool_with_no_command_prints_usage_and_exits_2() -> None:
+    done = kvpool()
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: kvpool") and "COMMAND" in done.stderr
+
+
+THIRD_PARTY = Path(__file__).parent / "third_party"
+
+
+@pytest.mark.parametrize("command", [["check", "--steps", "300", "--runs", "1", "--pool"],
+                                     ["record", "trace.jsonl", "--steps", "300", "--pool"],
+                                     ["conform", "--runs", "1", "--steps", "300", "--examples", "20",
+                                      "--impl"]])
+def test_every_command_agrees_on_misuse_and_says_why(command: list[str], tmp_path: Path) -> None:
+    """A pool without kvpool's typed refusals gets only legal calls, in every command, and the
+    output says so; a module in the current directory is found."""
+    for name in ("mypool.py",):
+        (tmp_path / name).write_text((THIRD_PARTY / name).read_text())
+    done = kvpool(*command, "mypool:BlockPool", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "misuse off: mypool:BlockPool does not refuse misuse" in done.stdout
+    if command[0] == "record":  # the trace a black-box pool recorded checks as it is
+        checked = kvpool("check-trace", "trace.jsonl", cwd=tmp_path)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    ours = kvpool(*command, "kvpool.impl:BlockPool", cwd=tmp_path)
+    assert ours.returncode == 0 and "misuse on:" in ours.stdout, ours.stdout + ours.stderr

@@ -184,11 +184,13 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
 def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
     """Replay a trace on the model; report the first call that differs.
 
-    ``vllm_errors`` accepts vLLM's plain ``ValueError`` where the model raises
-    ``NotEnoughFreeBlocksError``.  Raises :class:`TraceError` on a bad file.
+    ``vllm_errors`` (or the header's) accepts vLLM's plain ``ValueError`` where
+    the model raises ``NotEnoughFreeBlocksError``.  Raises :class:`TraceError`
+    on a bad file.
     """
     trace = read_trace(path)
     h = trace.header
+    vllm_errors = vllm_errors or h.vllm_errors
     state = initial_state(h.num_blocks, h.enable_caching, h.hash_block_size,
                           h.enable_kv_cache_events, h.medium,
                           **REFERENCES[h.reference])

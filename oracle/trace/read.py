@@ -50,6 +50,7 @@ class Header:
     reference: str = "0.31"
     block_sizes: dict[int, int] | None = None
     meta: dict[str, Json] = field(default_factory=dict)
+    vllm_errors: bool = False
 
 
 @dataclass
@@ -218,6 +219,12 @@ def _parse_observation(v: Any, where: str, num_blocks: int) -> dict[str, Json]:
     return obj
 
 
+def _vllm_errors(obj: dict[str, Any]) -> bool:
+    flag = obj.get("vllm_errors", False)
+    _kind_ok("bool", flag, "header.vllm_errors")
+    return bool(flag)
+
+
 def parse_header(v: Any) -> Header:
     """Validate the first line; an unknown version is refused before anything else."""
     if not isinstance(v, dict):
@@ -227,7 +234,7 @@ def parse_header(v: Any) -> Header:
     if v["kvpool_trace"] != VERSION or not is_int(v["kvpool_trace"]):
         raise FieldError(f"header: unsupported trace version {show(v['kvpool_trace'])} "
                    f"(this reader knows version {VERSION})")
-    obj = _object(v, "header", {*HEADER_FIELDS, "reference", "block_sizes", "meta"},
+    obj = _object(v, "header", {*HEADER_FIELDS, "reference", "block_sizes", "meta", "vllm_errors"},
                   list(HEADER_FIELDS))
     for name, kind in HEADER_FIELDS.items():
         _kind_ok(kind, obj[name], f"header.{name}")
@@ -255,7 +262,8 @@ def parse_header(v: Any) -> Header:
     if not isinstance(meta, dict):
         raise FieldError(f"header.meta: expected an object, got {show(meta)}")
     return Header(obj["num_blocks"], obj["enable_caching"], obj["hash_block_size"],
-                  obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta)
+                  obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta,
+                  _vllm_errors(obj))
 
 
 def parse_step(v: Any, line: int, header: Header) -> TraceStep:

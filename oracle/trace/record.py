@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from ..abstraction import same_refusal
+from ..abstraction import same_refusal, vllm_refusal
 from ..lockstep import Divergence, Lockstep, Watcher
 from ..observe import Observation
 from ..workload import Config, Workload
@@ -161,6 +161,8 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
         reference=reference, block_sizes=cfg.block_sizes,
         meta={"seed": seed, "steps": steps, "pool": _name(pool_factory), "misuse": misuse})
     pair.errors_match = errors_match
+    if errors_match is vllm_refusal:  # the trace checks as it was recorded (check-trace reads it)
+        header["vllm_errors"] = True
     pair.keep_observations = observe
     if observe_pool is not None:
         pair.observe = observe_pool
