@@ -147,7 +147,8 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
            observe: bool = True,
            errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
            reference: str = DEFAULT_REFERENCE,
-           observe_pool: Callable[..., Observation] | None = None) -> Recording:
+           observe_pool: Callable[..., Observation] | None = None,
+           vllm_errors: bool = False) -> Recording:
     """Run the seeded workload (as ``campaign.run_one``) and keep every call as a trace line.
 
     A divergence stops the run; the trace then ends with the call that
@@ -161,7 +162,7 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
         reference=reference, block_sizes=cfg.block_sizes,
         meta={"seed": seed, "steps": steps, "pool": _name(pool_factory), "misuse": misuse})
     pair.errors_match = errors_match
-    if errors_match is vllm_refusal:  # the trace checks as it was recorded (check-trace reads it)
+    if vllm_errors or errors_match is vllm_refusal:  # check-trace reads it: checks as recorded
         header["vllm_errors"] = True
     pair.keep_observations = observe
     if observe_pool is not None:
@@ -189,7 +190,8 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
     supported = bool(adapter.supports_misuse)
     return record(factory, seed, steps, misuse=supported if misuse is None else misuse and supported,
                   observe=observe, errors_match=adapter.errors_match, reference=reference,
-                  observe_pool=getattr(adapter, "observe", None))
+                  observe_pool=getattr(adapter, "observe", None),
+                  vllm_errors=getattr(adapter, "matcher", None) is vllm_refusal)
 
 
 def _name(obj: Any) -> str:
