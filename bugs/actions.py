@@ -36,6 +36,15 @@ def patched(**names: Any) -> Iterator[None]:
             setattr(A, k, v)
 
 
+def _holders(s: PoolState, ids: Sequence[int], delta: int) -> tuple[int, ...]:
+    """The ghost holders as the correct action keeps them (the bugs below are elsewhere)."""
+    held = list(s.holders)
+    for b in ids:
+        if b != NULL:
+            held[b] += delta
+    return tuple(held)
+
+
 def _drop_fields_only(s: PoolState, n: Any, b: int) -> None:
     """Forget the block's hash fields but leave its index entries behind."""
     n.primary[b] = None
@@ -80,7 +89,7 @@ def touch_leaves_block_free(s: PoolState, ids: Sequence[int]) -> tuple[PoolState
     ref = list(s.ref)
     for b in ids:
         ref[b] += 1
-    return replace(s, ref=tuple(ref)), None
+    return replace(s, ref=tuple(ref), holders=_holders(s, ids, +1)), None
 
 
 def free_null_into_queue(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -142,7 +151,8 @@ def free_appends_listing_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolSt
     idle = [b for b in ids if b != NULL and ref[b] == 0]
     hashed = [b for b in idle if s.caching and s.primary[b] is not None]
     first = [b for b in idle if b not in hashed]
-    return replace(s, ref=tuple(ref), free=(*first, *s.free, *hashed)), None
+    return replace(s, ref=tuple(ref), free=(*first, *s.free, *hashed),
+                   holders=_holders(s, ids, -1)), None
 
 
 def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -163,7 +173,7 @@ def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolS
                 free.append(b)
             else:
                 free.insert(0, b)
-    return replace(s, ref=tuple(ref), free=tuple(free)), None
+    return replace(s, ref=tuple(ref), free=tuple(free), holders=_holders(s, ids, -1)), None
 
 
 def free_hashed_to_head(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -171,7 +181,7 @@ def free_hashed_to_head(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, An
     ref = _free_listing(s, ids)
     last = {b: i for i, b in enumerate(ids)}
     idle = [b for b in sorted(last, key=last.__getitem__) if b != NULL and ref[b] == 0]
-    return replace(s, ref=tuple(ref), free=(*idle, *s.free)), None
+    return replace(s, ref=tuple(ref), free=(*idle, *s.free), holders=_holders(s, ids, -1)), None
 
 
 def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -189,7 +199,7 @@ def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]
             free[i] = free[-1]
             free.pop()
         ref[b] += 1
-    return replace(s, ref=tuple(ref), free=tuple(free)), None
+    return replace(s, ref=tuple(ref), free=tuple(free), holders=_holders(s, ids, +1)), None
 
 
 def alloc_pops_tail(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
@@ -240,3 +250,43 @@ def alloc_keeps_old_hash(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]
     """Allocation without lazy eviction: the old hash still serves the new owner's block."""
     nxt, taken = A.get_new_blocks(replace(s, caching=False), num_blocks)
     return replace(nxt, caching=s.caching), taken
+
+
+def unpin_keeps_reference(s: PoolState, ids: Sequence[int], on_reuse: Any) -> tuple[PoolState, Any]:
+    """unpin_blocks registers the watcher but keeps the reference: the block never returns."""
+    nxt, res = A.unpin_blocks(s, ids, on_reuse)
+    return replace(nxt, ref=s.ref, free=s.free), res
+
+
+def alloc_refuses_last_block(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
+    """``if num_blocks >= free: refuse`` (off by one): the last free block is never handed out."""
+    if isinstance(num_blocks, int) and 0 < num_blocks == len(s.free):
+        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
+                      f"Cannot get {num_blocks} free blocks from the pool")
+    return A.get_new_blocks(s, num_blocks)
+
+
+def cache_full_without_conflict_check(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """cache_full_blocks re-caches a block already cached at a prefix as long."""
+    with patched(_check_conflicts=lambda *a: None):
+        return A.cache_full_blocks(s, *args)
+
+
+def cache_full_listing_twice(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """vLLM's cache_full_blocks with a block listed twice: it removes the first position's
+    key, then announces it with the second in one BlockStored."""
+    with patched(_require_once=lambda blocks: None):
+        return A.cache_full_blocks(s, *args)
+
+
+def partial_write_over_hashed_block(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """cache_partial_block takes another request's prefix into a hashed block and keeps its entries."""
+    with patched(_require_write=lambda *a: None):
+        return A.cache_partial_block(s, *args)
+
+
+def owner_overwrites_hashed_block(s: PoolState, block_id: int, request: Any,
+                                  num_tokens: int) -> tuple[PoolState, Any]:
+    """The owner writes new KV into a block the index still names."""
+    with patched(_require_write=lambda *a: None):
+        return A.write_block(s, block_id, request, num_tokens)

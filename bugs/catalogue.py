@@ -169,14 +169,59 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          z3=step("reset", z3s.reset_requeues_everything),
          action=("reset_prefix_cache", act.reset_while_in_use),
          pool=pools.ResetWhileInUse),
+    _bug("reset_forgets_blocks_in_use",
+         "reset with no in-use guard: the hashes and watchers of blocks in use are forgotten, "
+         "though the free queue stays right",
+         z3=step("reset", z3s.reset_while_in_use)),
+    # ------------------------------------------------------------ liveness and leaks
+    _bug("unpin_keeps_reference",
+         "unpin_blocks registers the reuse watcher but keeps the reference: the block is never "
+         "evictable, a leak that shrinks the pool for the life of the engine",
+         z3=step("unpin", z3s.unpin_keeps_reference),
+         action=("unpin_blocks", act.unpin_keeps_reference),
+         pool=pools.UnpinKeepsReference),
+    _bug("alloc_refuses_last_block",
+         "get_new_blocks checks num_blocks >= free (off by one): the last free block is never "
+         "handed out, and a full batch is refused",
+         z3=step("alloc", z3s.alloc_refuses_last_block),
+         action=("get_new_blocks", act.alloc_refuses_last_block),
+         pool=pools.AllocRefusesLastBlock),
+    _bug("cache_full_without_conflict_check",
+         "cache_full_blocks re-caches a block already cached at a prefix as long: it re-indexes "
+         "the block and announces the key again",
+         z3=step("cache_full", z3s.cache_full_without_conflict_check),
+         action=("cache_full_blocks", act.cache_full_without_conflict_check),
+         pool=pools.CacheFullWithoutConflictCheck),
+    # ------------------------------------------------------------ caller contracts accepted
+    _bug("partial_write_over_hashed_block",
+         "cache_partial_block(b[:1]) on a block with a[:3]'s entry, no replace: the entry stays "
+         "and a hit on a[:3] serves b's KV",
+         z3=step("cache_partial", z3s.partial_write_over_hashed_block),
+         action=("cache_partial_block", act.partial_write_over_hashed_block)),
+    _bug("owner_overwrites_hashed_block",
+         "the owner of a hashed block writes new KV into it: the entry goes stale",
+         z3=step("write", z3s.owner_overwrites_hashed_block),
+         action=("write_block", act.owner_overwrites_hashed_block)),
+    _bug("collisions_accepted",
+         "a key already naming one prefix is indexed for another: a hit serves the wrong KV",
+         z3=step("cache_full", z3s.collisions_accepted)),
+    _bug("cache_full_listing_twice",
+         "a block listed twice in one cache_full_blocks: vLLM removes the first position's key, "
+         "then announces it in the BlockStored, and a router counts a copy the pool lacks",
+         action=("cache_full_blocks", act.cache_full_listing_twice)),
     _bug("unpin_reuses_tail_place",
          "an unpinned block appended at the old tail's place: two blocks, one place",
          queue=queue_step("unpin", z3s.unpin_reuses_tail_place)),
     # ------------------------------------------------------------ events
     _bug("evict_without_events",
          "eviction that tells no event consumer: a router's view of the cache goes stale",
+         z3=step("evict", z3s.evict_without_events),
          action=("evict_blocks", act.evict_without_events),
          pool=pools.EvictWithoutEvents),
+    _bug("evict_removes_stale_key",
+         "eviction publishes a BlockRemoved for the key a stale hash field names, hashed or not: "
+         "a router drops a copy some other block still holds",
+         z3=step("evict", z3s.evict_removes_stale_key)),
     _bug("removed_event_drops_group",
          "eviction's BlockRemoved leaves out the KV-cache group: a router keeping one view per "
          "group removes the entry from group 0 and keeps serving the evicted one",

@@ -22,6 +22,7 @@ from kvpool.proofs import bmc
 from kvpool.proofs.inductive import COUNTEREXAMPLE, SCOPE, TIMEOUT_MS, find_counterexample
 from kvpool.proofs.invariants import SYM_INVARIANTS
 from kvpool.proofs.order import ORDER_PROPERTIES, find_order_counterexample
+from kvpool.proofs.step_properties import SYM_STEP_PROPERTIES, applies
 
 from .catalogue import BUGS, SeededBug
 
@@ -42,13 +43,15 @@ class Caught:
 
 @functools.cache
 def refute_z3(name: str, scope: int = SCOPE, timeout_ms: int = TIMEOUT_MS) -> Caught:
-    """Search a small pool for a state where the broken step breaks an encoded invariant."""
+    """Search a small pool for a state where the broken step breaks an encoded invariant or
+    one of the step properties of the step it breaks."""
     form = BUGS[name].z3
     if form is None:
         raise ValueError(f"{name} has no z3 form")
     started = time.perf_counter()
-    results = {inv: find_counterexample(form, inv, scope, timeout_ms) for inv in SYM_INVARIANTS}
-    by = tuple(inv for inv, r in results.items() if r.status == COUNTEREXAMPLE)
+    targets = [*SYM_INVARIANTS, *(p for p in SYM_STEP_PROPERTIES if applies(p, form.name))]
+    results = {name: find_counterexample(form, name, scope, timeout_ms) for name in targets}
+    by = tuple(name for name, r in results.items() if r.status == COUNTEREXAMPLE)
     return Caught("inductive", by, time.perf_counter() - started)
 
 

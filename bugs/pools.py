@@ -326,6 +326,40 @@ class ResetWhileInUse(BlockPool):
             return super().reset_prefix_cache()
 
 
+class UnpinKeepsReference(BlockPool):
+    """unpin_blocks registers the watcher but keeps the reference: the block leaks."""
+
+    def unpin_blocks(self, blocks: Any, on_reuse: Any) -> None:
+        blocks = list(blocks)
+        super().unpin_blocks(blocks, on_reuse)
+        for block in dict.fromkeys(blocks):
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += blocks.count(block)
+
+
+class AllocRefusesLastBlock(BlockPool):
+    """``if num_blocks >= free: raise`` (off by one): the last free block is never handed out."""
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        if isinstance(num_blocks, int) and 0 < num_blocks == self.get_num_free_blocks():
+            raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+        return super().get_new_blocks(num_blocks)
+
+
+class CacheFullWithoutConflictCheck(BlockPool):
+    """cache_full_blocks re-caches a block already cached at a prefix as long: it drops the
+    block's entries and indexes it again, announcing the key twice."""
+
+    def cache_full_blocks(self, request: Any, blocks: Any, num_cached_blocks: int,
+                          num_full_blocks: int, *args: Any, **kwargs: Any) -> None:
+        for block in blocks[num_cached_blocks:num_full_blocks]:
+            if getattr(block, "_block_hash", None) is not None and not block.is_null:
+                block._block_hash_num_tokens = 0
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                  *args, **kwargs)
+
+
 # ---------------------------------------------------------------- events
 
 

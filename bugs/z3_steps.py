@@ -15,10 +15,11 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.proofs import transitions as t
 from kvpool.proofs.order import QSTEPS, QSpec, QState, QStep, release, touch, unpin
-from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, SymState
+from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, Key, SymState
 from kvpool.proofs.transitions import Step, StepSpec
 
 _qx = z3.Const("bound.qx", Block)
+_qk = z3.Const("bound.qk", Key)
 
 
 def _without(pre: Expr, *dropped: Expr) -> Expr:
@@ -139,6 +140,64 @@ def move_onto_null(s: SymState, src: Expr, dst: Expr) -> Step:
 
 
 
+def unpin_keeps_reference(s: SymState, b: Expr) -> Step:
+    """unpin_blocks registers the watcher but keeps the reference: the block leaks."""
+    st = t.unpin(s, b)
+    return Step(pre=st.pre, post=replace(st.post, ref=s.ref, free=s.free))
+
+
+def alloc_refuses_last_block(s: SymState, b: Expr) -> Step:
+    """Allocation checks ``n >= free`` (off by one): the last free block is never handed out."""
+    st = t.alloc(s, b)
+    other = z3.Exists([_qx], z3.And(_qx != NULL, _qx != b, s.free[_qx]))
+    return replace(st, pre=z3.And(st.pre, other))
+
+
+def cache_full_without_conflict_check(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+    """cache_full_blocks re-caches a block already cached at a prefix as long."""
+    st = t.cache_full(s, b, k, n, c)
+    return replace(st, pre=_without(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] < n)))
+
+
+def reset_while_in_use(s: SymState) -> Step:
+    """Reset with no in-use guard: hashes and watchers of blocks in use are forgotten."""
+    return replace(t.reset(s), pre=z3.BoolVal(True))
+
+
+def evict_without_events(s: SymState, b: Expr) -> Step:
+    """Eviction publishes no BlockRemoved: a router keeps counting the evicted entries."""
+    return Step(pre=z3.BoolVal(True), post=t.drop_hashes(s, b))
+
+
+def evict_removes_stale_key(s: SymState, b: Expr) -> Step:
+    """Eviction publishes a BlockRemoved for the key the block's stale hash field names, hashed or not."""
+    st = t.evict(s, b)
+    stale = z3.Lambda([_qk, _qx], z3.And(_qx == b, _qk == s.pkey[b]))
+    return replace(t.published(s, st.post, z3.Lambda([_qk, _qx], z3.Or(
+        st.removed[_qk, _qx], stale[_qk, _qx])), t.NO_ENTRIES), pre=st.pre)
+
+
+def partial_write_over_hashed_block(
+    s: SymState, b: Expr, k: Expr, n: Expr, c: Expr, rep: Expr,
+) -> Step:
+    """cache_partial_block takes another request's prefix into a hashed block and keeps its entries."""
+    st = t.cache_partial(s, b, k, n, c, rep)
+    kids = st.pre.children()
+    return replace(st, pre=z3.And(*kids[:-1], z3.Implies(rep, s.ref[b] == 1)))
+
+
+def owner_overwrites_hashed_block(s: SymState, b: Expr, c: Expr) -> Step:
+    """The owner writes new KV into a block the index still names (it trusted its own count)."""
+    st = t.write(s, b, c)
+    return replace(st, pre=z3.And(b != NULL, s.ref[b] == 1))
+
+
+def collisions_accepted(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+    """A key already naming one prefix is indexed for another: a hit serves the wrong KV."""
+    st = t.cache_full(s, b, k, n, c)
+    return replace(st, pre=_without(st.pre, t.hashes_name_one_prefix(s, k, c)))
+
+
 # --------------------------------------------------------------------------
 # The free queue with places (the eviction order).
 
@@ -168,7 +227,7 @@ def unpin_reuses_tail_place(s: QState, b: Expr) -> QStep:
 
 def step(name: str, fn: t.StepFn) -> StepSpec:
     """A broken form of the per-block step ``name`` (same argument sorts)."""
-    return StepSpec(fn, t.STEPS[name].args)
+    return StepSpec(fn, t.STEPS[name].args, name)
 
 
 def queue_step(name: str, fn: object, sorts: tuple[tuple[str, z3.SortRef], ...] | None = None) -> QSpec:

@@ -17,8 +17,7 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.pictures import Picture, picture_changes
 from kvpool.proofs.finite import domain, scoped
-from kvpool.proofs.inductive import SCOPE, TIMEOUT_MS
-from kvpool.proofs.invariants import SYM_INVARIANTS, inv
+from kvpool.proofs.inductive import SCOPE, TIMEOUT_MS, broken
 from kvpool.proofs.symbolic import (
     EMPTY,
     NULL,
@@ -26,7 +25,6 @@ from kvpool.proofs.symbolic import (
     Content,
     Key,
     SymState,
-    config_ok,
     prefix,
     prefix_axioms,
 )
@@ -73,12 +71,13 @@ def _picture(model: Any, s: SymState, blocks: list[Any], keys: list[Any]) -> Pic
 
 def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOPE,
                          timeout_ms: int = TIMEOUT_MS) -> list[dict[str, Any]]:
-    """The pool before and after ``step`` breaks ``invariant`` (TraceSteps); [] if none in scope."""
+    """The pool before and after ``step`` breaks ``invariant`` (an invariant or a step
+    property), as TraceSteps; [] if no pool in scope has it."""
     spec = STEPS[step] if isinstance(step, str) else step
     s = SymState.fresh("s")
     args = spec.fresh_args()
     st = spec.fn(s, *args)
-    facts = [*prefix_axioms(), config_ok(s), inv(s), st.pre, z3.Not(SYM_INVARIANTS[invariant](st.post))]
+    facts = [*prefix_axioms(), *broken(spec, invariant, s, args)]
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     solver.add(*scoped(facts, scope, s, args))
@@ -132,8 +131,32 @@ def _ghost(model: Any, s: SymState, blocks: list[Any], keys: list[Any], contents
                  if z3.is_true(model.eval(c == other, model_completion=True)))
         return "ε" if i == 0 else f"c{i}"
 
-    lines = [f"block {i} holds {name(s.holds[b])}" for i, b in enumerate(blocks) if i > 0]
+    def val(e: Any) -> Any:
+        return model.eval(e, model_completion=True)
+
+    lines = [f"block {i} holds {name(s.holds[b])}, {val(s.holders[b])} holder(s)"
+             for i, b in enumerate(blocks) if i > 0]
     lines += [f"{_key_label(model, k, keys)} names {name(s.names[k])}" for k in keys]
+    if z3.is_true(val(s.events)):
+        lines += [f"announced {_key_label(model, k, keys)} on block {i}"
+                  for k in keys for i, b in enumerate(blocks) if z3.is_true(val(s.live[k, b]))]
     lines += [f"{name(a)} < {name(b)}" for a in contents[1:] for b in contents[1:]
               if a is not b and z3.is_true(model.eval(prefix(a, b), model_completion=True))]
     return lines
+
+
+def counterexample_text(steps: list[dict[str, Any]]) -> list[str]:
+    """The pictured counterexample as plain lines: each state's blocks, then what the step changed."""
+    out = []
+    for st in steps:
+        pic = st["picture"]
+        out.append(f"{st['index']}. {st['call']}" + (f"  -> {st['outcome']}" if st["outcome"] else ""))
+        for cell in pic["blocks"]:
+            where = "null" if cell["null"] else (
+                f"free #{cell['free_pos']}" if cell["free_pos"] is not None else "in use")
+            hashed = (f" key {cell['key']} ({cell['tokens']} tokens)" if cell["key"] else "")
+            extra = f" extra {','.join(cell['extra_keys'])}" if cell["extra_keys"] else ""
+            watched = " watched" if cell["watched"] else ""
+            out.append(f"     block {cell['id']}: ref {cell['ref']}, {where}{hashed}{extra}{watched}")
+        out += [f"     {line}" for line in st["changes"]]
+    return out

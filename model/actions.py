@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .contracts import ContractBroken, compatible
 from .events import Cleared, Event, Hash, Removed, Stored
 from .refusals import Refusal, RefusalKind
 from .request import Content, chunk_keys, content, hashes_at, lora_of, untagged
@@ -75,12 +76,15 @@ class _Next:
     told: list[tuple[str, BlockId | None]]
     holds: list[Content]
     names: dict[Key, Content]
+    holders: list[int]
+    announced: set[tuple[Key, BlockId]]
 
 
 def _thaw(s: PoolState) -> _Next:
     return _Next(
         list(s.ref), list(s.free), list(s.primary), list(s.secondary), dict(s.index),
         dict(s.watchers), list(s.events), list(s.fired), list(s.told), list(s.holds), dict(s.names),
+        list(s.holders), set(s.announced),
     )
 
 
@@ -89,7 +93,7 @@ def _freeze(s: PoolState, n: _Next) -> PoolState:
         s, ref=tuple(n.ref), free=tuple(n.free), primary=tuple(n.primary),
         secondary=tuple(n.secondary), index=n.index, watchers=n.watchers,
         events=tuple(n.events), fired=tuple(n.fired), told=tuple(n.told), holds=tuple(n.holds),
-        names=n.names,
+        names=n.names, holders=tuple(n.holders), announced=frozenset(n.announced),
     )
 
 
@@ -105,6 +109,7 @@ def _drop_hashes(s: PoolState, n: _Next, b: BlockId) -> None:
             n.index.pop(key, None)
         if s.events_on:
             n.events.append(Removed(key[0], key[1], s.medium))
+            n.announced.discard((key, b))
     n.primary[b] = None
     n.secondary[b] = ()
 
@@ -125,6 +130,44 @@ def _add_key(n: _Next, key: Key, b: BlockId, num_tokens: int, names: Content) ->
 def _write(held: Content, written: Content) -> Content:
     """Ghost: what a block holds after its owner wrote ``written`` into it."""
     return held if held[: len(written)] == written else written
+
+
+def _hand(n: _Next, block_ids: Sequence[BlockId], delta: int) -> None:
+    """Ghost: the caller gains (``+1``) or gives back (``-1``) a reference per real listing."""
+    for b in block_ids:
+        if b != NULL:
+            n.holders[b] += delta
+
+
+def _announce(n: _Next, entries: Sequence[tuple[Key, BlockId]]) -> None:
+    """Ghost: the entries a ``BlockStored`` just announced are live."""
+    n.announced.update(entries)
+
+
+def _writable(s: PoolState, b: BlockId) -> bool:
+    return b != NULL and s.ref[b] == 1 and s.primary[b] is None
+
+
+def _require_write(s: PoolState, b: BlockId, written: Content) -> None:
+    """Contract: a write extends what the block holds (either way), unless the block is writable."""
+    if not compatible(s.holds[b], written) and not _writable(s, b):
+        raise ContractBroken("writes_extend_unless_writable",
+                             f"block {b} holds a prefix that {len(written)} written chunk(s) "
+                             "do not extend, and it is not writable")
+
+
+def _require_once(blocks: Sequence[BlockId]) -> None:
+    """Contract: one ``cache_full_blocks`` call caches a block at one position."""
+    if len(set(blocks)) != len(blocks):
+        raise ContractBroken("cached_once_per_call",
+                             f"blocks {list(blocks)} list one block at two positions")
+
+
+def _require_one_prefix(s: PoolState, key: Key, prefix: Content) -> None:
+    """Contract: a key in use names one prefix (the caller's hashes do not collide)."""
+    if s.index.get(key) and s.names.get(key, prefix) != prefix:
+        raise ContractBroken("hashes_name_one_prefix",
+                             f"key …{key[0][-3:].hex()}/g{key[1]} already names another prefix")
 
 
 def _stored(s: PoolState, request: Any, hashes: Sequence[Hash], parent: Hash | None,
@@ -182,6 +225,16 @@ def _check_block_size(s: PoolState, block_size: Any) -> None:
             f"block_size {block_size!r} is not a positive multiple of {s.hash_block_size}")
 
 
+def _check_conflicts(s: PoolState, new_ids: Sequence[BlockId], chosen: Sequence[tuple[int, BlockId]],
+                     block_size: int) -> None:
+    """A chosen block may only be hashed at a shorter prefix (a partial entry being promoted)."""
+    covered = {b: p.num_tokens for b in new_ids if (p := s.primary[b]) is not None}
+    for i, b in chosen:
+        if b in covered and covered[b] >= (i + 1) * block_size:
+            raise Refusal(RefusalKind.HASH_CONFLICT, f"block {b} is already cached at a prefix this long")
+        covered[b] = (i + 1) * block_size
+
+
 # --------------------------------------------------------------------------
 # Actions.
 
@@ -204,6 +257,7 @@ def get_new_blocks(s: PoolState, num_blocks: int) -> Step:
         n.told.append(("allocated", b))
         n.ref[b] = 1
         n.holds[b] = ()
+    _hand(n, taken, +1)
     return _freeze(s, n), taken
 
 
@@ -215,6 +269,7 @@ def free_blocks(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
     """
     _check_releasable(s, block_ids, "free")
     n = _thaw(s)
+    _hand(n, block_ids, -1)
     first: list[BlockId] = []
     last: list[BlockId] = []
     for b in block_ids:
@@ -231,6 +286,7 @@ def touch(s: PoolState, block_ids: Sequence[BlockId]) -> Step:
     """Take a reference on each block (a prefix hit); idle ones leave the queue."""
     _check_ids(s, block_ids)
     n = _thaw(s)
+    _hand(n, block_ids, +1)
     for b in block_ids:
         if b == NULL and not s.null_counted:
             continue
@@ -250,6 +306,7 @@ def unpin_blocks(s: PoolState, block_ids: Sequence[BlockId], on_reuse: Watcher) 
         raise Refusal(RefusalKind.NULL_BLOCK, "the null block cannot be unpinned")
     _check_releasable(s, block_ids, "unpin")
     n = _thaw(s)
+    _hand(n, block_ids, -1)
     released = []
     for b in block_ids:
         n.ref[b] -= 1
@@ -282,6 +339,7 @@ def reset_prefix_cache(s: PoolState) -> Step:
     n.secondary = [()] * s.num_blocks
     if s.events_on:
         n.events.append(Cleared())
+        n.announced = set()
     n.told.append(("reset", None))
     return _freeze(s, n), True
 
@@ -321,21 +379,21 @@ def cache_full_blocks(
     needed = max([i + 1 for i, _ in chosen] + [num_cached_blocks if s.events_on else 0])
     if len(hashes) < needed:
         raise Refusal(RefusalKind.INVALID_ARGUMENT, f"request has {len(hashes)} block hashes, want {needed}")
-    covered = {b: p.num_tokens for b in new_ids if (p := s.primary[b]) is not None}
+    _check_conflicts(s, new_ids, chosen, block_size)
+    _require_once([b for _i, b in chosen])
+    prefixes = {i: content(request, (i + 1) * block_size, s.hash_block_size) for i, _b in chosen}
     for i, b in chosen:
-        if b in covered and covered[b] >= (i + 1) * block_size:
-            raise Refusal(RefusalKind.HASH_CONFLICT, f"block {b} is already cached at a prefix this long")
-        covered[b] = (i + 1) * block_size
+        _require_one_prefix(s, (hashes[i], kv_cache_group_id), prefixes[i])
+        _require_write(s, b, prefixes[i])
 
     n = _thaw(s)
     for i, b in chosen:
-        num_tokens = (i + 1) * block_size
-        prefix = content(request, num_tokens, s.hash_block_size)
         if n.primary[b] is not None:
             _drop_hashes(s, n, b)
-        n.holds[b] = _write(n.holds[b], prefix)
-        _add_key(n, (hashes[i], kv_cache_group_id), b, num_tokens, prefix)
+        n.holds[b] = _write(n.holds[b], prefixes[i])
+        _add_key(n, (hashes[i], kv_cache_group_id), b, (i + 1) * block_size, prefixes[i])
     if s.events_on:
+        _announce(n, [((hashes[i], kv_cache_group_id), b) for i, b in chosen])
         parent = hashes[num_cached_blocks - 1] if num_cached_blocks else None
         n.events.append(_stored(
             s, request, [hashes[i] for i, _b in chosen], parent,
@@ -374,11 +432,18 @@ def cache_partial_block(
     if not s.caching:
         raise Refusal(RefusalKind.CACHING_DISABLED, "cache_partial_block on a pool without prefix caching")
 
-    n = _thaw(s)
     key: Key = (request.block_hashes[num_hash_blocks - 1], kv_cache_group_id)
+    prefix = content(request, num_tokens, hbs)
+    _require_one_prefix(s, key, prefix)
+    if not replace_existing_hashes:
+        _require_write(s, block_id, prefix)
+    elif s.ref[block_id] != 1:
+        raise ContractBroken("replaced_by_its_sole_owner",
+                             f"block {block_id} has {s.ref[block_id]} references, not one")
+
+    n = _thaw(s)
     primary = n.primary[block_id]
     already = (primary is not None and primary.key == key) or block_id in n.index.get(key, ())
-    prefix = content(request, num_tokens, hbs)
     if replace_existing_hashes:
         _drop_hashes(s, n, block_id)
         already = False
@@ -393,6 +458,7 @@ def cache_partial_block(
         parent = request.block_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
         n.events.append(_stored(s, request, [key[0]], parent, start, num_tokens,
                                 num_tokens - start, kv_cache_group_id, [(start, num_tokens)]))
+        _announce(n, [(key, block_id)])
     return _freeze(s, n), key
 
 
@@ -410,6 +476,10 @@ def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> Step:
     primary = s.primary[src_id]
     if primary is None:
         return s, None
+    if s.ref[dst_id] != 1:
+        raise ContractBroken("moves_onto_the_callers_copy",
+                             f"block {dst_id} has {s.ref[dst_id]} references: it is not the "
+                             "caller's own copy")
     n = _thaw(s)
     keys = [primary.key, *n.secondary[src_id]]
     names = [n.names[k] for k in keys]
@@ -417,6 +487,35 @@ def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> Step:
     n.holds[dst_id] = n.holds[src_id]
     for key, name in zip(keys, names, strict=True):
         _add_key(n, key, dst_id, primary.num_tokens, name)
+        if (key, src_id) in n.announced:  # the announcement stands; it now names the copy
+            n.announced.remove((key, src_id))
+            _announce(n, [(key, dst_id)])
+    return _freeze(s, n), None
+
+
+def write_block(s: PoolState, block_id: BlockId, request: Any, num_tokens: int) -> Step:
+    """The caller, not the pool: a holder writes ``request``'s first ``num_tokens`` tokens' KV.
+
+    Ghost only (the pool sees no writes): the block then holds that prefix,
+    or keeps the longer prefix it held if the write is a prefix of it.
+    Writing anything else is the owner's right only while the block is
+    writable; that is how a stale entry would come to point at foreign KV.
+    """
+    _check_ids(s, [block_id])
+    hbs = s.hash_block_size
+    if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
+    if num_tokens > len(request.all_token_ids):
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"request has only {len(request.all_token_ids)} tokens")
+    if block_id == NULL or s.ref[block_id] < 1:
+        raise ContractBroken("writes_extend_unless_writable",
+                             f"block {block_id} has no holder to write into it")
+    written = content(request, num_tokens, hbs)
+    _require_write(s, block_id, written)
+    n = _thaw(s)
+    n.holds[block_id] = _write(n.holds[block_id], written)
     return _freeze(s, n), None
 
 
@@ -489,6 +588,9 @@ ACTIONS: dict[str, Callable[..., Step]] = {
     )
 }
 """Every state-changing operation of the pool, by its public name."""
+
+CALLER_ACTIONS: dict[str, Callable[..., Step]] = {f.__name__: f for f in (write_block,)}
+"""What the pool's caller does to its blocks outside the pool (ghost-only transitions)."""
 
 QUERIES: dict[str, Callable[..., Any]] = {
     f.__name__: f

@@ -2,6 +2,8 @@
 
 ``INVARIANTS`` is the registry that the proofs, the oracle and the tests
 enumerate; add a predicate with ``@invariant`` and it is checked everywhere.
+``LEMMAS`` are predicates that follow from the invariants (each names the
+ones it follows from); the proofs prove each as such, not by induction.
 """
 
 from __future__ import annotations
@@ -13,12 +15,26 @@ from .state import NULL, Key, PoolState
 
 Invariant = Callable[[PoolState], bool]
 INVARIANTS: dict[str, Invariant] = {}
+LEMMAS: dict[str, Invariant] = {}
+DERIVED_FROM: dict[str, tuple[str, ...]] = {}
+"""Per lemma, the invariants it follows from."""
 
 
 def invariant(pred: Invariant) -> Invariant:
     """Register ``pred`` under its name; its docstring's first line explains it."""
     INVARIANTS[pred.__name__] = pred
     return pred
+
+
+def lemma(*premises: str) -> Callable[[Invariant], Invariant]:
+    """Register a predicate that follows from the invariants named in ``premises``."""
+
+    def register(pred: Invariant) -> Invariant:
+        LEMMAS[pred.__name__] = pred
+        DERIVED_FROM[pred.__name__] = premises
+        return pred
+
+    return register
 
 
 def _real_blocks(s: PoolState) -> range:
@@ -66,7 +82,7 @@ def index_matches_block_hashes(s: PoolState) -> bool:
     )
 
 
-@invariant
+@lemma("free_queue_holds_exactly_idle_blocks")
 def idle_hashed_block_is_evictable(s: PoolState) -> bool:
     """No hashed block with ref count 0 sits outside the free queue."""
     free = set(s.free)
@@ -108,7 +124,7 @@ def index_entries_are_sound(s: PoolState) -> bool:
     return True
 
 
-@invariant
+@lemma("index_matches_block_hashes", "secondary_entries_need_primary")
 def writable_blocks_are_unindexed(s: PoolState) -> bool:
     """A block its sole owner may write into is not reachable from the index."""
     indexed = {b for blocks in s.index.values() for b in blocks}
@@ -116,6 +132,19 @@ def writable_blocks_are_unindexed(s: PoolState) -> bool:
         b not in indexed
         for b in _real_blocks(s) if s.ref[b] == 1 and s.primary[b] is None
     )
+
+
+@invariant
+def ref_counts_equal_holders(s: PoolState) -> bool:
+    """Every real block's count is the number of references its callers hold: none leaks."""
+    return all(s.ref[b] == s.holders[b] for b in _real_blocks(s))
+
+
+@invariant
+def announcements_match_index(s: PoolState) -> bool:
+    """With events on, the live announcements are exactly the index entries."""
+    entries = {(key, b) for key, blocks in s.index.items() for b in blocks}
+    return not s.events_on or s.announced == entries
 
 
 @invariant
@@ -143,5 +172,5 @@ def nothing_cached_without_caching(s: PoolState) -> bool:
 
 
 def violated(s: PoolState) -> list[str]:
-    """Names of the invariants ``s`` breaks (empty when it is a good state)."""
-    return [name for name, pred in INVARIANTS.items() if not pred(s)]
+    """Names of the invariants and lemmas ``s`` breaks (empty when it is a good state)."""
+    return [name for name, pred in (*INVARIANTS.items(), *LEMMAS.items()) if not pred(s)]

@@ -32,7 +32,8 @@ from .state import NULL, Key, PoolState
 class Transition:
     """One call: the state before it, the call, and what came of it.
 
-    A refused call is a transition too: ``refused`` is set and ``after`` is the
+    A refused call is a transition too: ``refused`` is set, ``refusal`` names
+    its kind (a :class:`~.refusals.RefusalKind` name) and ``after`` is the
     state the call left behind (which must be ``before``).
     """
 
@@ -42,6 +43,7 @@ class Transition:
     after: PoolState
     result: Any = None
     refused: bool = False
+    refusal: str | None = None
 
 
 StepProperty = Callable[[Transition], bool]
@@ -144,6 +146,45 @@ def event_announcements_match_index(t: Transition) -> bool:
 def fired_watchers_were_registered(t: Transition) -> bool:
     """A reuse notice goes to the watcher registered on that block before the call."""
     return all(t.before.watchers.get(b) is w for w, b in t.after.fired[len(t.before.fired):])
+
+
+def _in_use(s: PoolState) -> int:
+    """Real blocks someone holds, counted from the reference counts (not from the queue)."""
+    return sum(1 for b in range(1, s.num_blocks) if s.ref[b] > 0)
+
+
+@step_property
+def reset_needs_an_idle_pool(t: Transition) -> bool:
+    """``reset_prefix_cache`` succeeds exactly when no real block is in use, and then forgets every hash."""
+    if t.action != "reset_prefix_cache" or t.refused:
+        return True
+    if _in_use(t.before):
+        return t.result is False and t.after == t.before
+    return t.result is True and not t.after.index and not t.after.watchers
+
+
+@step_property
+def allocation_succeeds_iff_enough_free(t: Transition) -> bool:
+    """``get_new_blocks(n)`` is refused for want of blocks exactly when fewer than ``n`` are idle."""
+    if t.action != "get_new_blocks" or t.refusal == "INVALID_ARGUMENT":
+        return True
+    idle = t.before.num_blocks - 1 - _in_use(t.before)
+    return (t.refusal == "NOT_ENOUGH_FREE_BLOCKS") == bool(t.args[0] > idle)
+
+
+@step_property
+def conflicting_caches_are_refused(t: Transition) -> bool:
+    """``cache_full_blocks`` never re-caches a block already cached at a prefix as long."""
+    if t.action != "cache_full_blocks" or t.refused:
+        return True
+    block_ids, num_cached, num_full, block_size = t.args[1], t.args[2], t.args[3], t.args[4]
+    mask = t.args[6] if len(t.args) > 6 else None
+    for i in range(num_cached, min(num_full, len(block_ids))):
+        b, p = block_ids[i], t.before.primary[block_ids[i]]
+        chosen = b != NULL and (mask is None or mask[i - num_cached])
+        if chosen and p is not None and p.num_tokens >= (i + 1) * block_size:
+            return False
+    return True
 
 
 @step_property

@@ -65,6 +65,12 @@ class PoolState:
     """Ghost: the prefix whose KV each block holds, as written by its owner."""
     names: Mapping[Key, Content]
     """Ghost: the prefix each index key stands for."""
+    holders: tuple[int, ...]
+    """Ghost: per block, the references callers hold, counted from the calls' arguments
+    (one per block handed out or listing touched, minus one per listing freed or unpinned)."""
+    announced: frozenset[tuple[Key, BlockId]]
+    """Ghost: the index entries whose announcement (``BlockStored``) is live: stored and
+    not yet removed or cleared.  A consumer's count of a key is the number of its entries here."""
 
     null_counted: bool = True
     """Whether touch/free move the null block's counter (vLLM 0.31) or skip it (0.33)."""
@@ -114,6 +120,8 @@ def initial_state(
         told=(),
         holds=((),) * num_blocks,
         names={},
+        holders=(0,) * num_blocks,
+        announced=frozenset(),
         null_counted=null_counted,
         boundary_partials=boundary_partials,
     )

@@ -45,6 +45,7 @@ class Universe:
             all_keys |= set(st.index) | set(st.names)
             all_keys |= {p.key for p in st.primary if p is not None}
             all_keys |= {k for keys_b in st.secondary for k in keys_b}
+            all_keys |= {k for k, _b in st.announced}
             all_contents |= set(st.holds) | set(st.names.values())
         n = states[0].num_blocks
         order_k = sorted(all_keys)
@@ -81,7 +82,7 @@ def encode(u: Universe, m: PoolState, s: SymState) -> list[Expr]:
     unhashed block and ``names`` of a key never named.
     """
     free = set(m.free)
-    out = [s.caching == m.caching, s.hbs == m.hash_block_size]
+    out = [s.caching == m.caching, s.hbs == m.hash_block_size, s.events == m.events_on]
     for i, b in enumerate(u.blocks):
         p = m.primary[i]
         out += [
@@ -90,11 +91,13 @@ def encode(u: Universe, m: PoolState, s: SymState) -> list[Expr]:
             s.prim[b] == (p is not None),
             s.watched[b] == (i in m.watchers),
             s.holds[b] == u.contents[m.holds[i]],
+            s.holders[b] == m.holders[i],
         ]
         if p is not None:
             out += [s.pkey[b] == u.keys[p.key], s.ptok[b] == p.num_tokens]
         for k, ek in u.keys.items():
-            out += [s.sec[b, ek] == (k in m.secondary[i]), s.idx[ek, b] == (i in m.index.get(k, ()))]
+            out += [s.sec[b, ek] == (k in m.secondary[i]), s.idx[ek, b] == (i in m.index.get(k, ())),
+                    s.live[ek, b] == ((k, i) in m.announced)]
     for k, c in m.names.items():
         out.append(s.names[u.keys[k]] == u.contents[c])
     return out

@@ -8,8 +8,13 @@ is unsatisfiable, where ``Inv`` is the conjunction of ALL encoded invariants
 (so each invariant may lean on the others).  Together with :func:`check_initial`
 (Inv holds in ``initial_state`` of any size) this is the induction.  Every
 step's precondition is also checked satisfiable together with Inv
-(:func:`check_enabled`), so no proof is vacuous.  Results are ``proven``,
-``counterexample`` or ``unknown`` (a failure: a timeout proves nothing).
+(:func:`check_enabled`), so no proof is vacuous.  Step properties
+(:mod:`.step_properties`) are proven per step the same way
+(:func:`check_step_property`), and each lemma from the invariants it names
+(:func:`check_lemma`).  Results are ``proven``, ``counterexample`` or
+``unknown``; :func:`settle` turns an ``unknown`` into a counterexample when
+a small pool has one, and an ``unknown`` that stays one is a failure: a
+timeout proves nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from dataclasses import dataclass
 
 import z3  # type: ignore[import-untyped]
 
+from kvpool.model.invariants import DERIVED_FROM
+
 from .finite import scoped
-from .invariants import SYM_INVARIANTS, SymInvariant, inv
+from .invariants import SYM_INVARIANTS, SYM_LEMMAS, SymInvariant, inv
+from .step_properties import SYM_STEP_PROPERTIES
 from .symbolic import Expr, SymState, config_ok, initial, prefix_axioms
 from .transitions import STEPS, Step, StepSpec
 
@@ -86,34 +94,76 @@ def instantiate(spec: StepSpec, s: SymState, tag: str = "") -> Step:
     return spec.fn(s, *spec.fresh_args(tag))
 
 
+def broken(step: str | StepSpec, target: str | SymInvariant,
+           s: SymState, args: list[Expr]) -> list[Expr]:
+    """The query whose models are counterexamples: a good state where the step breaks ``target``.
+
+    ``target`` is an invariant (by name or as a predicate) or a step property's name.
+    """
+    spec = STEPS[step] if isinstance(step, str) else step
+    st = spec.fn(s, *args)
+    if isinstance(target, str) and target in SYM_STEP_PROPERTIES:
+        return [config_ok(s), inv(s), z3.Not(SYM_STEP_PROPERTIES[target].claim(s, args, st))]
+    pred = SYM_INVARIANTS[target] if isinstance(target, str) else target
+    return [config_ok(s), inv(s), st.pre, z3.Not(pred(st.post))]
+
+
 def check_preservation(
     step: str | StepSpec, invariant: str | SymInvariant, timeout_ms: int = TIMEOUT_MS,
 ) -> Result:
     """Inv(s) ∧ Pre ∧ Step ⇒ invariant(s'), for one step and one invariant."""
     spec = STEPS[step] if isinstance(step, str) else step
-    pred = SYM_INVARIANTS[invariant] if isinstance(invariant, str) else invariant
     s = SymState.fresh("s")
-    st = instantiate(spec, s)
-    return _refute([config_ok(s), inv(s), st.pre, z3.Not(pred(st.post))], timeout_ms)
+    return _refute(broken(spec, invariant, s, spec.fresh_args()), timeout_ms)
+
+
+def check_step_property(step: str | StepSpec, name: str, timeout_ms: int = TIMEOUT_MS) -> Result:
+    """Inv(s) ⇒ the step property ``name`` of one step, for any pool size."""
+    spec = STEPS[step] if isinstance(step, str) else step
+    s = SymState.fresh("s")
+    return _refute(broken(spec, name, s, spec.fresh_args()), timeout_ms)
+
+
+def check_lemma(name: str, timeout_ms: int = TIMEOUT_MS) -> Result:
+    """The invariants the model names as the lemma's premises imply it, for any pool size."""
+    s = SymState.fresh("s")
+    premises = [SYM_INVARIANTS[p](s) for p in DERIVED_FROM[name]]
+    return _refute([config_ok(s), *premises, z3.Not(SYM_LEMMAS[name](s))], timeout_ms)
 
 
 def find_counterexample(
-    step: str | StepSpec, invariant: str | SymInvariant, scope: int = SCOPE,
+    step: str | StepSpec, target: str | SymInvariant, scope: int = SCOPE,
     timeout_ms: int = TIMEOUT_MS,
 ) -> Result:
-    """Search a pool with at most ``scope`` blocks/keys/contents for a broken step.
+    """Search a pool with at most ``scope`` blocks/keys/contents for a step breaking ``target``.
 
-    ``counterexample`` (with the model) or :data:`NONE_IN_SCOPE` / ``unknown``.
+    ``target``: an invariant or a step property.  ``counterexample`` (with the
+    model) or :data:`NONE_IN_SCOPE` / ``unknown``.
     """
     spec = STEPS[step] if isinstance(step, str) else step
-    pred = SYM_INVARIANTS[invariant] if isinstance(invariant, str) else invariant
     s = SymState.fresh("s")
     args = spec.fresh_args()
-    st = spec.fn(s, *args)
-    verdict, took, detail = _solve(
-        [config_ok(s), inv(s), st.pre, z3.Not(pred(st.post))], timeout_ms, (scope, s, args))
+    verdict, took, detail = _solve(broken(spec, target, s, args), timeout_ms, (scope, s, args))
     status = {"sat": COUNTEREXAMPLE, "unsat": NONE_IN_SCOPE}.get(verdict, UNKNOWN)
     return Result(status, took, detail)
+
+
+def settle(result: Result, step: str | StepSpec, target: str, scope: int = SCOPE,
+           timeout_ms: int = TIMEOUT_MS) -> Result:
+    """An ``unknown`` made definite where it can be: a counterexample in a small pool, if any.
+
+    Anything but ``unknown`` comes back as it was.  An ``unknown`` with no
+    counterexample in scope stays ``unknown`` (a failure) and says so.
+    """
+    if result.status != UNKNOWN:
+        return result
+    found = find_counterexample(step, target, scope, timeout_ms)
+    took = result.seconds + found.seconds
+    if found.status == COUNTEREXAMPLE:
+        return Result(COUNTEREXAMPLE, took, found.detail)
+    why = (f"no counterexample with at most {scope} blocks, keys and contents"
+           if found.status == NONE_IN_SCOPE else "the finite-scope search gave up too")
+    return Result(UNKNOWN, took, f"z3 gave up ({result.detail}); {why}: unproven, not refuted")
 
 
 def check_initial(invariant: str, timeout_ms: int = TIMEOUT_MS) -> Result:

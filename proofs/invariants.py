@@ -3,8 +3,10 @@
 Each predicate carries the SAME NAME as its counterpart in
 :data:`kvpool.model.INVARIANTS`, so the proofs enumerate the model's registry
 and a new model invariant without an encoding (or a reason in
-:data:`NOT_ENCODED`) fails a test.  Quantifiers are plain ``ForAll`` over
-``Block``/``Key``; z3 Skolemizes the negated goal itself.
+:data:`NOT_ENCODED`) fails a test.  :data:`SYM_LEMMAS` restate the model's
+lemmas, proven from the invariants they name (not by induction).
+Quantifiers are plain ``ForAll`` over ``Block``/``Key``; z3 Skolemizes the
+negated goal itself.
 """
 
 from __future__ import annotations
@@ -17,11 +19,18 @@ from .symbolic import NULL, Block, Expr, Key, SymState, prefix
 
 SymInvariant = Callable[[SymState], Expr]
 SYM_INVARIANTS: dict[str, SymInvariant] = {}
+SYM_LEMMAS: dict[str, SymInvariant] = {}
 
 
 def encoded(pred: SymInvariant) -> SymInvariant:
     """Register ``pred`` under its (model) name."""
     SYM_INVARIANTS[pred.__name__] = pred
+    return pred
+
+
+def encoded_lemma(pred: SymInvariant) -> SymInvariant:
+    """Register a lemma under its (model) name; its premises are the model's ``DERIVED_FROM``."""
+    SYM_LEMMAS[pred.__name__] = pred
     return pred
 
 
@@ -57,7 +66,7 @@ def index_matches_block_hashes(s: SymState) -> Expr:
     return z3.ForAll([_k, _b], s.idx[_k, _b] == s.has_key(_b, _k))
 
 
-@encoded
+@encoded_lemma
 def idle_hashed_block_is_evictable(s: SymState) -> Expr:
     """A real hashed block with count 0 is in the free queue."""
     return z3.ForAll([_b], z3.Implies(
@@ -84,11 +93,23 @@ def index_entries_are_sound(s: SymState) -> Expr:
     return z3.ForAll([_k, _b], z3.Implies(s.idx[_k, _b], prefix(s.names[_k], s.holds[_b])))
 
 
-@encoded
+@encoded_lemma
 def writable_blocks_are_unindexed(s: SymState) -> Expr:
     """A real block with count 1 and no primary is in no index entry."""
     return z3.ForAll([_k, _b], z3.Implies(
         z3.And(_b != NULL, s.ref[_b] == 1, z3.Not(s.prim[_b])), z3.Not(s.idx[_k, _b])))
+
+
+@encoded
+def ref_counts_equal_holders(s: SymState) -> Expr:
+    """Every real block's count equals the references its callers hold."""
+    return z3.ForAll([_b], z3.Implies(_b != NULL, s.ref[_b] == s.holders[_b]))
+
+
+@encoded
+def announcements_match_index(s: SymState) -> Expr:
+    """With events on, the live announcements are exactly the index entries."""
+    return z3.Implies(s.events, z3.ForAll([_k, _b], s.live[_k, _b] == s.idx[_k, _b]))
 
 
 @encoded
@@ -109,8 +130,8 @@ NOT_ENCODED: dict[str, str] = {
         "membership, not its length or the pool size (it follows from "
         "free_queue_holds_exactly_idle_blocks plus 'no duplicates', checked by the model only)"),
     "no_events_when_disabled": (
-        "events are not part of the symbolic state; the only event-producing branches are "
-        "guarded by events_on in the model itself"),
+        "the pending events are not part of the symbolic state (what they publish is: ghost "
+        "live); the only event-producing branches are guarded by events_on in the model itself"),
 }
 """Model invariants with no z3 counterpart, and why."""
 

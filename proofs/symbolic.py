@@ -18,7 +18,14 @@ it drops (the invariants do not depend on what is dropped):
 * ghosts ``holds`` and ``names`` map into ``Content``, ordered by ``prefix``,
   an uninterpreted partial order: token values never matter, only which
   prefix extends which.
-* events, ``fired``, ``medium`` and ``num_blocks`` are not represented.
+* ghost ``holders`` is kept as is (``Block -> Int``).
+* the event log becomes what a consumer rebuilds from it: ghost
+  ``live(k, b)``, the index entries whose announcement is live (the model's
+  ``announced``); a key's count of live announcements is the number of its
+  entries there.  Each step names the entries its events remove and
+  announce (:class:`~kvpool.proofs.transitions.Step`).
+* the pending events themselves, ``fired``, ``medium`` and ``num_blocks``
+  are not represented.
 """
 
 from __future__ import annotations
@@ -85,6 +92,12 @@ class SymState:
     """Block -> Content (ghost): the prefix the block's KV holds."""
     names: Expr
     """Key -> Content (ghost): the prefix a key stands for."""
+    holders: Expr
+    """Block -> Int (ghost): references the callers hold."""
+    live: Expr
+    """Key x Block -> Bool (ghost): entries whose announcement is live."""
+    events: Expr
+    """Bool: the pool emits KV events (constant)."""
     caching: Expr
     """Bool: the pool was built with prefix caching (constant)."""
     hbs: Expr
@@ -104,6 +117,9 @@ class SymState:
             watched=z3.Array(f"{name}.watched", Block, z3.BoolSort()),
             holds=z3.Array(f"{name}.holds", Block, Content),
             names=z3.Array(f"{name}.names", Key, Content),
+            holders=z3.Array(f"{name}.holders", Block, z3.IntSort()),
+            live=z3.Array(f"{name}.live", Key, Block, z3.BoolSort()),
+            events=z3.Bool(f"{name}.events"),
             caching=z3.Bool(f"{name}.caching"),
             hbs=z3.Int(f"{name}.hbs"),
         )
@@ -134,9 +150,9 @@ def same(a: SymState, b: SymState) -> Expr:
 def initial(name: str = "init") -> SymState:
     """The model's ``initial_state`` for ANY number of blocks.
 
-    Every block but ``NULL`` free with count 0, nothing hashed or watched,
-    every block holding the empty prefix; ``caching``, ``hbs`` and the names
-    of keys are left free.
+    Every block but ``NULL`` free with count 0 and no holder, nothing hashed,
+    watched or announced, every block holding the empty prefix; ``caching``,
+    ``events``, ``hbs`` and the names of keys are left free.
     """
     x = z3.Const("lam.x", Block)
     k = z3.Const("lam.k", Key)
@@ -152,6 +168,9 @@ def initial(name: str = "init") -> SymState:
         watched=z3.K(Block, z3.BoolVal(False)),
         holds=z3.K(Block, EMPTY),
         names=base.names,
+        holders=z3.K(Block, z3.IntVal(0)),
+        live=z3.Lambda([k, x], z3.BoolVal(False)),
+        events=base.events,
         caching=base.caching,
         hbs=base.hbs,
     )

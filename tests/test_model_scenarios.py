@@ -895,16 +895,6 @@ def test_index_stays_sound_across_allocation_caching_and_reuse() -> None:
     assert dict(s.index) == {key(r2.block_hashes[0]): (2,), key(r2.block_hashes[1]): (1,)}
 
 
-def test_caching_a_block_over_foreign_content_breaks_soundness() -> None:
-    """Caller contract: a block holding another prefix needs replace_existing_hashes."""
-    s, r1 = block_with_partial_entries(2)
-    r2 = request("r2", tokens(4, start=200), hbs=2)
-    s, _ = cache_partial_block(s, r2, 1, 2, 0, 8)
-    assert s.secondary[1] == (key(r2.block_hashes[0]),)
-    assert dict(s.index) == {key(r1.block_hashes[0]): (1,), key(r2.block_hashes[0]): (1,)}
-    assert violated(s) == ["index_entries_are_sound"]
-
-
 def _features(spans: list[tuple[int, int]]) -> list[MultiModalFeature]:
     return [MultiModalFeature(f"item{i}", PlaceholderRange(offset=o, length=n))
             for i, (o, n) in enumerate(spans)]

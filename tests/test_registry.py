@@ -14,7 +14,8 @@ import kvpool.model.actions as actions
 import kvpool.model.invariants as invariants
 import kvpool.model.properties as properties
 from kvpool.impl import BlockPool
-from kvpool.model import ACTIONS, INVARIANTS, QUERIES
+from kvpool.model import ACTIONS, CALLER_ACTIONS, INVARIANTS, LEMMAS, QUERIES
+from kvpool.model.invariants import DERIVED_FROM
 from kvpool.model.properties import EVENT_LOG, QUEUE_ORDER, STEP_PROPERTIES
 from kvpool.model.state import PoolState
 from kvpool.oracle.campaign import run_one
@@ -37,14 +38,17 @@ def _takes_state(fn: object) -> bool:
 
 def test_every_model_action_and_query_is_registered() -> None:
     defined = {n for n, f in _public_functions(actions).items() if _takes_state(f)}
-    assert defined == set(ACTIONS) | set(QUERIES)
+    assert defined == set(ACTIONS) | set(QUERIES) | set(CALLER_ACTIONS)
     assert not set(ACTIONS) & set(QUERIES)
+    assert not (set(ACTIONS) | set(QUERIES)) & set(CALLER_ACTIONS)
 
 
 def test_every_invariant_is_registered_and_documented_in_one_line() -> None:
     defined = {n for n, f in _public_functions(invariants).items() if _takes_state(f)}
-    assert defined - {"violated"} == set(INVARIANTS)
-    for name, pred in INVARIANTS.items():
+    assert defined - {"violated"} == set(INVARIANTS) | set(LEMMAS)
+    assert not set(INVARIANTS) & set(LEMMAS)
+    assert all(set(DERIVED_FROM[n]) <= set(INVARIANTS) for n in LEMMAS)
+    for name, pred in {**INVARIANTS, **LEMMAS}.items():
         doc = inspect.getdoc(pred)
         assert doc and "\n" not in doc, f"{name} needs a one-line docstring"
 

@@ -52,8 +52,10 @@ def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
     assert phases["seeded-bugs"]["skipped"] and phases["traces"]["skipped"]
     proofs = phases["proofs"]
     order = proofs["order"]
+    properties = sum(len(row) for row in proofs["properties"].values())
     assert len(proofs["cases"]) == len(proofs["steps"]) * (len(proofs["initial"]) + 1) + len(
-        proofs["initial"]) + 1 + len(order["steps"]) * (len(order["properties"]) + 1)
+        proofs["initial"]) + len(proofs["lemmas"]) + properties + 1 + len(order["steps"]) * (
+        len(order["properties"]) + 1)
     assert all(cell["status"] == "proven" for row in order["matrix"].values() for cell in row.values())
     assert all(cell["status"] == "proven" for row in proofs["matrix"].values() for cell in row.values())
     assert [r["depth"] for r in phases["bmc"]["runs"]] == [1, 1]

@@ -24,12 +24,21 @@ from .phases import Phase
 
 
 def invariants_table() -> list[dict[str, Any]]:
-    """The model's invariants with their docstrings, and whether z3 proves them."""
-    from kvpool.model import INVARIANTS
-    from kvpool.proofs.invariants import SYM_INVARIANTS
+    """The model's invariants and lemmas with their docstrings, and whether z3 proves them.
 
-    return [{"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0],
-             "encoded": name in SYM_INVARIANTS} for name, fn in INVARIANTS.items()]
+    A lemma lists the invariants it follows from (``derived_from``); z3 proves it from them.
+    """
+    from kvpool.model import INVARIANTS, LEMMAS
+    from kvpool.model.invariants import DERIVED_FROM
+    from kvpool.proofs.invariants import SYM_INVARIANTS, SYM_LEMMAS
+
+    table: list[dict[str, Any]] = [
+        {"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0],
+         "encoded": name in SYM_INVARIANTS} for name, fn in INVARIANTS.items()]
+    return table + [
+        {"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0],
+         "encoded": name in SYM_LEMMAS, "derived_from": list(DERIVED_FROM[name])}
+        for name, fn in LEMMAS.items()]
 
 
 def reference_differences() -> str:

@@ -77,7 +77,7 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
         cid, title = _proof_case(check)
         ok = r.status == PROVEN
         trace: list[dict[str, Any]] = []
-        if not ok and check.part == "invariants" and check.step and check.name:
+        if not ok and check.part in ("invariants", "properties") and check.step and check.name:
             # a concrete pool that breaks it, if a small one does
             from kvpool.proof_pictures import counterexample_steps
 
@@ -100,6 +100,9 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
         "matrix": {st: {n: figures(r) for n, r in row.items()} for st, row in proofs.matrix.items()},
         "initial": {n: figures(r) for n, r in proofs.initial.items()},
         "enabled": {st: figures(r) for st, r in proofs.enabled.items()},
+        "lemmas": {n: figures(r) for n, r in proofs.lemmas.items()},
+        "properties": {p: {st: figures(r) for st, r in row.items()}
+                       for p, row in proofs.properties.items()},
         "not_encoded": dict(NOT_ENCODED),
         "covers": {a: list(s) for a, s in COVERS.items()},
         "order": {  # the eviction order (proofs/order.py): the free queue as a sequence of places
@@ -123,6 +126,8 @@ def _proof_case(check: Check) -> tuple[str, str]:
     return {"initial": (f"proofs/initial/{name}", f"initial state satisfies {name}"),
             "preserve": (f"proofs/preserve/{st}/{name}", f"{st} preserves {name}"),
             "enabled": (f"proofs/enabled/{st}", f"{st} precondition satisfiable"),
+            "lemma": (f"proofs/lemma/{name}", f"{name} follows from the invariants"),
+            "holds": (f"proofs/property/{st}/{name}", f"{st} keeps {name}"),
             }[check.kind]
 
 

@@ -5,11 +5,10 @@ Every block id (the null block included); one- and two-element lists for
 requests with overlapping prefixes; groups 0 and 1; block sizes ``hbs`` and
 ``2 * hbs``; masks on two-block ranges; two watchers.
 
-Caller contracts are assumptions, so only contract-respecting calls are
-generated: ``cache_full_blocks``/``cache_partial_block`` (without
-``replace_existing_hashes``) write a request's prefix into a block only when
-that prefix extends what the block holds or is a prefix of it, and
-``cache_full_blocks`` lists distinct blocks (vLLM's block tables do).
+The owner's writes (``write_block``: a request prefix into any block) are
+explored too.  Calls that break a caller contract
+(:mod:`kvpool.model.contracts`) are generated like any other; the model
+raises ``ContractBroken`` on them and the search does not follow them.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.model import initial_state
-from kvpool.model.request import Content, content
 from kvpool.model.state import NULL, PoolState
 
 Action = Callable[..., tuple[PoolState, Any]]
@@ -92,23 +90,6 @@ DEFAULT = Config()
 # Argument domains.
 
 
-def _extends(held: Content, written: Content) -> bool:
-    """The write contract: one prefix is a prefix of the other."""
-    k = min(len(held), len(written))
-    return held[:k] == written[:k]
-
-
-_PREFIXES: dict[tuple[str, tuple[int, ...], int, int], Content] = {}
-
-
-def _prefix(r: Request, num_tokens: int, hbs: int) -> Content:
-    """The ghost content of a request prefix (memoised: the requests never change)."""
-    k = (r.request_id, tuple(r.all_token_ids), num_tokens, hbs)
-    if k not in _PREFIXES:
-        _PREFIXES[k] = content(r, num_tokens, hbs)
-    return _PREFIXES[k]
-
-
 def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Call]:
     """Every contract-respecting call from ``s`` over the small domains."""
     ids = range(s.num_blocks)
@@ -129,6 +110,10 @@ def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Ca
     for src in ids:
         for dst in ids:
             yield "move_block_hashes", (src, dst)
+    for r in requests:
+        for b in ids:
+            for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
+                yield "write_block", (b, r, nt)
     for r, bs, g in itertools.product(requests, (2 * hbs, hbs), cfg.groups):
         yield "emit_cached_block_events", (r, 1, bs, g)
         nmax = len(r.all_token_ids) // bs
@@ -136,14 +121,12 @@ def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Ca
             for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
                 if nt % bs == 0:
                     continue  # a boundary that is a block's end is cache_full's job
-                content = _prefix(r, nt, hbs)
                 for rep in (False, True):
-                    if rep or _extends(s.holds[b], content):
-                        yield "cache_partial_block", (r, b, nt, g, bs, rep)
+                    yield "cache_partial_block", (r, b, nt, g, bs, rep)
         # (list, num_cached): the listed blocks before num_cached are not read,
         # so one filler (the null block) stands for all of them.
         ranges = [([b], 0) for b in ids] + [([NULL, b], 1) for b in ids]
-        ranges += [([a, b], 0) for a in ids for b in ids if a != b]
+        ranges += [([a, b], 0) for a in ids for b in ids]
         for lst, nc in ranges:
             nf = min(len(lst), nmax)
             if nc >= nf:
@@ -152,11 +135,6 @@ def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Ca
             if nf - nc == 2:
                 masks += [[True, False], [False, True]]
             for mask in masks:
-                ok = all(
-                    _extends(s.holds[b], _prefix(r, (nc + i + 1) * bs, hbs))
-                    for i, b in enumerate(lst[nc:nf])
-                    if b != NULL and (mask is None or mask[i]))
-                if ok:
-                    yield "cache_full_blocks", (r, lst, nc, nf, bs, g, mask)
+                yield "cache_full_blocks", (r, lst, nc, nf, bs, g, mask)
 
 

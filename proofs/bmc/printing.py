@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from kvpool.model import ACTIONS, violated
+from kvpool.model import ACTIONS, CALLER_ACTIONS, violated
 from kvpool.model.events import Cleared, Stored
 from kvpool.model.state import Key, PoolState
 
@@ -83,7 +83,7 @@ def describe(step: Step, labels: Mapping[Key, str]) -> list[str]:
 
 def _params(action: str) -> list[str]:
     """The argument names of a model action (after the state)."""
-    return list(inspect.signature(ACTIONS[action]).parameters)[1:]
+    return list(inspect.signature({**ACTIONS, **CALLER_ACTIONS}[action]).parameters)[1:]
 
 
 def format_trace(out: Outcome, cfg: Config = DEFAULT) -> str:

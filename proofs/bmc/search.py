@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvpool.model import ACTIONS, Refusal, violated
+from kvpool.model import ACTIONS, CALLER_ACTIONS, ContractBroken, Refusal, violated
 from kvpool.model.properties import Transition, broken_by
 from kvpool.model.state import PoolState
 
@@ -52,35 +52,47 @@ class Outcome:
 
 
 def apply_call(actions: Mapping[str, Action], s: PoolState, call: Call) -> Step | None:
-    """Run one call; ``None`` for a clean refusal."""
+    """Run one call; ``None`` for a call that breaks a caller contract.
+
+    A refusal is a step too (its ``after`` is the state the call left behind,
+    ``before`` itself when the refusal was clean): the step properties speak
+    of refusals (a refused call changes nothing; allocation is refused only
+    when too few blocks are idle).
+    """
     name, args = call
     try:
-        nxt, result = actions[name](s, *args)
+        nxt, result = (actions.get(name) or CALLER_ACTIONS[name])(s, *args)
+    except ContractBroken:
+        return None  # outside the specification: no successor to check
     except Refusal as e:
         left = getattr(e, "state", None)
         if left is None or (canonical(left) == canonical(s) and left.events == s.events):
-            return None
+            left = s
         return Step(name, args, s, left, None, e.kind.name)
     return Step(name, args, s, nxt, result)
 
 
 def _check(step: Step, state_too: bool = True) -> list[str]:
     """Every property of one step (the invariants only if the state is new)."""
-    bad = violated(step.after) if state_too or step.error else []
+    changed = step.after is not step.before
+    bad = violated(step.after) if state_too or (step.error and changed) else []
     return bad + broken_by(Transition(step.action, step.args, step.before, step.after, step.result,
-                                      refused=step.error is not None))
+                                      refused=step.error is not None, refusal=step.error))
 
 
 def explore(
     cfg: Config = DEFAULT, depth: int = 3, seconds: float = 20.0,
-    actions: Mapping[str, Action] = ACTIONS, visit: Callable[[PoolState], None] | None = None,
+    actions: Mapping[str, Action] | None = None, visit: Callable[[PoolState], None] | None = None,
 ) -> Outcome:
     """Breadth-first search of all call sequences up to ``depth`` within ``seconds``.
 
-    ``visit`` (if given) is called on each state the search keeps, the
-    initial one included: one per class with :attr:`Config.symmetry`.
+    ``actions`` replace the model's own by name (a seeded bug); the caller's
+    writes (``CALLER_ACTIONS``) are explored too.  ``visit`` (if given) is
+    called on each state the search keeps, the initial one included: one per
+    class with :attr:`Config.symmetry`.
     """
     start = time.perf_counter()
+    actions = {**ACTIONS, **CALLER_ACTIONS, **(actions or {})}
     requests = cfg.requests()
     s0 = cfg.initial()
     if cfg.symmetry:
@@ -91,7 +103,7 @@ def explore(
             # Most steps reach a state seen before: look it up by its exact
             # variables (dict order included) before canonicalising it.
             exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
-                     tuple(s.watchers.items()), tuple(s.names.items()))
+                     tuple(s.watchers.items()), tuple(s.names.items()), s.holders, s.announced)
             if exact not in memo:
                 memo[exact] = orbit_key(s, renamings)
             return memo[exact]

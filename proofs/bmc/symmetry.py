@@ -26,6 +26,7 @@ def canonical(s: PoolState) -> tuple[Any, ...]:
         tuple(sorted(s.index.items())),
         tuple(sorted((b, w.__name__) for b, w in s.watchers.items())),
         s.holds, tuple(sorted(s.names.items(), key=lambda kv: kv[0])),
+        s.holders, tuple(sorted(s.announced)),
     )
 
 
@@ -75,7 +76,8 @@ def orbit_key(s: PoolState, renamings: Sequence[Renaming] = ()) -> tuple[Any, ..
     for i, b in enumerate(s.free):
         if 0 <= b < n:
             places[b].append(i)
-    fixed = [(tuple(places[b]), s.ref[b], _content_id(s.holds[b])) for b in range(n)]
+    fixed = [(tuple(places[b]), s.ref[b], s.holders[b], _content_id(s.holds[b]))
+             for b in range(n)]
     watched = {b: w.__name__ for b, w in s.watchers.items()}
     keyed = bool(s.names) or bool(s.index) or any(p is not None for p in s.primary)
     # Renaming what the state does not mention changes nothing: skip those.
@@ -89,8 +91,12 @@ def orbit_key(s: PoolState, renamings: Sequence[Renaming] = ()) -> tuple[Any, ..
             kk = key(k)
             for i, b in enumerate(blocks):
                 entries[b].append((kk, i))
+        announced: list[list[Key]] = [[] for _ in range(n)]
+        for k, b in s.announced:
+            announced[b].append(key(k))
         hashes = [((key(p.key), p.num_tokens) if (p := s.primary[b]) else (),
-                   tuple(key(k) for k in s.secondary[b]), tuple(sorted(entries[b])))
+                   tuple(key(k) for k in s.secondary[b]), tuple(sorted(entries[b])),
+                   tuple(sorted(announced[b])))
                   for b in range(n)]
         names = tuple(sorted((key(k), c) for k, c in s.names.items()))
         for wmap in wmaps or {()}:

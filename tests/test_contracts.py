@@ -1,0 +1,143 @@
+"""The caller contracts: the model names each broken one and changes nothing.
+
+Each contract the proofs assume (:data:`kvpool.model.CONTRACTS`) is checked
+by the model, which raises :class:`ContractBroken` (a verdict about the
+caller, not the pool) and leaves the state as it was; a call that keeps them
+is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpool.impl.hashing import get_request_block_hasher
+from kvpool.impl.request import Request
+from kvpool.model import ACTIONS, CALLER_ACTIONS, CONTRACTS, ContractBroken, initial_state, violated
+from kvpool.model.contracts import compatible, extends
+from kvpool.model.state import PoolState
+
+
+def _request(rid: str, tokens: list[int], hbs: int = 1) -> Request:
+    return Request(rid, tokens, block_hasher=get_request_block_hasher(hbs))
+
+
+def _call(s: PoolState, op: str, *args: Any) -> PoolState:
+    fn = ACTIONS.get(op) or CALLER_ACTIONS[op]
+    nxt, _ = fn(s, *args)
+    assert violated(nxt) == []
+    return nxt
+
+
+def _broken(s: PoolState, contract: str, op: str, *args: Any) -> None:
+    fn = ACTIONS.get(op) or CALLER_ACTIONS[op]
+    with pytest.raises(ContractBroken) as caught:
+        fn(s, *args)
+    assert caught.value.contract == contract
+    assert str(caught.value).startswith(f"caller broke {contract}: ")
+
+
+A = _request("a", [1, 2, 3, 4])
+B = _request("b", [9, 8, 7, 6])
+
+
+def _held(n: int = 1, *, events: bool = True) -> PoolState:
+    s = initial_state(5, True, 1, events)
+    return _call(s, "get_new_blocks", n)
+
+
+def test_every_contract_is_named_in_one_line() -> None:
+    assert set(CONTRACTS) == {"hashes_name_one_prefix", "writes_extend_unless_writable",
+                              "replaced_by_its_sole_owner", "moves_onto_the_callers_copy",
+                              "cached_once_per_call"}
+    assert all(text and "\n" not in text for text in CONTRACTS.values())
+
+
+def test_the_issues_stale_partial_entry_is_a_broken_contract() -> None:
+    """cache_partial_block(a[:3]) then (b[:1]) on one block: refused as the caller's fault."""
+    s = _call(_held(), "cache_partial_block", A, 1, 3, 0, 4)
+    _broken(s, "writes_extend_unless_writable", "cache_partial_block", B, 1, 1, 0, 4)
+    # with replace_existing_hashes its sole owner may do it, and the old entry goes
+    s = _call(s, "cache_partial_block", B, 1, 1, 0, 4, True)
+    assert list(s.index) == [(B.block_hashes[0], 0)]
+
+
+def test_a_hashed_block_takes_only_extensions_of_what_it_holds() -> None:
+    s = _call(_held(), "cache_partial_block", A, 1, 2, 0, 4)
+    s = _call(s, "cache_partial_block", A, 1, 3, 0, 4)  # the same request, further: fine
+    s = _call(s, "write_block", 1, A, 4)  # the owner keeps writing its own tokens
+    assert len(s.holds[1]) == 4 and s.holds[1][:3] == s.names[(A.block_hashes[2], 0)]
+    _broken(s, "writes_extend_unless_writable", "write_block", 1, B, 2)
+
+
+def test_a_writable_block_takes_any_write_from_its_owner() -> None:
+    s = _call(_held(), "write_block", 1, A, 3)
+    s = _call(s, "write_block", 1, B, 2)  # unhashed, one owner: rewriting is its right
+    s = _call(s, "cache_partial_block", B, 1, 2, 0, 4)
+    assert s.holds[1] == s.names[(B.block_hashes[1], 0)]
+
+
+def test_writes_need_a_holder() -> None:
+    s = _held()
+    _broken(s, "writes_extend_unless_writable", "write_block", 2, A, 1)  # block 2 is free
+    _broken(s, "writes_extend_unless_writable", "write_block", 0, A, 1)  # the null block
+
+
+def test_a_shared_block_is_not_writable() -> None:
+    s = _call(_call(_held(), "write_block", 1, A, 2), "touch", [1])
+    _broken(s, "writes_extend_unless_writable", "write_block", 1, B, 2)
+    _call(s, "write_block", 1, A, 3)  # an extension is still fine
+
+
+def test_only_the_sole_owner_replaces() -> None:
+    s = _call(_held(), "cache_partial_block", A, 1, 3, 0, 4)
+    shared = _call(s, "touch", [1])
+    _broken(shared, "replaced_by_its_sole_owner", "cache_partial_block", B, 1, 1, 0, 4, True)
+    idle = _call(s, "free_blocks", [1])
+    _broken(idle, "replaced_by_its_sole_owner", "cache_partial_block", B, 1, 1, 0, 4, True)
+
+
+def test_moves_go_onto_the_callers_own_copy() -> None:
+    s = _call(_held(2), "cache_full_blocks", A, [1], 0, 1, 1, 0)
+    s = _call(s, "touch", [2])  # block 2 now has two holders
+    _broken(s, "moves_onto_the_callers_copy", "move_block_hashes", 1, 2)
+    _broken(s, "moves_onto_the_callers_copy", "move_block_hashes", 1, 3)  # free, nobody's copy
+    s = _call(s, "free_blocks", [2])
+    s = _call(s, "move_block_hashes", 1, 2)
+    assert s.index == {(A.block_hashes[0], 0): (2,)}
+    assert s.announced == {((A.block_hashes[0], 0), 2)}
+
+
+def test_a_colliding_hash_is_a_broken_contract() -> None:
+    s = _call(_held(2), "cache_full_blocks", A, [1], 0, 1, 1, 0)
+    liar = Request("liar", [5], block_hasher=None)
+    liar.block_hashes.append(A.block_hashes[0])  # names a's prefix, holds other tokens
+    _broken(s, "hashes_name_one_prefix", "cache_full_blocks", liar, [2], 0, 1, 1, 0)
+    _broken(s, "hashes_name_one_prefix", "cache_partial_block", liar, 2, 1, 0, 4)
+    # another group is another key: no collision
+    _call(s, "cache_full_blocks", A, [2], 0, 1, 1, 1)
+
+
+def test_one_call_caches_a_block_at_one_position() -> None:
+    """vLLM would announce the first position's key after removing it (a router's count drifts)."""
+    s = _held()
+    _broken(s, "cached_once_per_call", "cache_full_blocks", A, [1, 1], 0, 2, 1, 0)
+    _call(s, "cache_full_blocks", A, [1, 0], 0, 2, 1, 0)  # the null block may repeat
+    _call(s, "cache_full_blocks", A, [1, 1], 0, 2, 1, 0, [True, False])  # masked out: one position
+
+
+def test_refusals_come_before_contracts() -> None:
+    """A call the pool itself would refuse is a refusal, whatever the caller's contracts."""
+    from kvpool.model import Refusal
+
+    s = _call(_held(), "cache_partial_block", A, 1, 3, 0, 4)
+    with pytest.raises(Refusal):
+        ACTIONS["cache_partial_block"](s, B, 9, 1, 0, 4)  # unknown block
+
+
+def test_prefix_relations() -> None:
+    a, b = ((1,), (2,)), ((1,),)
+    assert extends(a, b) and not extends(b, a)
+    assert compatible(a, b) and compatible(b, a) and compatible((), a)
+    assert not compatible(a, ((2,),))
