@@ -11,7 +11,7 @@ files git knows (tracked, plus untracked ones that are not ignored) into ``STAGE
 layout the package installs as (``kvpool/impl``, ``kvpool/model``, ...), so mutmut's module
 names are the real ones (``kvpool.impl.pool``) and its ``mutants/`` folder lives in the copy.
 
-The score counts equivalent mutants (``EQUIVALENT`` below, documented in MUTATION.md) as
+The score counts equivalent mutants (``EQUIVALENT``, read from ``equivalent_mutants.tsv``) as
 neither killed nor survived: score = killed / (mutants - equivalent).  Timeouts count as
 killed, as mutmut counts them (a mutant that makes the suite hang is detected), and are
 printed separately.
@@ -60,70 +60,28 @@ KILLERS: dict[str, list[str]] = {
 PACKAGE_DIRS = {"kvpool": "kvpool", "model": "kvpool/model", "impl": "kvpool/impl",
                 "proofs": "kvpool/proofs", "oracle": "kvpool/oracle", "bugs": "kvpool/bugs"}
 
-# Mutants that no test can kill because they do not change behaviour, by mutmut's name,
-# with the reason.  Names are stable as long as the mutated function is unchanged.
-_WINDOW = ("only decides whether to start the multimodal scan at the window's first item or at item 0; "
-           "the scan skips items that end before the chunk, so the keys are the same")
-_DEFAULT_BYTES = "int.to_bytes/from_bytes default to byteorder='big', signed=False (None is falsy)"
-_READD = ("re-adding a (key, block) pair the block already has is idempotent: the secondary-key dict "
-          "and the per-key block dict absorb it")
-_SIGNED_LEN = "a signed and an unsigned big-endian length field agree on every length a list can have"
-_COPY = "copying a list argument into a new list changes nothing the caller sees"
-EQUIVALENT: dict[str, str] = {
-    **{f"kvpool.impl.events.x_extra_keys_of_chunk__mutmut_{i}": _WINDOW for i in (3, 5, 6, 10, 11)},
-    **{f"kvpool.impl.keys.x_get_group_id__mutmut_{i}": _DEFAULT_BYTES for i in (3, 5, 6)},
-    **{f"kvpool.impl.keys.x_make_block_hash_with_group_id__mutmut_{i}": _DEFAULT_BYTES for i in (4, 6, 7)},
-    "kvpool.impl.keys.x_maybe_convert_block_hash__mutmut_6": _DEFAULT_BYTES,
-    **{f"kvpool.impl.pool.xǁBlockPoolǁ_add_key__mutmut_{i}": _READD for i in (1, 3, 4)},
-    "kvpool.impl.pool.xǁBlockPoolǁ_add_key__mutmut_10": (
-        "the secondary-key dict is an insertion-ordered set: its values (None or '') are never read"),
-    "kvpool.impl.pool.xǁBlockPoolǁ_drop_hashes__mutmut_6": (
-        "a block's primary key is always indexed (invariant index_matches_block_hashes), so the pop "
-        "never returns None"),
-    "kvpool.impl.pool.xǁBlockPoolǁtouch__mutmut_1": _COPY,
-    "kvpool.impl.pool.xǁBlockPoolǁget_new_blocks__mutmut_10": (
-        "'' and None are both falsy and `calls or []` replaces either before use"),
-    **{f"kvpool.impl.pool.x__group_suffix__mutmut_{i}": (
-        "only skips the table of precomputed suffixes for ids 0..63: to_bytes gives the same 4 bytes")
-       for i in (2, 4, 5)},
-    "kvpool.impl.pool.x__group_suffix__mutmut_18": _DEFAULT_BYTES,
-    "kvpool.impl.hashing.x__encode__mutmut_19": _DEFAULT_BYTES,
-    "kvpool.impl.hashing.x__encode__mutmut_39": _SIGNED_LEN,
-    **{f"kvpool.impl.hashing.x__encode__mutmut_{i}": _SIGNED_LEN for i in (60, 74, 85)},
-    "kvpool.impl.hashing.x__encode_tokens__mutmut_24": _SIGNED_LEN,
-    "kvpool.impl.hashing.x__encode__mutmut_46": "codec names are case-insensitive: 'UTF-8' is 'utf-8'",
-    **{f"kvpool.impl.hashing.x__prompt_embeds_extra_keys__mutmut_{i}": (
-        "only defeats the per-request memo of chunk digests: recomputing gives the same digest")
-       for i in (11, 12, 17)},
-    **{f"kvpool.impl.hashing.x_get_request_block_hasher__mutmut_{i}": _WINDOW for i in (15, 17, 18, 22, 23)},
-    "kvpool.impl.hashing.x_get_request_block_hasher__mutmut_31": (
-        "the window's end only bounds `hi`, which the hasher discards (it keeps `lo`)"),
-    "kvpool.impl.hashing.x_get_request_block_hasher__mutmut_11": (
-        "only skips an early return: the hashing loop itself stops before a partial chunk"),
-    **{f"kvpool.impl.pool.xǁBlockPoolǁfree_blocks__mutmut_{i}": _COPY for i in (2, 4)},
-    "kvpool.impl.pool.xǁBlockPoolǁcache_partial_block__mutmut_18": (
-        "block_size == hash_block_size: num_tokens (a multiple of it) % block_size is 0 either way"),
-    "kvpool.impl.pool.xǁBlockPoolǁcache_partial_block__mutmut_45": "`not None` and `not False` agree",
-    "kvpool.model.actions.x_emit_cached_block_events__mutmut_28": (
-        "all_token_ids[None:end] is all_token_ids[0:end]"),
-    "kvpool.model.actions.x_move_block_hashes__mutmut_27": (
-        "events_on=None is as falsy as False: the moved entries emit no removal either way"),
-    **{f"kvpool.model.actions.x_move_block_hashes__mutmut_{i}": (
-        "keys and their names are built from the same list, so zip's strict check never fires")
-       for i in (34, 37, 38)},
-    **{f"kvpool.model.actions.x_cache_full_blocks__mutmut_{i}": (
-        "the value recorded for a block's earlier listing is only compared with a later listing's "
-        "longer prefix ((i + 1) * block_size grows with i), so that check never fires, whatever "
-        "number is recorded") for i in (68, 69)},
-    **{f"kvpool.model.actions.x__drop_hashes__mutmut_{i}": (
-        "every key of a block is indexed (invariant index_matches_block_hashes), so the default "
-        "of index.get / index.pop is never used") for i in (10, 12, 17)},
-    "kvpool.model.actions.x_cache_partial_block__mutmut_70": "`not None` and `not False` agree",
-    "kvpool.model.actions.x_cache_partial_block__mutmut_24": (
-        "block_size == hash_block_size: num_tokens (a multiple of it) % block_size is 0 either way"),
-    "kvpool.impl.pool.xǁBlockPoolǁemit_cached_block_events__mutmut_25": (
-        "token_ids=all_token_ids[None:end] is all_token_ids[0:end]"),
-}
+# Mutants that no test can kill because they do not change behaviour, by mutmut's name, with the
+# reason: data, kept in equivalent_mutants.tsv beside this file (docs/mutation.md).  Names are
+# stable as long as the mutated function is unchanged.
+EQUIVALENT_FILE = Path(__file__).resolve().with_name("equivalent_mutants.tsv")
+
+
+def load_equivalent(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
+    """The equivalent-mutant list: one ``name<TAB>reason`` line each; ``#`` comments, a header."""
+    out: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#") or line == "mutant\treason":
+            continue
+        name, tab, reason = line.partition("\t")
+        if not tab or not name or not reason or "\t" in reason:
+            raise ValueError(f"{path}:{number}: expected 'mutant<TAB>reason'")
+        if name in out:
+            raise ValueError(f"{path}:{number}: {name} listed twice")
+        out[name] = reason
+    return out
+
+
+EQUIVALENT: dict[str, str] = load_equivalent()
 
 # mutmut's exit codes.  A mutant outliving its CPU limit gets SIGXCPU (-24), then SIGKILL (-9) a
 # second later; -9 also marks one that ran out of memory (the script caps each run's memory).
