@@ -113,7 +113,7 @@ def primary_covers_whole_chunks(s: PoolState) -> bool:
 
 @invariant
 def index_entries_are_sound(s: PoolState) -> bool:
-    """Every index entry points at a block holding the prefix its key names."""
+    """Every index entry points at a block whose KV extends the prefix its key names."""
     for key, blocks in s.index.items():
         named = s.names.get(key)
         if named is None:

@@ -140,15 +140,37 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def removals_in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` with each run of consecutive ``BlockRemoved`` in one canonical order.
+
+    vLLM keeps a block's partial-entry keys in a set and removes them in its
+    iteration order: within a run of removals the order is no promise (and
+    means nothing to a consumer, who counts copies per key).
+    """
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for e in [*events, {"type": None}]:
+        if e.get("type") == "BlockRemoved":
+            run.append(e)
+            continue
+        out += sorted(run, key=repr)
+        run = []
+        if e.get("type") is not None:
+            out.append(e)
+    return out
+
+
 def event_differences(model: Sequence[Event], pool: Sequence[Any]) -> list[str]:
     """Where a pool's events differ from the model's: only the differing fields, both sides.
 
     Empty when they agree.  Fields are compared by name and value (sequences
-    as lists), whatever classes the pool's events are.
+    as lists), whatever classes the pool's events are; a run of removals in
+    any order (:func:`removals_in_order`).
     """
     out = []
-    for i, (m, p) in enumerate(zip(model, pool, strict=False)):
-        want, got = model_event(m), pool_event(p)
+    wants = removals_in_order([model_event(m) for m in model])
+    gots = removals_in_order([pool_event(p) for p in pool])
+    for i, (want, got) in enumerate(zip(wants, gots, strict=False)):
         if want["type"] != got["type"]:
             out.append(f"event {i}: model {want['type']} | pool {got['type']}")
             continue

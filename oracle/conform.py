@@ -33,7 +33,7 @@ from .adapter import (
     missing_api,
 )
 from .campaign import run_one
-from .lockstep import Divergence, Lockstep
+from .lockstep import CallerBrokeContract, Divergence, Lockstep
 from .machine import MachineFailure, machine_for
 
 ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "errors_match")
@@ -83,7 +83,8 @@ def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
 
 @dataclass
 class Failure:
-    """Why a phase failed: a divergence from the model, or a crash."""
+    """Why a phase failed: a divergence from the model, a caller contract broken (``contract``:
+    the workload's fault, not the pool's), or a crash."""
 
     kind: str
     message: str
@@ -122,7 +123,8 @@ class Options:
 
 def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> Failure:
     text = str(exc)
-    kind = "divergence" if isinstance(exc, Divergence) else "crash"
+    kind = ("contract" if isinstance(exc, CallerBrokeContract)
+            else "divergence" if isinstance(exc, Divergence) else "crash")
     if kind == "crash":
         text = f"{type(exc).__name__}: {text}"
     lines = text.splitlines() or [type(exc).__name__]

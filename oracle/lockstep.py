@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state, violated
+from kvpool.model import ACTIONS, QUERIES, REFERENCES, ContractBroken, initial_state, violated
 from kvpool.model.state import Key, PoolState
 
 from .abstraction import event_differences, key_of, pool_event, published, refusal_name, same_refusal
@@ -61,6 +61,19 @@ class Divergence(AssertionError):
         super().__init__(*args)
         self.parts, self.record, self.first, self.before, self.model = [], [], 0, None, None
         self.pool, self.pool_events, self.unobservable = None, None, None
+
+
+class CallerBrokeContract(Divergence):
+    """The caller broke a contract of the pool at ``step``: a verdict about the caller.
+
+    Not a divergence of the pool: the specification says nothing about what a
+    pool does then (:mod:`kvpool.model.contracts`), so the call is not run on
+    the pool and the comparison stops.
+    """
+
+    def __init__(self, text: str, contract: str, step: int) -> None:
+        super().__init__(text)
+        self.contract, self.step = contract, step
 
 
 @dataclass(eq=False)
@@ -237,6 +250,12 @@ class Lockstep:
             m_error = None
         except Exception as exc:
             m_error, m_result, m_state = exc, None, self.model
+        if isinstance(m_error, ContractBroken):
+            self.trace.append(Step(op, tuple(list(a) if isinstance(a, list) else a for a in args),
+                                   f"caller broke {m_error.contract}", None, self.model))
+            reason = str(m_error).split(": ", 1)[-1]
+            raise self._diverged(f"caller broke {m_error.contract} at step {self.steps}", reason,
+                                 ["contract"], contract=m_error.contract)
         try:
             p_result = getattr(self.pool, op)(*self._pool_args(op, args), **kwargs)
             p_error = None
@@ -321,11 +340,13 @@ class Lockstep:
             raise self._diverged("observation", "; ".join(diff), parts)
 
     def _diverged(self, where: str, what: str, parts: list[str],
-                  crash: BaseException | None = None) -> Divergence:
+                  crash: BaseException | None = None, contract: str | None = None) -> Divergence:
         first = max(0, len(self.trace) - PICTURED)
         lines = [f"step {i + 1}: {s.op}{short_args(s.args)} -> {s.outcome}"
                  for i, s in enumerate(self.trace[first:], start=first)]
-        error = Divergence(f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines))
+        text = f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines)
+        error = (Divergence(text) if contract is None
+                 else CallerBrokeContract(text, contract, self.steps))
         error.__cause__ = crash  # the pool's own exception, with its traceback
         error.parts = list(dict.fromkeys(parts))
         error.first, error.record = first, self.trace[first:]

@@ -97,7 +97,7 @@ def observe_model(s: PoolState, probes: Iterable[Key] = ()) -> Observation:
         num_free=len(s.free),
         primary=tuple(None if p is None else (p.key, p.num_tokens) for p in s.primary),
         lookups=tuple((k, s.index[k][0] if s.index.get(k) else None) for k in probes),
-        secondary=s.secondary,
+        secondary=tuple(tuple(sorted(keys)) for keys in s.secondary),
         index=tuple(sorted(s.index.items())),
         watched=tuple(s.watchers),
     )
@@ -183,7 +183,10 @@ class Observer:
         if not self.has["secondary keys"]:
             return None
         by_block = self.pool.cached_block_hashes_by_block
-        return tuple(tuple(key_of(k) for k in by_block.get(b.block_id, ())) for b in self.pool.blocks)
+        # a set in vLLM: the order of a block's partial-entry keys is no promise, so both
+        # sides are shown sorted
+        return tuple(tuple(sorted(key_of(k) for k in by_block.get(b.block_id, ())))
+                     for b in self.pool.blocks)
 
     def link_errors(self) -> list[str]:
         """What is wrong with the free queue's links (empty when they cannot be seen)."""

@@ -89,7 +89,7 @@ def primary_covers_whole_chunks(s: SymState) -> Expr:
 
 @encoded
 def index_entries_are_sound(s: SymState) -> Expr:
-    """Every entry (k, b) points at a block holding (an extension of) the prefix k names."""
+    """Every entry (k, b) points at a block whose KV extends the prefix k names."""
     return z3.ForAll([_k, _b], z3.Implies(s.idx[_k, _b], prefix(s.names[_k], s.holds[_b])))
 
 

@@ -141,3 +141,69 @@ def test_prefix_relations() -> None:
     assert extends(a, b) and not extends(b, a)
     assert compatible(a, b) and compatible(b, a) and compatible((), a)
     assert not compatible(a, ((2,),))
+
+
+# --------------------------------------------------------------------------
+# The oracle's verdict: the caller broke a contract (not: the pool diverged).
+
+
+def test_the_lockstep_names_the_broken_contract_and_does_not_run_the_call() -> None:
+    from kvpool.impl import BlockPool
+    from kvpool.oracle.lockstep import CallerBrokeContract, Lockstep
+
+    pair = Lockstep.fresh(BlockPool, 5, True, 1, True)
+    pair.call("get_new_blocks", 1)
+    pair.call("cache_partial_block", A, 1, 3, 0, 4)
+    before = pair.pool.blocks[1].block_hash
+    with pytest.raises(CallerBrokeContract) as caught:
+        pair.call("cache_partial_block", B, 1, 1, 0, 4)
+    assert str(caught.value).startswith("caller broke writes_extend_unless_writable at step 3: ")
+    assert caught.value.contract == "writes_extend_unless_writable" and caught.value.step == 3
+    assert caught.value.parts == ["contract"]
+    assert pair.pool.blocks[1].block_hash == before  # the pool never saw the call
+
+
+def test_conform_counts_a_broken_contract_as_the_callers_fault() -> None:
+    from kvpool.cli.conform import exit_code
+    from kvpool.oracle.conform import Failure, PhaseResult, _failure
+    from kvpool.oracle.lockstep import CallerBrokeContract, Divergence
+
+    broke = _failure(CallerBrokeContract("caller broke x at step 1: why", "x", 1), None, 0)
+    assert broke.kind == "contract"
+    diverged = _failure(Divergence("result: model 1 | pool 2"), None, 0)
+    assert diverged.kind == "divergence"
+
+    def phase(f: Failure | None) -> PhaseResult:
+        return PhaseResult("campaign", f is None, 0.0, 1, f)
+
+    assert exit_code([phase(None)]) == 0
+    assert exit_code([phase(broke), phase(None)]) == 3
+    assert exit_code([phase(broke), phase(diverged)]) == 1
+
+
+def test_check_trace_reports_the_callers_broken_contract(tmp_path: Any) -> None:
+    """A pool that accepted the issue's stale write: the trace's verdict names the caller."""
+    import copy
+    import json
+
+    from kvpool.cli.trace import check_trace_main
+    from kvpool.impl import BlockPool
+    from kvpool.oracle.trace import check_trace
+    from kvpool.oracle.trace.record import Recording, recording_pair
+
+    pair, header = recording_pair(BlockPool, 5, True, 1, True)
+    pair.call("get_new_blocks", 1)
+    pair.call("cache_partial_block", A, 1, 3, 0, 4)
+    stale = copy.deepcopy(pair.lines[-1])
+    stale["args"]["request"]["all_token_ids"] = list(B.all_token_ids)
+    stale["args"]["request"]["block_hashes"] = [h.hex() for h in B.block_hashes]
+    stale["args"]["num_tokens"] = 1
+    stale["result"], stale["events"], stale["observation"] = None, None, None
+    path = tmp_path / "stale.jsonl"
+    Recording(header, [*pair.lines, stale], None).write(path)
+    report = check_trace(path)
+    assert not report.ok and report.divergence is None and report.contract is not None
+    assert report.contract.step == 3 and report.contract.contract == "writes_extend_unless_writable"
+    assert "caller broke writes_extend_unless_writable at step 3" in report.format()
+    assert check_trace_main([str(path)]) == 3
+    assert json.loads(path.read_text().splitlines()[0])["num_blocks"] == 5

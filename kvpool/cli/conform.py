@@ -20,7 +20,7 @@ as one line without a traceback.
       "schema": "kvpool.conform/1",
       "implementation": "pkg.module:Class",   # the adapter's name
       "ok": true,                             # every phase agreed
-      "exit_code": 0,                         # 0 agree, 1 divergence
+      "exit_code": 0,                         # 0 agree, 1 divergence, 3 caller broke a contract
       "settings": {"steps": 1000, "runs": 4, "examples": 200, "machine_steps": 25,
                    "seed": 0, "misuse": true, "reference": "0.31"},
       "phases": [
@@ -172,7 +172,7 @@ def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult])
         "schema": SCHEMA,
         "implementation": adapter.name,
         "ok": ok,
-        "exit_code": 0 if ok else 1,
+        "exit_code": exit_code(results),
         "settings": {**asdict(opts), "misuse": misuse_setting(adapter, opts.misuse)[0]},
         "misuse": misuse_setting(adapter, opts.misuse)[1],
         "observation": observation_level(adapter, opts.reference),
@@ -236,7 +236,7 @@ def _parse(argv: Sequence[str] | None) -> _Args:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """The ``kvpool conform`` command; returns the exit status (0, 1 or 2)."""
+    """The ``kvpool conform`` command; returns the exit status (:func:`exit_code`, or 2 on usage)."""
     out = out or sys.stdout
     try:
         args = _parse(argv)
@@ -260,7 +260,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except OSError as exc:
         print(f"kvpool conform: error: cannot write results: {exc}", file=sys.stderr)
         return 2
-    return 0 if all(r.ok for r in results) else 1
+    return exit_code(results)
+
+
+def exit_code(results: list[PhaseResult]) -> int:
+    """0 every phase agreed, 1 a divergence or crash, 3 only a caller contract broken.
+
+    A broken contract is the calls' fault, not the pool's: the model says nothing
+    about what a pool does then (``kvpool.model.contracts``).
+    """
+    failures = [r.failure for r in results if not r.ok]
+    if not failures:
+        return 0
+    return 3 if all(f is not None and f.kind == "contract" for f in failures) else 1
 
 
 __all__ = ["SCHEMA", "conform", "failure_json", "junit_xml", "main", "result_document"]

@@ -57,7 +57,8 @@ def record_main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_trace_main(argv: Sequence[str] | None = None) -> int:
-    """``kvpool check-trace``: 0 agrees, 1 diverges, 2 usage or unreadable file."""
+    """``kvpool check-trace``: 0 agrees, 1 diverges, 2 usage or unreadable file, 3 the trace's
+    caller broke a contract of the pool (a verdict about the caller, not the pool)."""
     parser = argparse.ArgumentParser(
         prog="kvpool check-trace",
         description="Replay a JSONL trace on the model and report the first call whose "
@@ -74,7 +75,7 @@ def check_trace_main(argv: Sequence[str] | None = None) -> int:
         print(f"kvpool check-trace: {exc}", file=sys.stderr)
         return 2
     print(report.format())
-    return 0 if report.ok else 1
+    return 0 if report.ok else 3 if report.contract is not None else 1
 
 
 __all__ = ["check_trace_main", "record_main"]

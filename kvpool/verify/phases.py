@@ -205,10 +205,11 @@ def run_bmc(budget: Budget, progress: Progress) -> Phase:
 
 def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str, Any]:
     """A lockstep divergence (or a crash of the pool) as a Failure with pictures."""
-    from kvpool.oracle.lockstep import Divergence
+    from kvpool.oracle.lockstep import CallerBrokeContract, Divergence
 
     text = str(exc) if isinstance(exc, Divergence) else f"{type(exc).__name__}: {exc}"
-    kind = "divergence" if isinstance(exc, Divergence) else "crash"
+    kind = ("contract" if isinstance(exc, CallerBrokeContract)
+            else "divergence" if isinstance(exc, Divergence) else "crash")
     head = (text.splitlines() or [kind])[0]
     where = "" if seed is None else f" (seed {seed})"
     from kvpool.pictures import pictured_steps

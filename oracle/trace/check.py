@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool.model import ACTIONS, QUERIES, REFERENCES, initial_state
+from kvpool.model import ACTIONS, QUERIES, REFERENCES, ContractBroken, initial_state
 from kvpool.model.state import PoolState
 
-from ..abstraction import names_refusal, refusal_name
+from ..abstraction import names_refusal, refusal_name, removals_in_order
 from ..lockstep import Watcher
 from ..observe import observe_model
 from .read import TraceStep, read_trace
@@ -37,18 +37,38 @@ class StepDivergence:
 
 
 @dataclass
+class StepContract:
+    """The first step at which the recorded caller broke a contract of the pool."""
+
+    line: int
+    step: int
+    op: str
+    contract: str
+    message: str
+
+
+@dataclass
 class CheckReport:
-    """What :func:`check_trace` found: ``divergence`` is None when every step agrees."""
+    """What :func:`check_trace` found: ``divergence`` and ``contract`` are None when every step agrees.
+
+    ``contract`` is set when the trace's caller broke a contract of the pool
+    (:mod:`kvpool.model.contracts`): a verdict about the caller; the replay stops there.
+    """
 
     path: str
     steps: int
     divergence: StepDivergence | None = None
+    contract: StepContract | None = None
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None
+        return self.divergence is None and self.contract is None
 
     def format(self) -> str:
+        if self.contract is not None:
+            c = self.contract
+            return (f"{self.path}:{c.line}: caller broke {c.contract} at step {c.step} ({c.op}); "
+                    f"{self.steps - 1} calls agreed before it\n  {c.message}")
         if self.divergence is None:
             return f"{self.path}: ok, {self.steps} calls agree with the model"
         d = self.divergence
@@ -99,8 +119,8 @@ def _is_num(v: Any) -> bool:
 
 
 def _event_diffs(where: str, recorded: list[dict[str, Json]], model: list[dict[str, Json]]) -> list[str]:
-    rec = [canonical_event(e) for e in recorded]
-    mod = [canonical_event(e) for e in model]
+    rec = removals_in_order([canonical_event(e) for e in recorded])
+    mod = removals_in_order([canonical_event(e) for e in model])
     out = []
     for i, (r, m) in enumerate(zip(rec, mod, strict=False)):
         if r.get("type") != m.get("type"):
@@ -198,6 +218,9 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
     log: list[tuple[str, int]] = []
     for number, step in enumerate(trace.steps, start=1):
         new, result, error = _model_call(state, step, watchers, log)
+        if isinstance(error, ContractBroken):
+            return CheckReport(trace.path, number, contract=StepContract(
+                step.line, number, step.op, error.contract, str(error).split(": ", 1)[-1]))
         try:
             diffs = compare_step(step, state, new, result, error, vllm_errors=vllm_errors)
         except RecursionError:
@@ -208,5 +231,5 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
     return CheckReport(trace.path, len(trace.steps))
 
 
-__all__ = ["CheckReport", "StepDivergence", "canonical_event", "canonical_hash", "check_trace",
-           "compare_step"]
+__all__ = ["CheckReport", "StepContract", "StepDivergence", "canonical_event", "canonical_hash",
+           "check_trace", "compare_step"]
