@@ -34,16 +34,26 @@ from kvpool.proofs.inductive import (
     COUNTEREXAMPLE,
     NONE_IN_SCOPE,
     PROVEN,
+    UNKNOWN,
+    Result,
     check_enabled,
     check_initial,
+    check_lemma,
     check_preservation,
+    check_step_property,
     find_counterexample,
     matrix,
+    settle,
 )
 from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS, SYM_LEMMAS
 from kvpool.proofs.order import LEMMAS as ORDER_LEMMAS
 from kvpool.proofs.order import ORDER_PROPERTIES
-from kvpool.proofs.step_properties import NOT_ENCODED_STEPS, SYM_STEP_DOCS, SYM_STEP_PROPERTIES
+from kvpool.proofs.step_properties import (
+    NOT_ENCODED_STEPS,
+    SYM_STEP_DOCS,
+    SYM_STEP_PROPERTIES,
+    applies,
+)
 from kvpool.proofs.symbolic import SymState
 
 # --------------------------------------------------------------------------
@@ -96,13 +106,62 @@ def test_correct_steps_have_no_counterexample_in_scope(step: str) -> None:
         assert find_counterexample(step, name).status == NONE_IN_SCOPE
 
 
-def test_reset_guard_is_not_needed_by_any_encoded_invariant() -> None:
-    """Finding, pinned: reset without its in-use guard still preserves every invariant.
-
-    The guard protects something the invariants do not state (see the report).
-    """
-    unguarded = T.StepSpec(lambda s: T.Step(z3.BoolVal(True), T.reset(s).post), ())
+def test_reset_guard_is_refuted_by_its_step_property_not_by_invariants() -> None:
+    """Reset without its in-use guard still preserves every invariant; the step property
+    reset_needs_an_idle_pool is what refutes it, for any pool size."""
+    unguarded = T.StepSpec(lambda s: T.Step(z3.BoolVal(True), T.reset(s).post), (), "reset")
     assert all(check_preservation(unguarded, n).ok for n in SYM_INVARIANTS)
+    assert check_step_property(unguarded, "reset_needs_an_idle_pool").status == COUNTEREXAMPLE
+
+
+@pytest.mark.parametrize("prop", list(SYM_STEP_PROPERTIES))
+def test_every_step_property_holds_of_every_step_it_speaks_of(prop: str) -> None:
+    for step in T.STEPS:
+        if applies(prop, step):
+            assert check_step_property(step, prop).status == PROVEN, (prop, step)
+
+
+@pytest.mark.parametrize("name", list(SYM_LEMMAS))
+def test_every_lemma_follows_from_the_invariants_it_names(name: str) -> None:
+    assert check_lemma(name).status == PROVEN
+
+
+def test_a_lemma_does_not_follow_from_the_wrong_premises(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpool.model import invariants as model_invariants
+
+    monkeypatch.setitem(model_invariants.DERIVED_FROM, "writable_blocks_are_unindexed",
+                        ("ref_counts_non_negative",))
+    assert check_lemma("writable_blocks_are_unindexed").status == COUNTEREXAMPLE
+
+
+def test_an_unknown_is_settled_by_a_counterexample_in_scope() -> None:
+    """z3 gives up on cache_partial without its write contract; a small pool refutes it."""
+    def no_contract(s: SymState, *args: Any) -> T.Step:
+        st = T.cache_partial(s, *args)
+        kids = st.pre.children()
+        return T.Step(z3.And(*kids[:-1]), st.post)
+
+    spec = T.StepSpec(no_contract, T.STEPS["cache_partial"].args, "cache_partial")
+    gave_up = Result(UNKNOWN, 1.0, "timeout")
+    settled = settle(gave_up, spec, "index_entries_are_sound")
+    assert settled.status == COUNTEREXAMPLE and settled.detail
+
+
+def test_an_unknown_without_a_counterexample_stays_a_failure_and_says_so() -> None:
+    still = settle(Result(UNKNOWN, 1.0, "timeout"), "alloc", "index_entries_are_sound")
+    assert still.status == UNKNOWN and not still.ok
+    assert "no counterexample with at most" in still.detail and "unproven" in still.detail
+
+
+def test_prove_prints_the_small_pool_under_a_refuted_check(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: Any) -> None:
+    from kvpool.bugs import BUGS
+
+    monkeypatch.setitem(T.STEPS, "unpin", BUGS["unpin_keeps_reference"].z3)
+    assert prove_main(["--timeout-ms", "5000"]) == 1
+    text = capsys.readouterr().out
+    refuted = text[text.index("✗ invariants preserve unpin ref_counts_equal_holders"):]
+    assert "block 1: ref" in refuted and "holder(s)" in refuted
 
 
 def test_cache_partial_needs_its_write_contract() -> None:
