@@ -1,7 +1,7 @@
 """The claims table: every named property of the model, and what establishes it.
 
 A reviewer's one page of what is known and how.  One row per property
-(:data:`kvpool.model.INVARIANTS` and
+(:data:`kvpool.model.INVARIANTS`, :data:`kvpool.model.LEMMAS` and
 :data:`kvpool.model.properties.STEP_PROPERTIES`), one column per method:
 
 * ``z3`` — proven for every step, for a pool of any size (:mod:`kvpool.proofs`);
@@ -25,10 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvpool.model import INVARIANTS
+from kvpool.model import INVARIANTS, LEMMAS
+from kvpool.model.invariants import DERIVED_FROM
 from kvpool.model.properties import STEP_PROPERTIES
 from kvpool.proofs.invariants import NOT_ENCODED, PARTIAL
-from kvpool.proofs.order import LEMMAS, ORDER_PROPERTIES
+from kvpool.proofs.order import LEMMAS as ORDER_LEMMAS
+from kvpool.proofs.order import ORDER_PROPERTIES
+from kvpool.proofs.step_properties import NOT_ENCODED_STEPS, SYM_STEP_PROPERTIES, applies
 from kvpool.proofs.transitions import STEPS
 
 Row = dict[str, Any]
@@ -36,17 +39,10 @@ Row = dict[str, Any]
 BY_CONSTRUCTION: dict[str, str] = {
     "allocation_takes_queue_head": (
         "the queue proof's alloc step takes the head by its precondition; "
-        "tests/test_proofs.py checks it computes the model's queue"),
+        "the agreement check ties it to the model's queue"),
     "refused_call_changes_nothing": "a refused call is the identity step: no step of a refusal exists",
 }
 """Step properties that hold in the z3 encoding by the way the steps are written."""
-
-NOT_IN_Z3: dict[str, str] = {
-    "event_removals_name_live_keys": "events are not in the symbolic state",
-    "event_announcements_match_index": "events are not in the symbolic state",
-    "fired_watchers_were_registered": "reuse notices are not in the symbolic state",
-}
-"""Step properties the z3 encoding does not state, and why."""
 
 
 def _doc(fn: Any) -> str:
@@ -90,7 +86,23 @@ def _z3_step_property(name: str, proofs: Mapping[str, Any] | None) -> str:
         return f"{verdict}: {proven}/{len(cells)} queue steps, any pool size"
     if name in BY_CONSTRUCTION:
         return f"by construction: {BY_CONSTRUCTION[name]}"
-    return f"not stated: {NOT_IN_Z3.get(name, 'no symbolic form')}"
+    if name in SYM_STEP_PROPERTIES:
+        steps = [st for st in STEPS if applies(name, st)]
+        if proofs is None or name not in proofs.get("properties", {}):
+            return f"every step it speaks of keeps it, any pool size: {len(steps)} step(s)"
+        cells = list(proofs["properties"][name].values())
+        proven = sum(c["status"] == "proven" for c in cells)
+        verdict = "proven" if proven == len(cells) else "NOT PROVEN"
+        return f"{verdict}: {proven}/{len(cells)} steps, any pool size"
+    return f"not stated: {NOT_ENCODED_STEPS.get(name, 'no symbolic form')}"
+
+
+def _z3_lemma(name: str, proofs: Mapping[str, Any] | None) -> str:
+    premises = " & ".join(DERIVED_FROM[name])
+    if proofs is None or name not in proofs.get("lemmas", {}):
+        return f"follows from {premises}, any pool size"
+    status = proofs["lemmas"][name]["status"]
+    return f"{'proven' if status == 'proven' else 'NOT PROVEN'} from {premises}, any pool size"
 
 
 def _bmc(bmc_phase: Mapping[str, Any] | None, budget: Mapping[str, Any] | None) -> str:
@@ -146,12 +158,16 @@ def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
     bmc = _bmc(_phase(doc, "bmc"), None if doc is None else doc.get("budget"))
     lockstep = _lockstep(_phase(doc, "lockstep"))
     bugs = _bugs_by_property(doc)
-    names = [*INVARIANTS, *STEP_PROPERTIES]
+    names = [*INVARIANTS, *LEMMAS, *STEP_PROPERTIES]
     tests = _tests_naming(names)
     rows: list[Row] = []
     for name, pred in INVARIANTS.items():
         rows.append({"property": name, "kind": "invariant", "doc": _doc(pred),
                      "z3": _z3_invariant(name, proofs), "bmc": bmc, "lockstep": lockstep,
+                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
+    for name, pred in LEMMAS.items():
+        rows.append({"property": name, "kind": "lemma", "doc": _doc(pred),
+                     "z3": _z3_lemma(name, proofs), "bmc": bmc, "lockstep": lockstep,
                      "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
     for name, prop in STEP_PROPERTIES.items():
         rows.append({"property": name, "kind": "step property", "doc": _doc(prop),
@@ -162,7 +178,7 @@ def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
 
 def lemmas() -> dict[str, str]:
     """Properties the proofs establish on the way that are not properties of the model."""
-    return dict(LEMMAS)
+    return dict(ORDER_LEMMAS)
 
 
 def format_table(rows: list[Row]) -> str:

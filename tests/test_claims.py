@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.claims import claims_table, format_table
-from kvpool.model import INVARIANTS
+from kvpool.model import INVARIANTS, LEMMAS
 from kvpool.model.properties import STEP_PROPERTIES
 
 
@@ -27,14 +27,16 @@ def passing_doc() -> dict[str, Any]:
 
 def test_every_property_has_a_row_with_every_method() -> None:
     rows = claims_table()
-    assert [r["property"] for r in rows] == [*INVARIANTS, *STEP_PROPERTIES]
+    assert [r["property"] for r in rows] == [*INVARIANTS, *LEMMAS, *STEP_PROPERTIES]
     for row in rows:
         assert row["doc"] and row["z3"] and row["bmc"] and row["lockstep"], row
         assert row["bugs"] is None  # only a verify result says which bugs were caught
     by_name = {r["property"]: r for r in rows}
     assert by_name["usage_in_unit_interval"]["z3"].startswith("not encoded")
     assert by_name["queue_follows_eviction_policy"]["z3"].startswith("the eviction-order proof")
-    assert by_name["event_announcements_match_index"]["z3"].startswith("not stated")
+    assert by_name["event_announcements_match_index"]["z3"].startswith("every step it speaks of")
+    assert by_name["fired_watchers_were_registered"]["z3"].startswith("not stated")
+    assert by_name["writable_blocks_are_unindexed"]["z3"].startswith("follows from index_matches")
 
 
 def test_a_verify_result_fills_in_what_the_run_established() -> None:
@@ -58,7 +60,7 @@ def test_the_command_prints_and_writes_json(tmp_path: Path) -> None:
                            "--json", str(out)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "free_queue_holds_exactly_idle_blocks  [invariant]" in done.stdout
-    assert len(json.loads(out.read_text())["claims"]) == len(INVARIANTS) + len(STEP_PROPERTIES)
+    assert len(json.loads(out.read_text())["claims"]) == len(INVARIANTS) + len(LEMMAS) + len(STEP_PROPERTIES)
     bad = subprocess.run([sys.executable, "-m", "kvpool", "claims", "--from", str(out)],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "not a kvpool verify result" in bad.stderr
