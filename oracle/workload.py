@@ -661,7 +661,7 @@ class Workload:
     STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
              ("placeholders", 1), ("other_pool", 1), ("evict", 1), ("reset", 1), ("query", 2),
-             ("take", 2), ("misuse", 3))
+             ("take", 4), ("misuse", 3))
 
     def step(self) -> str:
         steps = self.STEPS if self.misuse_on else [x for x in self.STEPS if x[0] != "misuse"]
