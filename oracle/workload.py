@@ -575,8 +575,9 @@ class Workload:
         cached_whole = [b for b, p in enumerate(m.primary) if p is not None and p.num_tokens >= bs]
         req = self._new_request()
         hbs = self.cfg.hash_block_size
-        choice = self.rng.randrange(len(self.MISUSES))
-        kind = self.MISUSES[choice]
+        kind = self.rng.choice(self.MISUSES)
+        if not self.cfg.caching and kind in self.CACHE_ENTRY_MISUSES:
+            kind = "cache_disabled"  # a pool without caching refuses any cache entry as such
         call = self.pair.call
         if kind == "free_idle" and idle:
             call("free_blocks", [self.rng.choice(idle)])
@@ -626,12 +627,12 @@ class Workload:
             call("emit_cached_block_events", req, len(req.block_hashes) + 1, hbs, 0)
         elif kind == "cache_conflict" and cached_whole:
             self._cache_again(self.rng.choice(cached_whole))
-        elif kind == "partial_refused":
+        elif kind == "partial_at_block_end" and not m.boundary_partials:  # refused before it writes
+            call("cache_partial_block", self._request_of(bs), self.rng.randrange(1, m.num_blocks), bs, 0, bs)
+        elif kind == "cache_disabled":  # both would be legal on a pool with caching
             block = self.rng.randrange(1, m.num_blocks)
-            if not self.cfg.caching:  # legal but for the disabled cache
-                call("cache_partial_block", self._request_of(hbs), block, hbs, 0, 2 * hbs)
-            elif not m.boundary_partials:  # a block's end: refused before anything is written
-                call("cache_partial_block", self._request_of(bs), block, bs, 0, bs)
+            call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
+            call("cache_partial_block", self._request_of(hbs), block, hbs, 0, 2 * hbs)
         elif kind == "other_over_free" and self.theirs and self.other is not None:
             other, b = self.other, self.theirs[0]
             once_too_often = [(other, b)] * (other.model.ref[b] + 1)
@@ -640,9 +641,12 @@ class Workload:
     MISUSES = ("free_idle", "over_free", "unpin_null", "touch_unknown", "bad_count", "mask_length",
                "evict_unknown", "move_onto_hashed", "partial_bad_tokens", "move_onto_null", "bad_group",
                "bad_block_size", "uncallable_watcher", "full_beyond_list", "full_too_few_hashes",
-               "partial_too_few_hashes", "emit_too_many", "cache_conflict", "partial_refused",
+               "partial_too_few_hashes", "emit_too_many", "cache_conflict", "partial_at_block_end",
                "other_over_free")
     """The kinds of deliberately wrong call, drawn uniformly."""
+    CACHE_ENTRY_MISUSES = frozenset({"move_onto_hashed", "move_onto_null", "cache_conflict",
+                                     "partial_at_block_end"})
+    """Kinds that need a pool with caching; without it they become ``cache_disabled``."""
 
     def _empty_request(self) -> Request:
         """A request without tokens, so without block hashes."""
@@ -661,7 +665,7 @@ class Workload:
     STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
              ("placeholders", 1), ("other_pool", 1), ("evict", 1), ("reset", 1), ("query", 2),
-             ("take", 4), ("misuse", 3))
+             ("take", 6), ("misuse", 3))
 
     def step(self) -> str:
         steps = self.STEPS if self.misuse_on else [x for x in self.STEPS if x[0] != "misuse"]
