@@ -328,13 +328,15 @@ class PoolMachine(RuleBasedStateMachine):
         return prompt if prompt.length <= half else replace(prompt, length=half)
 
     @rule(target=runs, run=consumes(finished), more=st.lists(st.integers(0, 49), max_size=4),
-          skip_lookup=st.booleans(), emit=st.booleans(), skip_partial=skips, mask=masks)
+          skip_lookup=st.booleans(), emit=st.booleans(), skip_partial=skips, mask=masks,
+          window=st.integers(0, 2))
     def follow_up(self, run: Running, more: list[int], skip_lookup: bool, emit: bool,
-                  skip_partial: bool, mask: tuple[bool, ...] | None) -> Any:
+                  skip_partial: bool, mask: tuple[bool, ...] | None, window: int) -> Any:
         """The next turn of a finished conversation: its whole text plus ``more`` tokens.
 
         It hits what the finished request cached and what is still cached
-        (decoded blocks and partial entries included), touching idle blocks.
+        (decoded blocks and partial entries included), touching idle blocks;
+        ``window`` leading hits are null placeholders (sliding window).
         """
         old = run.request
         self.counter += 1
@@ -342,7 +344,7 @@ class PoolMachine(RuleBasedStateMachine):
                       block_hasher=self.work.hasher, lora_request=old.lora_request,
                       cache_salt=old.cache_salt, mm_features=list(old.mm_features),
                       session_id=old.session_id)
-        return self._admit(req, skip_lookup, emit, skip_partial, mask, 0)
+        return self._admit(req, skip_lookup, emit, skip_partial, mask, window)
 
     @rule(target=runs, run=runs, more=st.lists(st.integers(0, 49), max_size=2), emit=st.booleans(),
           skip_partial=skips, window=st.integers(0, 2))
