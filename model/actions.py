@@ -487,9 +487,10 @@ def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> Step:
     n.holds[dst_id] = n.holds[src_id]
     for key, name in zip(keys, names, strict=True):
         _add_key(n, key, dst_id, primary.num_tokens, name)
-        if (key, src_id) in n.announced:  # the announcement stands; it now names the copy
-            n.announced.remove((key, src_id))
-            _announce(n, [(key, dst_id)])
+    # Each live announcement of a moved entry stands: it now names the copy.
+    moved = {(key, src_id) for key in keys} & n.announced
+    n.announced -= moved
+    _announce(n, [(key, dst_id) for key, _src in moved])
     return _freeze(s, n), None
 
 

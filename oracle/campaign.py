@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 from .abstraction import same_refusal
 from .lockstep import Divergence, Lockstep
-from .workload import Config, Workload
+from .workload import Config, Workload, second_pool
 
 
 def run_one(
@@ -24,12 +24,13 @@ def run_one(
     ``observe`` is an adapter's own observation, if it has one.
     """
     rng = random.Random(seed)
-    cfg = Config.draw(rng)
+    cfg = Config.draw(rng, seed)
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
                           cfg.events, reference, metrics=cfg.metrics)
     pair.errors_match = errors_match
     pair.observe = observe
-    work = Workload(rng, cfg, pair, misuse_on=misuse)
+    work = Workload(rng, cfg, pair, misuse_on=misuse,
+                    second=second_pool(pool_factory, cfg, reference, errors_match))
     for _ in range(steps):
         work.step()
     return pair

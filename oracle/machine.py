@@ -18,21 +18,30 @@ scenario.  The bookkeeping that does not involve choices is reused from
 ``Workload`` (its documents, block hasher, hash resolution, growing a block
 table, releasing a request) and from ``Running`` / ``Config``.
 
-Realistic inputs: prompts take prefixes of two fixed documents, and finished
-conversations go on with a follow-up turn, so lookups hit (idle blocks
-included); one or two KV-cache groups whose block size is a multiple of
-``hash_block_size``; LoRA, multimodal and cache-salt extra keys; partial-block
-entries and their promotion when the block fills; block masks;
-sliding-window placeholders (the null block) in block tables; copy-on-write
-hash moves; unpinned blocks with named reuse watchers; evictions; resets with
-and without blocks in use; events on or off; blocks of a second pool of the
-same implementation (ids overlapping the first's), freed through the first
-pool alone or mixed with its own blocks, as vLLM's ``free_blocks`` allows: each
-pool takes back its own.  Misuse rules (only when the adapter refuses misuse)
-make wrong calls the model refuses and compare error types, among them
-double frees of a second pool's blocks through the first and the first pool's
-other operations on them (refused like any block not of the pool: the model
-sees an id outside the pool, as :class:`Lockstep`'s ``foreign`` block).
+Realistic inputs: prompts take prefixes of two fixed documents, requests
+are served and finished between steps, finished conversations go on with a
+follow-up turn and live ones are sampled again (parallel sampling), so
+lookups hit (idle blocks and blocks in use); one or two KV-cache groups whose block size is a multiple of
+``hash_block_size``; LoRA, cache-salt, session and multimodal extra keys
+(several items, short or adjacent, several in one chunk); partial-block
+entries at every chunk boundary (and, under vLLM 0.33, at a block's end),
+their promotion when the block fills, their re-registration with
+``replace_existing_hashes`` by a block's sole owner; block masks;
+``cache_full_blocks`` asked for fewer blocks than are cached;
+sliding-window placeholders (the null block) in block tables and as the
+block of a partial entry; copy-on-write hash moves, of unhashed blocks too;
+one block listed several times in one ``touch``, ``free_blocks`` or
+``unpin_blocks``; unpinned blocks with named reuse watchers; evictions;
+resets with and without blocks in use; events on or off; blocks of a second
+pool of the same implementation (ids overlapping the first's), freed through
+the first pool alone or mixed with its own blocks, as vLLM's ``free_blocks``
+allows: each pool takes back its own.  Every call keeps to the model's caller
+contracts, so a correct pool never diverges.  Misuse rules (only when the
+adapter refuses misuse) make wrong calls the model refuses, one per refusal,
+and compare error types, among them double frees of a second pool's blocks
+through the first and the first pool's other operations on them (refused
+like any block not of the pool: the model sees an id outside the pool, as
+:class:`Lockstep`'s ``foreign`` block).
 
 Use it from pytest as ``TestMyPool = machine_for(my_adapter).TestCase``, or
 through ``kvpool conform`` (:mod:`kvpool.oracle.conform`).
@@ -41,7 +50,7 @@ through ``kvpool conform`` (:mod:`kvpool.oracle.conform`).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -57,13 +66,12 @@ from hypothesis.stateful import (
 )
 
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import ACTIONS, Refusal
+from kvpool.model import Refusal
 from kvpool.model.state import NULL
 
-from .abstraction import refusal_name
 from .adapter import Adapter, adapter_factory
-from .lockstep import Lockstep, Step
-from .workload import Config, Running, Workload
+from .lockstep import Lockstep
+from .workload import Config, Running, Workload, free_across, partial_spots, rekey, rewritable
 
 LORA_IDS = {"lora1": 1, "lora2": 2}
 MISUSES = (
@@ -72,6 +80,11 @@ MISUSES = (
     "partial_bad_tokens", "cache_disabled",
 )
 """Deliberately wrong calls; the model refuses each with a typed error."""
+ARGUMENT_MISUSES = (
+    "bad_group", "bad_block_size", "uncallable_watcher", "full_beyond_list", "full_too_few_hashes",
+    "cache_conflict", "partial_at_block_end", "partial_too_few_hashes", "emit_too_many",
+)
+"""Calls with one bad argument or a cache entry the model refuses; one fault each."""
 OTHER_POOL_MISUSES = ("other_over_free", "other_touch", "other_unpin", "other_writable", "other_move")
 """Deliberately wrong calls on the first pool with a block of the second."""
 
@@ -85,7 +98,21 @@ class Prompt:
     tail: tuple[int, ...] = ()
     lora: str | None = None
     salt: str | None = None
-    image_at: int | None = None
+    images: tuple[tuple[int, int], ...] = ()
+    """Multimodal items in order, each as (gap after the previous one, length): gap 0 is adjacent."""
+    session: str | None = None
+
+    def features(self, num_tokens: int) -> list[MultiModalFeature]:
+        """The items that fit in the prompt, as vLLM lists them (sorted by offset)."""
+        out: list[MultiModalFeature] = []
+        at = 0
+        for k, (gap, length) in enumerate(self.images):
+            at += gap
+            if at + length > num_tokens:
+                break
+            out.append(MultiModalFeature(f"img{k}", PlaceholderRange(at, length)))
+            at += length
+        return out
 
 
 @dataclass
@@ -101,12 +128,16 @@ def configs(draw: st.DrawFn) -> Config:
     """Pool shapes; they shrink towards one small group with caching on."""
     hbs = draw(st.sampled_from([1, 2, 4]))
     groups = draw(st.integers(1, 2))
-    sizes = {g: hbs * draw(st.integers(1, 3)) for g in range(groups)}
+    sizes = {g: hbs * draw(st.integers(1, 4)) for g in range(groups)}
     caching = draw(st.integers(0, 4)) < 4  # mostly on: most of the pool is about caching
     return Config(num_blocks=draw(st.integers(2, 24)), caching=caching,
                   hash_block_size=hbs, block_sizes=sizes, events=draw(st.booleans()),
                   extra_keys=True, metrics=draw(st.booleans()))
 
+
+skips = st.integers(0, 3).map(lambda i: i == 3)
+"""Whether an engine step leaves out its partial entry: now and then (the entry is the common case,
+and the next step's entry replacing it needs two steps in a row that make one)."""
 
 _NO_MASK = st.none()
 _MASK = st.lists(st.booleans(), min_size=1, max_size=3).map(tuple)
@@ -115,6 +146,11 @@ masks = st.integers(0, 3).flatmap(lambda i: _NO_MASK if i < 3 else _MASK)
 
 (The two branches are built once: a strategy built per draw is validated per draw.)"""
 
+_NO_IMAGES: st.SearchStrategy[tuple[tuple[int, int], ...]] = st.just(())
+_IMAGES = st.lists(st.tuples(st.integers(0, 6), st.integers(1, 5)), min_size=1, max_size=3).map(tuple)
+images = st.integers(0, 2).flatmap(lambda i: _NO_IMAGES if i < 2 else _IMAGES)
+"""Mostly none; else one to three items, often adjacent or shorter than a hash chunk."""
+
 prompts = st.builds(
     Prompt,
     doc=st.integers(0, 1),
@@ -122,7 +158,8 @@ prompts = st.builds(
     tail=st.lists(st.integers(0, 49), max_size=2).map(tuple),
     lora=st.integers(0, 5).map(lambda i: (None, "lora1", "lora2")[max(0, i - 3)]),
     salt=st.integers(0, 3).map(lambda i: "s1" if i == 3 else None),
-    image_at=st.integers(0, 40).map(lambda i: None if i <= 20 else i - 21),
+    images=images,
+    session=st.integers(0, 3).map(lambda i: "sess" if i == 3 else None),
 )
 """Prefixes of two documents, so requests share prefixes; extra keys now and then."""
 
@@ -169,9 +206,8 @@ class PoolMachine(RuleBasedStateMachine):
             kw["lora_request"] = LoRARequest(prompt.lora, LORA_IDS[prompt.lora], "/a")
         if prompt.salt:
             kw["cache_salt"] = prompt.salt
-        if prompt.image_at is not None and prompt.image_at + 2 <= len(tokens):
-            kw["mm_features"] = [MultiModalFeature("img", PlaceholderRange(prompt.image_at, 2))]
-        return Request(f"r{self.counter}", tokens, block_hasher=self.work.hasher, **kw)
+        return Request(f"r{self.counter}", tokens, block_hasher=self.work.hasher,
+                       mm_features=prompt.features(len(tokens)), session_id=prompt.session, **kw)
 
     def _alive(self, run: Running) -> bool:
         return self.live.get(run.request.request_id) is run
@@ -182,7 +218,8 @@ class PoolMachine(RuleBasedStateMachine):
 
         Like the engine after each step: when ``hash_block_size`` is smaller
         than the block size, the prefix that ends inside the last block is
-        made reachable too, and promoted when the block fills.
+        made reachable too, and promoted when the block fills; under vLLM
+        0.33 also a prefix that ends at a block's end.
         """
         cfg, req = self.cfg, run.request
         bs = cfg.block_sizes[group]
@@ -196,8 +233,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.lock.call("cache_full_blocks", *args)
         run.cached[group] = max(run.cached[group], full)
         upto = (req.num_tokens // cfg.hash_block_size) * cfg.hash_block_size
-        if not skip_partial and bs > cfg.hash_block_size and upto % bs:
-            self.lock.call("cache_partial_block", req, run.tables[group][upto // bs], upto,
+        if not skip_partial and upto and (upto % bs or self.lock.model.boundary_partials):
+            self.lock.call("cache_partial_block", req, run.tables[group][(upto - 1) // bs], upto,
                            group, bs)
 
     def _slide(self, run: Running, group: int, cut: int) -> None:
@@ -235,46 +272,12 @@ class PoolMachine(RuleBasedStateMachine):
         return self.other
 
     def _free_across(self, mine: list[int], theirs: list[int], interleave: bool) -> None:
-        """One ``free_blocks`` on the first pool listing blocks of both pools.
-
-        :class:`Lockstep` names blocks by id within one pool, so this call is
-        checked here: the first model frees the first pool's ids, the second
-        model the second's (each in listed order); a refusal by either model (a
-        double free) must be the pool's refusal with neither pool changed.
-        Then both pools are compared with their models.
-        """
+        """One ``free_blocks`` on the first pool listing blocks of both pools (``workload.free_across``)."""
         first, second = self.lock, self._second()
         listed = [(first, b) for b in mine] + [(second, b) for b in theirs]
         if interleave:
             listed = listed[1::2] + listed[::2]
-        free = ACTIONS["free_blocks"]
-        m_error: Exception | None = None
-        try:
-            own_state, _ = free(first.model, [b for p, b in listed if p is first])
-            their_state, _ = free(second.model, [b for p, b in listed if p is second])
-        except Refusal as exc:
-            m_error = exc
-        p_error: Exception | None = None
-        try:
-            first.pool.free_blocks([p.pool.blocks[b] for p, b in listed])
-        except Exception as exc:
-            p_error = exc
-        first.steps += 1
-        second.steps += 1
-        names = [str(b) if p is first else f"second:{b}" for p, b in listed]
-        outcome = refusal_name(m_error) if m_error else "None"
-        first.trace.append(Step("free_blocks", (names,), outcome))
-        # The second pool's history shows the call too: its divergence names it.
-        second.trace.append(Step("free_blocks", (names,), outcome, None, their_state if m_error is None
-                                 else second.model))
-        if (m_error is None) != (p_error is None) or (
-                m_error is not None and not first.errors_match(m_error, p_error)):
-            raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}",
-                                  ["refusal"])
-        if m_error is None:
-            first.model, second.model = own_state, their_state
-        first.check()
-        second.check()
+        free_across(first, second, listed)
 
     # -------------------------------------------------------------- rules
 
@@ -289,33 +292,79 @@ class PoolMachine(RuleBasedStateMachine):
         # Fixed documents and hasher; this Workload's dice are never rolled.
         self.work = Workload(random.Random(0), cfg, pair, misuse_on=False)
 
+    @rule(target=finished, prompt=prompts)
+    def served(self, prompt: Prompt) -> Any:
+        """A short request admitted and finished at once: its prefix stays cached and idle.
+
+        Later requests hit it (touching idle blocks, announcing hits) and
+        ``follow_up`` continues the conversation.
+        """
+        run = self._admit(self._request(self._fitted(prompt)), False, False, False, None, 0)
+        if not isinstance(run, Running):
+            return multiple()
+        self._drop(run)
+        return run
+
     @rule(target=runs, prompt=prompts, skip_lookup=st.booleans(), emit=st.booleans(),
-          skip_partial=st.booleans(), mask=masks, window=st.integers(0, 2))
+          skip_partial=skips, mask=masks, window=st.integers(0, 2))
     def admit(self, prompt: Prompt, skip_lookup: bool, emit: bool, skip_partial: bool,
               mask: tuple[bool, ...] | None, window: int) -> Any:
         """Schedule a new request: look up its prefix, touch the hits, allocate, cache.
 
         ``window`` leading hits become the null block, as a sliding-window
         manager does for blocks that left the window; ``emit`` announces the
-        hits to event consumers.
+        hits to event consumers.  A prompt is cut to half of what the pool
+        holds, as a scheduler admits no request the pool cannot hold (a
+        small pool still runs dry, with several requests).
         """
-        return self._admit(self._request(prompt), skip_lookup, emit, skip_partial, mask, window)
+        return self._admit(self._request(self._fitted(prompt)), skip_lookup, emit, skip_partial, mask,
+                           window)
+
+    def _fitted(self, prompt: Prompt) -> Prompt:
+        """``prompt`` cut to half the tokens the pool's real blocks hold in every group."""
+        cfg = self.cfg
+        per_group = (cfg.num_blocks - 1) // len(cfg.block_sizes)
+        half = max(1, per_group * min(cfg.block_sizes.values()) // 2)
+        return prompt if prompt.length <= half else replace(prompt, length=half)
 
     @rule(target=runs, run=consumes(finished), more=st.lists(st.integers(0, 49), max_size=4),
-          skip_lookup=st.booleans(), emit=st.booleans(), skip_partial=st.booleans(), mask=masks)
+          skip_lookup=st.booleans(), emit=st.booleans(), skip_partial=skips, mask=masks,
+          window=st.integers(0, 2))
     def follow_up(self, run: Running, more: list[int], skip_lookup: bool, emit: bool,
-                  skip_partial: bool, mask: tuple[bool, ...] | None) -> Any:
+                  skip_partial: bool, mask: tuple[bool, ...] | None, window: int) -> Any:
         """The next turn of a finished conversation: its whole text plus ``more`` tokens.
 
         It hits what the finished request cached and what is still cached
-        (decoded blocks and partial entries included), touching idle blocks.
+        (decoded blocks and partial entries included), touching idle blocks;
+        ``window`` leading hits are null placeholders (sliding window).
         """
         old = run.request
         self.counter += 1
         req = Request(f"r{self.counter}", [*old.all_token_ids, *more],
                       block_hasher=self.work.hasher, lora_request=old.lora_request,
-                      cache_salt=old.cache_salt, mm_features=list(old.mm_features))
-        return self._admit(req, skip_lookup, emit, skip_partial, mask, 0)
+                      cache_salt=old.cache_salt, mm_features=list(old.mm_features),
+                      session_id=old.session_id)
+        return self._admit(req, skip_lookup, emit, skip_partial, mask, window)
+
+    @rule(target=runs, run=runs, more=st.lists(st.integers(0, 49), max_size=2), emit=st.booleans(),
+          skip_partial=skips, window=st.integers(0, 2))
+    def fork(self, run: Running, more: list[int], emit: bool, skip_partial: bool, window: int) -> Any:
+        """Another sample of a live request's prompt (parallel sampling, n > 1).
+
+        It reads the same text with the same extra keys, so it hits the
+        blocks the first one cached while they are in use: both hold them.
+        ``window`` leading hits are null placeholders (sliding window), so
+        the null block is touched.
+        """
+        if not self._alive(run):
+            return multiple()
+        old = run.request
+        self.counter += 1
+        req = Request(f"r{self.counter}", [*old.all_token_ids, *more],
+                      block_hasher=self.work.hasher, lora_request=old.lora_request,
+                      cache_salt=old.cache_salt, mm_features=list(old.mm_features),
+                      session_id=old.session_id)
+        return self._admit(req, False, emit, skip_partial, None, window)
 
     def _admit(self, req: Request, skip_lookup: bool, emit: bool, skip_partial: bool,
                mask: tuple[bool, ...] | None, window: int) -> Any:
@@ -333,7 +382,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.lock.call("touch", hits)
             run.tables[group] = hits
             run.cached[group] = len(hits)
-            if hits and emit:
+            if emit:  # with no hits, or events off, there is nothing to announce
                 self.lock.call("emit_cached_block_events", req, len(hits), bs, group)
             if not self.work._grow(run, group):
                 self.work._release(run, unpin=False)
@@ -342,24 +391,28 @@ class PoolMachine(RuleBasedStateMachine):
         self.live[req.request_id] = run
         return run
 
-    @rule(run=runs, tokens=st.lists(st.integers(0, 49), min_size=1, max_size=4),
-          skip_partial=st.booleans(), mask=masks, slide=st.integers(0, 4))
-    def decode(self, run: Running, tokens: list[int], skip_partial: bool,
+    @rule(run=runs, tokens=st.lists(st.integers(0, 49), min_size=1, max_size=6),
+          per_step=st.integers(1, 4), skip_partial=skips, mask=masks, slide=st.integers(0, 4))
+    def decode(self, run: Running, tokens: list[int], per_step: int, skip_partial: bool,
                mask: tuple[bool, ...] | None, slide: int) -> None:
-        """One engine step: slide the window, append tokens, grow, cache; preempt if dry.
+        """Engine steps: slide the window, then ``per_step`` tokens a step (append, grow, cache).
 
         ``slide`` above 2 frees ``slide - 2`` leading blocks (sliding window).
+        Several tokens a step are speculative decoding; several steps in a
+        row grow the partial entry of the last block until it fills and is
+        promoted.  A step the pool cannot grow preempts the request.
         """
         if not self._alive(run):
             return
         for group in run.tables:
             self._slide(run, group, slide - 2)
-        run.request.append_output_token_ids(tokens)
-        for group in run.tables:
-            if not self.work._grow(run, group):
-                self._drop(run)  # preempted
-                return
-            self._cache(run, group, skip_partial, mask)
+        for start in range(0, len(tokens), per_step):
+            run.request.append_output_token_ids(tokens[start:start + per_step])
+            for group in run.tables:
+                if not self.work._grow(run, group):
+                    self._drop(run)  # preempted
+                    return
+                self._cache(run, group, skip_partial, mask)
 
     @rule(target=finished, run=consumes(runs),
           reader=st.sampled_from([None, "reader1", "reader2"]))
@@ -391,12 +444,13 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(target=tables, run=runs, group=st.integers(0, 1))
     def copy_last_block(self, run: Running, group: int) -> Any:
-        """Copy-on-write: the hashes of a request's last block move to a fresh copy."""
+        """Copy-on-write: the hashes of a request's last block move to a fresh copy.
+
+        A last block without hashes has nothing to move: the copy stays unhashed.
+        """
         if not self._alive(run) or group not in run.tables or not run.tables[group]:
             return multiple()
         src = run.tables[group][-1]
-        if self.lock.model.primary[src] is None:
-            return multiple()
         got = self.lock.call("get_new_blocks", 1)
         if isinstance(got, Refusal):
             return multiple()
@@ -407,9 +461,40 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(table=consumes(tables))
     def release(self, table: Table) -> None:
+        """Free held blocks in one call; a block held several times is listed as often."""
         if table.live:
             table.live = False
             self.lock.call("free_blocks", table.ids)
+
+    @rule(table=consumes(tables), reader=st.sampled_from(["reader1", "reader2"]))
+    def unpin_held(self, table: Table, reader: str) -> None:
+        """Held blocks handed to a ``reader`` in one ``unpin_blocks``, each listing one reference.
+
+        A block held several times (see ``share``) is listed as often; if a
+        request still holds it too, it stays in use with the watcher set.
+        """
+        if table.live:
+            table.live = False
+            self.lock.call("unpin_blocks", table.ids, self.lock.watcher(reader))
+
+    @rule(target=tables, pick=st.integers(0, 15), times=st.integers(2, 3))
+    def share(self, pick: int, times: int) -> Any:
+        """One holder takes ``times`` references on one block in a single ``touch``.
+
+        A sliding-window table with offloading lists a block twice; the block
+        (in use, or cached and idle) is later released by listing it as many
+        times in one ``free_blocks`` (``release``, ``release_mixed``) or
+        ``unpin_blocks`` (``unpin_held``): the shape in which a pool that
+        queues a block once per listing corrupts its free queue.
+        """
+        m = self.lock.model
+        candidates = [b for b in range(1, m.num_blocks) if m.ref[b] > 0 or m.primary[b] is not None]
+        if not candidates:
+            return multiple()
+        table = Table([candidates[pick % len(candidates)]] * times)
+        self.lock.call("touch", table.ids)
+        self.held.append(table)
+        return table
 
     @rule(target=others, n=st.integers(1, 3), prompt=st.none() | prompts)
     def allocate_other(self, n: int, prompt: Prompt | None) -> Any:
@@ -443,14 +528,68 @@ class PoolMachine(RuleBasedStateMachine):
         mine.live = theirs.live = False
         self._free_across(own, other, interleave)
 
-    @rule(prompt=prompts, placeholders=st.integers(1, 3))
-    def cache_placeholders(self, prompt: Prompt, placeholders: int) -> None:
-        """Null placeholders in the range to cache are skipped, never hashed."""
-        if self.cfg.caching:
-            bs = self.cfg.block_sizes[0]
-            req = self._request(prompt)
+    @rule(prompt=prompts, placeholders=st.integers(1, 3), partial=st.booleans())
+    def cache_placeholders(self, prompt: Prompt, placeholders: int, partial: bool) -> None:
+        """Null placeholders in the range to cache are skipped, never hashed.
+
+        With ``partial``, the null block is offered as the block of a partial
+        entry: nothing is registered and the call returns ``None``.
+        """
+        bs = self.cfg.block_sizes[0]
+        req = self._request(prompt)
+        if partial and req.block_hashes:
+            self.lock.call("cache_partial_block", req, NULL, self.cfg.hash_block_size, 0, bs)
+        elif self.cfg.caching:
             n = min(placeholders, len(self.work._hashes(req, 0)))
             self.lock.call("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
+
+    @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 31), again=st.booleans())
+    def partial_inside(self, run: Running, group: int, pick: int, again: bool) -> None:
+        """A partial entry at a chunk boundary of one of a request's blocks, up to what it wrote.
+
+        A block cached further keeps its primary key and gains a secondary
+        one (the shape eviction, promotion and moves must treat as a
+        whole); the last, partly written block gains an entry shorter than
+        its own, or its first, which the next step's entry replaces; at the
+        boundary a block is cached at (its end, under vLLM 0.33), nothing
+        changes.  With ``again`` it is registered twice: no change, no
+        second event.
+        """
+        if not self.cfg.caching or not self._alive(run) or group not in run.tables:
+            return
+        spots = partial_spots(run, group, self.cfg, self.lock.model.boundary_partials)
+        if not spots:
+            return
+        i, tokens = spots[pick % len(spots)]
+        for _ in range(1 + again):
+            self.lock.call("cache_partial_block", run.request, run.tables[group][i], tokens, group,
+                           self.cfg.block_sizes[group])
+
+    @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 15), position=st.integers(0, 15))
+    def rewrite(self, run: Running, group: int, pick: int, position: int) -> None:
+        """A request rewrote a block it alone holds (a state checkpoint) and re-keys it.
+
+        The entries the block had are evicted first, which makes it writable
+        (the model's ``is_block_writable``), then ``replace_existing_hashes``
+        registers it at a chunk boundary of what the request has written
+        into it, its end included.
+        """
+        if not self.cfg.caching or not self._alive(run) or group not in run.tables:
+            return
+        options = rewritable(self.lock, run, group, self.cfg)
+        if not options:
+            return
+        i, chunks = options[pick % len(options)]
+        rekey(self.lock, run, group, self.cfg, i, 1 + position % chunks)
+
+    @rule(run=runs, group=st.integers(0, 1), fewer=st.integers(0, 15))
+    def sparse_cache(self, run: Running, group: int, fewer: int) -> None:
+        """vLLM's sparse-attention coordinator asks to cache fewer blocks than are cached: a no-op."""
+        if not self._alive(run) or group not in run.tables or not run.cached[group]:
+            return
+        cached = run.cached[group]
+        self.lock.call("cache_full_blocks", run.request, run.tables[group], cached, fewer % cached,
+                       self.cfg.block_sizes[group], group)
 
     @precondition(lambda self: self._any_cached())
     @rule(picks=st.lists(st.integers(0, 15), max_size=3), also_uncached=st.booleans())
@@ -491,6 +630,7 @@ class PoolMachine(RuleBasedStateMachine):
         idle = [b for b in range(1, m.num_blocks) if m.ref[b] == 0]
         used = [b for b in range(1, m.num_blocks) if m.ref[b] > 0]
         hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
+        block = 1 + pick % (m.num_blocks - 1)  # any real block: each call is refused before it writes
         bs = self.cfg.block_sizes[0]
         call = self.lock.call
         if kind == "free_idle" and idle:
@@ -508,20 +648,63 @@ class PoolMachine(RuleBasedStateMachine):
             call("get_new_blocks", len(m.free) + 1 + pick)
         elif kind == "negative_count":
             call("get_new_blocks", -1 - pick)
-        elif kind == "mask_length" and used:
-            call("cache_full_blocks", self._request(Prompt(0, 8)), [used[pick % len(used)]], 0, 1, bs, 0,
-                 [True, False])
+        elif kind == "mask_length":
+            call("cache_full_blocks", self._request(Prompt(0, 8)), [block], 0, 1, bs, 0, [True, False])
         elif kind == "evict_unknown":
             call("evict_blocks", [m.num_blocks + pick if pick % 2 else -1 - pick])
-        elif kind == "move_onto_hashed" and used and hashed:
-            call("move_block_hashes", used[pick % len(used)], hashed[pick % len(hashed)])
+        elif kind == "move_onto_hashed" and hashed:
+            call("move_block_hashes", block, hashed[pick % len(hashed)])
         elif kind == "move_onto_null" and hashed:
             call("move_block_hashes", hashed[pick % len(hashed)], NULL)
-        elif kind == "partial_bad_tokens" and used:
-            call("cache_partial_block", self._request(Prompt(0, 8)), used[pick % len(used)],
+        elif kind == "partial_bad_tokens":
+            call("cache_partial_block", self._request(Prompt(0, 8)), block,
                  -self.cfg.hash_block_size * (pick % 2), 0, bs * 2)
-        elif kind == "cache_disabled" and used and not self.cfg.caching:
-            call("cache_full_blocks", self._request(Prompt(0, 8)), [used[pick % len(used)]], 0, 1, bs, 0)
+        elif kind == "cache_disabled" and not self.cfg.caching:  # both cache operations refused
+            req = self._request(Prompt(0, 8))
+            call("cache_full_blocks", req, [block], 0, 1, bs, 0)
+            call("cache_partial_block", req, block, self.cfg.hash_block_size, 0, 2 * self.cfg.hash_block_size)
+
+    @precondition(lambda self: self.MISUSE)
+    @rule(kind=st.sampled_from(ARGUMENT_MISUSES), pick=st.integers(0, 7))
+    def misuse_argument(self, kind: str, pick: int) -> None:
+        """A call with one bad argument, or a cache entry the model refuses; refused alike, no change.
+
+        A group id beyond 32 bits, a block size that is no multiple of the
+        hash chunk, a watcher that cannot be called, more full blocks than
+        listed, a request without the hashes asked for, a block cached again
+        at the prefix it is cached at, a partial entry at a block's end
+        (vLLM 0.31), announcing more hits than the request has blocks.  Each call has one fault, so the
+        refusal it must get is not a matter of which check a pool makes first.
+        """
+        m = self.lock.model
+        hbs, bs = self.cfg.hash_block_size, self.cfg.block_sizes[0]
+        block = 1 + pick % (m.num_blocks - 1)  # any real block: each call is refused before it writes
+        unhashed = [b for b in range(1, m.num_blocks) if m.primary[b] is None]
+        cached_whole = [b for b, p in enumerate(m.primary) if p is not None and p.num_tokens >= bs]
+        prompt = self._request(Prompt(0, 12))
+        call = self.lock.call
+        if kind == "bad_group":
+            group = (-1, 2**32)[pick % 2]
+            call("cache_full_blocks", prompt, [block], 0, 1, bs, group)
+        elif kind == "bad_block_size":
+            call("cache_full_blocks", prompt, [block], 0, 1, (0, -hbs, hbs + 1)[pick % (2 + (hbs > 1))], 0)
+        elif kind == "uncallable_watcher":
+            call("unpin_blocks", [block], None)
+        elif kind == "full_beyond_list" and self.cfg.caching:
+            call("cache_full_blocks", prompt, [block], 0, 2, bs, 0)
+        elif kind == "full_too_few_hashes" and unhashed and self.cfg.caching:
+            call("cache_full_blocks", self._request(Prompt(0, 0)), [unhashed[pick % len(unhashed)]],
+                 0, 1, bs, 0)
+        elif kind == "cache_conflict" and cached_whole:
+            call("cache_full_blocks", self._request(Prompt(pick % 2, 32)),
+                 [cached_whole[pick % len(cached_whole)]], 0, 1, bs, 0)
+        elif kind == "partial_at_block_end" and self.cfg.caching and not m.boundary_partials:
+            call("cache_partial_block", prompt, block, hbs * (1 + pick % 3), 0, hbs)
+        elif kind == "partial_too_few_hashes" and unhashed:
+            call("cache_partial_block", self._request(Prompt(0, 0)), unhashed[pick % len(unhashed)],
+                 hbs, 0, 2 * hbs)
+        elif kind == "emit_too_many":  # refused only with events on
+            call("emit_cached_block_events", prompt, len(prompt.block_hashes) + 1 + pick, hbs, 0)
 
     @precondition(lambda self: self.MISUSE)
     @rule(kind=st.sampled_from(OTHER_POOL_MISUSES), theirs=others, pick=st.integers(0, 7))
@@ -605,5 +788,5 @@ class MachineFailure:
         return cls(f"{type(exc).__name__}: {exc}", steps)
 
 
-__all__ = ["MISUSES", "OTHER_POOL_MISUSES", "MachineFailure", "PoolMachine", "Prompt", "Table", "configs",
-           "machine_for"]
+__all__ = ["ARGUMENT_MISUSES", "MISUSES", "OTHER_POOL_MISUSES", "MachineFailure", "PoolMachine", "Prompt",
+           "Table", "configs", "machine_for"]

@@ -40,8 +40,19 @@ as one line without a traceback.
             "steps": [...]                    # the last calls with a picture of the pool
                                               # each: TraceStep of kvpool/VERIFY_SCHEMA.md
          }}
+      ],
+      "coverage": [                           # only with --coverage: one per phase
+        {"phase": "campaign", "misuse": true,  # the phase alone, under coverage.py
+         "covered": 114, "total": 116,        # branches of model/actions.py taken
+         "missed": [{"line": 221, "to": 222, "source": "if b == NULL and ...:",
+                     "into": "continue", "refusal": false}, ...]}
       ]
     }
+
+``--coverage`` runs each phase alone under coverage.py and reports the
+branches of the model's actions (``model/actions.py``) it reached and those
+it missed (line -> line, with both source lines): a branch no phase reaches
+is one on which no pool is compared with the model.
 
 ``--junit FILE`` writes JUnit XML: one ``testsuite`` named ``kvpool.conform``
 with one ``testcase`` per phase (``campaign``, ``machine``), a ``failure``
@@ -51,6 +62,7 @@ element carrying the trace when the phase diverged.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -69,6 +81,7 @@ from kvpool.oracle.conform import (
     run_campaign_phase,
     run_machine_phase,
 )
+from kvpool.oracle.coverage import PhaseCoverage, measure_phase
 from kvpool.pictures import pictured_steps
 
 from .usage import UsageError, UsageParser, check_writable, load_adapter
@@ -108,13 +121,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-misuse", action="store_true",
                         help="leave out deliberately wrong calls (always off for pools that do "
                              "not refuse misuse, like vLLM's)")
+    parser.add_argument("--coverage", action="store_true",
+                        help="measure the branches of the model's actions (model/actions.py) each "
+                             "phase reaches alone, and list those it misses (needs coverage.py)")
     return parser
 
 
 
 def conform(adapter: Adapter, opts: Options, out: TextIO,
-            traceback: bool = False) -> list[PhaseResult]:
-    """Run both phases, printing a line each and the details of any failure."""
+            traceback: bool = False,
+            coverage: list[PhaseCoverage] | None = None) -> list[PhaseResult]:
+    """Run both phases, printing a line each and the details of any failure.
+
+    With a ``coverage`` list, each phase runs under coverage.py; its
+    measurement is printed and appended to the list.
+    """
     _misuse, why = misuse_setting(adapter, opts.misuse)
     print(f"kvpool conform: {adapter.name} against the model (vLLM {opts.reference} "
           f"behaviour, seed {opts.seed})", file=out)
@@ -125,17 +146,31 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
           file=out)
     results = []
     for phase in (run_campaign_phase, run_machine_phase):
-        result = phase(adapter, opts)
+        if coverage is None:
+            result = phase(adapter, opts)
+        else:
+            result, measured = measure_phase(phase, adapter, opts)
+            coverage.append(measured)
         results.append(result)
         what = "calls" if result.name == "campaign" else "examples"
         status = "ok" if result.ok else f"DIVERGED ({result.failure.kind})"  # type: ignore[union-attr]
         print(f"{result.name}: {status}, {result.executed} {what} in {result.seconds:.1f}s",
               file=out)
+        if coverage is not None:
+            _print_coverage(coverage[-1], out)
         if result.failure is not None:
             _print_failure(result, out, traceback)
     agree = all(r.ok for r in results)
     print("agrees with the model" if agree else "DIVERGES from the model", file=out)
     return results
+
+
+def _print_coverage(measured: PhaseCoverage, out: TextIO) -> None:
+    print(f"  model/actions.py branches reached: {measured.covered}/{measured.total} "
+          f"({measured.percent:.1f}%), {len(measured.missed)} missed"
+          f"{':' if measured.missed else ''}", file=out)
+    for branch in measured.missed:
+        print(f"    {branch}", file=out)
 
 
 def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
@@ -165,10 +200,11 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
 # ---------------------------------------------------------------- outputs
 
 
-def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult]) -> dict[str, Any]:
+def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult],
+                    coverage: list[PhaseCoverage] | None = None) -> dict[str, Any]:
     """The JSON document described in the module docstring."""
     ok = all(r.ok for r in results)
-    return {
+    doc = {
         "schema": SCHEMA,
         "implementation": adapter.name,
         "ok": ok,
@@ -182,6 +218,9 @@ def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult])
             for r in results
         ],
     }
+    if coverage is not None:
+        doc["coverage"] = [c.to_json() for c in coverage]
+    return doc
 
 
 def failure_json(f: Failure) -> dict[str, Any]:
@@ -220,6 +259,7 @@ class _Args:
     junit: str | None
     opts: Options = field(default_factory=Options)
     traceback: bool = False
+    coverage: bool = False
 
 
 def _parse(argv: Sequence[str] | None) -> _Args:
@@ -232,7 +272,9 @@ def _parse(argv: Sequence[str] | None) -> _Args:
     opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
                    machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
                    reference=ns.reference)
-    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback)
+    if ns.coverage and importlib.util.find_spec("coverage") is None:
+        raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
+    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback, ns.coverage)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -248,11 +290,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    results = conform(adapter, args.opts, out, args.traceback)
+    coverage: list[PhaseCoverage] | None = [] if args.coverage else None
+    results = conform(adapter, args.opts, out, args.traceback, coverage)
     try:
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(result_document(adapter, args.opts, results), fh, indent=2)
+                json.dump(result_document(adapter, args.opts, results, coverage), fh, indent=2)
                 fh.write("\n")
         if args.junit:
             with open(args.junit, "wb") as fb:
