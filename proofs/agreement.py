@@ -43,7 +43,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -191,22 +191,6 @@ class Report:
     @property
     def ok(self) -> bool:
         return not self.disagreements and not self.never_false
-
-    def merge(self, other: Report) -> None:
-        """Add another run's figures (a run split over processes)."""
-        for name in ("states", "perturbed", "unfaithful", "transitions", "calls"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.skipped.update(other.skipped)
-        self.perturbations.update(other.perturbations)
-        for table, theirs in ((self.invariants, other.invariants), (self.steps, other.steps)):
-            for n, (a, b) in theirs.items():
-                mine = table.setdefault(n, [0, 0])
-                mine[0] += a
-                mine[1] += b
-        for case, kept in other.examples.items():
-            self.disagreements[case] += other.disagreements[case]
-            mine_kept = self.examples.setdefault(case, [])
-            mine_kept += kept[: max(0, self.keep - len(mine_kept))]
 
 
 # --------------------------------------------------------------------------
@@ -773,8 +757,7 @@ class _Run:
 def check(cfg: bmc.Config, depth: int, seconds: float = 3600.0, *, perturb: int = 1,
           steps: Mapping[str, StepSpec] | None = None,
           predicates: Mapping[str, SymInvariant] | None = None,
-          start: PoolState | None = None,
-          on_level: Callable[[int, Report], None] | None = None) -> Report:
+          start: PoolState | None = None) -> Report:
     """Check the encoding on every state the BMC keeps up to ``depth`` and every call it makes.
 
     The search is :func:`kvpool.proofs.bmc.explore`'s (same calls, same
@@ -840,8 +823,6 @@ def check(cfg: bmc.Config, depth: int, seconds: float = 3600.0, *, perturb: int 
                     after = replace(after, events=(), fired=(), told=())
                     nxt_level.append((after, visit(after)))
         rep.depth, frontier = level, nxt_level
-        if on_level is not None:
-            on_level(level, rep)
         if not frontier:
             break
     rep.seconds, rep.cpu_seconds = time.perf_counter() - began, time.process_time() - cpu

@@ -43,10 +43,11 @@ def scope_text(budget: Budget) -> str:
     pools = ", ".join(f"{b} blocks hbs {h}" for b, h in budget.agreement_pools)
     perturbed = ("every perturbation of every state" if budget.agreement_perturb == 1
                  else f"1 in {budget.agreement_perturb} of each state's perturbations, rotating")
+    per_pool = max(1, budget.agreement_samples // max(1, len(budget.agreement_pools)))
     return (f"{pools}: every state the BMC keeps to depth {budget.agreement_depth} (invariants and "
-            f"lemmas, and {perturbed}); every call the BMC makes from them (depth "
-            f"{budget.agreement_depth - 1} and above); the compiled terms against z3 on "
-            f"{budget.agreement_samples} sampled states per pool")
+            f"lemmas, and {perturbed}); every call the BMC makes from the states at depth 0 to "
+            f"{budget.agreement_depth - 1}; the compiled terms against z3 on {per_pool} sampled "
+            f"states per pool")
 
 
 def run_agreement(budget: Budget, progress: Progress) -> Phase:
@@ -58,7 +59,7 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
     pools = list(budget.agreement_pools)
     progress.start("agreement", len(pools) + len(CHECKED) + len(STEPS) + 1)
     start = time.perf_counter()
-    per_pool = max(1, budget.agreement_samples // max(1, len(pools)))
+    per_pool = max(1, budget.agreement_samples // max(1, len(pools)))  # as scope_text says
     jobs = [(b, h, budget.agreement_depth, budget.agreement_seconds, budget.agreement_perturb,
              per_pool, budget.seed + i) for i, (b, h) in enumerate(pools)]
     workers = min(len(jobs), os.cpu_count() or 1)
