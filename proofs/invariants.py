@@ -40,8 +40,10 @@ _k = z3.Const("bound.k", Key)
 
 @encoded
 def free_queue_holds_exactly_idle_blocks(s: SymState) -> Expr:
-    """A real block is free exactly when its count is 0 (membership only: no order, no duplicates)."""
-    return z3.ForAll([_b], z3.Implies(_b != NULL, s.free[_b] == (s.ref[_b] == 0)))
+    """The free blocks are exactly the real blocks with count 0 (membership only: no order, no
+    duplicates).  NULL is not free: the model's queue equals the set of idle REAL blocks."""
+    return z3.And(z3.Not(s.free[NULL]),
+                  z3.ForAll([_b], z3.Implies(_b != NULL, s.free[_b] == (s.ref[_b] == 0))))
 
 
 @encoded

@@ -68,9 +68,11 @@ MARK = {"proven": "✓", "counterexample": "✗", "unknown": "?"}
 SLOWEST = 5
 """How many of the slowest proofs to list: where the solver budget goes."""
 
-SECTION_OF_PHASE = {"proofs": "proof-matrix", "seeded-bugs": "seeded-bugs", "bmc": "bmc",
-                    "lockstep": "lockstep", "conformance": "conformance", "traces": "traces"}
-"""Which section shows each phase (the proofs phase is the matrix)."""
+SECTION_OF_PHASE = {"proofs": "proof-matrix", "agreement": "proof-matrix", "seeded-bugs": "seeded-bugs",
+                    "bmc": "bmc", "lockstep": "lockstep", "conformance": "conformance",
+                    "traces": "traces"}
+"""Which section shows each phase (the proofs phase is the matrix; the agreement of the
+encoding with the model is about the same proofs)."""
 
 Failing = list[tuple[str, Mapping[str, Any]]]
 """Failing cases with their phase name, in document order (numbered from 1 on the page)."""

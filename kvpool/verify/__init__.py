@@ -1,7 +1,8 @@
 """``kvpool verify``: every check of the project in one run, for CI and reviewers.
 
-Phases, in order: the inductive z3 proofs; the seeded bugs that show the
-proofs and the bounded model checker can fail; bounded model checking of the
+Phases, in order: the inductive z3 proofs; the agreement of their encoding
+with the model on every state and call of small pools; the seeded bugs that
+show the proofs and the bounded model checker can fail; bounded model checking of the
 executable model; the lockstep campaign of kvpool.impl against the model;
 conformance of every ``--impl``/``--adapter`` given; and every recorded
 ``--trace`` / ``--events`` file.  Each phase yields *cases* (one per proof,
@@ -10,13 +11,14 @@ file), which become JUnit test cases, entries of the JSON document
 (``kvpool/VERIFY_SCHEMA.md``) and rows of the report.
 
 Modules: :mod:`.budget` (profiles), :mod:`.phases` (the cases of each
-phase), :mod:`.plan` (a run: its settings, the phases in order),
-:mod:`.outputs` (JSON, JUnit, the summary), :mod:`.progress`.  The command
-line is :mod:`kvpool.cli.verify`.
+phase), :mod:`.phase_agreement` (the agreement phase), :mod:`.plan` (a run:
+its settings, the phases in order), :mod:`.outputs` (JSON, JUnit, the
+summary), :mod:`.progress`.  The command line is :mod:`kvpool.cli.verify`.
 """
 
 from .budget import PHASES, PROFILES, SCHEMA, Budget
 from .outputs import document, invariants_table, junit_xml, reference_differences, summary, write_outputs
+from .phase_agreement import run_agreement
 from .phases import (
     Case,
     Phase,
@@ -37,6 +39,7 @@ from .progress import Progress, RichProgress, make_progress
 __all__ = [
     "PHASES", "PROFILES", "SCHEMA", "Budget", "Case", "Phase", "Progress", "RichProgress", "Settings",
     "Target", "bmc_failure", "divergence_failure", "document", "failure", "invariants_table",
-    "junit_xml", "make_progress", "reference_differences", "run", "run_bmc", "run_conformance",
+    "junit_xml", "make_progress", "reference_differences", "run", "run_agreement", "run_bmc",
+    "run_conformance",
     "run_lockstep", "run_proofs", "run_seeded_bugs", "run_traces", "summary", "write_outputs",
 ]

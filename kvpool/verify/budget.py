@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEMA = "kvpool.verify/1"
-PHASES = ("proofs", "seeded-bugs", "bmc", "lockstep", "conformance", "traces")
+PHASES = ("proofs", "agreement", "seeded-bugs", "bmc", "lockstep", "conformance", "traces")
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,15 @@ class Budget:
     bmc_seconds: float = 60.0
     bmc_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))
     """BMC runs as (blocks including the null block, hash_block_size)."""
+    agreement_depth: int = 2
+    """The encoding against the model: every state the BMC keeps to this depth, every call above it."""
+    agreement_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))
+    agreement_perturb: int = 4
+    """One in this many perturbations of each state is checked (rotating); 1: all of them."""
+    agreement_seconds: float = 120.0
+    """Time budget per pool of the agreement phase."""
+    agreement_samples: int = 12
+    """(state, step) and (state, invariant) pairs on which the compiled terms are checked against z3."""
     steps: int = 2000
     runs: int = 4
     examples: int = 50
@@ -28,10 +37,14 @@ class Budget:
 
 PROFILES: dict[str, Budget] = {
     "ci": Budget(),
-    "dev": Budget(bmc_depth=3, bmc_seconds=300.0, steps=10_000, runs=8, examples=200),
+    "dev": Budget(bmc_depth=3, bmc_seconds=300.0, agreement_depth=3, agreement_perturb=8,
+                  agreement_seconds=600.0, agreement_samples=96, steps=10_000, runs=8, examples=200),
     "deep": Budget(bmc_depth=4, bmc_seconds=1800.0, bmc_pools=((4, 1), (4, 2), (5, 1)),
+                   agreement_depth=3, agreement_perturb=1, agreement_seconds=1800.0,
+                   agreement_samples=400,
                    steps=50_000, runs=16, examples=1000, machine_steps=50),
-    "pool": Budget(steps=5000, runs=8, examples=200, skip=("proofs", "seeded-bugs", "bmc", "lockstep")),
+    "pool": Budget(steps=5000, runs=8, examples=200,
+                   skip=("proofs", "agreement", "seeded-bugs", "bmc", "lockstep")),
 }
 """ci: under a minute on 2 cores; dev: a few minutes; deep: an hour-scale campaign;
 pool: only the pool under test (``--impl``/``--adapter``) and the traces given, for its author."""

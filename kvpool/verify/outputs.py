@@ -123,6 +123,11 @@ def _phase_figure(p: dict[str, Any]) -> str:
     if p["name"] == "bmc":
         return "; ".join(f"{r['blocks']}b/hbs{r['hash_block_size']}: depth {r['depth']}/"
                          f"{r['depth_target']}, {r['states']} states" for r in p["runs"])
+    if p["name"] == "agreement":
+        pools = "; ".join(f"{r['blocks']}b/hbs{r['hash_block_size']}: depth {r['depth']}/"
+                          f"{r['depth_target']}" for r in p["pools"])
+        return (f"{pools}; {p['states']} states, {p['perturbed']} perturbed, "
+                f"{p['transitions']} calls, {p['evaluator']['checks']} z3 checks")
     if p["name"] == "lockstep":
         return (f"{p['calls']} calls ({p['calls_per_second']}/s), {len(p['operations'])} operations, "
                 f"{sum(p['errors'].values())} refusals")

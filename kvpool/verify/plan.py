@@ -10,6 +10,7 @@ from typing import Any
 
 from .budget import Budget
 from .outputs import document
+from .phase_agreement import run_agreement
 from .phases import (
     Case,
     Phase,
@@ -51,6 +52,7 @@ def run(cfg: Settings, progress: Progress) -> dict[str, Any]:
     b = cfg.budget
     plan: list[tuple[str, Callable[[], Phase]]] = [
         ("proofs", lambda: run_proofs(b, progress)),
+        ("agreement", lambda: run_agreement(b, progress)),
         ("seeded-bugs", lambda: run_seeded_bugs(b, progress)),
         ("bmc", lambda: run_bmc(b, progress)),
         ("lockstep", lambda: run_lockstep(b, progress)),

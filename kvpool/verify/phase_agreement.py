@@ -1,0 +1,213 @@
+"""The ``agreement`` phase of ``kvpool verify``: the z3 encoding computes what the model computes.
+
+On every state the BMC keeps (to the profile's depth, on each pool) each z3
+invariant and lemma must equal the model's predicate of the same name, on
+the state and on perturbations of it that make the model's predicate false;
+on every call from those states the z3 steps must be enabled exactly when
+the model accepts, and yield the model's next state and events
+(:mod:`kvpool.proofs.agreement`).  One case per invariant or lemma, one per
+step, and one for the compiled terms against z3 itself on a sample.  The
+pools run in parallel processes, one per core.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from .budget import Budget
+from .phases import Case, Phase, failure
+from .progress import Progress
+
+if TYPE_CHECKING:  # the proofs (and z3) are imported when the phase runs
+    from kvpool.proofs.agreement import Disagreement, Report, Sampled
+
+
+def _one_pool(blocks: int, hbs: int, depth: int, seconds: float, perturb: int,
+              samples: int, seed: int) -> tuple[Report, Sampled]:
+    """One pool's check and its z3 sample (run in a worker process)."""
+    from kvpool.proofs import bmc
+    from kvpool.proofs.agreement import check, z3_sample
+
+    cfg = bmc.Config(blocks=blocks, hash_block_size=hbs)
+    report = check(cfg, depth, seconds, perturb=perturb)
+    return report, z3_sample(cfg, samples, seed)
+
+
+def scope_text(budget: Budget) -> str:
+    """What the phase covers under ``budget``, in one sentence (the JSON's ``scope``)."""
+    pools = ", ".join(f"{b} blocks hbs {h}" for b, h in budget.agreement_pools)
+    perturbed = ("every perturbation of every state" if budget.agreement_perturb == 1
+                 else f"1 in {budget.agreement_perturb} of each state's perturbations, rotating")
+    per_pool = max(1, budget.agreement_samples // max(1, len(budget.agreement_pools)))
+    return (f"{pools}: every state the BMC keeps to depth {budget.agreement_depth} (invariants and "
+            f"lemmas, and {perturbed}); every call the BMC makes from the states at depth 0 to "
+            f"{budget.agreement_depth - 1}; the compiled terms against z3 on {per_pool} sampled "
+            f"states per pool")
+
+
+def run_agreement(budget: Budget, progress: Progress) -> Phase:
+    """The encoding against the model on every state and call of the small pools."""
+    from kvpool.proofs.agreement import CHECKED
+    from kvpool.proofs.transitions import STEPS
+
+    phase = Phase("agreement")
+    pools = list(budget.agreement_pools)
+    progress.start("agreement", len(pools) + len(CHECKED) + len(STEPS) + 1)
+    start = time.perf_counter()
+    per_pool = max(1, budget.agreement_samples // max(1, len(pools)))  # as scope_text says
+    jobs = [(b, h, budget.agreement_depth, budget.agreement_seconds, budget.agreement_perturb,
+             per_pool, budget.seed + i) for i, (b, h) in enumerate(pools)]
+    workers = min(len(jobs), os.cpu_count() or 1)
+    results: list[tuple[Report, Sampled]] = []
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+            # the largest pool first: it bounds the wall time
+            order = sorted(range(len(jobs)), key=lambda i: jobs[i][1])
+            futures = {i: ex.submit(_one_pool, *jobs[i]) for i in order}
+            for i in range(len(jobs)):
+                results.append(futures[i].result())
+                progress.advance(_pool_note(results[-1][0]))
+    else:
+        for job in jobs:
+            results.append(_one_pool(*job))
+            progress.advance(_pool_note(results[-1][0]))
+    phase.cases = _cases(results, progress)
+    phase.seconds = time.perf_counter() - start
+    phase.extra = _figures(results, budget)
+    return phase
+
+
+def _pool_note(r: Report) -> str:
+    done = "complete" if r.complete else "CUT by the time budget"
+    return (f"{r.blocks} blocks, hbs {r.hash_block_size}: depth {r.depth}/{r.depth_target} ({done}), "
+            f"{r.states:,} states, {r.perturbed:,} perturbed, {r.transitions:,} calls, "
+            f"{sum(r.disagreements.values())} disagreements, {r.seconds:.1f}s")
+
+
+def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Case]:
+    from kvpool.proofs.agreement import CHECKED
+    from kvpool.proofs.transitions import STEPS
+
+    cases = []
+    seconds = sum(r.seconds for r, _ in results)
+    for name in CHECKED:
+        true = sum(r.invariants.get(name, [0, 0])[0] for r, _ in results)
+        false = sum(r.invariants.get(name, [0, 0])[1] for r, _ in results)
+        bad = _examples(results, f"invariant/{name}")
+        title = f"z3's {name} equals the model's"
+        fail = None
+        if bad:
+            fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
+        elif not false:
+            fail = failure("violation", f"{name} is never false on a checked state: "
+                           "its agreement is shown one way only",
+                           f"true on {true:,} states, false on none; add a perturbation that breaks it")
+        cases.append(Case(f"agreement/invariant/{name}", f"{title} ({true:,} true, {false:,} false)",
+                          fail is None, seconds / (len(CHECKED) + len(STEPS)), fail))
+        progress.advance("" if fail is None else fail["message"])
+    for name in STEPS:
+        enabled = sum(r.steps.get(name, [0, 0])[0] for r, _ in results)
+        refused = sum(r.steps.get(name, [0, 0])[1] for r, _ in results)
+        bad = _examples(results, f"step/{name}")
+        title = f"z3 step {name} computes the model's calls"
+        fail = None
+        if bad:
+            fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
+        elif not enabled:
+            fail = failure("violation", f"no call of step {name} was accepted: its result is never compared",
+                           f"refused {refused:,} times, accepted never")
+        cases.append(Case(f"agreement/step/{name}", f"{title} ({enabled:,} accepted, {refused:,} refused)",
+                          fail is None, seconds / (len(CHECKED) + len(STEPS)), fail))
+        progress.advance("" if fail is None else fail["message"])
+    mismatches = [m for _r, s in results for m in s.mismatches]
+    checks = sum(s.checks for _r, s in results)
+    zsecs = sum(s.seconds for _r, s in results)
+    fail = None if not mismatches else failure(
+        "counterexample", f"the compiled terms and z3 differ on {len(mismatches)} of {checks} checks",
+        "\n".join(mismatches[:20]))
+    cases.append(Case("agreement/evaluator", f"compiled terms equal z3's on {checks} sampled checks",
+                      fail is None, zsecs, fail))
+    progress.advance("" if fail is None else fail["message"])
+    return cases
+
+
+def _examples(results: list[tuple[Report, Sampled]], case: str) -> list[tuple[Report, Disagreement]]:
+    out = []
+    for r, _s in results:
+        out += [(r, d) for d in r.examples.get(case, [])]
+    return out
+
+
+def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, Any]:
+    """The first disagreements: the model state (pictured), the call or perturbation, the field."""
+    from kvpool.pictures import labeller, picture_of_state
+    from kvpool.proofs import bmc
+    from kvpool.proofs.agreement import show_state
+
+    trace = []
+    details = []
+    for i, (r, d) in enumerate(bad, start=1):
+        cfg = bmc.Config(blocks=r.blocks, hash_block_size=r.hash_block_size)
+        labels = bmc.key_labels(cfg)
+        try:
+            picture: Any = picture_of_state(d.state, labeller(labels))
+        except Exception:  # a perturbed state may be beyond what a picture can show
+            picture = None
+        trace.append({"index": i, "call": d.what, "outcome": d.detail, "changes": [],
+                      "picture": picture, "pool_picture": None, "differs": []})
+        details += [f"[{r.blocks} blocks, hbs {r.hash_block_size}] {d.what}", f"  differs: {d.detail}",
+                    *("  " + line for line in show_state(d.state, labels).splitlines()), ""]
+    return failure("counterexample", message, "\n".join(details), trace)
+
+
+def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str, Any]:
+    reports = [r for r, _ in results]
+    skipped: Counter[str] = Counter()
+    perturbations: Counter[str] = Counter()
+    invariants: dict[str, dict[str, int]] = {}
+    steps: dict[str, dict[str, int]] = {}
+    for r in reports:
+        skipped.update(r.skipped)
+        perturbations.update(r.perturbations)
+        for n, (t, f) in r.invariants.items():
+            row = invariants.setdefault(n, {"true": 0, "false": 0})
+            row["true"] += t
+            row["false"] += f
+        for n, (e, x) in r.steps.items():
+            row = steps.setdefault(n, {"enabled": 0, "refused": 0})
+            row["enabled"] += e
+            row["refused"] += x
+    calls = sum(r.transitions for r in reports)
+    busy = sum(r.cpu_seconds for r in reports)
+    samples = [s for _, s in results]
+    return {
+        "scope": scope_text(budget),
+        "pools": [{"name": f"{r.blocks} blocks, hash_block_size {r.hash_block_size}",
+                   "blocks": r.blocks, "hash_block_size": r.hash_block_size,
+                   "depth_target": r.depth_target, "depth": r.depth, "complete": r.complete,
+                   "states": r.states, "perturbed": r.perturbed, "unfaithful": r.unfaithful,
+                   "transitions": r.transitions, "seconds": round(r.seconds, 3),
+                   "cpu_seconds": round(r.cpu_seconds, 3)} for r in reports],
+        "states": sum(r.states for r in reports),
+        "perturbed": sum(r.perturbed for r in reports),
+        "unfaithful": sum(r.unfaithful for r in reports),
+        "transitions": calls,
+        "calls_per_second": round(calls / busy) if busy else 0,
+        "skipped_calls": dict(sorted(skipped.items())),
+        "invariants": invariants,
+        "steps": steps,
+        "perturbations": dict(sorted(perturbations.items())),
+        "evaluator": {"checks": sum(s.checks for s in samples),
+                      "steps_enabled": sum(s.enabled for s in samples),
+                      "mismatches": sum(len(s.mismatches) for s in samples),
+                      "seconds": round(sum(s.seconds for s in samples), 3)},
+        "complete": all(r.complete for r in reports),
+    }
+
+
+__all__ = ["run_agreement", "scope_text"]
