@@ -68,7 +68,9 @@ class Config:
         fourth run has no prefix caching, the others give the first group
         blocks of three, two and one hash chunks (partial entries need
         several); one run in three has no events (over twelve runs in a
-        row, every pairing); odd runs get at least 8 blocks, so that a pool
+        row, every pairing); every fourth run, starting with the first, has
+        a second KV-cache group (its keys and events carry a group id other
+        than zero); odd runs get at least 8 blocks, so that a pool
         small enough to run dry (even runs) does not starve the shapes that
         need blocks to spare.  Without ``run`` all of it is drawn (caching
         85%, events 70%).
@@ -82,6 +84,8 @@ class Config:
             caching, events = run % 4 != 3, run % 3 != 1
             num_blocks = max(num_blocks, 8) if run % 2 else num_blocks
             sizes[0] = hbs * (3, 2, 1, 3)[run % 4]
+            if run % 4 == 0 and len(sizes) == 1:
+                sizes[1] = hbs * rng.choice([1, 2, 3])
         return cls(num_blocks=num_blocks, caching=caching, hash_block_size=hbs, block_sizes=sizes,
                    events=events, extra_keys=events or extra_keys, metrics=metrics)
 
