@@ -455,7 +455,7 @@ def explore(
     factory: Callable[..., Any], shape: Shape, depth: int, calls: Domain, requests: Sequence[Any],
     *, key: StateKey = exact_key, seconds: float = 600.0, with_misuse: bool = True,
     with_queries: bool = True, progress: Callable[[int, int], None] | None = None,
-    keep_going: bool = False,
+    keep_going: bool = False, visit: Callable[[PoolState, tuple[Call, ...]], None] | None = None,
 ) -> Refinement:
     """Every sequence of up to ``depth`` calls from a fresh pool, breadth first, within ``seconds``.
 
@@ -464,7 +464,8 @@ def explore(
     ``progress(level, states)`` is called after each level.  Stops at the
     first divergence, which is replayed from a fresh pool; with ``keep_going``
     the search goes on without following any diverging call, and counts them
-    (``more``).
+    (``more``).  ``visit(state, sequence)`` is called on each state kept (one
+    per ``key``), the initial one included, with the sequence that reached it.
     """
     start = time.perf_counter()
     out = Refinement(shape, depth)
@@ -486,6 +487,8 @@ def explore(
     carried = Carried.of(root)
     out.copies[carried.how] += 1
     frontier: list[tuple[PoolState, Carried, tuple[Call, ...]]] = [(root.model, carried, ())]
+    if visit is not None:
+        visit(root.model, ())
     for level in range(1, depth + 1):
         last = level == depth
         nxt: list[tuple[PoolState, Carried, tuple[Call, ...]]] = []
@@ -519,6 +522,8 @@ def explore(
                 if k in seen:
                     continue
                 seen.add(k)
+                if visit is not None:
+                    visit(pair.model, (*path, (op, args)))
                 if not last:
                     pair.model = replace(pair.model, fired=(), told=())
                     pair.trace, pair.steps = [], 0

@@ -39,9 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p = UsageParser(
         prog="kvpool verify",
         description="Run the z3 proofs, the seeded bugs, bounded model checking, the lockstep\n"
-                    "campaign of kvpool.impl and the conformance of every implementation given,\n"
-                    "under a profile or an explicit budget. Exit 0 if everything passed, 1 on a\n"
-                    "found violation, 2 on a usage error.",
+                    "campaign and the bounded refinement of kvpool.impl, and the conformance of\n"
+                    "every implementation given, under a profile or an explicit budget. Exit 0 if\n"
+                    "everything passed, 1 on a found violation, 2 on a usage error.",
         epilog="examples:\n"
                "  kvpool verify\n"
                "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
@@ -67,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip", action="append", default=[], choices=PHASES, help="leave a phase out")
     budget = p.add_argument_group("budget (overrides the profile)")
     for name, kind, what in (("bmc-depth", int, "BMC depth"), ("bmc-seconds", float, "BMC time per run"),
+                             ("refinement-depth", int, "refinement depth, for every pool"),
                              ("steps", int, "calls per lockstep/campaign run"),
                              ("runs", int, "lockstep/campaign runs"),
                              ("examples", int, "state-machine examples per implementation"),
@@ -89,8 +90,8 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]
     custom = {}
-    for name in ("bmc_depth", "bmc_seconds", "steps", "runs", "examples", "machine_steps",
-                 "timeout_ms", "seed"):
+    for name in ("bmc_depth", "bmc_seconds", "refinement_depth", "steps", "runs", "examples",
+                 "machine_steps", "timeout_ms", "seed"):
         value = getattr(ns, name)
         if value is None:
             continue
