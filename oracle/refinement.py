@@ -402,6 +402,9 @@ class Refinement:
     transitions: int = 0
     """Calls run on both sides and compared: one per explored sequence."""
     seconds: float = 0.0
+    """Wall-clock time."""
+    cpu_seconds: float = 0.0
+    """CPU time of this process (on a shared machine the wall clock says little)."""
     operations: Counter[str] = field(default_factory=Counter)
     misuse: Counter[str] = field(default_factory=Counter)
     """Of ``operations``, the calls from :func:`misuse`."""
@@ -428,7 +431,7 @@ class Refinement:
         head = (f"{self.shape.name}: depth {self.depth}/{self.depth_target}"
                 f"{'' if self.complete or not self.ok else ' (time out)'}, {self.states:,} states, "
                 f"{self.transitions:,} sequences, {sum(self.breaches.values()):,} contract breaches "
-                f"skipped, {self.seconds:.1f}s")
+                f"skipped, {self.seconds:.1f}s ({self.cpu_seconds:.1f}s CPU)")
         if self.ok:
             return head
         calls = "\n".join(f"  {i}. {show_call(c)}" for i, c in enumerate(self.sequence, start=1))
@@ -467,13 +470,20 @@ def explore(
     (``more``).  ``visit(state, sequence)`` is called on each state kept (one
     per ``key``), the initial one included, with the sequence that reached it.
     """
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = Refinement(shape, depth)
+
+    def finish() -> Refinement:
+        out.states = len(seen)
+        out.seconds, out.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+        return out
+
+    seen: set[Hashable] = set()
     try:
         root = replay(factory, shape, [])
     except Exception as exc:  # diverged as built, or could not be built
-        out.divergence, out.seconds = exc, time.perf_counter() - start
-        return out
+        out.divergence = exc
+        return finish()
 
     def domain(s: PoolState) -> Iterator[tuple[bool, Call]]:
         yield from ((False, c) for c in calls(s))
@@ -483,7 +493,7 @@ def explore(
             yield from ((True, c) for c in misuse(s, requests))
 
     invariants = Memo()
-    seen: set[Hashable] = {key(root.model)}
+    seen.add(key(root.model))
     carried = Carried.of(root)
     out.copies[carried.how] += 1
     frontier: list[tuple[PoolState, Carried, tuple[Call, ...]]] = [(root.model, carried, ())]
@@ -494,8 +504,7 @@ def explore(
         nxt: list[tuple[PoolState, Carried, tuple[Call, ...]]] = []
         for model, kept, path in frontier:
             if time.perf_counter() - start > seconds:
-                out.states, out.seconds = len(seen), time.perf_counter() - start
-                return out
+                return finish()
             for is_misuse, (op, args) in domain(model):
                 pair = kept.restore(model, root, factory, shape, path, invariants)
                 try:
@@ -509,8 +518,7 @@ def explore(
                         continue
                     _diverged(out, factory, shape, [*path, (op, args)], exc)
                     if not keep_going:
-                        out.states, out.seconds = len(seen), time.perf_counter() - start
-                        return out
+                        return finish()
                     continue
                 out.transitions += 1
                 out.operations[op] += 1
@@ -536,8 +544,7 @@ def explore(
         if not frontier:
             break
     out.complete = True
-    out.states, out.seconds = len(seen), time.perf_counter() - start
-    return out
+    return finish()
 
 
 def _diverged(out: Refinement, factory: Callable[..., Any], shape: Shape, path: list[Call],

@@ -88,7 +88,8 @@ def figures(out: Refinement) -> dict[str, Any]:
             "operations": dict(sorted(out.operations.items())),
             "misuse": dict(sorted(out.misuse.items())),
             "refusals": dict(sorted(out.refusals.items())),
-            "copies": dict(sorted(out.copies.items())), "seconds": round(out.seconds, 3)}
+            "copies": dict(sorted(out.copies.items())), "seconds": round(out.seconds, 3),
+            "cpu_seconds": round(out.cpu_seconds, 3)}
 
 
 def refinement_failure(out: Refinement) -> dict[str, Any]:
