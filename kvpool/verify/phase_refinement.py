@@ -138,8 +138,10 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
         operations.update(out.operations)
         phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", out.ok,
                                 out.seconds, None if out.ok else refinement_failure(out)))
-        progress.advance(f"{shape.name}: depth {out.depth}/{depth}, {out.states:,} states, "
-                         f"{out.transitions:,} sequences" + ("" if out.ok else ": DIVERGED"))
+        progress.advance(f"{shape.name}: depth {out.depth}/{depth}"
+                         f"{'' if out.complete or not out.ok else ' (out of time)'}, {out.states:,} "
+                         f"states, {out.transitions:,} sequences, {out.cpu_seconds:.1f}s CPU"
+                         + ("" if out.ok else ": DIVERGED"))
     phase.seconds = time.perf_counter() - start
     phase.extra = {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
                    "sequences": sum(r["sequences"] for r in runs),
