@@ -266,25 +266,30 @@ class BlockPool:
         if num_full_blocks > len(blocks):
             raise InvalidArgumentError(f"num_full_blocks {num_full_blocks} > {len(blocks)} blocks")
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        # The refusals in the model's order: unknown blocks, the mask, the hashes, conflicts.
+        for blk in new_blocks:
+            self._own(blk)
         if block_mask is not None and len(block_mask) != len(new_blocks):
             raise InvalidArgumentError(
                 f"block_mask has {len(block_mask)} entries, want {len(new_blocks)}")
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
         needed = num_cached_blocks if self.enable_kv_cache_events else 0
         end_tokens = num_cached_blocks * block_size
+        conflict: KVCacheBlock | None = None
         for i, blk in enumerate(new_blocks):
-            self._own(blk)
             end_tokens += block_size
             if blk.is_null or (block_mask is not None and not block_mask[i]):
                 continue
             needed = num_cached_blocks + i + 1
-            if blk._block_hash is not None:
+            if blk._block_hash is not None and conflict is None:
                 covered = blk._block_hash_num_tokens
                 if covered is None or covered >= end_tokens:
-                    raise BlockHashConflictError(
-                        f"block {blk.block_id} is already cached at a prefix this long")
+                    conflict = blk
         if len(hashes) < needed:
             raise InvalidArgumentError(f"request has {len(hashes)} block hashes, want {needed}")
+        if conflict is not None:
+            raise BlockHashConflictError(
+                f"block {conflict.block_id} is already cached at a prefix this long")
 
         events = self.enable_kv_cache_events
         stored: list[Any] = []
@@ -469,8 +474,9 @@ class BlockPool:
         if not callable(on_reuse):
             raise InvalidArgumentError("on_reuse must be callable")
         blocks = list(blocks)
-        for block in blocks:
+        for block in blocks:  # every block is this pool's before the null block is refused
             self._own(block)
+        for block in blocks:
             if block.is_null:
                 raise NullBlockError("the null block cannot be unpinned")
         released = self._release(blocks, "unpin")
@@ -586,6 +592,11 @@ class BlockPool:
             self._undo_release(blocks[:len(blocks) - length_hint(pending) - 1])
             if isinstance(exc, AttributeError):
                 raise UnknownBlockError(f"free: not a KV-cache block: {exc}") from None
+            if isinstance(exc, BlockNotInUseError):
+                # as the model checks every id before counting: an unknown block later on wins
+                for later in pending:
+                    if not isinstance(later, KVCacheBlock) or later.pool is None:
+                        raise UnknownBlockError(f"{later!r} is not a block of this pool") from None
             raise
         if others:
             try:

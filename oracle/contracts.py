@@ -20,15 +20,22 @@ postcondition like any other.
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import replace
+from typing import Any
+
 from kvpool.impl.block import KVCacheBlock
 from kvpool.impl.errors import BlockPoolError
 from kvpool.impl.free_queue import FreeKVCacheBlockQueue
 from kvpool.impl.hash_index import BlockHashToBlockMap
 from kvpool.impl.pool import BlockPool
-from kvpool.model import ACTIONS, Refusal, initial_state
+from kvpool.model import ACTIONS, ContractBroken, Refusal, initial_state
 from kvpool.model.state import PoolState
 
+from .abstraction import event_differences, refusal_kind
+from .lockstep import BLOCK_ARGS, MetricsRecorder
 from .observe import Observation, observe_model, observe_pool
+from .refinement import model_watcher, requests_for
 
 QueueView = tuple[int, tuple[int, ...]]
 """(num_free_blocks, ids walked head to tail), or (-1, ()) when the links are broken."""
@@ -336,3 +343,250 @@ def pool_free_after_touch(n: int, held: int, ids: list[int]) -> tuple[int, tuple
     pool.touch(blocks)
     pool.free_blocks(blocks)
     return (pool.get_num_free_blocks(), tuple(b.ref_cnt for b in pool.blocks))
+
+
+# ------------------------------------------------------- the pool, from reached states
+#
+# The wrappers above start from fresh pools.  These start from states the
+# bounded refinement (:mod:`kvpool.oracle.refinement`) reaches on 4 blocks,
+# hash_block_size 1, caching and events on: REACHED holds one call sequence
+# per state, CrossHair picks one by a symbolic index, and the pool and the
+# model are rebuilt by replaying it (once, at import; each call unpickles a
+# copy).  Each wrapper then runs one operation with symbolic arguments on
+# both and compares everything the lockstep compares: the result or the
+# refusal's kind, the whole observation, the pending events, the watchers'
+# and the metrics collector's calls.  A call that breaks a caller contract
+# is outside the specification: no claim is made (the wrapper returns True).
+
+REACHED: tuple[tuple[tuple[str, tuple[Any, ...]], ...], ...] = (
+    (),
+    (("get_new_blocks", (1,)),),
+    (("get_new_blocks", (2,)),),
+    (("get_new_blocks", (3,)),),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)),),
+    (("cache_partial_block", ("r0", 2, 1, 0, 2, False)),),
+    (("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None)),),
+    (("cache_full_blocks", ("r0", [2], 0, 1, 2, 0, None)),),
+    (("get_new_blocks", (1,)), ("touch", ([1],))),
+    (("get_new_blocks", (1,)), ("unpin_blocks", ([1], "watcher_a"))),
+    (("get_new_blocks", (1,)), ("cache_partial_block", ("r0", 1, 1, 0, 2, False))),
+    (("get_new_blocks", (1,)), ("cache_partial_block", ("r0", 2, 1, 0, 2, False))),
+    (("get_new_blocks", (1,)), ("cache_partial_block", ("r0", 3, 1, 0, 2, False))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [2], 0, 1, 2, 0, None))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [3], 0, 1, 2, 0, None))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [1, 2], 0, 2, 2, 0, None))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [1, 3], 0, 2, 2, 0, None))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [1, 2], 0, 2, 1, 0, None))),
+    (("get_new_blocks", (1,)), ("cache_full_blocks", ("r0", [1, 3], 0, 2, 1, 0, None))),
+    (("get_new_blocks", (2,)), ("touch", ([1],))),
+    (("get_new_blocks", (2,)), ("unpin_blocks", ([1], "watcher_a"))),
+    (("get_new_blocks", (2,)), ("cache_partial_block", ("r0", 1, 1, 0, 2, False))),
+    (("get_new_blocks", (2,)), ("cache_partial_block", ("r0", 3, 1, 0, 2, False))),
+    (("get_new_blocks", (2,)), ("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None))),
+    (("get_new_blocks", (2,)), ("cache_full_blocks", ("r0", [3], 0, 1, 2, 0, None))),
+    (("get_new_blocks", (2,)), ("cache_full_blocks", ("r0", [1, 3], 0, 2, 2, 0, None))),
+    (("get_new_blocks", (2,)), ("cache_full_blocks", ("r0", [1, 3], 0, 2, 1, 0, None))),
+    (("get_new_blocks", (3,)), ("touch", ([1],))),
+    (("get_new_blocks", (3,)), ("unpin_blocks", ([1], "watcher_a"))),
+    (("get_new_blocks", (3,)), ("cache_partial_block", ("r0", 1, 1, 0, 2, False))),
+    (("get_new_blocks", (3,)), ("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)), ("cache_partial_block", ("r0", 2, 1, 0, 2, False))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)), ("cache_partial_block", ("r0", 3, 1, 0, 2, False))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)), ("cache_partial_block", ("r0", 1, 1, 1, 2, False))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)), ("cache_partial_block", ("r0", 1, 3, 1, 2, False))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)), ("cache_partial_block", ("r0", 3, 1, 1, 2, False))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)),
+     ("cache_full_blocks", ("r0", [1], 0, 1, 2, 1, None))),
+    (("cache_partial_block", ("r0", 1, 1, 0, 2, False)),
+     ("cache_full_blocks", ("r0", [1, 3], 0, 2, 2, 1, None))),
+    (("cache_partial_block", ("r0", 1, 3, 0, 2, False)), ("cache_partial_block", ("r0", 1, 1, 0, 2, False))),
+    (("cache_partial_block", ("r0", 2, 1, 0, 2, False)), ("cache_partial_block", ("r0", 2, 1, 1, 2, False))),
+    (("cache_partial_block", ("r0", 2, 3, 0, 2, False)), ("cache_partial_block", ("r0", 2, 1, 0, 2, False))),
+    (("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None)),
+     ("cache_partial_block", ("r0", 1, 1, 0, 2, False))),
+    (("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None)),
+     ("cache_full_blocks", ("r0", [2], 0, 1, 2, 0, None))),
+    (("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None)),
+     ("cache_full_blocks", ("r0", [3], 0, 1, 2, 0, None))),
+    (("cache_full_blocks", ("r0", [1], 0, 1, 2, 0, None)),
+     ("cache_partial_block", ("r0", 1, 1, 1, 2, False))),
+    (("cache_full_blocks", ("r0", [2], 0, 1, 2, 0, None)),
+     ("cache_partial_block", ("r0", 2, 1, 0, 2, False))),
+    (("cache_full_blocks", ("r0", [2], 0, 1, 2, 0, None)),
+     ("cache_partial_block", ("r0", 2, 1, 1, 2, False))),
+    (("cache_full_blocks", ("r0", [1, 2], 0, 2, 1, 0, None)),
+     ("cache_partial_block", ("r0", 2, 1, 0, 2, False))),
+    (("cache_full_blocks", ("r0", [1, 3], 0, 2, 1, 0, None)),
+     ("cache_partial_block", ("r0", 3, 1, 0, 2, False))),
+    (("get_new_blocks", (1,)),
+     ("unpin_blocks", ([1], "watcher_a")),
+     ("cache_partial_block", ("r0", 1, 1, 0, 2, False))),
+)
+"""Call sequences from a fresh pool (requests and watchers by name), one per reached state.
+
+Chosen from the refinement's sequences (every call is the BMC's domain, none
+breaks a contract; ``tests/test_crosshair.py`` checks both): the first state,
+in breadth-first order, of each combination of what a pool can hold (blocks
+held; hashed blocks idle or held; secondary keys; watchers; shared blocks;
+group-1 keys; partial entries; a key on two blocks; a hashed idle block
+behind an unhashed one; a watched hashed block) among the 2,643 states of
+depth 2, then the first one step further that adds a combination still
+missing."""
+
+_BLOCKS = 4
+_HBS = 1
+_REQUESTS = {r.request_id: r for r in requests_for(_HBS)}
+
+
+def _named(arg: Any) -> Any:
+    if isinstance(arg, str):
+        return _REQUESTS[arg] if arg in _REQUESTS else model_watcher(arg)
+    return arg
+
+
+def _pool_arg(pool: BlockPool, arg: Any) -> Any:
+    """A block id as the pool takes it: its block, or a block of no pool."""
+    return pool.blocks[arg] if 0 <= arg < len(pool.blocks) else KVCacheBlock(len(pool.blocks))
+
+
+def _pool_args(pool: BlockPool, op: str, args: tuple[Any, ...]) -> list[Any]:
+    out = list(args)
+    for pos, kind in BLOCK_ARGS.get(op, {}).items():
+        out[pos] = (_pool_arg(pool, args[pos]) if kind == "one"
+                    else [_pool_arg(pool, b) for b in args[pos]])
+    return out
+
+
+def _rebuild(sequence: tuple[tuple[str, tuple[Any, ...]], ...]) -> tuple[bytes, PoolState]:
+    """Replay ``sequence`` on a fresh pool and the model, each on its own; the pool pickled."""
+    pool = BlockPool(_BLOCKS, True, _HBS, enable_kv_cache_events=True,
+                     metrics_collector=MetricsRecorder())
+    state = initial_state(_BLOCKS, True, _HBS, True)
+    for op, named in sequence:
+        args = tuple(_named(a) for a in named)
+        state, _ = ACTIONS[op](state, *args)
+        getattr(pool, op)(*_pool_args(pool, op, args))
+    return pickle.dumps(pool), replace(state, fired=(), told=())
+
+
+_SNAPSHOTS = [_rebuild(sequence) for sequence in REACHED]
+
+
+def _reached(index: int) -> tuple[BlockPool, PoolState]:
+    """A copy of the pool in reached state ``index``, and the model's state."""
+    blob, state = _SNAPSHOTS[index]
+    return pickle.loads(blob), state
+
+
+def _refines(pool: BlockPool, state: PoolState, op: str, *args: Any) -> bool:
+    """One call on both sides: everything the lockstep compares agrees (or a contract broke)."""
+    watchers = list(pool._reuse_watchers.values())
+    recorder = pool.metrics_collector
+    assert isinstance(recorder, MetricsRecorder)
+    recorder.log.clear()
+    try:
+        after, result = ACTIONS[op](state, *args)
+        model_error: Refusal | None = None
+    except ContractBroken:
+        return True
+    except Refusal as exc:
+        after, result, model_error = state, None, exc
+    try:
+        got = getattr(pool, op)(*_pool_args(pool, op, args))
+        pool_error: BlockPoolError | None = None
+    except BlockPoolError as exc:
+        got, pool_error = None, exc
+    if model_error is not None or pool_error is not None:
+        if model_error is None or refusal_kind(pool_error) is not model_error.kind:
+            return False
+    elif op == "get_new_blocks":
+        if [b.block_id for b in got] != result:
+            return False
+    elif got != result:
+        return False
+    fired = [entry for w in dict.fromkeys(watchers) for entry in getattr(w, "log", ())]
+    return (not observe_model(after).diff(observe_pool(pool))
+            and not event_differences(after.events, pool.kv_event_queue)
+            and fired == [(w.name, b) for w, b in after.fired]
+            and recorder.log == list(after.told))
+
+
+def pool_get_new_blocks_reached(index: int, k: int) -> bool:
+    """get_new_blocks from a reached state agrees with the model.
+
+    pre: 0 <= index < len(REACHED)
+    pre: -1 <= k <= 4
+    post: __return__
+    """
+    pool, state = _reached(index)
+    return _refines(pool, state, "get_new_blocks", k)
+
+
+def pool_free_blocks_reached(index: int, ids: list[int]) -> bool:
+    """free_blocks from a reached state agrees with the model (ids -1 and 4: no pool's block).
+
+    pre: 0 <= index < len(REACHED)
+    pre: len(ids) <= 3
+    pre: all(-1 <= i <= 4 for i in ids)
+    post: __return__
+    """
+    pool, state = _reached(index)
+    return _refines(pool, state, "free_blocks", ids)
+
+
+def pool_touch_reached(index: int, ids: list[int]) -> bool:
+    """touch from a reached state agrees with the model.
+
+    pre: 0 <= index < len(REACHED)
+    pre: len(ids) <= 3
+    pre: all(-1 <= i <= 4 for i in ids)
+    post: __return__
+    """
+    pool, state = _reached(index)
+    return _refines(pool, state, "touch", ids)
+
+
+def pool_unpin_blocks_reached(index: int, ids: list[int], second: bool) -> bool:
+    """unpin_blocks from a reached state agrees with the model, with either watcher.
+
+    pre: 0 <= index < len(REACHED)
+    pre: len(ids) <= 3
+    pre: all(-1 <= i <= 4 for i in ids)
+    post: __return__
+    """
+    pool, state = _reached(index)
+    return _refines(pool, state, "unpin_blocks", ids,
+                    model_watcher("watcher_b" if second else "watcher_a"))
+
+
+def pool_evict_blocks_reached(index: int, ids: list[int]) -> bool:
+    """evict_blocks from a reached state agrees with the model (ids as ids, -1 and 4 refused).
+
+    pre: 0 <= index < len(REACHED)
+    pre: len(ids) <= 3
+    pre: all(-1 <= i <= 4 for i in ids)
+    post: __return__
+    """
+    pool, state = _reached(index)
+    return _refines(pool, state, "evict_blocks", ids)
+
+
+def pool_cache_full_blocks_reached(index: int, request: int, ids: list[int], num_cached: int,
+                                   num_full: int, block_size: int, group: int,
+                                   mask: list[bool] | None) -> bool:
+    """cache_full_blocks from a reached state agrees with the model.
+
+    pre: 0 <= index < len(REACHED)
+    pre: 0 <= request <= 2
+    pre: len(ids) <= 3
+    pre: all(-1 <= i <= 4 for i in ids)
+    pre: -1 <= num_cached <= 3 and -1 <= num_full <= 4
+    pre: 1 <= block_size <= 3
+    pre: 0 <= group <= 1
+    pre: mask is None or len(mask) <= 3
+    post: __return__
+    """
+    pool, state = _reached(index)
+    return _refines(pool, state, "cache_full_blocks", _REQUESTS[f"r{request}"], ids, num_cached,
+                    num_full, block_size, group, mask)

@@ -128,6 +128,31 @@ def _lockstep() -> Doc:
                          "events": s % 2 == 0} for s in range(4)]}
 
 
+def _refinement() -> Doc:
+    """Bounded refinement of kvpool.impl on two small pools."""
+    runs: list[Doc] = [
+        {"name": "4 blocks, hash_block_size 2, caching on, events on", "blocks": 4,
+         "hash_block_size": 2, "caching": True, "events": True, "metrics": True, "depth_target": 2,
+         "depth": 2, "complete": True, "ok": True, "states": 897, "sequences": 27203,
+         "contract_breaches": 3096, "breaches": {"writes_extend_unless_writable": 1896},
+         "operations": {"cache_full_blocks": 18397, "free_blocks": 1763},
+         "misuse": {"free_blocks": 943, "touch": 328},
+         "refusals": {"HASH_CONFLICT": 4956, "NOT_IN_USE": 1678},
+         "copies": {"pickle": 41}, "seconds": 3.9},
+        {"name": "4 blocks, hash_block_size 1, caching off, events on", "blocks": 4,
+         "hash_block_size": 1, "caching": False, "events": True, "metrics": True, "depth_target": 3,
+         "depth": 3, "complete": True, "ok": True, "states": 554, "sequences": 60588,
+         "contract_breaches": 312, "breaches": {}, "operations": {"cache_full_blocks": 40000},
+         "misuse": {"free_blocks": 5000}, "refusals": {"CACHING_DISABLED": 40000},
+         "copies": {"pickle": 60}, "seconds": 8.2},
+    ]
+    cases = [_case(f"refinement/{i}", f"refinement {r['name']}", r["seconds"]) for i, r in enumerate(runs)]
+    return {"name": "refinement", "ok": True, "seconds": 12.1, "skipped": False, "cases": cases,
+            "implementation": "kvpool.impl:BlockPool", "symmetry": True, "runs": runs,
+            "sequences": sum(r["sequences"] for r in runs), "states": sum(r["states"] for r in runs),
+            "operations": {"cache_full_blocks": 58397, "free_blocks": 1763}}
+
+
 def _target(name: str, spec: str, ok: bool = True) -> Doc:
     """A conformance target with its two phases."""
     return {"name": name, "spec": spec, "ok": ok, "seconds": 5.5,
@@ -160,7 +185,7 @@ def passing_document() -> Doc:
                    "machine_steps": 25, "seed": 0, "timeout_ms": 30000},
         "ok": True, "exit_code": 0, "invariants": _invariants(),
         "reference_differences": REFERENCE_DIFFERENCES,
-        "phases": [_proofs(rng), _seeded_bugs(), _bmc(), _lockstep(),
+        "phases": [_proofs(rng), _seeded_bugs(), _bmc(), _lockstep(), _refinement(),
                    _conformance([_target("kvpool.impl", "kvpool.impl:BlockPool")]), _traces()],
     }
 

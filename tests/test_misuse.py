@@ -233,6 +233,20 @@ MISUSES: list[Misuse] = [
     Misuse("move_from_block_of_no_pool",
            lambda w: w.pool.move_block_hashes(KVCacheBlock(2), w.pool.blocks[9]),
            UnknownBlockError),
+    # ---- two wrong arguments: the refusal the model checks first (found by the bounded
+    # refinement, oracle/refinement.py: the pool used to refuse the other one)
+    Misuse("free_idle_block_then_block_of_no_pool",
+           lambda w: w.pool.free_blocks([w.idle_cached[0], KVCacheBlock(3)]), UnknownBlockError),
+    Misuse("unpin_null_block_then_block_of_other_pool",
+           lambda w: w.pool.unpin_blocks([w.pool.null_block, w.other_held], watcher),
+           UnknownBlockError),
+    Misuse("full_block_of_no_pool_and_mask_wrong_length",
+           lambda w: full(w, 3, 4, blocks=[*w.table[:3], KVCacheBlock(3)], block_mask=[True, False]),
+           UnknownBlockError),
+    Misuse("full_recache_then_block_of_no_pool",
+           lambda w: full(w, 0, 4, blocks=[*w.table[:3], KVCacheBlock(3)]), UnknownBlockError),
+    Misuse("full_recache_with_too_few_request_hashes", lambda w: full(w, 0, 3, request=w.short),
+           InvalidArgumentError),
     # ---- construction
     Misuse("ctor_zero_blocks", lambda w: BlockPool(0, True, HBS), InvalidArgumentError),
     Misuse("ctor_negative_blocks", lambda w: BlockPool(-4, True, HBS), InvalidArgumentError),

@@ -39,7 +39,7 @@ def _load_fixtures() -> ModuleType:
 fx = _load_fixtures()
 
 SECTION_IDS = ["summary", "invariants", "claims", "proof-matrix", "seeded-bugs", "bmc", "lockstep",
-               "conformance", "traces", "reference-differences", "failures"]
+               "refinement", "conformance", "traces", "reference-differences", "failures"]
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,8 @@ def test_divergence_draws_both_pools_and_marks_the_differing_parts(failing: dict
     parsed = _parse('<div class="picture-pair"' + pair.split('<p class="differs-list">')[0])
     pictures = _with_class(parsed, "pool-picture")
     assert [p["data-side"] for p in pictures] == ["model", "implementation"]
-    differs = failing["phases"][4]["cases"][1]["failure"]["trace"][-1]["differs"]
+    conformance = next(p for p in failing["phases"] if p["name"] == "conformance")
+    differs = conformance["cases"][1]["failure"]["trace"][-1]["differs"]
     marked = {a["data-block"] for a in _with_class(parsed, "differs")}
     assert marked == {m.group(1) for d in differs if (m := re.fullmatch(r"block (\d+)\.\w+", d))}
     assert marked == {"1", "2", "3", "4"}
@@ -260,13 +261,13 @@ def test_sparse_documents_render(passing: dict[str, Any]) -> None:
     doc = dict(passing, phases=[dict(p, skipped=True, ok=True) for p in passing["phases"][:2]],
                reference_differences="")
     page, md = render_html(doc), render_markdown(doc)
-    assert page.count("This phase was skipped.") == 2 and page.count("This phase was not run.") == 4
+    assert page.count("This phase was skipped.") == 2 and page.count("This phase was not run.") == 5
     _parse(page)
     assert "Proofs skipped." in md and "BMC not run." in md
 
 
 def test_a_step_that_changes_nothing_is_not_drawn_again(failing: dict[str, Any]) -> None:
-    conformance = failing["phases"][4]
+    conformance = next(p for p in failing["phases"] if p["name"] == "conformance")
     failure = conformance["cases"][1]["failure"]
     first = failure["trace"][0]
     query = dict(first, index=2, call="get_num_free_blocks()", outcome="2", changes=[])
@@ -313,7 +314,8 @@ def test_markdown_sections_and_counts(failing: dict[str, Any], failing_md: str) 
     headings = re.findall(r"^## (.+)$", failing_md, re.M)
     # A failed run opens with its counterexamples, right after the summary.
     assert headings == ["Failures", "Invariants", "Claims", "Proof matrix", "Seeded bugs",
-                        "Bounded model checking", "Differential statistics", "Conformance",
+                        "Bounded model checking", "Differential statistics", "Bounded refinement",
+                        "Conformance",
                         "Trace and event files", "Reference differences"]
     assert failing_md.startswith("# kvpool verify — FAILED")
     assert "### Where the reference versions differ" in failing_md  # nested under the report

@@ -19,7 +19,7 @@ from kvpool.proofs import bmc
 from kvpool.proofs import inductive as proofs_inductive
 from kvpool.proofs import transitions as proofs_transitions
 
-SMALL = ["--bmc-depth", "1", "--steps", "200", "--runs", "2", "--examples", "5",
+SMALL = ["--bmc-depth", "1", "--refinement-depth", "1", "--steps", "200", "--runs", "2", "--examples", "5",
          "--machine-steps", "10", "--plain"]
 """A budget small enough for a test, big enough to reach every phase."""
 

@@ -39,9 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p = UsageParser(
         prog="kvpool verify",
         description="Run the z3 proofs, their encoding against the model, the seeded bugs, bounded\n"
-                    "model checking, the lockstep campaign of kvpool.impl and the conformance of every\n"
-                    "implementation given, under a profile or an explicit budget. Exit 0 if everything\n"
-                    "passed, 1 on a found violation, 2 on a usage error.",
+                    "model checking, the lockstep campaign and the bounded refinement of kvpool.impl,\n"
+                    "and the conformance of every implementation given, under a profile or an explicit\n"
+                    "budget. Exit 0 if everything passed, 1 on a found violation, 2 on a usage error.",
         epilog="examples:\n"
                "  kvpool verify\n"
                "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
@@ -68,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     budget = p.add_argument_group("budget (overrides the profile)")
     for name, kind, what in (("bmc-depth", int, "BMC depth"), ("bmc-seconds", float, "BMC time per run"),
                              ("agreement-depth", int, "depth of the encoding-against-model check"),
+                             ("refinement-depth", int, "refinement depth, for every pool"),
                              ("steps", int, "calls per lockstep/campaign run"),
                              ("runs", int, "lockstep/campaign runs"),
                              ("examples", int, "state-machine examples per implementation"),
@@ -90,7 +91,8 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]
     custom = {}
-    for name in ("bmc_depth", "bmc_seconds", "agreement_depth", "steps", "runs", "examples",
+    for name in ("bmc_depth", "bmc_seconds", "agreement_depth", "refinement_depth", "steps", "runs",
+                 "examples",
                  "machine_steps", "timeout_ms", "seed"):
         value = getattr(ns, name)
         if value is None:

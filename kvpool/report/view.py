@@ -69,8 +69,8 @@ SLOWEST = 5
 """How many of the slowest proofs to list: where the solver budget goes."""
 
 SECTION_OF_PHASE = {"proofs": "proof-matrix", "agreement": "proof-matrix", "seeded-bugs": "seeded-bugs",
-                    "bmc": "bmc", "lockstep": "lockstep", "conformance": "conformance",
-                    "traces": "traces"}
+                    "bmc": "bmc", "lockstep": "lockstep", "refinement": "refinement",
+                    "conformance": "conformance", "traces": "traces"}
 """Which section shows each phase (the proofs phase is the matrix; the agreement of the
 encoding with the model is about the same proofs)."""
 
@@ -82,7 +82,7 @@ def build(doc: Doc) -> Report:
     """The report for ``doc``; sections always appear, in this order, whatever the run included."""
     failing = _failing_cases(doc)
     rest = (_invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
-            _lockstep(doc), _conformance(doc), _traces(doc), _reference(doc))
+            _lockstep(doc), _refinement(doc), _conformance(doc), _traces(doc), _reference(doc))
     if failing:  # a failed run opens with its counterexamples, step by step
         return Report(f"kvpool verify — {_verdict(doc)}",
                       (_summary(doc, failing), _failures(doc, failing), *rest))
@@ -402,6 +402,31 @@ def _lockstep(doc: Doc) -> Section:
             Panel("Configurations", (Table(("seed", "blocks", "caching", Wording("hash block size", "hbs"),
                                              "events"), configs, "num"),)),
         ))), _phase_state(phase))
+
+
+def _refinement(doc: Doc) -> Section:
+    """Each small pool: every call sequence to a depth, kvpool.impl beside the model."""
+    phase = _phase(doc, "refinement")
+    if phase is None or phase.get("skipped"):
+        return _not_run("refinement", "Bounded refinement", "Refinement", "Refinement", phase)
+    rows = tuple(Row((str(r.get("name")), Status(_passed(r.get("ok"))),
+                      f"{_num(r.get('depth'))} / {_num(r.get('depth_target'))}", _num(r.get("states")),
+                      _num(r.get("sequences")), _num(sum((r.get("misuse") or {}).values())),
+                      _num(r.get("contract_breaches")), _yes(r.get("complete")), _secs(r.get("seconds"))))
+                 for r in phase.get("runs", []))
+    refusals: dict[str, int] = {}
+    for r in phase.get("runs", []):
+        for kind, count in (r.get("refusals") or {}).items():
+            refusals[kind] = refusals.get(kind, 0) + int(count or 0)
+    none = Para("none", muted=True)
+    ops = _counts(phase.get("operations", {}), "operation", "calls")
+    return Section("refinement", "Bounded refinement", "Refinement", (
+        Table(("pool", "status", "depth reached / target", "model states", "sequences", "misuse calls",
+               "contract breaches skipped", "complete", "time"), rows, "num"),
+        Panels((Panel("Operations covered", (ops if ops.items else none,)),
+                Panel("Refusals exercised", (_counts(refusals, "refusal", "times")
+                                             if refusals else none,)))),
+    ), _phase_state(phase))
 
 
 def _conformance(doc: Doc) -> Section:

@@ -3,22 +3,25 @@
 Phases, in order: the inductive z3 proofs; the agreement of their encoding
 with the model on every state and call of small pools; the seeded bugs that
 show the proofs and the bounded model checker can fail; bounded model checking of the
-executable model; the lockstep campaign of kvpool.impl against the model;
+executable model; the lockstep campaign of kvpool.impl against the model; its
+bounded refinement (every call sequence of small pools, beside the model);
 conformance of every ``--impl``/``--adapter`` given; and every recorded
 ``--trace`` / ``--events`` file.  Each phase yields *cases* (one per proof,
-per seeded bug, per BMC run, per lockstep run, per conformance target, per
-file), which become JUnit test cases, entries of the JSON document
-(``kvpool/VERIFY_SCHEMA.md``) and rows of the report.
+per seeded bug, per BMC run, per lockstep run, per refinement pool, per
+conformance target, per file), which become JUnit test cases, entries of the
+JSON document (``kvpool/VERIFY_SCHEMA.md``) and rows of the report.
 
 Modules: :mod:`.budget` (profiles), :mod:`.phases` (the cases of each
-phase), :mod:`.phase_agreement` (the agreement phase), :mod:`.plan` (a run:
-its settings, the phases in order), :mod:`.outputs` (JSON, JUnit, the
+phase), :mod:`.phase_agreement` (the agreement phase), :mod:`.phase_refinement`
+(the refinement phase), :mod:`.plan` (a run: its settings, the phases in
+order), :mod:`.outputs` (JSON, JUnit, the
 summary), :mod:`.progress`.  The command line is :mod:`kvpool.cli.verify`.
 """
 
 from .budget import PHASES, PROFILES, SCHEMA, Budget
 from .outputs import document, invariants_table, junit_xml, reference_differences, summary, write_outputs
 from .phase_agreement import run_agreement
+from .phase_refinement import run_refinement
 from .phases import (
     Case,
     Phase,
@@ -40,6 +43,6 @@ __all__ = [
     "PHASES", "PROFILES", "SCHEMA", "Budget", "Case", "Phase", "Progress", "RichProgress", "Settings",
     "Target", "bmc_failure", "divergence_failure", "document", "failure", "invariants_table",
     "junit_xml", "make_progress", "reference_differences", "run", "run_agreement", "run_bmc",
-    "run_conformance",
-    "run_lockstep", "run_proofs", "run_seeded_bugs", "run_traces", "summary", "write_outputs",
+    "run_conformance", "run_lockstep", "run_proofs", "run_refinement", "run_seeded_bugs", "run_traces",
+    "summary", "write_outputs",
 ]

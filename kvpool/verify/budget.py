@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEMA = "kvpool.verify/1"
-PHASES = ("proofs", "agreement", "seeded-bugs", "bmc", "lockstep", "conformance", "traces")
+PHASES = ("proofs", "agreement", "seeded-bugs", "bmc", "lockstep", "refinement", "conformance", "traces")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,16 @@ class Budget:
     """Time budget per pool of the agreement phase."""
     agreement_samples: int = 12
     """(state, step) and (state, invariant) pairs on which the compiled terms are checked against z3."""
+    refinement_pools: tuple[tuple[int, int, bool, bool, int], ...] = (
+        (4, 2, True, True, 2), (4, 1, True, True, 2), (4, 1, False, True, 2), (4, 2, True, False, 1))
+    """Refinement runs as (blocks, hash_block_size, caching, events, depth)."""
+    refinement_depth: int | None = None
+    """A depth for every refinement run instead of each one's own (``--refinement-depth``)."""
+    refinement_seconds: float = 120.0
+    """Time per refinement run; a run out of time reports the depth it completed."""
+    refinement_symmetry: bool = True
+    """Deduplicate refinement states up to renaming blocks, groups and watchers (the BMC's key);
+    off: by the model's exact state, for pools that may treat some block or group apart."""
     steps: int = 2000
     runs: int = 4
     examples: int = 50
@@ -38,13 +48,19 @@ class Budget:
 PROFILES: dict[str, Budget] = {
     "ci": Budget(),
     "dev": Budget(bmc_depth=3, bmc_seconds=300.0, agreement_depth=3, agreement_perturb=8,
-                  agreement_seconds=600.0, agreement_samples=96, steps=10_000, runs=8, examples=200),
+                  agreement_seconds=600.0, agreement_samples=96, steps=10_000, runs=8, examples=200,
+                  refinement_pools=((4, 2, True, True, 3), (4, 1, True, True, 2), (4, 1, False, True, 3),
+                                    (4, 2, True, False, 2)),
+                  refinement_seconds=900.0),
     "deep": Budget(bmc_depth=4, bmc_seconds=1800.0, bmc_pools=((4, 1), (4, 2), (5, 1)),
                    agreement_depth=3, agreement_perturb=1, agreement_seconds=1800.0,
                    agreement_samples=400,
-                   steps=50_000, runs=16, examples=1000, machine_steps=50),
+                   steps=50_000, runs=16, examples=1000, machine_steps=50,
+                   refinement_pools=((4, 1, True, True, 3), (4, 2, True, True, 3), (4, 1, False, True, 4),
+                                     (4, 1, True, False, 3), (4, 2, True, False, 3)),
+                   refinement_seconds=3600.0, refinement_symmetry=False),
     "pool": Budget(steps=5000, runs=8, examples=200,
-                   skip=("proofs", "agreement", "seeded-bugs", "bmc", "lockstep")),
+                   skip=("proofs", "agreement", "seeded-bugs", "bmc", "lockstep", "refinement")),
 }
 """ci: under a minute on 2 cores; dev: a few minutes; deep: an hour-scale campaign;
 pool: only the pool under test (``--impl``/``--adapter``) and the traces given, for its author."""

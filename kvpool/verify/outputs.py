@@ -55,6 +55,7 @@ def document(phases: Sequence[Phase], profile: str, budget: Budget, started: dat
     ok = all(p.ok for p in phases)
     budget_json = asdict(budget)
     budget_json["bmc_pools"] = [list(p) for p in budget.bmc_pools]
+    budget_json["refinement_pools"] = [list(p) for p in budget.refinement_pools]
     budget_json["skip"] = list(budget.skip)
     doc: dict[str, Any] = {
         "schema": SCHEMA, "kvpool_version": __version__,
@@ -131,6 +132,11 @@ def _phase_figure(p: dict[str, Any]) -> str:
     if p["name"] == "lockstep":
         return (f"{p['calls']} calls ({p['calls_per_second']}/s), {len(p['operations'])} operations, "
                 f"{sum(p['errors'].values())} refusals")
+    if p["name"] == "refinement":
+        return "; ".join(f"{r['blocks']}b/hbs{r['hash_block_size']}"
+                         f"{'' if r['caching'] else '/no-caching'}{'' if r['events'] else '/no-events'}: "
+                         f"depth {r['depth']}/{r['depth_target']}, {r['states']} states, "
+                         f"{r['sequences']} sequences" for r in p["runs"])
     if p["name"] == "conformance":
         return ", ".join(t["spec"] for t in p["targets"])
     if p["name"] == "seeded-bugs":

@@ -11,6 +11,7 @@ from typing import Any
 from .budget import Budget
 from .outputs import document
 from .phase_agreement import run_agreement
+from .phase_refinement import run_refinement
 from .phases import (
     Case,
     Phase,
@@ -56,6 +57,7 @@ def run(cfg: Settings, progress: Progress) -> dict[str, Any]:
         ("seeded-bugs", lambda: run_seeded_bugs(b, progress)),
         ("bmc", lambda: run_bmc(b, progress)),
         ("lockstep", lambda: run_lockstep(b, progress)),
+        ("refinement", lambda: run_refinement(b, progress)),
         ("conformance", lambda: run_conformance(cfg.targets, b, cfg.misuse, cfg.reference, progress)),
         ("traces", lambda: run_traces(cfg.traces, cfg.events, cfg.vllm_errors, progress)),
     ]

@@ -1,0 +1,153 @@
+"""The ``refinement`` phase: every call sequence of small pools, kvpool.impl beside the model.
+
+One case per pool configuration of the budget (``refinement_pools``): every
+sequence of up to the configuration's depth of calls from a fresh pool,
+breadth first, run on kvpool.impl and the model side by side
+(:mod:`kvpool.oracle.refinement`), compared after every call.  The calls
+are the bounded model checker's (:func:`kvpool.proofs.bmc.calls`: every
+contract-respecting call over small domains, the owner's writes included),
+the queries, and deliberate misuse; states are deduplicated by the model's
+state up to renaming blocks, groups and watchers (:func:`kvpool.proofs.bmc.orbit_key`).
+
+The oracle may not import the proofs (they are independent layers); this
+module, above both, joins the BMC's domain and symmetry to the oracle's
+search.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, cast
+
+from .budget import Budget
+from .phases import Case, Phase, divergence_failure, failure
+from .progress import Progress
+
+if TYPE_CHECKING:
+    from kvpool.model.state import PoolState
+    from kvpool.oracle.refinement import Domain, Refinement, Shape
+
+
+def bmc_domain(shape: Shape, symmetry: bool = True
+               ) -> tuple[Domain, list[Any], Callable[[PoolState], Hashable]]:
+    """The BMC's calls (over the refinement's requests) and its state key.
+
+    With ``symmetry`` the key is the BMC's, up to renaming blocks, groups and
+    watchers: sound for a pool that treats them alike, as the model does, and
+    about half the states; without, the model's exact variables
+    (:func:`kvpool.oracle.refinement.exact_key`), so a pool that treats group 1
+    or block 2 differently is explored in every state it can be in.
+    """
+    from kvpool.oracle.refinement import exact_key, requests_for
+    from kvpool.proofs import bmc
+
+    cfg = bmc.Config(blocks=shape.blocks, hash_block_size=shape.hash_block_size,
+                     events_on=shape.events)
+    requests = requests_for(shape.hash_block_size)
+    renamings = bmc.renamings_of(cfg)
+    memo: dict[Hashable, Hashable] = {}
+
+    def calls(s: PoolState) -> Any:
+        # the BMC's calls read a request's token ids and pass it on: any request will do
+        return bmc.calls(s, cfg, cast(Any, requests))
+
+    if not symmetry:
+        return calls, list(requests), exact_key
+
+    def key(s: PoolState) -> Hashable:
+        # most calls reach a state seen before: look it up by its exact variables first
+        exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
+                 tuple(s.watchers.items()), tuple(s.names.items()), s.holders, s.announced)
+        if exact not in memo:
+            memo[exact] = bmc.orbit_key(s, renamings)
+        return memo[exact]
+
+    return calls, list(requests), key
+
+
+def refine(factory: Callable[..., Any], shape: Shape, depth: int, seconds: float = 600.0,
+           symmetry: bool = True, **options: Any) -> Refinement:
+    """Explore ``factory``'s pools of ``shape`` to ``depth`` over the BMC's domain plus misuse."""
+    from kvpool.oracle.refinement import explore
+
+    calls, requests, key = bmc_domain(shape, symmetry)
+    return explore(factory, shape, depth, calls, requests, key=key, seconds=seconds, **options)
+
+
+def figures(out: Refinement) -> dict[str, Any]:
+    """One exploration as the JSON document shows it."""
+    s = out.shape
+    return {"name": s.name, "blocks": s.blocks, "hash_block_size": s.hash_block_size,
+            "caching": s.caching, "events": s.events, "metrics": s.metrics,
+            "depth_target": out.depth_target, "depth": out.depth, "complete": out.complete,
+            "ok": out.ok, "states": out.states, "sequences": out.transitions,
+            "contract_breaches": sum(out.breaches.values()),
+            "breaches": dict(sorted(out.breaches.items())),
+            "operations": dict(sorted(out.operations.items())),
+            "misuse": dict(sorted(out.misuse.items())),
+            "refusals": dict(sorted(out.refusals.items())),
+            "copies": dict(sorted(out.copies.items())), "seconds": round(out.seconds, 3),
+            "cpu_seconds": round(out.cpu_seconds, 3)}
+
+
+def refinement_failure(out: Refinement) -> dict[str, Any]:
+    """A divergence as a Failure: the lockstep's message and pictures, and the whole sequence."""
+    from kvpool.oracle.refinement import show_call
+
+    exc = out.divergence
+    assert exc is not None
+    made = divergence_failure(exc)
+    calls = [f"{i}. {show_call(c)}" for i, c in enumerate(out.sequence, start=1)]
+    head = f"after {len(out.sequence)} call(s) from a fresh pool"
+    if not out.reproduced:
+        head += " (NOT reproduced by a replay from a fresh pool: the copy of the pool differs)"
+    made["details"] = "\n".join([head + ":", *calls, "", made["details"]])
+    return made
+
+
+def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., Any] | None = None,
+                   name: str = "kvpool.impl:BlockPool") -> Phase:
+    """kvpool.impl (or ``factory``'s pools) against the model on every call sequence of small
+    pools, up to each one's depth."""
+    from kvpool.oracle.refinement import Shape
+
+    if factory is None:
+        from kvpool.impl import BlockPool
+
+        factory = BlockPool
+
+    phase = Phase("refinement")
+    progress.start("refinement", len(budget.refinement_pools))
+    runs = []
+    operations: Counter[str] = Counter()
+    start = time.perf_counter()
+    for blocks, hbs, caching, events, depth in budget.refinement_pools:
+        shape = Shape(blocks, hbs, caching, events)
+        if budget.refinement_depth is not None:
+            depth = budget.refinement_depth
+        try:
+            out = refine(factory, shape, depth, budget.refinement_seconds, budget.refinement_symmetry)
+        except Exception as exc:  # a crash of the search itself
+            phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", False, 0.0,
+                                    failure("crash", f"{type(exc).__name__}: {exc}")))
+            progress.advance(f"{shape.name}: CRASHED")
+            continue
+        runs.append(figures(out))
+        operations.update(out.operations)
+        phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", out.ok,
+                                out.seconds, None if out.ok else refinement_failure(out)))
+        progress.advance(f"{shape.name}: depth {out.depth}/{depth}"
+                         f"{'' if out.complete or not out.ok else ' (out of time)'}, {out.states:,} "
+                         f"states, {out.transitions:,} sequences, {out.cpu_seconds:.1f}s CPU"
+                         + ("" if out.ok else ": DIVERGED"))
+    phase.seconds = time.perf_counter() - start
+    phase.extra = {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
+                   "sequences": sum(r["sequences"] for r in runs),
+                   "states": sum(r["states"] for r in runs),
+                   "operations": dict(sorted(operations.items()))}
+    return phase
+
+
+__all__ = ["bmc_domain", "figures", "refine", "refinement_failure", "run_refinement"]
