@@ -419,6 +419,45 @@ class BlockPool:
         for key in self._drop_hashes(src_block):
             self._add_key(key, dst_block, num_tokens)
 
+    def _insert_block_hash(
+        self, block_hash_with_group_id: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None,
+    ) -> None:
+        """Index ``block`` under a key copied from elsewhere (vLLM's CPU offload pool does this).
+
+        The caller copied the KV that the key names into ``block``; the key becomes
+        the block's primary key if it has none (covering ``num_tokens`` tokens), else
+        a secondary one.  A key the block already has changes nothing.  No events:
+        the announcement is the caller's.
+        """
+        key = block_hash_with_group_id
+        self._own(block)
+        if type(key) is not bytes or len(key) <= 4:
+            raise InvalidArgumentError(f"{key!r} is not an index key (a block hash and 4 group bytes)")
+        if block.is_null:
+            raise NullBlockError("the null block cannot be indexed")
+        if not self.enable_caching:
+            raise CachingDisabledError("_insert_block_hash on a pool without prefix caching")
+        if block._block_hash is None and not (
+                isinstance(num_tokens, int) and num_tokens > 0 and num_tokens % self.hash_block_size == 0):
+            raise InvalidArgumentError(
+                f"num_tokens {num_tokens!r} of a primary key is not a positive multiple of "
+                f"{self.hash_block_size}")
+        self._add_key(key, block, num_tokens)
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop ``block`` from the prefix cache; whether it had any entry.
+
+        ``evict_blocks`` for one block object: vLLM's single-type manager calls it on
+        a checkpoint block it is about to overwrite.  A metrics collector is told of
+        the eviction, hashed or not.
+        """
+        self._own(block)
+        removed = self._drop_hashes(block) if block._block_hash is not None else []
+        self._emit_removed(removed)
+        if self.metrics_collector:
+            self._notify_each(self.metrics_collector.on_block_evicted, [block])
+        return bool(removed)
+
     # ------------------------------------------------------- allocate and free
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# vLLM's own tests of the block pool, prefix caching, KV-cache utils, single-type
+# managers and the scheduler (tests/v1/core of vLLM's source distribution), run on
+# CPU twice in a vLLM venv where kvpool is installed: once with vLLM's own pool
+# (VLLM_PLUGINS names no plugin) and once with kvpool's pool, which vLLM's own
+# plugin loader puts in place (VLLM_PLUGINS=kvpool). Prints both pass counts and
+# fails if a test passing with vLLM's pool does not pass with kvpool's, unless it
+# is a deliberate difference listed in oracle/REFERENCE_DIFFERENCES.md.
+#
+#   bash scripts/vllm-own-tests.sh VLLM_VENV [VLLM_VERSION]
+#
+# The sdist (43 MB; the wheel has no tests) is fetched from PyPI once, checked
+# against its pinned sha256, and kept in KVPOOL_CACHE (default ~/.cache/kvpool).
+# Results: reports/vllm-own-tests/{vllm,kvpool}.xml and .log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${1:?usage: bash scripts/vllm-own-tests.sh VLLM_VENV [VLLM_VERSION]}"
+version="${2:-0.31.0}"
+declare -A SHA256=(
+    [0.31.0]=dde46f1efbe846e5bd0c5c4ec6ec71842c42254c7ff3d9bebb2a57028715d380
+)
+sha="${SHA256[$version]:?no pinned sha256 for vLLM $version}"
+root="$PWD"
+py="$(cd "$venv" && pwd)/bin/python"
+cache="${KVPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvpool}"
+sdist="$cache/vllm-$version.tar.gz"
+mkdir -p "$cache"
+
+if ! { [ -f "$sdist" ] && echo "$sha  $sdist" | sha256sum -c --quiet; }; then
+    echo "==> fetching vllm-$version.tar.gz from PyPI (cached in $cache)"
+    url="$("$py" - "$version" <<'PY'
+import json, sys, urllib.request
+req = urllib.request.Request("https://pypi.org/simple/vllm/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+files = json.load(urllib.request.urlopen(req, timeout=60))["files"]
+print(next(f["url"] for f in files if f["filename"] == f"vllm-{sys.argv[1]}.tar.gz"))
+PY
+)"
+    "$py" -c "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])" \
+        "$url" "$sdist.part"
+    echo "$sha  $sdist.part" | sha256sum -c --quiet || { echo "sha256 mismatch for $url" >&2; exit 1; }
+    mv "$sdist.part" "$sdist"
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+tar xzf "$sdist" -C "$work" "vllm-$version/tests"
+tests="$work/vllm-$version"
+
+# What tests/v1/core imports beyond the pool's import chain (scripts/install-vllm.sh).
+"$py" -m pip install -q --no-warn-conflicts pytest 2>&1 | grep -v '^WARNING: Location' || true
+"$py" -m pip install -q --no-deps --no-warn-conflicts einops==0.8.2 httpx==0.28.1 2>&1 \
+    | grep -v '^WARNING: Location' || true
+
+out="$PWD/reports/vllm-own-tests"
+mkdir -p "$out"
+# tests/conftest.py needs vLLM's whole dependency closure (a GPU engine, model downloads):
+# --noconftest. The hybrid hit-rate test starts an OpenAI server on a real model.
+run() {  # NAME VLLM_PLUGINS EXPECTED_POOL
+    (cd "$tests" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 \
+        VLLM_PLUGINS="$2" KVPOOL_EXPECT_POOL="$3" PYTHONPATH="$root/scripts/vllm_own_tests" \
+        "$py" -m pytest -p kvpool_vllm_loader -p no:cacheprovider -p no:warnings \
+        --noconftest -q tests/v1/core \
+        --ignore=tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py \
+        --junitxml="$out/$1.xml" >"$out/$1.log" 2>&1) || true
+    tail -n 1 "$out/$1.log" | sed "s/^/    $1: /"
+}
+# One after the other: run side by side on 2 cores they took longer (5 min against 3.5).
+echo "==> vLLM $version tests/v1/core with each pool (logs in $out)"
+run vllm "none" "vllm.v1.core.block_pool.BlockPool"
+run kvpool "kvpool" "kvpool.impl.pool.BlockPool"
+"$py" scripts/vllm_own_tests/compare.py "$out/vllm.xml" "$out/kvpool.xml" oracle/REFERENCE_DIFFERENCES.md
