@@ -58,8 +58,9 @@ def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
                             f"{', '.join(missing) or 'a constructor'}")
         loaded: Adapter = adapter_for_class(pool_class)
         spec = impl
+    elif adapter is None:
+        raise LoadError("name a pool class (--impl) or an adapter (--adapter)")
     else:
-        assert adapter is not None
         factory = load_object(adapter)
         if not callable(factory):
             raise LoadError(f"{adapter!r} is not callable")

@@ -71,6 +71,16 @@ def test_the_model_and_the_pool_import_only_the_standard_library_and_themselves(
             assert top in stdlib or imported.startswith(package), f"{module} imports {imported}"
 
 
+@pytest.mark.parametrize("package", ["kvpool.model", "kvpool.impl"])
+def test_no_check_of_the_pool_or_the_model_is_an_assert(package: str) -> None:
+    """``python -O`` drops ``assert``: none may guard an input or a state."""
+    for module, path in _modules().items():
+        if module.startswith(package):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            lines = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+            assert not lines, f"{path}: assert at line(s) {lines}"
+
+
 def test_no_private_name_crosses_a_package() -> None:
     modules = _modules()
     crossings = []
