@@ -17,6 +17,7 @@ from typing import Any
 from kvpool.model import actions as A
 from kvpool.model.events import Removed
 from kvpool.model.refusals import Refusal, RefusalKind
+from kvpool.model.request import content
 from kvpool.model.state import NULL, PoolState
 
 Action = Callable[..., tuple[PoolState, Any]]
@@ -290,3 +291,29 @@ def owner_overwrites_hashed_block(s: PoolState, block_id: int, request: Any,
     """The owner writes new KV into a block the index still names."""
     with patched(_require_write=lambda *a: None):
         return A.write_block(s, block_id, request, num_tokens)
+
+
+def insert_indexes_null(s: PoolState, request: Any, prefix_tokens: int, group: int, block_id: int,
+                        num_tokens: int | None) -> tuple[PoolState, Any]:
+    """vLLM's _insert_block_hash has no null-block check: the null block enters the index."""
+    if block_id != NULL:
+        return A.insert_block_hash(s, request, prefix_tokens, group, block_id, num_tokens)
+    n = A._thaw(s)
+    key = (request.block_hashes[prefix_tokens // s.hash_block_size - 1], group)
+    names = content(request, prefix_tokens, s.hash_block_size)
+    A._add_key(n, key, NULL, num_tokens or s.hash_block_size, names)
+    return A._freeze(s, n), None
+
+
+def insert_overwrites_primary(s: PoolState, request: Any, prefix_tokens: int, group: int, block_id: int,
+                              num_tokens: int | None) -> tuple[PoolState, Any]:
+    """_insert_block_hash replaces a block's primary key instead of adding a secondary one."""
+    nxt, result = A.insert_block_hash(s, request, prefix_tokens, group, block_id, num_tokens)
+    old = s.primary[block_id]
+    new_keys = nxt.secondary[block_id][len(s.secondary[block_id]):]
+    if old is None or not new_keys:
+        return nxt, result
+    primary = replace(old, key=new_keys[0], num_tokens=num_tokens or old.num_tokens)
+    b = block_id
+    return replace(nxt, primary=(*nxt.primary[:b], primary, *nxt.primary[b + 1:]),
+                   secondary=(*nxt.secondary[:b], s.secondary[b], *nxt.secondary[b + 1:])), result

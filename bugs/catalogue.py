@@ -138,6 +138,18 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          "a reuse watcher registered on the null block",
          z3=step("unpin", z3s.unpin_null),
          pool=pools.UnpinNull),
+    _bug("insert_indexes_null",
+         "vLLM's _insert_block_hash has no null-block check: an offloaded key indexes the null "
+         "block, which every request's table shares",
+         z3=step("insert", z3s.insert_indexes_null),
+         action=("_insert_block_hash", act.insert_indexes_null),
+         pool=pools.InsertIndexesNull),
+    _bug("insert_overwrites_primary",
+         "_insert_block_hash makes a copied key the block's primary even when it has one: the "
+         "old primary stays in the index, naming a block that no longer carries it",
+         z3=step("insert", z3s.insert_overwrites_primary),
+         action=("_insert_block_hash", act.insert_overwrites_primary),
+         pool=pools.InsertOverwritesPrimary),
     _bug("move_onto_null",
          "hashes moved onto the null block",
          z3=step("move", z3s.move_onto_null),

@@ -256,6 +256,27 @@ class MoveOntoNull(BlockPool):
             super().move_block_hashes(src_block, dst_block)
 
 
+class InsertIndexesNull(BlockPool):
+    """_insert_block_hash without the null-block check, as vLLM's has none: the null block is indexed."""
+
+    def _insert_block_hash(self, block_hash_with_group_id: Any, block: Any, num_tokens: Any) -> None:
+        with _flag(self.null_block, "is_null", False):
+            super()._insert_block_hash(block_hash_with_group_id, block, num_tokens)
+
+
+class InsertOverwritesPrimary(BlockPool):
+    """_insert_block_hash makes the key the block's primary even when it has one."""
+
+    def _insert_block_hash(self, block_hash_with_group_id: Any, block: Any, num_tokens: Any) -> None:
+        old, tokens = block._block_hash, block._block_hash_num_tokens
+        super()._insert_block_hash(block_hash_with_group_id, block, num_tokens)
+        extra = self.cached_block_hashes_by_block.get(block.block_id, {})
+        if old is not None and block_hash_with_group_id in extra:
+            del extra[block_hash_with_group_id]
+            block._block_hash = block_hash_with_group_id
+            block._block_hash_num_tokens = num_tokens if num_tokens is not None else tokens
+
+
 # ---------------------------------------------------------------- the prefix cache
 
 

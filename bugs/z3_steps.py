@@ -140,6 +140,23 @@ def move_onto_null(s: SymState, src: Expr, dst: Expr) -> Step:
 
 
 
+def insert_indexes_null(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> Step:
+    """_insert_block_hash without the null-block check (as vLLM's own has none)."""
+    st = t.insert(s, b, k, tk, c)
+    return Step(pre=_without(st.pre, b != NULL), post=st.post, removed=st.removed, stored=st.stored)
+
+
+def insert_overwrites_primary(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> Step:
+    """_insert_block_hash makes the key the block's primary even when it has one: the old
+    primary stays in the index, naming a block that no longer owns it."""
+    st = t.insert(s, b, k, tk, c)
+    already = z3.Or(z3.And(s.prim[b], s.pkey[b] == k), s.idx[k, b])
+    post = replace(st.post, pkey=z3.If(already, st.post.pkey, z3.Store(s.pkey, b, k)),
+                   ptok=z3.If(already, st.post.ptok, z3.Store(s.ptok, b, tk)),
+                   sec=z3.If(already, st.post.sec, s.sec))
+    return Step(pre=st.pre, post=post, removed=st.removed, stored=st.stored)
+
+
 def unpin_keeps_reference(s: SymState, b: Expr) -> Step:
     """unpin_blocks registers the watcher but keeps the reference: the block leaks."""
     st = t.unpin(s, b)

@@ -494,6 +494,58 @@ def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> Step:
     return _freeze(s, n), None
 
 
+def insert_block_hash(
+    s: PoolState, request: Any, prefix_tokens: int, kv_cache_group_id: int, block_id: BlockId,
+    num_tokens: int | None,
+) -> Step:
+    """Index ``block_id`` under a key of another pool, whose KV the caller copied into it.
+
+    vLLM's CPU offload pool does this (``_insert_block_hash``) with the keys of
+    a GPU block it copied.  The key is ``request``'s hash of its first
+    ``prefix_tokens`` tokens in ``kv_cache_group_id`` (what the pool receives
+    is that key alone; the request is the ghost of what it names).  The key
+    becomes the block's primary key, covering ``num_tokens`` tokens, if the
+    block has none, else a secondary one.  No event: the caller announces the
+    entry (ghost ``announced``), as vLLM's offload manager emits its own
+    ``BlockStored``.
+    """
+    _check_ids(s, [block_id])
+    hbs = s.hash_block_size
+    if (not isinstance(prefix_tokens, int) or prefix_tokens <= 0 or prefix_tokens % hbs
+            or prefix_tokens // hbs > len(request.block_hashes)):
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"no key names the first {prefix_tokens!r} tokens")
+    _check_group(kv_cache_group_id)
+    if block_id == NULL:
+        raise Refusal(RefusalKind.NULL_BLOCK, "the null block cannot be indexed")
+    if not s.caching:
+        raise Refusal(RefusalKind.CACHING_DISABLED, "_insert_block_hash on a pool without prefix caching")
+    if s.primary[block_id] is None and not (
+            isinstance(num_tokens, int) and num_tokens > 0 and num_tokens % hbs == 0):
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"num_tokens {num_tokens!r} of a primary key is not a positive multiple of {hbs}")
+    key: Key = (request.block_hashes[prefix_tokens // hbs - 1], kv_cache_group_id)
+    prefix = content(request, prefix_tokens, hbs)
+    _require_one_prefix(s, key, prefix)
+    if s.ref[block_id] < 1:
+        raise ContractBroken("writes_extend_unless_writable",
+                             f"block {block_id} has no holder to copy KV into it")
+    _require_write(s, block_id, prefix)
+    n = _thaw(s)
+    primary = n.primary[block_id]
+    already = (primary is not None and primary.key == key) or block_id in n.index.get(key, ())
+    n.holds[block_id] = _write(n.holds[block_id], prefix)
+    _add_key(n, key, block_id, num_tokens or 0, prefix)
+    if s.events_on and not already:
+        _announce(n, [(key, block_id)])
+    return _freeze(s, n), None
+
+
+def maybe_evict_cached_block(s: PoolState, block_id: BlockId) -> Step:
+    """``evict_blocks`` of one block that says whether it had any entry (vLLM's checkpoint path)."""
+    nxt, _ = evict_blocks(s, [block_id])
+    return nxt, s.primary[block_id] is not None
+
+
 def write_block(s: PoolState, block_id: BlockId, request: Any, num_tokens: int) -> Step:
     """The caller, not the pool: a holder writes ``request``'s first ``num_tokens`` tokens' KV.
 
@@ -587,8 +639,9 @@ ACTIONS: dict[str, Callable[..., Step]] = {
         cache_full_blocks, cache_partial_block, move_block_hashes, emit_cached_block_events,
         take_events,
     )
-}
-"""Every state-changing operation of the pool, by its public name."""
+} | {"_insert_block_hash": insert_block_hash, "_maybe_evict_cached_block": maybe_evict_cached_block}
+"""Every state-changing operation of the pool, by the pool's name (two private ones that
+vLLM's own engine code calls: its CPU offload pool and its checkpointed-state manager)."""
 
 CALLER_ACTIONS: dict[str, Callable[..., Step]] = {f.__name__: f for f in (write_block,)}
 """What the pool's caller does to its blocks outside the pool (ghost-only transitions)."""

@@ -106,12 +106,18 @@ def _live_after_events(t: Transition) -> tuple[dict[Key, int], bool]:
     """Live announcements per key after the call's events, and whether a removal named a dead key.
 
     Announcements are the ``Stored`` of ``cache_*`` (``emit_cached_block_events``
-    re-announces hits, it adds no copy); a ``Cleared`` forgets them all.
+    re-announces hits, it adds no copy) and the caller's own announcement of
+    an entry ``_insert_block_hash`` adds; a ``Cleared`` forgets them all.
     Before the call, the live announcements of a key are its index entries
     (:func:`event_announcements_match_index` holds there).
     """
     live = {key: len(blocks) for key, blocks in t.before.index.items()}
     dead_removal = False
+    if t.action == "_insert_block_hash" and not t.refused:
+        request, prefix_tokens, group, block = t.args[:4]
+        key = (request.block_hashes[prefix_tokens // t.before.hash_block_size - 1], group)
+        if block not in t.before.index.get(key, ()):
+            live[key] = live.get(key, 0) + 1
     for ev in t.after.events[len(t.before.events):]:
         if isinstance(ev, Cleared):
             live = {}

@@ -35,6 +35,10 @@ re-announced by ``emit_cached_block_events``), one-hash stores with an unseen
 parent that may be partial entries, empty stores and stores whose
 ``token_ids`` do not fill ``block_size`` per hash (null or masked blocks).
 
+A trace's ``_insert_block_hash`` line stands for its caller's own ``BlockStored``
+of the copied key (vLLM's offload manager appends one; the pool emits none):
+the checker announces the key there, as a router would read it.
+
 ``AllBlocksCleared`` empties the router's index; the reference emits it
 without removals for the entries it drops, so a router must not expect the
 index to be empty before it.
@@ -255,6 +259,14 @@ def _index_copies(index: list[list[Any]]) -> dict[Key, int]:
     return out
 
 
+def _callers_announcement(args: dict[str, Any], hash_block_size: int) -> dict[str, Any]:
+    """The ``BlockStored`` the caller of ``_insert_block_hash`` publishes for the copied key."""
+    block_hash = args["request"].block_hashes[args["prefix_tokens"] // hash_block_size - 1]
+    return {"type": "BlockStored", "block_hashes": [canonical_hash(block_hash.hex())],
+            "parent_block_hash": None, "token_ids": [], "block_size": 0,
+            "group_idx": args["kv_cache_group_id"]}
+
+
 def load_events(path: str | Path) -> Stream:
     """The validated events of a trace file (emission order) or of a JSONL event stream.
 
@@ -268,8 +280,12 @@ def load_events(path: str | Path) -> Stream:
         return Stream([])
     if isinstance(first[1], dict) and "kvpool_trace" in first[1]:
         trace = read_trace(path)
-        events = [(Position(step.line, i), event)
-                  for step in trace.steps for i, event in enumerate(step.events)]
+        events = []
+        for step in trace.steps:
+            events += [(Position(step.line, i), event) for i, event in enumerate(step.events)]
+            if step.op == "_insert_block_hash" and step.error is None and trace.header.enable_kv_cache_events:
+                events.append((Position(step.line, len(step.events)),
+                               _callers_announcement(step.args, trace.header.hash_block_size)))
         snapshots: Snapshots = {}
         if trace.header.enable_kv_cache_events:
             snapshots = {step.line: _index_copies(step.observation["index"])

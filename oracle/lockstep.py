@@ -17,7 +17,15 @@ from typing import Any
 from kvpool.model import ACTIONS, QUERIES, REFERENCES, ContractBroken, initial_state, violated
 from kvpool.model.state import Key, PoolState
 
-from .abstraction import event_differences, key_of, pool_event, published, refusal_name, same_refusal
+from .abstraction import (
+    concrete_key,
+    event_differences,
+    key_of,
+    pool_event,
+    published,
+    refusal_name,
+    same_refusal,
+)
 from .observe import WHITE_BOX, Observation, Observer, comparable, observe_model
 
 # Which positional arguments name blocks: "one" a single id, "many" a list.
@@ -29,6 +37,7 @@ BLOCK_ARGS: dict[str, dict[int, str]] = {
     "cache_partial_block": {1: "one"},
     "move_block_hashes": {0: "one", 1: "one"},
     "is_block_writable": {0: "one"},
+    "_maybe_evict_cached_block": {0: "one"},
 }
 RETURNS_BLOCKS = {"get_new_blocks", "get_cached_block"}
 RETURNS_KEY = {"cache_partial_block"}
@@ -215,12 +224,28 @@ class Lockstep:
         checks["metrics calls"] = "ran" if self.metrics is not None else "skipped: no collector attached"
         return {"level": "custom" if self.observe is not None else observer.level, "checks": checks}
 
+    def _key(self, request: Any, prefix_tokens: Any, group: int) -> bytes:
+        """The index key of ``request``'s first ``prefix_tokens`` tokens, as the pool spells it;
+        an empty key (which no pool accepts) when no hash names that prefix."""
+        hbs = self.model.hash_block_size
+        if (isinstance(prefix_tokens, int) and 0 < prefix_tokens <= hbs * len(request.block_hashes)
+                and not prefix_tokens % hbs):
+            return concrete_key((request.block_hashes[prefix_tokens // hbs - 1], group))
+        return b""
+
+    def supports(self, op: str) -> bool:
+        """Whether the pool has ``op`` (vLLM's private members may be missing from other pools)."""
+        return callable(getattr(self.pool, op, None))
+
     def _block(self, block_id: Any) -> Any:
         if isinstance(block_id, int) and 0 <= block_id < len(self.pool.blocks):
             return self.pool.blocks[block_id]
         return self.foreign
 
     def _pool_args(self, op: str, args: Sequence[Any]) -> list[Any]:
+        if op == "_insert_block_hash":  # the model's (request, prefix, group) is the key the pool gets
+            request, prefix_tokens, group, block_id, num_tokens = args
+            return [self._key(request, prefix_tokens, group), self._block(block_id), num_tokens]
         out = list(args)
         for pos, kind in BLOCK_ARGS.get(op, {}).items():
             if kind == "one":

@@ -77,7 +77,7 @@ LORA_IDS = {"lora1": 1, "lora2": 2}
 MISUSES = (
     "free_idle", "over_free", "unpin_idle", "unpin_null", "touch_unknown", "too_many",
     "negative_count", "mask_length", "evict_unknown", "move_onto_hashed", "move_onto_null",
-    "partial_bad_tokens", "cache_disabled",
+    "partial_bad_tokens", "cache_disabled", "insert_bad",
 )
 """Deliberately wrong calls; the model refuses each with a typed error."""
 ARGUMENT_MISUSES = (
@@ -459,6 +459,31 @@ class PoolMachine(RuleBasedStateMachine):
         self.held.append(table)
         return table
 
+    @rule(target=tables, run=runs, group=st.integers(0, 1), upto=st.integers(1, 16),
+          shorter=st.none() | st.integers(1, 16))
+    def offload_copy(self, run: Running, group: int, upto: int, shorter: int | None) -> Any:
+        """vLLM's CPU offload pool: a fresh block receives KV another pool cached, under its keys.
+
+        The key of one of the request's prefixes becomes the copy's primary
+        key; a shorter (or the same) prefix's key may follow as a secondary.
+        """
+        hbs = self.cfg.hash_block_size
+        chunks = len(run.request.block_hashes)
+        if (not self._alive(run) or not chunks or group not in self.cfg.block_sizes
+                or not self.cfg.caching or not self.lock.supports("_insert_block_hash")):
+            return multiple()
+        got = self.lock.call("get_new_blocks", 1)
+        if isinstance(got, Refusal):
+            return multiple()
+        upto = hbs * (1 + (upto - 1) % chunks)
+        self.lock.call("_insert_block_hash", run.request, upto, group, got[0], upto)
+        if shorter is not None:
+            self.lock.call("_insert_block_hash", run.request, hbs * (1 + (shorter - 1) % (upto // hbs)),
+                           group, got[0], None)
+        table = Table(list(got))
+        self.held.append(table)
+        return table
+
     @rule(table=consumes(tables))
     def release(self, table: Table) -> None:
         """Free held blocks in one call; a block held several times is listed as often."""
@@ -599,7 +624,10 @@ class PoolMachine(RuleBasedStateMachine):
         ids = [cached[i % len(cached)] for i in picks]
         if also_uncached:
             ids += [b for b in range(self.cfg.num_blocks) if b not in cached][:1]
-        self.lock.call("evict_blocks", ids)
+        if len(ids) == 1 and self.lock.supports("_maybe_evict_cached_block"):
+            self.lock.call("_maybe_evict_cached_block", ids[0])  # vLLM's checkpointed-state manager
+        else:
+            self.lock.call("evict_blocks", ids)
 
     @precondition(lambda self: self._any_cached() or (self.pair is not None and self.pair.model.watchers))
     @rule(drain=st.booleans())
@@ -663,6 +691,14 @@ class PoolMachine(RuleBasedStateMachine):
             req = self._request(Prompt(0, 8))
             call("cache_full_blocks", req, [block], 0, 1, bs, 0)
             call("cache_partial_block", req, block, self.cfg.hash_block_size, 0, 2 * self.cfg.hash_block_size)
+            if self.lock.supports("_insert_block_hash"):
+                call("_insert_block_hash", req, self.cfg.hash_block_size, 0, block, self.cfg.hash_block_size)
+        elif kind == "insert_bad" and self.cfg.caching and self.lock.supports("_insert_block_hash"):
+            hbs = self.cfg.hash_block_size
+            unhashed = [b for b in range(1, m.num_blocks) if m.primary[b] is None] or [NULL]
+            target, upto, tokens = ((NULL, hbs, hbs), (unhashed[pick % len(unhashed)], hbs, None),
+                                    (block, 0, hbs))[pick % 3]
+            call("_insert_block_hash", self._request(Prompt(0, 8)), upto, 0, target, tokens)
 
     @precondition(lambda self: self.MISUSE)
     @rule(kind=st.sampled_from(ARGUMENT_MISUSES), pick=st.integers(0, 7))

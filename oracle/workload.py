@@ -401,12 +401,13 @@ class Workload:
         in the table); now and then the last block without hashes, which moves nothing.
         """
         model = self.pair.model
-        candidates = [
+        hashed = [
             b for run in self.running.values() for t in run.tables.values() for b in t
             if b != NULL and model.primary[b] is not None]
-        candidates += [
+        unhashed = [
             t[-1] for run in self.running.values() for t in run.tables.values()
-            if t and t[-1] != NULL and model.primary[t[-1]] is None and self.rng.random() < 0.2]
+            if t and t[-1] != NULL and model.primary[t[-1]] is None]
+        candidates = unhashed if unhashed and (not hashed or self.rng.random() < 0.2) else hashed
         if not candidates:
             return
         source = self.rng.choice(candidates)
@@ -414,6 +415,31 @@ class Workload:
         if isinstance(got, Refusal):
             return
         self.pair.call("move_block_hashes", source, got[0])
+        self.copies.append(got[0])
+
+    def offload(self) -> None:
+        """vLLM's CPU offload pool: a fresh block receives a copy of KV that another pool cached.
+
+        It is indexed under that pool's keys: the key of a prefix of a running
+        request (any prefix: the other pool cached it, this one need not have),
+        as primary with its token count, then now and then a shorter prefix's
+        key as a secondary, or the same key again (which changes nothing).
+        """
+        if not self.cfg.caching or not self.running or not self.pair.supports("_insert_block_hash"):
+            return
+        run = self.rng.choice(list(self.running.values()))
+        hbs, group = self.cfg.hash_block_size, self.rng.choice(list(self.cfg.block_sizes))
+        chunks = len(run.request.block_hashes)
+        if not chunks:
+            return
+        got = self.pair.call("get_new_blocks", 1)
+        if isinstance(got, Refusal):
+            return
+        upto = hbs * self.rng.randint(1, chunks)
+        self.pair.call("_insert_block_hash", run.request, upto, group, got[0], upto)
+        if self.rng.random() < 0.5:
+            again = hbs * self.rng.randint(1, upto // hbs)
+            self.pair.call("_insert_block_hash", run.request, again, group, got[0], None)
         self.copies.append(got[0])
 
     def drop_copies(self) -> None:
@@ -548,7 +574,10 @@ class Workload:
         else:
             ids = self.rng.sample(range(self.cfg.num_blocks), k=self.rng.randint(0, 3)
                                   if self.cfg.num_blocks > 3 else 1)
-        self.pair.call("evict_blocks", ids)
+        if len(ids) == 1 and self.rng.random() < 0.5 and self.pair.supports("_maybe_evict_cached_block"):
+            self.pair.call("_maybe_evict_cached_block", ids[0])  # vLLM's checkpointed-state manager
+        else:
+            self.pair.call("evict_blocks", ids)
 
     def reset(self) -> None:
         if self.rng.random() < 0.5:
@@ -643,6 +672,13 @@ class Workload:
             block = self.rng.randrange(1, m.num_blocks)
             call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
             call("cache_partial_block", self._request_of(hbs), block, hbs, 0, 2 * hbs)
+            if self.pair.supports("_insert_block_hash"):
+                call("_insert_block_hash", self._request_of(hbs), hbs, 0, block, hbs)
+        elif kind == "insert_bad" and self.pair.supports("_insert_block_hash"):
+            # the null block, a primary key without its token count, a key naming no prefix
+            for target, upto, tokens in ((NULL, hbs, hbs), (self.rng.choice(unhashed), hbs, None),
+                                         (self.rng.choice(used or unhashed), 0, hbs)):
+                call("_insert_block_hash", self._request_of(hbs), upto, 0, target, tokens)
         elif kind == "other_over_free" and self.theirs and self.other is not None:
             other, b = self.other, self.theirs[0]
             once_too_often = [(other, b)] * (other.model.ref[b] + 1)
@@ -652,10 +688,10 @@ class Workload:
                "evict_unknown", "move_onto_hashed", "partial_bad_tokens", "move_onto_null", "bad_group",
                "bad_block_size", "uncallable_watcher", "full_beyond_list", "full_too_few_hashes",
                "partial_too_few_hashes", "emit_too_many", "cache_conflict", "partial_at_block_end",
-               "other_over_free")
+               "insert_bad", "other_over_free")
     """The kinds of deliberately wrong call, drawn uniformly."""
     CACHE_ENTRY_MISUSES = frozenset({"move_onto_hashed", "move_onto_null", "cache_conflict",
-                                     "partial_at_block_end"})
+                                     "partial_at_block_end", "insert_bad"})
     """Kinds that need a pool with caching; without it they become ``cache_disabled``."""
 
     def _empty_request(self) -> Request:
@@ -674,7 +710,7 @@ class Workload:
 
     STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
-             ("placeholders", 1), ("other_pool", 1), ("evict", 1), ("reset", 1), ("query", 2),
+             ("placeholders", 1), ("other_pool", 1), ("offload", 1), ("evict", 1), ("reset", 1), ("query", 2),
              ("take", 6), ("misuse", 3))
 
     def step(self) -> str:

@@ -415,6 +415,12 @@ def plan(s: PoolState, name: str, args: Sequence[Any], accept: bool, result: Any
         if accept:
             return Plan(tuple(("alloc", (b,)) for b in result), True)
         return Plan(tuple(("alloc", (b,)) for b in s.free), False, exhaust="alloc")
+    if name == "_maybe_evict_cached_block":
+        return Plan((("evict", (args[0],)),), accept)
+    if name == "_insert_block_hash":
+        request, prefix_tokens, g, b, num_tokens = args
+        key = (request.block_hashes[prefix_tokens // hbs - 1], g)
+        return Plan((("insert", (b, key, num_tokens or 0, content(request, prefix_tokens, hbs))),), accept)
     if name in ("free_blocks", "touch", "evict_blocks", "unpin_blocks"):
         step = {"free_blocks": "release", "touch": "touch", "evict_blocks": "evict",
                 "unpin_blocks": "unpin"}[name]
@@ -478,6 +484,8 @@ def event_entries(call: str, p: Plan, before: PoolState, after: PoolState,
     stored key to the next step whose block has it after.  The ``Stored`` of
     ``emit_cached_block_events`` reports cache hits: it announces no entry
     (the model's ghost ``announced`` does not change) and is not attributed.
+    ``_insert_block_hash`` publishes nothing: its caller announces the entry,
+    which the model's ghost ``announced`` gains.
     """
     blocks = [_step_block(st, a) for st, a in p.steps]
     removed: list[Entries] = [set() for _ in p.steps]
@@ -506,6 +514,8 @@ def event_entries(call: str, p: Plan, before: PoolState, after: PoolState,
                     lost.append(f"Stored({_short(k)})")
                     continue
                 stored[s_at].add((kid[k], blocks[s_at]))  # type: ignore[arg-type]
+    if call == "_insert_block_hash" and p.steps:
+        stored[0] |= {(kid[k], b) for k, b in after.announced - before.announced}
     return removed, stored, lost
 
 

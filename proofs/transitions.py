@@ -276,6 +276,24 @@ def cache_partial(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr, rep: Expr) ->
     ), st)
 
 
+def insert(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> Step:
+    """``_insert_block_hash``: a holder copied prefix ``c`` into ``b`` and indexes it under ``k``.
+
+    ``k`` becomes the primary key (covering ``t`` tokens) if ``b`` has none,
+    else a secondary one; nothing is dropped.  The pool publishes nothing: the
+    caller announces the new entry itself.
+    """
+    already = z3.Or(z3.And(s.prim[b], s.pkey[b] == k), s.idx[k, b])
+    wrote = replace(s, holds=z3.Store(s.holds, b, written(s.holds[b], c)))
+    st = published(s, add_key(wrote, k, b, t, c), NO_ENTRIES, z3.If(already, NO_ENTRIES, entry(k, b)))
+    return with_pre(z3.And(
+        s.caching, b != NULL, z3.Or(s.prim[b], z3.And(t > 0, t % s.hbs == 0)),
+        hashes_name_one_prefix(s, k, c),
+        s.ref[b] >= 1,  # writes_extend_unless_writable: a holder copies into it
+        writes_extend_unless_writable(s, b, c),
+    ), st)
+
+
 def move(s: SymState, src: Expr, dst: Expr) -> Step:
     """``move_block_hashes``: re-point ``src``'s entries at ``dst``, the caller's unhashed copy.
 
@@ -350,6 +368,7 @@ STEPS: dict[str, StepSpec] = {name: replace(spec, name=name) for name, spec in {
     "cache_full": StepSpec(cache_full, (("b", Block), ("key", Key), ("t", _I), ("c", Content))),
     "cache_partial": StepSpec(
         cache_partial, (("b", Block), ("key", Key), ("t", _I), ("c", Content), ("rep", _B))),
+    "insert": StepSpec(insert, (("b", Block), ("key", Key), ("t", _I), ("c", Content))),
     "move": StepSpec(move, (("src", Block), ("dst", Block))),
     "write": StepSpec(write, (("b", Block), ("c", Content))),
     "identity": StepSpec(identity, ()),
@@ -366,6 +385,8 @@ COVERS: dict[str, tuple[str, ...]] = {
     "cache_full_blocks": ("cache_full", "identity"),
     "cache_partial_block": ("cache_partial", "identity"),
     "move_block_hashes": ("move",),
+    "_insert_block_hash": ("insert",),
+    "_maybe_evict_cached_block": ("evict",),
     "emit_cached_block_events": ("identity",),
     "take_events": ("identity",),
     "write_block": ("write",),

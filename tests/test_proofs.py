@@ -231,7 +231,7 @@ def _call(rng: random.Random, s: PoolState) -> tuple[str, list[Any], Any, tuple[
     bs = hbs * rng.choice((1, 2))
     kind = rng.choice(["alloc", "alloc", "release", "touch", "unpin", "evict", "reset", "cache_full",
                        "cache_full", "cache_partial", "cache_partial", "move", "identity",
-                       "write"])
+                       "write", "insert"])
     if kind == "alloc":
         return "alloc", [s.free[0] if s.free else None], A.get_new_blocks, (1,)
     if kind == "release":
@@ -253,6 +253,10 @@ def _call(rng: random.Random, s: PoolState) -> tuple[str, list[Any], Any, tuple[
     if kind == "write":
         t = hbs * rng.randint(1, len(req.all_token_ids) // hbs)
         return "write", [b, content(req, t, hbs)], A.write_block, (b, req, t)
+    if kind == "insert":
+        t = hbs * rng.randint(1, len(req.block_hashes))
+        key = (req.block_hashes[t // hbs - 1], g)
+        return ("insert", [b, key, t, content(req, t, hbs)], A.insert_block_hash, (req, t, g, b, t))
     if kind == "cache_full":
         hashes = hashes_at(req, hbs, bs)
         i = rng.randrange(max(1, len(hashes)))

@@ -177,7 +177,7 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
         m_error = refusal_name(error) if error is not None else None
         diffs.append(f"error: recorded {step.error}, model {m_error}"
                      + (f" ({error})" if error is not None else ""))
-    if error is None:
+    if error is None and step.error is None:  # a call only one side refused has no result to compare
         m_result = encode_model_result(step.op, result)
         if step.op == "get_usage" and _is_num(step.result):
             same = math.isclose(step.result, m_result, rel_tol=0, abs_tol=USAGE_TOLERANCE)

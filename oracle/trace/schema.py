@@ -47,6 +47,10 @@ ARG_KINDS: dict[str, dict[str, str]] = {
         "request": "request", "num_cached_blocks": "int", "block_size": "int",
         "kv_cache_group_id": "int"},
     "take_events": {},
+    "_insert_block_hash": {
+        "request": "request", "prefix_tokens": "int", "kv_cache_group_id": "int", "block_id": "int",
+        "num_tokens": "int?"},
+    "_maybe_evict_cached_block": {"block_id": "int"},
     "get_cached_block": {"block_hash": "hash", "kv_cache_group_ids": "ints"},
     "is_block_writable": {"block_id": "int"},
     "get_num_free_blocks": {},
@@ -57,7 +61,7 @@ OPTIONAL_ARGS = {("cache_full_blocks", "block_mask"), ("cache_partial_block", "r
 RESULT_KINDS: dict[str, str] = {
     "get_new_blocks": "ints", "get_cached_block": "ints?", "cache_partial_block": "hash?",
     "reset_prefix_cache": "bool", "is_block_writable": "bool", "get_num_free_blocks": "int",
-    "get_usage": "number", "take_events": "events",
+    "get_usage": "number", "take_events": "events", "_maybe_evict_cached_block": "bool",
 }
 HEADER_FIELDS = {"kvpool_trace": "int", "num_blocks": "int", "enable_caching": "bool",
                  "hash_block_size": "int", "enable_kv_cache_events": "bool", "medium": "str"}

@@ -6,7 +6,8 @@ requests with overlapping prefixes; groups 0 and 1; block sizes ``hbs`` and
 ``2 * hbs``; masks on two-block ranges; two watchers.
 
 The owner's writes (``write_block``: a request prefix into any block) are
-explored too.  Calls that break a caller contract
+explored too, and ``_insert_block_hash`` of every request prefix's key into
+any block (the offload pool's copy).  Calls that break a caller contract
 (:mod:`kvpool.model.contracts`) are generated like any other; the model
 raises ``ContractBroken`` on them and the search does not follow them.
 """
@@ -103,6 +104,7 @@ def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Ca
     for lst in ones:
         yield "touch", (lst,)
         yield "evict_blocks", (lst,)
+        yield "_maybe_evict_cached_block", (lst[0],)
         for w in WATCHERS:
             yield "unpin_blocks", (lst, w)
     yield "reset_prefix_cache", ()
@@ -114,6 +116,10 @@ def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Ca
         for b in ids:
             for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
                 yield "write_block", (b, r, nt)
+    for r, g in itertools.product(requests, cfg.groups):
+        for b in ids:  # a key of another pool, copied in: as primary (covering its prefix) or secondary
+            for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
+                yield "_insert_block_hash", (r, nt, g, b, nt if s.primary[b] is None else None)
     for r, bs, g in itertools.product(requests, (2 * hbs, hbs), cfg.groups):
         yield "emit_cached_block_events", (r, 1, bs, g)
         nmax = len(r.all_token_ids) // bs
