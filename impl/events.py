@@ -142,7 +142,10 @@ def use_vllm_event_classes() -> tuple[Any, Any, Any]:
 
 def block_removed(key_hash: ExternalBlockHash, medium: str, group_id: int) -> Any:
     """The ``BlockRemoved`` for one index entry."""
-    return EventClasses.removed(block_hashes=[key_hash], medium=medium, group_idx=group_id)
+    cls = EventClasses.removed
+    if cls is BlockRemoved:  # one per evicted key: positional, in this class's field order, is cheaper
+        return BlockRemoved([key_hash], medium, group_id)
+    return cls(block_hashes=[key_hash], medium=medium, group_idx=group_id)
 
 
 def all_blocks_cleared() -> Any:
