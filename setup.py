@@ -63,6 +63,11 @@ def _ext_modules() -> list[Any]:
         os.chdir(cwd)
 
 
+# setuptools stages packages in build/lib* and does not empty it: a plain build after a
+# compiled one in the same checkout would ship the compiled modules.  Stage afresh.
+for staged in ROOT.glob("build/lib*"):
+    shutil.rmtree(staged, ignore_errors=True)
+
 if not _compile_flag():
     setup()
 else:

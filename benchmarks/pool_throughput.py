@@ -161,7 +161,7 @@ def _kvpool_pools() -> dict[str, Callable[..., Any]]:
     """The installed build of kvpool.impl, and the plain one beside a compiled one."""
     impl = importlib.import_module("kvpool.impl")
     if not getattr(impl, "COMPILED", False):
-        return {"pure": impl.BlockPool}
+        return {"plain": impl.BlockPool}
     source = Path(__file__).resolve().parents[1] / "impl"
     spec = importlib.util.spec_from_file_location(
         "kvpool_pure_impl", source / "__init__.py", submodule_search_locations=[str(source)])
@@ -170,7 +170,7 @@ def _kvpool_pools() -> dict[str, Callable[..., Any]]:
     pure = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = pure
     spec.loader.exec_module(pure)
-    return {"pure": pure.BlockPool, "compiled": impl.BlockPool}
+    return {"plain": pure.BlockPool, "compiled": impl.BlockPool}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,11 +207,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for op, ns in timers.ns.items():
                     best[name].ns[op] = min(best[name].ns[op], ns)
-            if timers.trace != best["pure"].trace:
+            if timers.trace != best["plain"].trace:
                 print("the pools made different calls: they do not behave alike", file=sys.stderr)
                 return 1
 
-    k = best["pure"]
+    k = best["plain"]
     builds = [n for n in pools if n != "vllm"]
     print(f"workload: {args.requests} requests, {args.blocks} blocks of {BLOCK_SIZE} tokens, "
           f"{sum(k.calls.values())} pool calls, events {'off' if args.no_events else 'on'}; "
