@@ -1,4 +1,4 @@
-"""Throughput and memory of kvpool.impl against vLLM's BlockPool, in one process.
+"""Throughput and memory of kvpool's two builds against vLLM's BlockPool, in one process.
 
 One realistic mixed workload — requests sharing system prompts, so lookups
 hit and miss; allocation with evictions once the pool is full of cached
@@ -6,10 +6,13 @@ blocks; caching of full blocks; touching hits; freeing; KV events on — is
 played against each pool with the same seed.  Both pools behave identically,
 so both see exactly the same sequence of calls (the script checks that).
 
-Prints per-operation throughput (calls/s and blocks/s), the kvpool/vLLM
-ratio per operation class and for the whole mix, and bytes per block.
-vLLM is measured when it is importable (see scripts/install-vllm.sh); it is
+Prints per-operation throughput (blocks/s), each kvpool build's ratio to vLLM
+per operation class and for the whole mix, and bytes per block.  The pools: the
+installed ``kvpool.impl`` and, when that is the compiled build (``KVPOOL_COMPILE=1
+pip install .``), the plain build loaded from this checkout's ``impl/`` (the same
+source, interpreted); vLLM when it is importable (see scripts/install-vllm.sh),
 configured as a running engine configures it (environment-variable cache on).
+``--no-events`` turns KV events off, to show what they cost.
 
     python benchmarks/pool_throughput.py [--requests 4000] [--blocks 8192] [--repeat 3]
 """
@@ -154,17 +157,32 @@ def _vllm_pool() -> Callable[..., Any] | None:
     return pool_mod.BlockPool  # type: ignore[no-any-return]
 
 
+def _kvpool_pools() -> dict[str, Callable[..., Any]]:
+    """The installed build of kvpool.impl, and the plain one beside a compiled one."""
+    impl = importlib.import_module("kvpool.impl")
+    if not getattr(impl, "COMPILED", False):
+        return {"plain": impl.BlockPool}
+    source = Path(__file__).resolve().parents[1] / "impl"
+    spec = importlib.util.spec_from_file_location(
+        "kvpool_pure_impl", source / "__init__.py", submodule_search_locations=[str(source)])
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the plain build from {source}")
+    pure = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pure
+    spec.loader.exec_module(pure)
+    return {"plain": pure.BlockPool, "compiled": impl.BlockPool}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--blocks", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs per pool")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
     args = ap.parse_args(argv)
 
-    from kvpool.impl import BlockPool as KvBlockPool
-
-    pools: dict[str, Callable[..., Any]] = {"kvpool": KvBlockPool}
+    pools = _kvpool_pools()
     vllm = _vllm_pool()
     if vllm is not None:
         pools["vllm"] = vllm
@@ -176,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     best_mix: dict[str, int] = {}
     for _ in range(args.repeat):
         for name, cls in pools.items():
-            pool = cls(args.blocks, True, BLOCK_SIZE, enable_kv_cache_events=True)
+            pool = cls(args.blocks, True, BLOCK_SIZE, enable_kv_cache_events=not args.no_events)
             gc.collect()
             gc.disable()  # as timeit does: collector pauses would land on random calls
             try:
@@ -189,18 +207,21 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for op, ns in timers.ns.items():
                     best[name].ns[op] = min(best[name].ns[op], ns)
-            if timers.trace != best["kvpool"].trace:
+            if timers.trace != best["plain"].trace:
                 print("the pools made different calls: they do not behave alike", file=sys.stderr)
                 return 1
 
-    k = best["kvpool"]
+    k = best["plain"]
+    builds = [n for n in pools if n != "vllm"]
     print(f"workload: {args.requests} requests, {args.blocks} blocks of {BLOCK_SIZE} tokens, "
-          f"{sum(k.calls.values())} pool calls, events on; best of {args.repeat}")
+          f"{sum(k.calls.values())} pool calls, events {'off' if args.no_events else 'on'}; "
+          f"best of {args.repeat}")
     header = f"{'operation':<10}{'calls':>9}{'blocks':>10}"
     for name in pools:
-        header += f"{name + ' blk/s':>16}"
+        header += f"{name + ' blk/s':>17}"
     if "vllm" in pools:
-        header += f"{'ratio':>8}"
+        for name in builds:
+            header += f"{name + '/vLLM':>14}"
     print(header)
     ops = ["lookup", "touch", "allocate", "cache", "free"]
     for op in [*ops, "mix"]:
@@ -209,9 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         ncalls = sum(k.calls.values()) if op == "mix" else k.calls[op]
         line = f"{op:<10}{ncalls:>9}{nblk:>10}"
         for n in pools:
-            line += f"{nblk / (row_ns[n] / 1e9):>16,.0f}"
+            line += f"{nblk / (row_ns[n] / 1e9):>17,.0f}"
         if "vllm" in pools:
-            line += f"{row_ns['vllm'] / row_ns['kvpool']:>7.2f}x"
+            for n in builds:
+                line += f"{row_ns['vllm'] / row_ns[n]:>13.2f}x"
         print(line)
     for name, cls in pools.items():
         bpb = bytes_per_block(lambda cls=cls: cls(args.blocks, True, BLOCK_SIZE), args.blocks)

@@ -25,6 +25,7 @@ from kvpool.proofs.order import ORDER_PROPERTIES, find_order_counterexample
 from kvpool.proofs.step_properties import SYM_STEP_PROPERTIES, applies
 
 from .catalogue import BUGS, SeededBug
+from .pools import patches_take_effect
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ def catch_with_lockstep(name: str, runs: int = 16, steps: int = 2000, seed: int 
     form = BUGS[name].pool
     if form is None:
         raise ValueError(f"{name} has no pool form")
+    if not patches_take_effect(form):  # it would agree with the model and look missed
+        raise RuntimeError(f"{name} replaces functions of kvpool.impl, which the compiled build "
+                           "(KVPOOL_COMPILE=1) does not see: run the seeded bugs on the plain build")
     factory = kvpool_adapter(form).factory()
     started = time.perf_counter()
     calls = 0

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kvpool.impl
 from kvpool.impl import BlockPool, NotEnoughFreeBlocksError, UnknownBlockError
 from kvpool.impl.block import KVCacheBlock
 
@@ -448,9 +449,14 @@ def mutant(name: str, story: str, *patches: Patch) -> type[BlockPool]:
         return run
 
     namespace: dict[str, Any] = {op: wrap(op) for op in OPERATIONS}
-    namespace.update(__doc__=story, __module__=__name__, __qualname__=name)
+    namespace.update(__doc__=story, __module__=__name__, __qualname__=name, patches=patches)
     cls = type(name, (BlockPool,), namespace)
     return cls
+
+
+def patches_take_effect(form: type[Any]) -> bool:
+    """False for a mutant of shared code on the compiled build, whose callers never see a patch."""
+    return not (getattr(form, "patches", None) and kvpool.impl.COMPILED)
 
 
 def _stored_with(**fields: Callable[[Any], Any]) -> Callable[[Any], Any]:

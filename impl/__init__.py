@@ -1,8 +1,12 @@
 """kvpool.impl: the concrete block pool, a drop-in for vLLM's ``BlockPool``.
 
 Self-contained: it imports nothing outside this package and needs no
-third-party package at run time.
+third-party package at run time.  ``COMPILED`` says which build is loaded:
+the plain Python one, or the same source compiled by mypyc
+(``KVPOOL_COMPILE=1 pip install .``, see ``setup.py``).
 """
+
+from types import FunctionType
 
 from .block import KVCacheBlock
 from .errors import (
@@ -40,8 +44,15 @@ from .metrics import KVCacheMetricsCollector
 from .pool import BlockPool
 from .request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 
+
+def _probe() -> None:
+    """A function of this module: a Python function unless mypyc compiled the module."""
+
+
+COMPILED: bool = not isinstance(_probe, FunctionType)
+
 __all__ = [
-    "MEDIUM_CPU", "MEDIUM_GPU", "MEDIUM_STORAGE", "AllBlocksCleared", "BlockHash",
+    "COMPILED", "MEDIUM_CPU", "MEDIUM_GPU", "MEDIUM_STORAGE", "AllBlocksCleared", "BlockHash",
     "BlockHashConflictError", "BlockHashToBlockMap", "BlockHashWithGroupId",
     "BlockNotInUseError", "BlockPool", "BlockPoolError", "BlockRemoved", "BlockStored",
     "CachingDisabledError", "ExternalBlockHash", "FreeKVCacheBlockQueue", "InvalidArgumentError",

@@ -6,12 +6,15 @@ from typing import TYPE_CHECKING
 
 from .errors import BlockHashConflictError
 from .keys import BlockHashWithGroupId
+from .native import mypyc_attr
 
 if TYPE_CHECKING:
     from .free_queue import FreeKVCacheBlockQueue
     from .pool import BlockPool
 
 
+# Compiled, as interpreted: pickled, copied and subclassed like any Python class.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheBlock:
     """A block's id, reference count, primary hash and free-list links.
 

@@ -9,21 +9,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from .hashing import generate_block_hash_extra_keys, get_mm_features_in_window, to_event_extra_keys
 from .keys import ExternalBlockHash
+from .native import mypyc_attr
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 
 
+# Events are plain Python values in either build: compared, pickled, converted.
+@mypyc_attr(native_class=False)
 @dataclass(slots=True)
 class KVCacheEvent:
     """Base of every event the pool emits."""
 
 
+@mypyc_attr(native_class=False)
 @dataclass(slots=True)
 class BlockStored(KVCacheEvent):
     """Blocks became reachable under ``block_hashes`` (a chain, parent first)."""
@@ -44,6 +48,7 @@ class BlockStored(KVCacheEvent):
     session_id: str | None = None
 
 
+@mypyc_attr(native_class=False)
 @dataclass(slots=True)
 class BlockRemoved(KVCacheEvent):
     """One index entry went away."""
@@ -55,6 +60,7 @@ class BlockRemoved(KVCacheEvent):
     ownership: str | None = None
 
 
+@mypyc_attr(native_class=False)
 @dataclass(slots=True)
 class AllBlocksCleared(KVCacheEvent):
     """The whole prefix cache was dropped."""
@@ -113,9 +119,9 @@ class EventClasses:
     :func:`use_vllm_event_classes` switches to them.
     """
 
-    stored: Any = BlockStored
-    removed: Any = BlockRemoved
-    cleared: Any = AllBlocksCleared
+    stored: ClassVar[Any] = BlockStored
+    removed: ClassVar[Any] = BlockRemoved
+    cleared: ClassVar[Any] = AllBlocksCleared
 
 
 def use_event_classes(stored: Any, removed: Any, cleared: Any) -> tuple[Any, Any, Any]:
@@ -136,7 +142,10 @@ def use_vllm_event_classes() -> tuple[Any, Any, Any]:
 
 def block_removed(key_hash: ExternalBlockHash, medium: str, group_id: int) -> Any:
     """The ``BlockRemoved`` for one index entry."""
-    return EventClasses.removed(block_hashes=[key_hash], medium=medium, group_idx=group_id)
+    cls = EventClasses.removed
+    if cls is BlockRemoved:  # one per evicted key: positional, in this class's field order, is cheaper
+        return BlockRemoved([key_hash], medium, group_id)
+    return cls(block_hashes=[key_hash], medium=medium, group_idx=group_id)
 
 
 def all_blocks_cleared() -> Any:
@@ -148,10 +157,10 @@ def block_stored(
     request: Any, block_hashes: list[ExternalBlockHash], parent: ExternalBlockHash | None,
     start: int, end: int, block_size: int, group_id: int, medium: str,
     extra_keys: list[tuple[Any, ...] | None],
-) -> BlockStored:
-    """The ``BlockStored`` announcing ``request``'s tokens ``[start, end)``."""
+) -> Any:
+    """The ``BlockStored`` (of the classes in use) announcing ``request``'s tokens ``[start, end)``."""
     lora = request.lora_request
-    return EventClasses.stored(  # type: ignore[no-any-return]
+    return EventClasses.stored(
         block_hashes=block_hashes, parent_block_hash=parent,
         token_ids=request.all_token_ids[start:end], block_size=block_size,
         lora_id=lora.adapter_id if lora else None, medium=medium,
@@ -163,6 +172,12 @@ def extra_keys_of_blocks(
     request: Any, block_indices: Iterable[int], block_size: int
 ) -> list[tuple[Any, ...] | None]:
     """Extra keys of the given blocks, scanning multimodal items from the first."""
+    if (not request.mm_features and not request.lora_request
+            and getattr(request, "prompt_embeds", None) is None):
+        # Most requests: only the cache salt can enter, on the first chunk (as in the general case below).
+        salt = request.cache_salt
+        first = (("cache_salt", salt),) if salt else None
+        return [first if i == 0 else None for i in block_indices]
     out: list[tuple[Any, ...] | None] = []
     mm_idx = 0
     for i in block_indices:

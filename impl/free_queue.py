@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING
 
 from .block import KVCacheBlock
 from .errors import NotEnoughFreeBlocksError, UnknownBlockError
+from .native import mypyc_attr
 
 if TYPE_CHECKING:
     from .pool import BlockPool
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # pickled with its pool
 class FreeKVCacheBlockQueue:
     """Free blocks, head first; ``num_free_blocks`` is kept in step."""
 
@@ -53,17 +55,17 @@ class FreeKVCacheBlockQueue:
         if n == 0:
             return out
         head = self.fake_free_list_head
-        block = head.next_free_block
+        # Inside the sentinels every link is a block: typed so, the compiled build reads them natively.
+        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
         owner = self.owner
-        append = out.append
         for _ in range(n):
-            append(block)  # type: ignore[arg-type]
-            nxt = block.next_free_block  # type: ignore[union-attr]
-            block.prev_free_block = block.next_free_block = None  # type: ignore[union-attr]
-            block._holder = owner  # type: ignore[union-attr]
+            out.append(block)
+            nxt: KVCacheBlock = block.next_free_block  # type: ignore[assignment]
+            block.prev_free_block = block.next_free_block = None
+            block._holder = owner
             block = nxt
         head.next_free_block = block
-        block.prev_free_block = head  # type: ignore[union-attr]
+        block.prev_free_block = head
         self.num_free_blocks -= n
         return out
 
@@ -88,13 +90,13 @@ class FreeKVCacheBlockQueue:
         if not blocks:
             return
         tail = self.fake_free_list_tail
-        prev = tail.prev_free_block
+        prev: KVCacheBlock = tail.prev_free_block  # type: ignore[assignment]
         for block in blocks:
-            prev.next_free_block = block  # type: ignore[union-attr]
+            prev.next_free_block = block
             block.prev_free_block = prev
             block._holder = self
             prev = block
-        prev.next_free_block = tail  # type: ignore[union-attr]
+        prev.next_free_block = tail
         tail.prev_free_block = prev
         self.num_free_blocks += len(blocks)
 
@@ -103,7 +105,7 @@ class FreeKVCacheBlockQueue:
         if not blocks:
             return
         head = self.fake_free_list_head
-        after = head.next_free_block
+        after: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
         prev = head
         for block in blocks:
             prev.next_free_block = block
@@ -111,7 +113,7 @@ class FreeKVCacheBlockQueue:
             block._holder = self
             prev = block
         prev.next_free_block = after
-        after.prev_free_block = prev  # type: ignore[union-attr]
+        after.prev_free_block = prev
         self.num_free_blocks += len(blocks)
 
     def iter_blocks_after(self, cursor: KVCacheBlock | None) -> Iterator[KVCacheBlock]:

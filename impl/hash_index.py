@@ -12,10 +12,12 @@ from collections.abc import Iterator
 
 from .block import KVCacheBlock
 from .keys import BlockHashWithGroupId
+from .native import mypyc_attr
 
 Entry = KVCacheBlock | dict[int, KVCacheBlock]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # pickled with its pool
 class BlockHashToBlockMap:
     """Key -> blocks, in insertion order; a lookup returns the earliest."""
 

@@ -14,7 +14,6 @@ BlockHashWithGroupId: TypeAlias = bytes
 ExternalBlockHash: TypeAlias = bytes | int
 
 MAX_GROUP_ID = 2**32 - 1
-_LOW_64_BITS = (1 << 64) - 1
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -40,11 +39,11 @@ def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
 
 def get_group_id(key: BlockHashWithGroupId) -> int:
     """The group part of an index key."""
-    return int.from_bytes(key[-4:], "big", signed=False)
+    return int.from_bytes(key[-4:], "big")  # unsigned
 
 
 def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
     """The form a hash takes in KV events: low 64 bits as int, or raw bytes."""
     if not USE_INT_BLOCK_HASHES:
         return hash_bytes
-    return int.from_bytes(hash_bytes, byteorder="big") & _LOW_64_BITS
+    return int.from_bytes(hash_bytes[-8:], "big")  # the low 64 bits of the big-endian number

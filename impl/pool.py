@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from operator import length_hint
-from typing import Any
+from typing import Any, Final, TypeAlias, TypeVar
 
 from .block import KVCacheBlock
 from .errors import (
@@ -52,16 +52,23 @@ from .keys import (
     maybe_convert_block_hash,
 )
 from .metrics import KVCacheMetricsCollector
+from .native import mypyc_attr
 
 logger = logging.getLogger("kvpool")
 logger.addHandler(logging.NullHandler())
 
 ReuseWatcher = Callable[[KVCacheBlock], None]
 _Call = tuple[Callable[..., Any], tuple[Any, ...]]
-_SUFFIXES = [g.to_bytes(4, "big") for g in range(64)]
+_SUFFIXES: Final = [g.to_bytes(4, "big") for g in range(64)]
+
+_T = TypeVar("_T")
+# An argument the pool checks itself: what a caller should pass, or anything else,
+# refused with a typed BlockPoolError.  (A plain ``int`` or ``KVCacheBlock`` would be
+# checked first by the entry points of the compiled build, which raise TypeError.)
+Checked: TypeAlias = _T | Any
 
 
-def _group_suffix(group_id: int) -> bytes:
+def _group_suffix(group_id: Checked[int]) -> bytes:
     """The 4 bytes a group id adds to a key; refuses ids that do not fit."""
     if type(group_id) is int and 0 <= group_id < 64:
         return _SUFFIXES[group_id]
@@ -91,6 +98,7 @@ def _run(calls: list[_Call]) -> BaseException | None:
     return first
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # callers subclass and pickle it
 class BlockPool:
     """Allocates, frees and caches KV-cache blocks; see the module docstring.
 
@@ -102,9 +110,9 @@ class BlockPool:
 
     def __init__(
         self,
-        num_gpu_blocks: int,
+        num_gpu_blocks: Checked[int],
         enable_caching: bool,
-        hash_block_size: int,
+        hash_block_size: Checked[int],
         enable_kv_cache_events: bool = False,
         metrics_collector: KVCacheMetricsCollector | None = None,
         medium: str = MEDIUM_GPU,
@@ -139,15 +147,17 @@ class BlockPool:
             raise UnknownBlockError(f"{block!r} is not a block of this pool")
         return block
 
-    def _check_block_size(self, block_size: Any) -> None:
+    def _check_block_size(self, block_size: Any) -> int:
         if not isinstance(block_size, int) or block_size <= 0 or block_size % self.hash_block_size:
             raise InvalidArgumentError(
                 f"block_size {block_size!r} is not a positive multiple of {self.hash_block_size}")
+        return block_size
 
     @staticmethod
-    def _check_count(name: str, value: Any) -> None:
+    def _check_count(name: str, value: Any) -> int:
         if not isinstance(value, int) or value < 0:
             raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+        return value
 
     def _release(self, blocks: list[Any], what: str) -> list[KVCacheBlock]:
         """Drop one reference per listing of a block of this pool, all or none.
@@ -225,7 +235,7 @@ class BlockPool:
     # ------------------------------------------------------------- prefix cache
 
     def get_cached_block(
-        self, block_hash: BlockHash, kv_cache_group_ids: list[int]
+        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[Checked[int]]
     ) -> list[KVCacheBlock] | None:
         """The first block cached under ``block_hash`` in each group, or None on any miss."""
         cache = self.cached_block_hash_to_block._cache
@@ -242,12 +252,12 @@ class BlockPool:
     def cache_full_blocks(
         self,
         request: Any,
-        blocks: list[KVCacheBlock],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
-        block_mask: list[bool] | None = None,
+        blocks: Sequence[Checked[KVCacheBlock]],
+        num_cached_blocks: Checked[int],
+        num_full_blocks: Checked[int],
+        block_size: Checked[int],
+        kv_cache_group_id: Checked[int],
+        block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Index the blocks that became full since the last call.
 
@@ -255,9 +265,9 @@ class BlockPool:
         ``block_size`` granularity; null and masked-out blocks are skipped.  A
         block that already has a hash must be a partial entry being promoted.
         """
-        self._check_count("num_cached_blocks", num_cached_blocks)
-        self._check_count("num_full_blocks", num_full_blocks)
-        self._check_block_size(block_size)
+        num_cached_blocks = self._check_count("num_cached_blocks", num_cached_blocks)
+        num_full_blocks = self._check_count("num_full_blocks", num_full_blocks)
+        block_size = self._check_block_size(block_size)
         suffix = _group_suffix(kv_cache_group_id)
         if num_cached_blocks >= num_full_blocks:
             return
@@ -265,10 +275,8 @@ class BlockPool:
             raise CachingDisabledError("cache_full_blocks on a pool without prefix caching")
         if num_full_blocks > len(blocks):
             raise InvalidArgumentError(f"num_full_blocks {num_full_blocks} > {len(blocks)} blocks")
-        new_blocks = blocks[num_cached_blocks:num_full_blocks]
         # The refusals in the model's order: unknown blocks, the mask, the hashes, conflicts.
-        for blk in new_blocks:
-            self._own(blk)
+        new_blocks = [self._own(blk) for blk in blocks[num_cached_blocks:num_full_blocks]]
         if block_mask is not None and len(block_mask) != len(new_blocks):
             raise InvalidArgumentError(
                 f"block_mask has {len(block_mask)} entries, want {len(new_blocks)}")
@@ -323,7 +331,7 @@ class BlockPool:
                       if num_cached_blocks else None)
             indices = [
                 i for i in range(num_cached_blocks, num_full_blocks)
-                if not blocks[i].is_null
+                if not new_blocks[i - num_cached_blocks].is_null
                 and (block_mask is None or block_mask[i - num_cached_blocks])
             ]
             self.kv_event_queue.append(block_stored(
@@ -332,11 +340,12 @@ class BlockPool:
                 extra_keys_of_blocks(request, indices, block_size)))
 
     def emit_cached_block_events(
-        self, request: Any, num_cached_blocks: int, block_size: int, kv_cache_group_id: int,
+        self, request: Any, num_cached_blocks: Checked[int], block_size: Checked[int],
+        kv_cache_group_id: Checked[int],
     ) -> None:
         """Announce prefix-cache hits to event consumers; blocks are unchanged."""
-        self._check_count("num_cached_blocks", num_cached_blocks)
-        self._check_block_size(block_size)
+        num_cached_blocks = self._check_count("num_cached_blocks", num_cached_blocks)
+        block_size = self._check_block_size(block_size)
         _group_suffix(kv_cache_group_id)
         if not self.enable_kv_cache_events or num_cached_blocks == 0:
             return
@@ -352,10 +361,10 @@ class BlockPool:
     def cache_partial_block(
         self,
         request: Any,
-        block: KVCacheBlock,
-        num_tokens: int,
-        kv_cache_group_id: int,
-        block_size: int,
+        block: Checked[KVCacheBlock],
+        num_tokens: Checked[int],
+        kv_cache_group_id: Checked[int],
+        block_size: Checked[int],
         replace_existing_hashes: bool = False,
     ) -> BlockHashWithGroupId | None:
         """Make ``block`` reachable from a prefix boundary that ends inside it.
@@ -365,11 +374,11 @@ class BlockPool:
         with ``replace_existing_hashes`` all are (its contents were replaced).
         Returns the key, or None for the null block.
         """
-        self._own(block)
+        block = self._own(block)
         if block.is_null:
             return None
         hbs = self.hash_block_size
-        self._check_block_size(block_size)
+        block_size = self._check_block_size(block_size)
         suffix = _group_suffix(kv_cache_group_id)
         if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
             raise InvalidArgumentError(f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
@@ -403,14 +412,14 @@ class BlockPool:
                 [extra_keys_of_chunk(request, start, num_tokens)]))
         return key
 
-    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+    def move_block_hashes(self, src_block: Checked[KVCacheBlock], dst_block: Checked[KVCacheBlock]) -> None:
         """Re-point ``src_block``'s entries at ``dst_block``, a private copy of it.
 
         The owner of ``src_block`` goes on writing into it, so the cache keeps
         the copy under the same keys.  The entries stay live: no events.
         """
-        self._own(src_block)
-        self._own(dst_block)
+        src_block = self._own(src_block)
+        dst_block = self._own(dst_block)
         if dst_block._block_hash is not None or dst_block.block_id in self.cached_block_hashes_by_block:
             raise BlockHashConflictError(f"block {dst_block.block_id} already has hashes")
         if dst_block.is_null and src_block._block_hash is not None:
@@ -420,7 +429,8 @@ class BlockPool:
             self._add_key(key, dst_block, num_tokens)
 
     def _insert_block_hash(
-        self, block_hash_with_group_id: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None,
+        self, block_hash_with_group_id: Checked[BlockHashWithGroupId], block: Checked[KVCacheBlock],
+        num_tokens: Checked[int | None],
     ) -> None:
         """Index ``block`` under a key copied from elsewhere (vLLM's CPU offload pool does this).
 
@@ -430,7 +440,7 @@ class BlockPool:
         the announcement is the caller's.
         """
         key = block_hash_with_group_id
-        self._own(block)
+        block = self._own(block)
         if type(key) is not bytes or len(key) <= 4:
             raise InvalidArgumentError(f"{key!r} is not an index key (a block hash and 4 group bytes)")
         if block.is_null:
@@ -444,14 +454,14 @@ class BlockPool:
                 f"{self.hash_block_size}")
         self._add_key(key, block, num_tokens)
 
-    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+    def _maybe_evict_cached_block(self, block: Checked[KVCacheBlock]) -> bool:
         """Drop ``block`` from the prefix cache; whether it had any entry.
 
         ``evict_blocks`` for one block object: vLLM's single-type manager calls it on
         a checkpoint block it is about to overwrite.  A metrics collector is told of
         the eviction, hashed or not.
         """
-        self._own(block)
+        block = self._own(block)
         removed = self._drop_hashes(block) if block._block_hash is not None else []
         self._emit_removed(removed)
         if self.metrics_collector:
@@ -460,7 +470,7 @@ class BlockPool:
 
     # ------------------------------------------------------- allocate and free
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: Checked[int]) -> list[KVCacheBlock]:
         """Hand out ``num_blocks`` blocks from the head of the free queue.
 
         Does not look in the prefix cache; a block's old hash is dropped here,
@@ -503,7 +513,7 @@ class BlockPool:
                 raise exc
         return ret
 
-    def unpin_blocks(self, blocks: Iterable[KVCacheBlock], on_reuse: ReuseWatcher) -> None:
+    def unpin_blocks(self, blocks: Iterable[Checked[KVCacheBlock]], on_reuse: ReuseWatcher) -> None:
         """Release references to blocks that stay readable until reused.
 
         They join the tail of the free queue (evicted last, cached or not) and
@@ -512,15 +522,14 @@ class BlockPool:
         """
         if not callable(on_reuse):
             raise InvalidArgumentError("on_reuse must be callable")
-        blocks = list(blocks)
-        for block in blocks:  # every block is this pool's before the null block is refused
-            self._own(block)
-        for block in blocks:
+        # every block is this pool's before the null block is refused
+        owned = [self._own(block) for block in blocks]
+        for block in owned:
             if block.is_null:
                 raise NullBlockError("the null block cannot be unpinned")
-        released = self._release(blocks, "unpin")
+        released = self._release(owned, "unpin")
         watchers = self._reuse_watchers
-        for block in blocks:
+        for block in owned:
             watchers[block.block_id] = on_reuse
         self.free_block_queue.append_n(released)
 
@@ -529,12 +538,12 @@ class BlockPool:
 
         An idle block leaves the free queue, so it can no longer be evicted.
         """
-        if type(blocks) is not list:
-            blocks = list(blocks)
+        # Typed as a list of blocks, so that the compiled build reads blocks natively.
+        items: list[KVCacheBlock] = blocks if type(blocks) is list else list(blocks)
         queue = self.free_block_queue
         unlinked: list[KVCacheBlock] | None = None  # each taken idle block, then its predecessor
         try:
-            for block in blocks:
+            for block in items:
                 if block._holder is not self:
                     if block._holder is not queue:
                         raise UnknownBlockError(f"{block!r} is not a block of this pool")
@@ -552,13 +561,13 @@ class BlockPool:
                     block.prev_free_block = block.next_free_block = None
                     block._holder = self
                 block.ref_cnt += 1
-        except (UnknownBlockError, AttributeError) as exc:
-            self._undo_touch(blocks, unlinked or [])
+        except (UnknownBlockError, AttributeError, TypeError) as exc:  # TypeError: compiled, not a block
+            self._undo_touch(items, unlinked or [])
             raise UnknownBlockError(f"touch: {exc}") from None
         if unlinked:  # counted once, here, so a refused call never changed the count
             queue.num_free_blocks -= len(unlinked) // 2
         if self.metrics_collector:
-            self._notify_each(self.metrics_collector.on_block_accessed, blocks)
+            self._notify_each(self.metrics_collector.on_block_accessed, items)
 
     @staticmethod
     def _notify_each(callback: Callable[[KVCacheBlock], None], blocks: Sequence[KVCacheBlock]) -> None:
@@ -588,9 +597,9 @@ class BlockPool:
             nxt.prev_free_block = block  # type: ignore[union-attr]
             block._holder = queue
 
-    def is_block_writable(self, block: KVCacheBlock) -> bool:
+    def is_block_writable(self, block: Checked[KVCacheBlock]) -> bool:
         """Whether the block's sole owner may write into it: no one shares it, no hash names it."""
-        self._own(block)
+        block = self._own(block)
         return not block.is_null and block.ref_cnt == 1 and block._block_hash is None
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -600,7 +609,8 @@ class BlockPool:
         to the head (reused first, for locality); cached ones to the tail, in
         LRU order.  Blocks of other pools are handed to their own pool.
         """
-        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        blocks: list[KVCacheBlock] = (
+            ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks))
         caching = self.enable_caching
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
@@ -629,7 +639,7 @@ class BlockPool:
                 block.ref_cnt = ref_cnt
         except BaseException as exc:
             self._undo_release(blocks[:len(blocks) - length_hint(pending) - 1])
-            if isinstance(exc, AttributeError):
+            if isinstance(exc, (AttributeError, TypeError)):  # TypeError: compiled, not a block
                 raise UnknownBlockError(f"free: not a KV-cache block: {exc}") from None
             if isinstance(exc, BlockNotInUseError):
                 # as the model checks every id before counting: an unknown block later on wins
@@ -663,7 +673,7 @@ class BlockPool:
         others.setdefault(block.pool, []).append(block)
         return others
 
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+    def evict_blocks(self, block_ids: Iterable[Checked[int]]) -> None:
         """Drop the given blocks from the prefix cache (by id).
 
         Blocks in use stay allocated and idle ones keep their queue place;

@@ -20,6 +20,8 @@ def test_wheel_installs_only_the_kvpool_package(tmp_path: Path) -> None:
     assert {t for t in tops if not t.endswith(".dist-info")} == {"kvpool"}
     for sub in ("model", "impl", "proofs", "oracle"):
         assert f"kvpool/{sub}/__init__.py" in names
+    # The default build is plain Python: no compiled module (KVPOOL_COMPILE=1 makes them).
+    assert [n for n in names if n.endswith(".so")] == []
     for init in sorted({*ROOT.glob("*/__init__.py"), *ROOT.glob("*/*/__init__.py")}):
         rel = init.relative_to(ROOT)
         if rel.parts[0] in ("kvpool", "model", "impl", "proofs", "oracle", "bugs"):
