@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of impl/ and model/ with mutmut (issue #8); see MUTATION.md.
+# Mutation testing of impl/ and model/ with mutmut; see docs/mutation.md.
 #
 #   bash benchmarks/mutation.sh impl|model|all              # full run, fresh copy
 #   bash benchmarks/mutation.sh impl|model|all --rerun-undetected
