@@ -31,6 +31,11 @@ def kvpool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)
 
 
+NO_PROOFS = ("--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc", "--skip", "agreement",
+             "--skip", "refinement")
+"""Leave out every phase that does not run a pool or a file."""
+
+
 def junit_cases(path: Path) -> list[ET.Element]:
     return list(ET.parse(path).getroot().iter("testcase"))
 
@@ -71,7 +76,7 @@ def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
 
 
 def test_a_broken_implementation_fails_with_a_pictured_counterexample(tmp_path: Path) -> None:
-    done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
+    done = kvpool("verify", *SMALL, *NO_PROOFS,
                   "--impl", "kvpool.bugs.pools:FreeHashedToHead",
                   "--json", "out.json", "--junit", "out.xml", "--report", "report", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -91,7 +96,7 @@ def test_a_broken_implementation_fails_with_a_pictured_counterexample(tmp_path: 
 
 def test_a_recorded_trace_and_event_stream_are_checked(tmp_path: Path) -> None:
     assert kvpool("record", "--steps", "200", "trace.jsonl", cwd=tmp_path).returncode == 0
-    done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
+    done = kvpool("verify", *SMALL, *NO_PROOFS,
                   "--skip", "lockstep", "--trace", "trace.jsonl", "--events", "trace.jsonl",
                   "--json", "out.json", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -103,7 +108,7 @@ def test_a_recorded_trace_and_event_stream_are_checked(tmp_path: Path) -> None:
     at = next(i for i, line in enumerate(lines) if line.get("op") == "get_num_free_blocks")
     lines[at]["result"] += 1  # the recorded pool "said" one block more than the model
     (tmp_path / "edited.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    done = kvpool("verify", *SMALL, "--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc",
+    done = kvpool("verify", *SMALL, *NO_PROOFS,
                   "--skip", "lockstep", "--trace", "edited.jsonl", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"FAILED traces/trace/edited.jsonl: edited.jsonl:{at + 1}: step {at}" in done.stdout
@@ -188,8 +193,8 @@ def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "kvpool", "verify", "--skip", "proofs", "--skip",
-                             "seeded-bugs", "--skip", "bmc", "--steps", "50", "--runs", "2"],
+    proc = subprocess.Popen([sys.executable, "-m", "kvpool", "verify", *NO_PROOFS, "--steps", "50",
+                             "--runs", "2"],
                             cwd=tmp_path, env=env, stdout=follower, stderr=follower)
     os.close(follower)
     chunks = []
