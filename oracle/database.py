@@ -33,7 +33,8 @@ def describe(spec: str) -> str:
     if not spec.startswith("redis://"):
         return spec
     parts = urlsplit(spec)
-    return f"redis://{parts.hostname}:{parts.port or 6379}{parts.path or '/0'}"
+    port = parts.netloc.rpartition("@")[2].partition(":")[2] or "6379"
+    return f"redis://{parts.hostname or ''}:{port}{parts.path or '/0'}"
 
 
 def example_database(spec: str, *, check: bool = False) -> ExampleDatabase:

@@ -61,19 +61,20 @@ def merge(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = None) ->
 def _check_shards(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[dict[str, Any]]:
     """The documents in shard order, after checking they are exactly shards 1..N of one run."""
     by_index: dict[int, dict[str, Any]] = {}
-    counts = set()
+    shards = []
     for name, doc in zip(names, docs, strict=True):
         shard = doc.get("shard") or [1, 1]  # a run without --shard is shard 1/1
         if not (isinstance(shard, list) and len(shard) == 2 and all(isinstance(x, int) for x in shard)):
             raise MergeError(f"{name}: not a shard (run it with --shard I/N)")
-        index, count = shard
-        counts.add(count)
-        if index in by_index:
-            raise MergeError(f"shard {index}/{count} given twice ({name})")
-        by_index[index] = doc
+        shards.append((name, doc, shard))
+    counts = {shard[1] for _, _, shard in shards}
     if len(counts) > 1:
         raise MergeError(f"shards of different splits: /{', /'.join(map(str, sorted(counts)))}")
     (count,) = counts
+    for name, doc, (index, _) in shards:
+        if index in by_index:
+            raise MergeError(f"shard {index}/{count} given twice ({name})")
+        by_index[index] = doc
     missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in by_index]
     if missing:
         raise MergeError(f"shard {', '.join(missing)} missing")
