@@ -78,6 +78,10 @@ class Outcome:
     trace: list[Step] = field(default_factory=list)
     part: PartFigures | None = None
     """The part's own figures, when the search was one part of a sharded search."""
+    expanded: int = 0
+    """States of the last level whose calls were all made when the budget stopped the search
+    (how far into level ``depth + 1`` it got); ``frontier`` of them."""
+    frontier: int = 0
 
     @property
     def ok(self) -> bool:
@@ -167,10 +171,12 @@ def explore(
             p = parent[key(p.before)]
         return out[::-1]
 
+    expanded = 0
+
     def outcome(complete: bool, violation: list[str] | None = None,
                 trace: list[Step] | None = None) -> Outcome:
         return Outcome(done, len(parent), transitions, time.perf_counter() - start, complete,
-                       violation or [], trace or [], figures)
+                       violation or [], trace or [], figures, expanded, len(frontier))
 
     for level in range(1, depth + 1):
         if figures is not None and level - 1 == split:  # the frontier is the split level
@@ -181,9 +187,9 @@ def explore(
             figures.owned = len(frontier)
         beyond = figures is not None and level - 1 > split
         nxt: list[PoolState] = []
-        for s in frontier:
+        for i, s in enumerate(frontier):
             if time.perf_counter() - start > seconds:
-                done = level - 1
+                done, expanded = level - 1, i
                 return outcome(False)
             made = 0
             for call in calls(s, cfg, requests):
