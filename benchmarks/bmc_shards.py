@@ -3,8 +3,9 @@
 ``python benchmarks/bmc_shards.py --blocks 4 --hbs 2 --depth 3 --shards 2 4 8 32`` explores
 the whole search once, then every part of each split (one after the other, in this process),
 and prints per split: the largest part's transitions (what bounds a runner's time), the
-parts' sum (the work the runners do together, duplicates included), and the speed-up
-``whole / largest``.  The merged states and transitions must equal the whole search's.
+parts' sum (the work the runners do together, duplicates included), the speed-up
+``whole / largest``, and the states the parts keep between them (a state reached by two
+parts counted twice).  The merged states and transitions must equal the whole search's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def main() -> None:
     cpu = time.process_time() - began
     print(f"{args.blocks} blocks, hbs {args.hbs}, depth {args.depth}: {whole.states:,} states, "
           f"{whole.transitions:,} transitions, {cpu:.1f} s CPU unsharded")
-    print("shards | largest part (transitions) | parts together | speed-up | merged = whole")
+    print("shards | largest part (transitions) | parts together | speed-up | states in the parts "
+          "| merged = whole")
     for n in args.shards:
         parts = [bmc.explore(cfg, args.depth, 1e9, part=(i, n), split_depth=args.split_depth)
                  for i in range(n)]
@@ -37,7 +39,7 @@ def main() -> None:
         together = sum(q.transitions for q in parts)
         merged = bmc.merge_parts([q.part for q in parts if q.part is not None])
         print(f"{n:6} | {largest:26,} | {together:14,} | {whole.transitions / largest:8.1f} | "
-              f"{merged == (whole.states, whole.transitions)}")
+              f"{sum(q.states for q in parts):19,} | {merged == (whole.states, whole.transitions)}")
 
 
 if __name__ == "__main__":

@@ -219,7 +219,7 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     Counted.__name__ = base.__name__
     # The database key: one per implementation, misuse setting and reference, the same on
     # every shard (Hypothesis hashes the class's source, then this).
-    Counted._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+    Counted._hypothesis_internal_add_digest = (
         f"{adapter.name}|misuse={opts.misuse}|{opts.reference}".encode())
     hypothesis_seed(opts.machine_seed())(Counted)
     wanted = opts.machine_examples()

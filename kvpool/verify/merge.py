@@ -282,7 +282,7 @@ def _seconds(doc: dict[str, Any]) -> float:
     """A document's wall time (a conform document has only its phases')."""
     if "seconds" in doc:
         return float(doc["seconds"])
-    return round(sum(p["seconds"] for p in doc["phases"]), 3)
+    return round(float(sum(p["seconds"] for p in doc["phases"])), 3)
 
 
 def conform_junit(doc: dict[str, Any]) -> bytes:
