@@ -203,8 +203,11 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     start = time.perf_counter()
     for blocks, hbs in budget.bmc_pools:
         cfg = bmc.Config(blocks=blocks, hash_block_size=hbs)
-        out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds,
-                          part=None if shard.whole else shard.part, split_depth=budget.bmc_split_depth)
+        if shard.whole:
+            out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds)
+        else:
+            out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds, part=shard.part,
+                              split_depth=budget.bmc_split_depth)
         name = f"{blocks} blocks, hash_block_size {hbs}"
         runs.append({"name": name, "blocks": blocks, "hash_block_size": hbs,
                      "depth_target": budget.bmc_depth, "depth": out.depth, "states": out.states,
