@@ -9,6 +9,13 @@ the model through :class:`~kvpool.oracle.lockstep.Lockstep`:
   ``examples`` examples of up to ``machine_steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.
 
+``Options.shard`` (``(index from 0, count)``) runs one shard's part of both:
+the campaign's runs ``r`` with ``r % count == index``, and the state
+machine's share of the examples under its own seed
+(``seed + index * MACHINE_SEED_STRIDE``).  ``Options.database`` names
+Hypothesis' example database (:mod:`.database`): a failure saved there by
+one shard is replayed by the others before they generate anything.
+
 The results are plain data; ``kvpool conform`` (:mod:`kvpool.cli.conform`)
 prints them and writes them as JSON and JUnit.
 """
@@ -16,6 +23,7 @@ prints them and writes them as JSON and JUnit.
 from __future__ import annotations
 
 import time
+import unittest
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +41,13 @@ from .adapter import (
     missing_api,
 )
 from .campaign import run_one
+from .database import describe, example_database
 from .lockstep import CallerBrokeContract, Divergence, Lockstep
 from .machine import MachineFailure, machine_for
 
 ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "errors_match")
+MACHINE_SEED_STRIDE = 1_000_003
+"""Shard ``i`` (from 0) of the state machine draws with Hypothesis seed ``seed + i * stride``."""
 
 
 # ---------------------------------------------------------------- loading
@@ -109,6 +120,8 @@ class PhaseResult:
     """Calls made, by operation (the campaign)."""
     refusals: dict[str, int] = field(default_factory=dict)
     """Calls the model refused, by refusal (the campaign)."""
+    replayed: bool = False
+    """The failure came from replaying the example database, before any example was generated."""
 
 
 @dataclass
@@ -120,6 +133,25 @@ class Options:
     seed: int = 0
     misuse: bool = True
     reference: str = "0.31"
+    shard: tuple[int, int] = (0, 1)
+    """This run's part: ``(index from 0, count)``."""
+    database: str | None = None
+    """Hypothesis' example database (a directory or ``redis://HOST:PORT/N``); ``None``: none."""
+
+    def settings_json(self) -> dict[str, Any]:
+        """The options as a result document shows them (the database without its password)."""
+        return {"steps": self.steps, "runs": self.runs, "examples": self.examples,
+                "machine_steps": self.machine_steps, "seed": self.seed, "misuse": self.misuse,
+                "reference": self.reference, "shard": [self.shard[0] + 1, self.shard[1]],
+                "database": None if self.database is None else describe(self.database)}
+
+    def machine_examples(self) -> int:
+        """This shard's share of the state machine's examples."""
+        index, count = self.shard
+        return self.examples // count + (1 if index < self.examples % count else 0)
+
+    def machine_seed(self) -> int:
+        return self.seed + self.shard[0] * MACHINE_SEED_STRIDE
 
 
 def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> Failure:
@@ -151,7 +183,10 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     misuse = opts.misuse and adapter.supports_misuse
     operations: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
+    index, count = opts.shard
     for run in range(opts.runs):
+        if run % count != index:
+            continue
         seed = opts.seed + run
         try:
             pair = run_one(factory, seed, opts.steps, misuse=misuse,
@@ -168,7 +203,11 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
 
 
 def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
-    """The state machine under Hypothesis; a failure comes back shrunk."""
+    """The state machine under Hypothesis; a failure comes back shrunk.
+
+    With an example database, its saved failures for this machine are replayed
+    first, alone: a failure found then is reported as ``replayed``.
+    """
     started = time.perf_counter()
     examples = [0]
     base = machine_for(adapter, misuse=opts.misuse, reference=opts.reference)
@@ -179,21 +218,35 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
             examples[0] += 1
 
     Counted.__name__ = base.__name__
-    hypothesis_seed(opts.seed)(Counted)
-    config = settings(
-        max_examples=opts.examples, stateful_step_count=opts.machine_steps, deadline=None,
-        database=None, report_multiple_bugs=False, print_blob=False,
-        # no "explain" phase: it re-runs the failure many times to annotate arguments
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-        suppress_health_check=list(HealthCheck))
-    try:
-        run_state_machine_as_test(Counted, settings=config)
-    except Exception as exc:
-        shrunk = MachineFailure.from_exception(exc)
-        return PhaseResult("machine", False, time.perf_counter() - started, examples[0],
-                           _failure(exc, shrunk.steps, opts.seed))
+    # The database key: one per implementation, misuse setting and reference, the same on
+    # every shard (Hypothesis hashes the class's source, then this).
+    Counted._hypothesis_internal_add_digest = (
+        f"{adapter.name}|misuse={opts.misuse}|{opts.reference}".encode())
+    hypothesis_seed(opts.machine_seed())(Counted)
+    wanted = opts.machine_examples()
+    if wanted == 0:
+        return PhaseResult("machine", True, 0.0, 0)
+    database = None if opts.database is None else example_database(opts.database)
+    # no "explain" phase: it re-runs the failure many times to annotate arguments
+    rounds = [[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]]
+    if database is not None:
+        rounds = [[Phase.reuse, Phase.shrink], [Phase.explicit, Phase.generate, Phase.shrink]]
+    for number, phases in enumerate(rounds):
+        config = settings(
+            max_examples=wanted, stateful_step_count=opts.machine_steps, deadline=None,
+            database=database, report_multiple_bugs=False, print_blob=False, phases=phases,
+            suppress_health_check=list(HealthCheck))
+        try:
+            run_state_machine_as_test(Counted, settings=config)
+        except unittest.SkipTest:  # the database held nothing to replay
+            continue
+        except Exception as exc:
+            shrunk = MachineFailure.from_exception(exc)
+            return PhaseResult("machine", False, time.perf_counter() - started, examples[0],
+                               _failure(exc, shrunk.steps, opts.machine_seed()),
+                               replayed=database is not None and number == 0)
     return PhaseResult("machine", True, time.perf_counter() - started, examples[0])
 
 
-__all__ = ["ADAPTER_ATTRS", "Failure", "Options", "PhaseResult", "load_adapter", "observation_level",
-           "run_campaign_phase", "run_machine_phase"]
+__all__ = ["ADAPTER_ATTRS", "MACHINE_SEED_STRIDE", "Failure", "Options", "PhaseResult", "load_adapter",
+           "observation_level", "run_campaign_phase", "run_machine_phase"]

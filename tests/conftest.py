@@ -3,8 +3,9 @@
 Pick one with ``HYPOTHESIS_PROFILE=dev pytest``.  ``crosshair`` (registered only
 when ``hypothesis-crosshair`` is installed) draws examples by symbolic execution
 instead of at random, so branches random inputs rarely reach get solved for.
-``KVPOOL_EXAMPLE_DB`` names a directory shared between machines so a failure
-found on one replays on all.
+``KVPOOL_EXAMPLE_DB`` names the example database: a directory, or
+``redis://HOST:PORT/N`` shared between machines so a failure found on one replays
+first on all (``kvpool.oracle.database``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import importlib.util
 import os
 
 from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
-_db = os.environ.get("KVPOOL_EXAMPLE_DB")
-_common = {"database": DirectoryBasedExampleDatabase(_db)} if _db else {}
+from kvpool.oracle.database import example_database, from_env
+
+_db = from_env()
+_common = {"database": example_database(_db)} if _db else {}
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow], **_common)

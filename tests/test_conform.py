@@ -63,7 +63,8 @@ def run(*argv: str) -> tuple[int, str]:
 # ---------------------------------------------------------------------- green
 
 
-def test_kvpool_impl_conforms_with_json_and_junit(tmp_path: Path) -> None:
+def test_kvpool_impl_conforms_with_json_and_junit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVPOOL_EXAMPLE_DB", raising=False)  # the suite may run with one
     json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
     status, text = run("--impl", "kvpool.impl:BlockPool", *QUICK, "--json", str(json_path),
                        "--junit", str(junit_path))
@@ -72,7 +73,8 @@ def test_kvpool_impl_conforms_with_json_and_junit(tmp_path: Path) -> None:
     doc = json.loads(json_path.read_text())
     assert doc["schema"] == conform.SCHEMA and doc["ok"] is True and doc["exit_code"] == 0
     assert doc["settings"] == {"steps": 300, "runs": 2, "examples": 60, "machine_steps": 20,
-                               "seed": 0, "misuse": True, "reference": "0.31"}
+                               "seed": 0, "misuse": True, "reference": "0.31", "shard": [1, 1],
+                               "database": None}
     assert [p["name"] for p in doc["phases"]] == ["campaign", "machine"]
     assert all(p["ok"] and p["failure"] is None and p["executed"] > 0 for p in doc["phases"])
     suite = ET.parse(junit_path).getroot().find("testsuite")

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kvpool.cli import verify
+from kvpool.cli import merge, verify
+from kvpool.verify import Shard
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
@@ -31,7 +32,8 @@ def verify_argv(command: str) -> list[str]:
     return words[at + 2:]
 
 
-@pytest.mark.parametrize("name", ["github-actions.yml", "pre-commit-config.yaml"])
+@pytest.mark.parametrize("name", ["github-actions.yml", "github-actions-matrix.yml",
+                                  "pre-commit-config.yaml"])
 def test_the_docs_link_each_recipe(name: str) -> None:
     """The docs point at the file rather than quote it, so there is one copy."""
     assert f"](../recipes/{name})" in (ROOT / "docs" / "verification.md").read_text()
@@ -47,6 +49,43 @@ def test_the_github_actions_job_is_a_workflow_that_runs_verify() -> None:
     (command,) = [step["run"] for step in job["steps"] if "kvpool verify" in step.get("run", "")]
     parsed = verify.parser().parse_args(verify_argv(command))
     assert parsed.impl == ["mypkg.block_pool:BlockPool"] and parsed.junit == "kvpool.xml"
+
+
+def test_the_matrix_recipe_runs_every_shard_once_then_merges_them() -> None:
+    """N shard jobs whose --shard I/N cover 1..N once, and a merge job after them all that
+    reads every shard's --json."""
+    flow = load("github-actions-matrix.yml")
+    assert flow["name"] and flow.get("on", flow.get(True))
+    jobs = flow["jobs"]
+    shard_job, merge_job = jobs["shard"], jobs["merge"]
+    for job in (shard_job, merge_job):
+        assert job["runs-on"]
+        for step in job["steps"]:
+            assert ("uses" in step) != ("run" in step), step
+    values = shard_job["strategy"]["matrix"]["shard"]
+    assert shard_job["strategy"]["fail-fast"] is False  # one failing shard must not cancel the others
+    (command,) = [s["run"] for s in shard_job["steps"] if "kvpool verify" in s.get("run", "")]
+    (upload,) = [s for s in shard_job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    shards, outputs = [], []
+    for value in values:
+        line = command.replace("${{ matrix.shard }}", str(value)).split("||")[0]
+        parsed = verify.parser().parse_args(verify_argv(line))
+        shards.append(Shard.parse(parsed.shard))
+        outputs.append(parsed.json)
+        assert parsed.impl == ["mypkg.block_pool:BlockPool"] and parsed.profile == "deep"
+        assert upload["with"]["path"].replace("${{ matrix.shard }}", str(value)) == parsed.json
+    count = len(values)
+    assert sorted((s.index, s.count) for s in shards) == [(i, count) for i in range(1, count + 1)]
+    assert merge_job["needs"] == "shard" and merge_job["if"] == "always()"
+    (download,) = [s for s in merge_job["steps"]
+                   if s.get("uses", "").startswith("actions/download-artifact@")]
+    (merging,) = [s["run"] for s in merge_job["steps"] if "kvpool merge" in s.get("run", "")]
+    words = shlex.split(merging)
+    args = merge.parser().parse_args(words[words.index("merge") + 1:])
+    (pattern,) = args.files
+    assert all(Path(out).match(pattern) for out in outputs)
+    assert download["with"]["pattern"].rstrip("*") in upload["with"]["name"]
+    assert args.json and args.junit and args.report
 
 
 def test_the_pre_commit_config_is_valid() -> None:

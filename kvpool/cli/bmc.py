@@ -15,6 +15,8 @@ from kvpool.bugs import BUGS
 from kvpool.bugs.check import bmc_config, with_bug
 from kvpool.model import ACTIONS
 from kvpool.proofs import bmc
+from kvpool.verify import Shard, ShardError
+from kvpool.verify.phases import part_json
 
 WITH_ACTION_FORM = sorted(name for name, bug in BUGS.items() if bug.action is not None)
 """The seeded bugs ``--bug`` can explore: those with a broken model action."""
@@ -26,6 +28,8 @@ def outcome_json(out: bmc.Outcome, cfg: bmc.Config) -> dict[str, Any]:
     return {
         "depth": out.depth, "states": out.states, "transitions": out.transitions,
         "seconds": round(out.seconds, 3), "complete": out.complete, "ok": out.ok,
+        "expanded": out.expanded, "frontier": out.frontier,
+        "part": None if out.part is None else part_json(out.part),
         "blocks": cfg.blocks, "events_on": cfg.events_on, "symmetry": cfg.symmetry,
         "violation": out.violation,
         "trace": [{"action": st.action, "args": [bmc.show_arg(a) for a in st.args],
@@ -48,14 +52,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="explore renamed states too (no symmetry reduction)")
     p.add_argument("--bug", choices=WITH_ACTION_FORM, metavar="BUG",
                    help="explore with a seeded bug of kvpool.bugs (one with a broken model action)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="explore part I of N: every level to --split-depth, then every N-th state of it")
+    p.add_argument("--split-depth", type=int, default=2, metavar="K", help="where --shard splits (2)")
     p.add_argument("--json", metavar="FILE", help="also write the outcome as JSON")
     args = p.parse_args(argv)
+    part = None
+    if args.shard is not None:
+        try:
+            part = Shard.parse(args.shard).part
+        except ShardError as exc:
+            p.error(f"--shard {exc}")
     cfg = bmc.Config(blocks=args.blocks, hash_block_size=args.hash_block_size,
                      events_on=not args.no_events, symmetry=not args.no_symmetry)
     if args.bug:
         cfg = bmc_config(BUGS[args.bug], cfg)
     acts = with_bug(args.bug) if args.bug else ACTIONS
-    out = bmc.explore(cfg, args.depth, args.seconds, acts)
+    out = bmc.explore(cfg, args.depth, args.seconds, acts, part=part, split_depth=args.split_depth)
     if out.violation:
         print(bmc.format_trace(out, cfg))
     print(f"bmc: {cfg.blocks} blocks, hbs {cfg.hash_block_size}"
@@ -63,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'' if out.complete else ' (budget or violation stopped the next level)'}, "
           f"{out.states} states{' up to renaming' if cfg.symmetry else ''}, "
           f"{out.transitions} transitions, {out.seconds:.2f}s")
+    if not out.complete and not out.violation:
+        print(f"  level {out.depth + 1}: calls made from {out.expanded:,} of the {out.frontier:,} states "
+              f"at depth {out.depth}")
+    if out.part is not None:
+        print(f"  part {args.shard}: {out.part.owned:,} of the {out.part.frontier:,} states at depth "
+              f"{out.part.split_depth}; {len(out.part.beyond):,} states beyond it")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(outcome_json(out, cfg), fh, indent=2)

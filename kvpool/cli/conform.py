@@ -21,14 +21,19 @@ as one line without a traceback.
       "implementation": "pkg.module:Class",   # the adapter's name
       "ok": true,                             # every phase agreed
       "exit_code": 0,                         # 0 agree, 1 divergence, 3 caller broke a contract
+      "shard": [1, 2] | null,                 # --shard I/N; null: the whole run (or merged)
+      "merged": null | [[1, 2], [2, 2]],      # kvpool merge: the shards joined
       "settings": {"steps": 1000, "runs": 4, "examples": 200, "machine_steps": 25,
-                   "seed": 0, "misuse": true, "reference": "0.31"},
+                   "seed": 0, "misuse": true, "reference": "0.31", "shard": [1, 1],
+                   "database": null | "redis://HOST:PORT/N" | "DIR"},  # KVPOOL_EXAMPLE_DB
       "phases": [
         {"name": "campaign",                  # then "machine"
          "ok": false,
          "seconds": 0.42,
          "executed": 4000,                    # campaign: lockstep calls; machine:
                                               # state machines run (examples, shrinks)
+         "replayed": false,                   # the failure came from replaying the
+                                              # example database, before generating
          "failure": null | {
             "kind": "divergence" | "crash",   # crash: the pool raised outside a call
             "message": "free_blocks: model raised ...",   # first line
@@ -54,6 +59,12 @@ branches of the model's actions (``model/actions.py``) it reached and those
 it missed (line -> line, with both source lines): a branch no phase reaches
 is one on which no pool is compared with the model.
 
+``--shard I/N`` runs shard ``I`` of ``N``: the campaign's runs ``r`` with
+``r mod N == I - 1`` and its share of the state machine's examples under its
+own seed; ``kvpool merge`` joins the shards' documents (``docs/scale.md``).
+``KVPOOL_EXAMPLE_DB`` (a directory or ``redis://HOST:PORT/N``) is Hypothesis'
+example database: failures saved there are replayed first.
+
 ``--junit FILE`` writes JUnit XML: one ``testsuite`` named ``kvpool.conform``
 with one ``testcase`` per phase (``campaign``, ``machine``), a ``failure``
 element carrying the trace when the phase diverged.
@@ -67,7 +78,7 @@ import json
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from traceback import format_exception
 from typing import Any, TextIO
 
@@ -82,9 +93,11 @@ from kvpool.oracle.conform import (
     run_machine_phase,
 )
 from kvpool.oracle.coverage import PhaseCoverage, measure_phase
+from kvpool.oracle.database import describe
 from kvpool.pictures import pictured_steps
+from kvpool.verify import Shard, ShardError
 
-from .usage import UsageError, UsageParser, check_writable, load_adapter
+from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
 
 SCHEMA = "kvpool.conform/1"
 
@@ -116,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of both phases (0)")
     parser.add_argument("--reference", default="0.31",
                         help="vLLM version whose behaviour the model reproduces (0.31)")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="run shard I of N (1 <= I <= N); kvpool merge joins the shards' --json")
     parser.add_argument("--json", metavar="FILE", help="write the result as JSON")
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML, one testcase per phase")
     parser.add_argument("--no-misuse", action="store_true",
@@ -137,8 +152,12 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
     measurement is printed and appended to the list.
     """
     _misuse, why = misuse_setting(adapter, opts.misuse)
+    index, count = opts.shard
     print(f"kvpool conform: {adapter.name} against the model (vLLM {opts.reference} "
-          f"behaviour, seed {opts.seed})", file=out)
+          f"behaviour, seed {opts.seed}{'' if count == 1 else f', shard {index + 1}/{count}'})",
+          file=out)
+    if opts.database is not None:
+        print(f"  example database: {describe(opts.database)}", file=out)
     print(f"  {why}", file=out)
     level = observation_level(adapter, opts.reference)
     skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
@@ -154,6 +173,8 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
         results.append(result)
         what = "calls" if result.name == "campaign" else "examples"
         status = "ok" if result.ok else f"DIVERGED ({result.failure.kind})"  # type: ignore[union-attr]
+        if result.replayed:
+            status += ", replayed from the example database"
         print(f"{result.name}: {status}, {result.executed} {what} in {result.seconds:.1f}s",
               file=out)
         if coverage is not None:
@@ -204,16 +225,20 @@ def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult],
                     coverage: list[PhaseCoverage] | None = None) -> dict[str, Any]:
     """The JSON document described in the module docstring."""
     ok = all(r.ok for r in results)
+    index, count = opts.shard
     doc = {
         "schema": SCHEMA,
         "implementation": adapter.name,
         "ok": ok,
         "exit_code": exit_code(results),
-        "settings": {**asdict(opts), "misuse": misuse_setting(adapter, opts.misuse)[0]},
+        "shard": None if count == 1 else [index + 1, count],
+        "merged": None,
+        "settings": {**opts.settings_json(), "misuse": misuse_setting(adapter, opts.misuse)[0]},
         "misuse": misuse_setting(adapter, opts.misuse)[1],
         "observation": observation_level(adapter, opts.reference),
         "phases": [
             {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "executed": r.executed,
+             "replayed": r.replayed,
              "failure": None if r.failure is None else failure_json(r.failure)}
             for r in results
         ],
@@ -274,6 +299,15 @@ def _parse(argv: Sequence[str] | None) -> _Args:
                    reference=ns.reference)
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
+    if ns.shard is not None:
+        try:
+            shard = Shard.parse(ns.shard)
+        except ShardError as exc:
+            raise UsageError(f"--shard {exc}") from None
+        if ns.coverage and not shard.whole:
+            raise UsageError("--coverage measures a whole run: leave out --shard")
+        opts = replace(opts, shard=shard.part)
+    opts = replace(opts, database=example_db_option())
     return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback, ns.coverage)
 
 

@@ -21,6 +21,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "verify": ("kvpool.cli.verify", "main",
                "everything at once for CI: proofs, seeded bugs, BMC, lockstep, conformance; "
                "JUnit/JSON results and a reviewer's report"),
+    "merge": ("kvpool.cli.merge", "main",
+              "join the --json results of kvpool verify/conform --shard I/N into one result and report"),
     "prove": ("kvpool.cli.prove", "main",
               "prove with z3 that every operation preserves every invariant, for any pool size"),
     "bmc": ("kvpool.cli.bmc", "main",

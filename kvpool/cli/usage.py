@@ -17,8 +17,8 @@ from kvpool.oracle.adapter import LoadError, load_object
 if TYPE_CHECKING:
     from kvpool.oracle.adapter import Adapter
 
-__all__ = ["UsageError", "UsageParser", "check_writable", "import_or_exit", "import_spec",
-           "load_adapter"]
+__all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "import_or_exit",
+           "import_spec", "load_adapter"]
 
 
 class UsageError(Exception):
@@ -70,3 +70,18 @@ def check_writable(flag: str, path: str | None) -> None:
         raise UsageError(f"{flag} {path!r}: cannot write: {exc.strerror or exc}") from None
     if not existed:
         os.remove(path)
+
+
+def example_db_option() -> str | None:
+    """``KVPOOL_EXAMPLE_DB``, checked before the run: a directory that can be created or a
+    ``redis://`` server that answers; anything else raises :class:`UsageError`."""
+    from kvpool.oracle.database import ENV, ExampleDatabaseError, example_database, from_env
+
+    spec = from_env()
+    if spec is None:
+        return None
+    try:
+        example_database(spec, check=True)
+    except ExampleDatabaseError as exc:
+        raise UsageError(f"{ENV} {exc}") from None
+    return spec

@@ -24,6 +24,8 @@ from kvpool.verify import (
     PHASES,
     PROFILES,
     Settings,
+    Shard,
+    ShardError,
     Target,
     make_progress,
     run,
@@ -31,7 +33,7 @@ from kvpool.verify import (
     write_outputs,
 )
 
-from .usage import UsageError, UsageParser, check_writable, load_adapter
+from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
                "  kvpool verify\n"
                "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
                "  kvpool verify --impl mypkg.pool:BlockPool --skip proofs --skip seeded-bugs\n"
-               "  kvpool verify --trace run.jsonl --events kv-events.jsonl",
+               "  kvpool verify --trace run.jsonl --events kv-events.jsonl\n"
+               "  kvpool verify --profile deep --shard 3/32 --json shard-3.json   # then kvpool merge",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
                    help="budget preset: ci (default, under a minute), dev, deep")
@@ -65,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-misuse", action="store_true",
                    help="conformance: leave out deliberately wrong calls")
     p.add_argument("--skip", action="append", default=[], choices=PHASES, help="leave a phase out")
+    p.add_argument("--shard", metavar="I/N",
+                   help="run shard I of N (1 <= I <= N) of the work; kvpool merge joins the shards' --json")
     budget = p.add_argument_group("budget (overrides the profile)")
     for name, kind, what in (("bmc-depth", int, "BMC depth"), ("bmc-seconds", float, "BMC time per run"),
                              ("agreement-depth", int, "depth of the encoding-against-model check"),
@@ -117,9 +122,16 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     if budget.skip and not (targets or ns.trace or ns.events):
         raise UsageError(f"--profile {ns.profile} checks the pool you give: "
                          "add --impl MODULE:CLASS, --adapter MODULE:FACTORY, --trace or --events")
+    shard = Shard()
+    if ns.shard is not None:
+        try:
+            shard = Shard.parse(ns.shard)
+        except ShardError as exc:
+            raise UsageError(f"--shard {exc}") from None
+    database = example_db_option() if targets else None
     return Settings(profile, replace(budget, **custom), targets, ns.trace, ns.events,
                     ns.vllm_errors, ns.reference, not ns.no_misuse, set(ns.skip) | set(budget.skip),
-                    ns.json, ns.junit, ns.report, ns.plain)
+                    ns.json, ns.junit, ns.report, ns.plain, shard, database)
 
 
 def _check_readable(flag: str, path: str) -> None:

@@ -15,7 +15,8 @@ Modules: :mod:`.budget` (profiles), :mod:`.phases` (the cases of each
 phase), :mod:`.phase_agreement` (the agreement phase), :mod:`.phase_refinement`
 (the refinement phase), :mod:`.plan` (a run: its settings, the phases in
 order), :mod:`.outputs` (JSON, JUnit, the
-summary), :mod:`.progress`.  The command line is :mod:`kvpool.cli.verify`.
+summary), :mod:`.progress`, :mod:`.shard` (what shard ``I`` of ``N`` runs),
+:mod:`.merge` (the shards' documents joined into one run's).  The command line is :mod:`kvpool.cli.verify`.
 """
 
 from .budget import PHASES, PROFILES, SCHEMA, Budget
@@ -38,10 +39,12 @@ from .phases import (
 )
 from .plan import Settings, run
 from .progress import Progress, RichProgress, make_progress
+from .shard import Shard, ShardError
 
 __all__ = [
     "PHASES", "PROFILES", "SCHEMA", "Budget", "Case", "Phase", "Progress", "RichProgress", "Settings",
-    "Target", "bmc_failure", "divergence_failure", "document", "failure", "invariants_table",
+    "Shard", "ShardError", "Target", "bmc_failure", "divergence_failure", "document", "failure",
+    "invariants_table",
     "junit_xml", "make_progress", "reference_differences", "run", "run_agreement", "run_bmc",
     "run_conformance", "run_lockstep", "run_proofs", "run_refinement", "run_seeded_bugs", "run_traces",
     "summary", "write_outputs",

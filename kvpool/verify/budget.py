@@ -16,6 +16,9 @@ class Budget:
     bmc_seconds: float = 60.0
     bmc_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))
     """BMC runs as (blocks including the null block, hash_block_size)."""
+    bmc_split_depth: int = 2
+    """A sharded BMC explores every level up to this depth (at most ``bmc_depth - 1``) on every
+    shard, then each shard its part of that level's states."""
     agreement_depth: int = 2
     """The encoding against the model: every state the BMC keeps to this depth, every call above it."""
     agreement_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))

@@ -21,6 +21,7 @@ from kvpool.claims import claims_table
 
 from .budget import SCHEMA, Budget
 from .phases import Phase
+from .shard import Shard
 
 
 def invariants_table() -> list[dict[str, Any]]:
@@ -50,8 +51,8 @@ def reference_differences() -> str:
 
 
 def document(phases: Sequence[Phase], profile: str, budget: Budget, started: datetime.datetime,
-             seconds: float) -> dict[str, Any]:
-    """The JSON result (``kvpool/VERIFY_SCHEMA.md``)."""
+             seconds: float, shard: Shard | None = None) -> dict[str, Any]:
+    """The JSON result (``kvpool/VERIFY_SCHEMA.md``); ``shard``: the part of the run it is."""
     ok = all(p.ok for p in phases)
     budget_json = asdict(budget)
     budget_json["bmc_pools"] = [list(p) for p in budget.bmc_pools]
@@ -60,7 +61,9 @@ def document(phases: Sequence[Phase], profile: str, budget: Budget, started: dat
     doc: dict[str, Any] = {
         "schema": SCHEMA, "kvpool_version": __version__,
         "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 3),
-        "profile": profile, "budget": budget_json, "ok": ok, "exit_code": 0 if ok else 1,
+        "profile": profile, "budget": budget_json,
+        "shard": None if shard is None or shard.whole else [shard.index, shard.count], "merged": None,
+        "ok": ok, "exit_code": 0 if ok else 1,
         "invariants": invariants_table(), "reference_differences": reference_differences(),
         "phases": [p.as_json() for p in phases]}
     doc["claims"] = claims_table(doc)
@@ -95,11 +98,18 @@ def junit_xml(doc: dict[str, Any]) -> bytes:
 
 def summary(doc: dict[str, Any], written: Sequence[str]) -> str:
     """The one-screen summary printed at the end."""
-    lines = ["", f"kvpool verify ({doc['profile']} profile, {doc['seconds']:.1f}s)"]
+    part = ""
+    if doc.get("shard"):
+        part = f", shard {doc['shard'][0]}/{doc['shard'][1]}"
+    elif doc.get("merged"):
+        part = f", {len(doc['merged'])} shards merged"
+    lines = ["", f"kvpool verify ({doc['profile']} profile{part}, {doc['seconds']:.1f}s)"]
     for p in doc["phases"]:
         bad = [c for c in p["cases"] if not c["ok"]]
         if p["skipped"]:
-            lines.append(f"  {p['name']:<12} skipped")
+            where = p.get("elsewhere")
+            lines.append(f"  {p['name']:<12} " + ("skipped" if where is None else
+                                                  f"on shard {where}/{doc['shard'][1]}"))
             continue
         status = "ok" if not bad else "FAILED"
         lines.append(f"  {p['name']:<12} {status:<7} {len(p['cases']) - len(bad):>4}/"

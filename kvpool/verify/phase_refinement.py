@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .budget import Budget
 from .phases import Case, Phase, divergence_failure, failure
 from .progress import Progress
+from .shard import Shard
 
 if TYPE_CHECKING:
     from kvpool.model.state import PoolState
@@ -108,9 +109,9 @@ def refinement_failure(out: Refinement) -> dict[str, Any]:
 
 
 def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., Any] | None = None,
-                   name: str = "kvpool.impl:BlockPool") -> Phase:
+                   name: str = "kvpool.impl:BlockPool", shard: Shard | None = None) -> Phase:
     """kvpool.impl (or ``factory``'s pools) against the model on every call sequence of small
-    pools, up to each one's depth."""
+    pools, up to each one's depth.  A shard takes the pools ``j`` with ``j mod N == I - 1``."""
     from kvpool.oracle.refinement import Shape
 
     if factory is None:
@@ -119,11 +120,13 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
         factory = BlockPool
 
     phase = Phase("refinement")
-    progress.start("refinement", len(budget.refinement_pools))
+    shard = shard or Shard()
+    mine = [p for j, p in enumerate(budget.refinement_pools) if shard.takes(j)]
+    progress.start("refinement", len(mine))
     runs = []
     operations: Counter[str] = Counter()
     start = time.perf_counter()
-    for blocks, hbs, caching, events, depth in budget.refinement_pools:
+    for blocks, hbs, caching, events, depth in mine:
         shape = Shape(blocks, hbs, caching, events)
         if budget.refinement_depth is not None:
             depth = budget.refinement_depth

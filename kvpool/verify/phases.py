@@ -21,6 +21,9 @@ from kvpool.oracle.adapter import Adapter
 
 from .budget import Budget
 from .progress import Progress
+from .shard import Shard
+
+WHOLE_RUN = Shard()
 
 if TYPE_CHECKING:  # the proofs (and z3) are imported when the proofs phase runs
     from kvpool.proofs.prove import Check
@@ -46,6 +49,8 @@ class Phase:
     skipped: bool = False
     cases: list[Case] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    elsewhere: int | None = None
+    """The shard that runs this phase whole, when it is not this one (then ``skipped`` too)."""
 
     @property
     def ok(self) -> bool:
@@ -53,7 +58,8 @@ class Phase:
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "seconds": round(self.seconds, 3),
-                "skipped": self.skipped, "cases": [asdict(c) for c in self.cases], **self.extra}
+                "skipped": self.skipped, "elsewhere": self.elsewhere,
+                "cases": [asdict(c) for c in self.cases], **self.extra}
 
 
 def failure(kind: str, message: str, details: str = "",
@@ -131,19 +137,23 @@ def _proof_case(check: Check) -> tuple[str, str]:
             }[check.kind]
 
 
-def run_seeded_bugs(budget: Budget, progress: Progress) -> Phase:
-    """Every form of every seeded bug is caught: the proofs, the BMC and the lockstep can fail."""
+def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Phase:
+    """Every form of every seeded bug is caught: the proofs, the BMC and the lockstep can fail.
+
+    A shard takes the catalogue's bugs ``i`` with ``i mod N == I - 1``, each with all its forms.
+    """
     from kvpool.bugs import BUGS, forms
     from kvpool.bugs.check import every_check
 
     phase = Phase("seeded-bugs")
-    progress.start("seeded-bugs", sum(len(forms(b)) for b in BUGS.values()))
+    mine = {name: bug for i, (name, bug) in enumerate(BUGS.items()) if shard.takes(i)}
+    progress.start("seeded-bugs", sum(len(forms(b)) for b in mine.values()))
     bugs: list[dict[str, Any]] = []
     start = time.perf_counter()
     verbs = {"inductive": ("z3 refutes", "refuted"), "order": ("z3 refutes", "refuted"),
              "bmc": ("BMC finds", "found by the BMC"), "lockstep": ("the lockstep catches",
                                                                     "caught by the lockstep")}
-    for name, bug in BUGS.items():
+    for name, bug in mine.items():
         for caught in every_check(name, bmc_seconds=min(budget.bmc_seconds, 60.0),
                                   runs=max(8, budget.runs), steps=budget.steps,
                                   timeout_ms=budget.timeout_ms):
@@ -179,8 +189,12 @@ def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
     return failure("violation", "breaks " + ", ".join(out.violation), bmc.format_trace(out, cfg), trace)
 
 
-def run_bmc(budget: Budget, progress: Progress) -> Phase:
-    """Every call sequence of small pools up to the depth, within the time budget."""
+def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Phase:
+    """Every call sequence of small pools up to the depth, within the time budget.
+
+    A shard explores its part of each pool's search (:func:`kvpool.proofs.bmc.explore`'s
+    ``part``); its run carries the figures :mod:`.merge` needs to count each state once.
+    """
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
@@ -189,18 +203,58 @@ def run_bmc(budget: Budget, progress: Progress) -> Phase:
     start = time.perf_counter()
     for blocks, hbs in budget.bmc_pools:
         cfg = bmc.Config(blocks=blocks, hash_block_size=hbs)
-        out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds)
+        if shard.whole:
+            out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds)
+        else:
+            out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds, part=shard.part,
+                              split_depth=budget.bmc_split_depth)
         name = f"{blocks} blocks, hash_block_size {hbs}"
         runs.append({"name": name, "blocks": blocks, "hash_block_size": hbs,
                      "depth_target": budget.bmc_depth, "depth": out.depth, "states": out.states,
                      "transitions": out.transitions, "complete": out.complete, "ok": out.ok,
-                     "seconds": round(out.seconds, 3)})
+                     "seconds": round(out.seconds, 3),
+                     "part": None if out.part is None else part_json(out.part)})
         phase.cases.append(Case(f"bmc/{blocks}-blocks-hbs-{hbs}", f"BMC {name}", out.ok, out.seconds,
                                 None if out.ok else bmc_failure(out, cfg)))
-        progress.advance(f"{name}: depth {out.depth}/{budget.bmc_depth}, {out.states} states")
+        progress.advance(f"{name}: depth {out.depth}/{budget.bmc_depth}, {out.states} states"
+                         + ("" if out.part is None else
+                            f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
+                            f"{out.part.split_depth})"))
     phase.seconds = time.perf_counter() - start
     phase.extra = {"runs": runs}
     return phase
+
+
+def part_json(part: Any) -> dict[str, Any]:
+    """A BMC part's figures; ``beyond`` packed as base64 of zlib'd (8-byte digest, 4-byte calls) rows."""
+    import base64
+    import zlib
+
+    rows = b"".join(d + made.to_bytes(4, "big") for d, made in sorted(part.beyond.items()))
+    return {"index": part.index + 1, "count": part.count, "split_depth": part.split_depth,
+            "frontier": part.frontier, "owned": part.owned, "prefix_states": part.prefix_states,
+            "prefix_transitions": part.prefix_transitions, "owned_transitions": part.owned_transitions,
+            "beyond": base64.b64encode(zlib.compress(rows, 6)).decode("ascii")}
+
+
+def part_from_json(data: dict[str, Any]) -> Any:
+    """:func:`part_json` read back (a ``ValueError`` if it is not one)."""
+    import base64
+    import binascii
+    import zlib
+
+    from kvpool.proofs.bmc import PartFigures
+
+    try:
+        rows = zlib.decompress(base64.b64decode(data["beyond"], validate=True))
+    except (binascii.Error, zlib.error, TypeError) as exc:
+        raise ValueError(f"a BMC part's states cannot be read: {exc}") from None
+    if len(rows) % 12:
+        raise ValueError("a BMC part's states are truncated")
+    beyond = {rows[i:i + 8]: int.from_bytes(rows[i + 8:i + 12], "big") for i in range(0, len(rows), 12)}
+    return PartFigures(data["index"] - 1, data["count"], data["split_depth"], data["frontier"],
+                       data["owned"], data["prefix_states"], data["prefix_transitions"],
+                       data["owned_transitions"], beyond)
 
 
 def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str, Any]:
@@ -218,19 +272,23 @@ def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str,
                    pictured_steps(exc) if isinstance(exc, Divergence) else [])
 
 
-def run_lockstep(budget: Budget, progress: Progress) -> Phase:
-    """kvpool.impl against the model on seeded random workloads, misuse included."""
+def run_lockstep(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Phase:
+    """kvpool.impl against the model on seeded random workloads, misuse included.
+
+    A shard takes the runs ``r`` (seed ``seed + r``) with ``r mod N == I - 1``.
+    """
     from kvpool.impl import BlockPool
     from kvpool.oracle.campaign import run_one
 
     phase = Phase("lockstep")
-    progress.start("lockstep", budget.runs)
+    mine = [run for run in range(budget.runs) if shard.takes(run)]
+    progress.start("lockstep", len(mine))
     operations: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     configs = []
     calls = 0
     start = time.perf_counter()
-    for run in range(budget.runs):
+    for run in mine:
         seed = budget.seed + run
         run_start = time.perf_counter()
         try:
@@ -250,7 +308,7 @@ def run_lockstep(budget: Budget, progress: Progress) -> Phase:
                                 time.perf_counter() - run_start))
         progress.advance(f"seed {seed}: {pair.steps} calls agree")
     phase.seconds = time.perf_counter() - start
-    phase.extra = {"implementation": "kvpool.impl:BlockPool", "runs": budget.runs, "calls": calls,
+    phase.extra = {"implementation": "kvpool.impl:BlockPool", "runs": len(mine), "calls": calls,
                    "calls_per_second": round(calls / phase.seconds) if phase.seconds else 0,
                    "operations": dict(sorted(operations.items())),
                    "errors": dict(sorted(errors.items())), "configs": configs}
@@ -266,8 +324,12 @@ class Target:
 
 
 def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, reference: str,
-                    progress: Progress) -> Phase:
-    """Each implementation against the model: the campaign, then the state machine."""
+                    progress: Progress, shard: Shard = WHOLE_RUN, database: str | None = None) -> Phase:
+    """Each implementation against the model: the campaign, then the state machine.
+
+    A shard runs its part of both (:class:`kvpool.oracle.conform.Options`); ``database``
+    is Hypothesis' example database (``KVPOOL_EXAMPLE_DB``).
+    """
     from kvpool.oracle.adapter import misuse_setting
     from kvpool.oracle.conform import (
         Options,
@@ -283,7 +345,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
     progress.start("conformance", len(targets) * 2)
     opts = Options(steps=budget.steps, runs=budget.runs, examples=budget.examples,
                    machine_steps=budget.machine_steps, seed=budget.seed, misuse=misuse,
-                   reference=reference)
+                   reference=reference, shard=shard.part, database=database)
     rows = []
     start = time.perf_counter()
     for target in targets:
@@ -309,7 +371,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
         rows.append({"name": target.adapter.name, "spec": target.spec, "ok": ok,
                      "seconds": round(seconds, 3),
                      "phases": [{"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3),
-                                 "executed": r.executed} for r in results],
+                                 "executed": r.executed, "replayed": r.replayed} for r in results],
                      "observation": observation_level(target.adapter, reference),
                      "misuse": misuse_setting(target.adapter, misuse)[1],
                      "operations": results[0].operations, "refusals": results[0].refusals})
@@ -355,5 +417,6 @@ def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
     return phase
 
 
-__all__ = ["Case", "Phase", "Target", "bmc_failure", "divergence_failure", "failure", "run_bmc",
-           "run_conformance", "run_lockstep", "run_proofs", "run_seeded_bugs", "run_traces"]
+__all__ = ["Case", "Phase", "Target", "bmc_failure", "divergence_failure", "failure", "part_from_json",
+           "part_json", "run_bmc", "run_conformance", "run_lockstep", "run_proofs", "run_seeded_bugs",
+           "run_traces"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import Budget
@@ -25,6 +25,7 @@ from .phases import (
     run_traces,
 )
 from .progress import Progress
+from .shard import WHOLE, Shard
 
 
 @dataclass
@@ -44,27 +45,38 @@ class Settings:
     junit: str | None
     report: str | None
     plain: bool
+    shard: Shard = field(default_factory=Shard)
+    """This run's part of the work (``--shard I/N``; :mod:`.shard`)."""
+    database: str | None = None
+    """Hypothesis' example database for the conformance state machine (``KVPOOL_EXAMPLE_DB``)."""
 
 
 def run(cfg: Settings, progress: Progress) -> dict[str, Any]:
     """Every phase not skipped, in order; the result document."""
     started = datetime.datetime.now(datetime.UTC)
     clock = time.perf_counter()
-    b = cfg.budget
+    b, shard = cfg.budget, cfg.shard
     plan: list[tuple[str, Callable[[], Phase]]] = [
         ("proofs", lambda: run_proofs(b, progress)),
         ("agreement", lambda: run_agreement(b, progress)),
-        ("seeded-bugs", lambda: run_seeded_bugs(b, progress)),
-        ("bmc", lambda: run_bmc(b, progress)),
-        ("lockstep", lambda: run_lockstep(b, progress)),
-        ("refinement", lambda: run_refinement(b, progress)),
-        ("conformance", lambda: run_conformance(cfg.targets, b, cfg.misuse, cfg.reference, progress)),
+        ("seeded-bugs", lambda: run_seeded_bugs(b, progress, shard)),
+        ("bmc", lambda: run_bmc(b, progress, shard)),
+        ("lockstep", lambda: run_lockstep(b, progress, shard)),
+        ("refinement", lambda: run_refinement(b, progress, shard=shard)),
+        ("conformance", lambda: run_conformance(cfg.targets, b, cfg.misuse, cfg.reference, progress,
+                                                shard, cfg.database)),
         ("traces", lambda: run_traces(cfg.traces, cfg.events, cfg.vllm_errors, progress)),
     ]
     phases = []
     for name, fn in plan:
         if name in cfg.skip:
             phases.append(Phase(name, skipped=True))
+            continue
+        if name == "traces" and not (cfg.traces or cfg.events):
+            phases.append(Phase(name, skipped=True))  # nothing to read, on any shard
+            continue
+        if name in WHOLE and shard.owner(name) != shard.index:
+            phases.append(Phase(name, skipped=True, elsewhere=shard.owner(name)))
             continue
         try:
             phase = fn()
@@ -74,7 +86,7 @@ def run(cfg: Settings, progress: Progress) -> dict[str, Any]:
         if not phase.skipped:
             progress.done(phase)
         phases.append(phase)
-    return document(phases, cfg.profile, b, started, time.perf_counter() - clock)
+    return document(phases, cfg.profile, b, started, time.perf_counter() - clock, shard)
 
 
 __all__ = ["Settings", "run"]

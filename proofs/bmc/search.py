@@ -5,6 +5,14 @@ step emits and the notices it delivers are checked when they happen, then
 dropped from the state, so the state space stays finite.  After every step
 the search checks every model invariant and every step property
 (:mod:`kvpool.model.properties`).
+
+A search can be one *part* of a sharded search (``part=(i, n)``): every part
+explores the same levels up to ``split_depth``, then sorts that level's states
+by their digest and keeps every ``n``-th from the ``i``-th on.  Parts reach some
+states beyond the split from several kept states; :class:`PartFigures` names each
+state it reached beyond the split by a digest, with the calls made from it, so
+that the union of the parts has exactly the figures of one unsharded search
+(:func:`merge_parts`).
 """
 
 from __future__ import annotations
@@ -19,7 +27,30 @@ from kvpool.model.properties import Transition, broken_by
 from kvpool.model.state import PoolState
 
 from .domains import DEFAULT, Action, Call, Config, calls
-from .symmetry import canonical, orbit_key, renamings_of
+from .symmetry import canonical, orbit_key, renamings_of, state_digest
+
+
+@dataclass
+class PartFigures:
+    """What one part of a sharded search saw (see :func:`explore`'s ``part``).
+
+    ``prefix_states`` and ``prefix_transitions`` are the levels every part shares
+    (states up to the split depth; calls from states above it); ``frontier`` is
+    the number of states at the split depth, ``owned`` how many this part kept,
+    ``owned_transitions`` the calls made from them; ``beyond`` maps the digest of
+    each state this part reached deeper than the split to the calls it made from
+    it (0 for a state on the last level, not expanded).
+    """
+
+    index: int
+    count: int
+    split_depth: int
+    frontier: int = 0
+    owned: int = 0
+    prefix_states: int = 0
+    prefix_transitions: int = 0
+    owned_transitions: int = 0
+    beyond: dict[bytes, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -45,6 +76,12 @@ class Outcome:
     complete: bool
     violation: list[str] = field(default_factory=list)
     trace: list[Step] = field(default_factory=list)
+    part: PartFigures | None = None
+    """The part's own figures, when the search was one part of a sharded search."""
+    expanded: int = 0
+    """States of the last level whose calls were all made when the budget stopped the search
+    (how far into level ``depth + 1`` it got); ``frontier`` of them."""
+    frontier: int = 0
 
     @property
     def ok(self) -> bool:
@@ -83,6 +120,7 @@ def _check(step: Step, state_too: bool = True) -> list[str]:
 def explore(
     cfg: Config = DEFAULT, depth: int = 3, seconds: float = 20.0,
     actions: Mapping[str, Action] | None = None, visit: Callable[[PoolState], None] | None = None,
+    part: tuple[int, int] | None = None, split_depth: int = 2,
 ) -> Outcome:
     """Breadth-first search of all call sequences up to ``depth`` within ``seconds``.
 
@@ -90,7 +128,17 @@ def explore(
     writes (``CALLER_ACTIONS``) are explored too.  ``visit`` (if given) is
     called on each state the search keeps, the initial one included: one per
     class with :attr:`Config.symmetry`.
+
+    ``part=(i, n)`` (``0 <= i < n``) makes this the ``i``-th of ``n`` parts: the
+    levels up to ``min(split_depth, depth - 1)`` are explored in full, then only
+    the states of that level whose place, sorted by digest, is ``i`` modulo ``n``
+    are explored further.  ``states`` and ``transitions`` are then this part's
+    own; :func:`merge_parts` joins the parts.
     """
+    if part is not None and not (0 <= part[0] < part[1]):
+        raise ValueError(f"part {part}: need 0 <= index < count")
+    split = max(0, min(split_depth, depth - 1))
+    figures = None if part is None else PartFigures(part[0], part[1], split)
     start = time.perf_counter()
     actions = {**ACTIONS, **CALLER_ACTIONS, **(actions or {})}
     requests = cfg.requests()
@@ -123,30 +171,74 @@ def explore(
             p = parent[key(p.before)]
         return out[::-1]
 
+    expanded = 0
+
+    def outcome(complete: bool, violation: list[str] | None = None,
+                trace: list[Step] | None = None) -> Outcome:
+        return Outcome(done, len(parent), transitions, time.perf_counter() - start, complete,
+                       violation or [], trace or [], figures, expanded, len(frontier))
+
     for level in range(1, depth + 1):
+        if figures is not None and level - 1 == split:  # the frontier is the split level
+            figures.frontier = len(frontier)
+            figures.prefix_states, figures.prefix_transitions = len(parent), transitions
+            ranked = sorted(frontier, key=lambda st: state_digest(key(st)))
+            frontier = ranked[figures.index::figures.count]
+            figures.owned = len(frontier)
+        beyond = figures is not None and level - 1 > split
         nxt: list[PoolState] = []
-        for s in frontier:
+        for i, s in enumerate(frontier):
             if time.perf_counter() - start > seconds:
-                return Outcome(done, len(parent), transitions, time.perf_counter() - start, False)
+                done, expanded = level - 1, i
+                return outcome(False)
+            made = 0
             for call in calls(s, cfg, requests):
                 step = apply_call(actions, s, call)
                 if step is None:
                     continue
                 transitions += 1
+                made += 1
                 c = key(step.after)
                 seen = c in parent  # then its invariants were checked already
                 bad = _check(step, state_too=not seen)
                 if bad:
-                    return Outcome(level - 1, len(parent), transitions,
-                                   time.perf_counter() - start, False, bad, trace_to(step))
+                    done = level - 1
+                    return outcome(False, bad, trace_to(step))
                 if not seen:
                     parent[c] = step  # its events are kept for the trace
                     nxt.append(replace(step.after, events=(), fired=(), told=()))
+                    if figures is not None and level > split:
+                        figures.beyond[state_digest(c)] = 0
                     if visit is not None:
                         visit(nxt[-1])
+            if figures is not None and beyond:
+                figures.beyond[state_digest(key(s))] = made
+            elif figures is not None and level - 1 == split:
+                figures.owned_transitions += made
         done, frontier = level, nxt
         if not frontier:
             break
-    return Outcome(done, len(parent), transitions, time.perf_counter() - start, True)
+    if figures is not None and depth <= split:  # nothing to split: every part is the whole search
+        figures.prefix_states, figures.prefix_transitions = len(parent), transitions
+    return outcome(True)
+
+
+def merge_parts(parts: list[PartFigures]) -> tuple[int, int]:
+    """The states and transitions of one unsharded search, from all its parts' figures.
+
+    States up to the split are every part's; beyond it a state is counted once
+    however many parts reached it, with the calls made from it by a part that
+    expanded it (a part that reached it only on the last level did not).
+    """
+    if not parts:
+        return 0, 0
+    beyond: dict[bytes, int] = {}
+    for p in parts:
+        for d, made in p.beyond.items():
+            if made > beyond.get(d, -1):
+                beyond[d] = made
+    first = parts[0]
+    return (first.prefix_states + len(beyond),
+            first.prefix_transitions + sum(p.owned_transitions for p in parts) + sum(beyond.values()))
 
 

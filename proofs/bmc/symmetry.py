@@ -9,6 +9,7 @@ class (:func:`orbit_key`) and explores them all.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,8 +35,22 @@ _CONTENT_IDS: dict[Content, int] = {}
 
 
 def _content_id(c: Content) -> int:
-    """A number per ghost content, so block signatures sort (contents may hold ``None``)."""
-    return _CONTENT_IDS.setdefault(c, len(_CONTENT_IDS))
+    """A number per ghost content, so block signatures sort (contents may hold ``None``).
+
+    A digest of the content, not a counter: every process gives a content the same
+    number, so a state has the same key in every shard of a sharded search.
+    """
+    got = _CONTENT_IDS.get(c)
+    if got is None:
+        got = _CONTENT_IDS[c] = int.from_bytes(
+            hashlib.blake2b(repr(c).encode(), digest_size=8).digest(), "big")
+    return got
+
+
+def state_digest(key: Any) -> bytes:
+    """Eight bytes naming a state's key (:func:`orbit_key` or :func:`canonical`), the same in
+    every process: how the shards of one search tell which states they share."""
+    return hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
 
 
 Renaming = tuple[dict[int, int], dict[str, str]]
