@@ -15,7 +15,7 @@ from kvpool.bugs import BUGS
 from kvpool.bugs.check import bmc_config, with_bug
 from kvpool.model import ACTIONS
 from kvpool.proofs import bmc
-from kvpool.verify import Shard, ShardError
+from kvpool.shard import Shard, ShardError
 from kvpool.verify.phases import part_json
 
 WITH_ACTION_FORM = sorted(name for name, bug in BUGS.items() if bug.action is not None)

@@ -95,7 +95,7 @@ from kvpool.oracle.conform import (
 from kvpool.oracle.coverage import PhaseCoverage, measure_phase
 from kvpool.oracle.database import describe
 from kvpool.pictures import pictured_steps
-from kvpool.verify import Shard, ShardError
+from kvpool.shard import Shard, ShardError
 
 from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
 

@@ -19,6 +19,8 @@ summary), :mod:`.progress`, :mod:`.shard` (what shard ``I`` of ``N`` runs),
 :mod:`.merge` (the shards' documents joined into one run's).  The command line is :mod:`kvpool.cli.verify`.
 """
 
+from kvpool.shard import Shard, ShardError
+
 from .budget import PHASES, PROFILES, SCHEMA, Budget
 from .outputs import document, invariants_table, junit_xml, reference_differences, summary, write_outputs
 from .phase_agreement import run_agreement
@@ -39,7 +41,6 @@ from .phases import (
 )
 from .plan import Settings, run
 from .progress import Progress, RichProgress, make_progress
-from .shard import Shard, ShardError
 
 __all__ = [
     "PHASES", "PROFILES", "SCHEMA", "Budget", "Case", "Phase", "Progress", "RichProgress", "Settings",

@@ -18,10 +18,10 @@ from typing import Any
 
 from kvpool import __version__
 from kvpool.claims import claims_table
+from kvpool.shard import Shard
 
 from .budget import SCHEMA, Budget
 from .phases import Phase
-from .shard import Shard
 
 
 def invariants_table() -> list[dict[str, Any]]:

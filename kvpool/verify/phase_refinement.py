@@ -21,10 +21,11 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, cast
 
+from kvpool.shard import Shard
+
 from .budget import Budget
 from .phases import Case, Phase, divergence_failure, failure
 from .progress import Progress
-from .shard import Shard
 
 if TYPE_CHECKING:
     from kvpool.model.state import PoolState

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpool.oracle.adapter import Adapter
+from kvpool.shard import Shard
 
 from .budget import Budget
 from .progress import Progress
-from .shard import Shard
 
 WHOLE_RUN = Shard()
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.shard import WHOLE, Shard
+
 from .budget import Budget
 from .outputs import document
 from .phase_agreement import run_agreement
@@ -25,7 +27,6 @@ from .phases import (
     run_traces,
 )
 from .progress import Progress
-from .shard import WHOLE, Shard
 
 
 @dataclass
