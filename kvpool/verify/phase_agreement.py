@@ -95,35 +95,35 @@ def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Ca
 
     cases = []
     seconds = sum(r.seconds for r, _ in results)
+    share = seconds / (len(CHECKED) + len(STEPS))
+
+    def case(kind: str, name: str, counts: tuple[int, int], title: str, shown: str,
+             never: Any) -> None:
+        """One invariant's or step's case: its disagreements, or the side it was never seen on."""
+        bad = _examples(results, f"{kind}/{name}")
+        fail = None
+        if bad:
+            fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
+        elif not counts[1 if kind == "invariant" else 0]:
+            fail = never
+        cases.append(Case(f"agreement/{kind}/{name}", f"{title} ({shown})", fail is None, share, fail))
+        progress.advance("" if fail is None else fail["message"])
+
     for name in CHECKED:
         true = sum(r.invariants.get(name, [0, 0])[0] for r, _ in results)
         false = sum(r.invariants.get(name, [0, 0])[1] for r, _ in results)
-        bad = _examples(results, f"invariant/{name}")
-        title = f"z3's {name} equals the model's"
-        fail = None
-        if bad:
-            fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
-        elif not false:
-            fail = failure("violation", f"{name} is never false on a checked state: "
-                           "its agreement is shown one way only",
-                           f"true on {true:,} states, false on none; add a perturbation that breaks it")
-        cases.append(Case(f"agreement/invariant/{name}", f"{title} ({true:,} true, {false:,} false)",
-                          fail is None, seconds / (len(CHECKED) + len(STEPS)), fail))
-        progress.advance("" if fail is None else fail["message"])
+        case("invariant", name, (true, false), f"z3's {name} equals the model's",
+             f"{true:,} true, {false:,} false",
+             failure("violation", f"{name} is never false on a checked state: its agreement is "
+                     "shown one way only",
+                     f"true on {true:,} states, false on none; add a perturbation that breaks it"))
     for name in STEPS:
         enabled = sum(r.steps.get(name, [0, 0])[0] for r, _ in results)
         refused = sum(r.steps.get(name, [0, 0])[1] for r, _ in results)
-        bad = _examples(results, f"step/{name}")
-        title = f"z3 step {name} computes the model's calls"
-        fail = None
-        if bad:
-            fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
-        elif not enabled:
-            fail = failure("violation", f"no call of step {name} was accepted: its result is never compared",
-                           f"refused {refused:,} times, accepted never")
-        cases.append(Case(f"agreement/step/{name}", f"{title} ({enabled:,} accepted, {refused:,} refused)",
-                          fail is None, seconds / (len(CHECKED) + len(STEPS)), fail))
-        progress.advance("" if fail is None else fail["message"])
+        case("step", name, (enabled, refused), f"z3 step {name} computes the model's calls",
+             f"{enabled:,} accepted, {refused:,} refused",
+             failure("violation", f"no call of step {name} was accepted: its result is never compared",
+                     f"refused {refused:,} times, accepted never"))
     mismatches = [m for _r, s in results for m in s.mismatches]
     checks = sum(s.checks for _r, s in results)
     zsecs = sum(s.seconds for _r, s in results)
