@@ -16,6 +16,7 @@ from typing import Any
 import z3  # type: ignore[import-untyped]
 
 from kvpool.pictures import Picture, picture_changes
+from kvpool.proofs import transitions
 from kvpool.proofs.finite import domain, scoped
 from kvpool.proofs.inductive import SCOPE, TIMEOUT_MS, broken
 from kvpool.proofs.symbolic import (
@@ -28,7 +29,7 @@ from kvpool.proofs.symbolic import (
     prefix,
     prefix_axioms,
 )
-from kvpool.proofs.transitions import STEPS, StepSpec
+from kvpool.proofs.transitions import StepSpec
 
 
 def _distinct(model: Any, elements: list[Any], first: Any = None) -> list[Any]:
@@ -73,7 +74,7 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
                          timeout_ms: int = TIMEOUT_MS) -> list[dict[str, Any]]:
     """The pool before and after ``step`` breaks ``invariant`` (an invariant or a step
     property), as TraceSteps; [] if no pool in scope has it."""
-    spec = STEPS[step] if isinstance(step, str) else step
+    spec = transitions.STEPS[step] if isinstance(step, str) else step  # read at call time
     s = SymState.fresh("s")
     args = spec.fresh_args()
     st = spec.fn(s, *args)

@@ -26,6 +26,19 @@ from .symbolic import EMPTY, NULL, Block, Content, Expr, Key, SymState, prefix
 from .transitions import STEPS
 
 
+def mentioned(states: Iterable[PoolState], keys: Iterable[ModelKey] = (),
+              contents: Iterable[ModelContent] = ()) -> tuple[set[ModelKey], set[ModelContent]]:
+    """Every key and content the states (and the extra values) mention."""
+    all_keys, all_contents = set(keys), set(contents)
+    for st in states:
+        all_keys |= set(st.index) | set(st.names)
+        all_keys |= {p.key for p in st.primary if p is not None}
+        all_keys |= {k for keys_b in st.secondary for k in keys_b}
+        all_keys |= {k for k, _b in st.announced}
+        all_contents |= set(st.holds) | set(st.names.values())
+    return all_keys, all_contents
+
+
 @dataclass(frozen=True)
 class Universe:
     """The finite carriers: one z3 element per block id, key and content."""
@@ -39,14 +52,8 @@ class Universe:
            contents: Iterable[ModelContent] = ()) -> Universe:
         """Every block, key and content the states (and extra arguments) mention."""
         states = list(states)
-        all_keys = set(keys)
-        all_contents: set[ModelContent] = {(), *contents}
-        for st in states:
-            all_keys |= set(st.index) | set(st.names)
-            all_keys |= {p.key for p in st.primary if p is not None}
-            all_keys |= {k for keys_b in st.secondary for k in keys_b}
-            all_keys |= {k for k, _b in st.announced}
-            all_contents |= set(st.holds) | set(st.names.values())
+        all_keys, all_contents = mentioned(states, keys, contents)
+        all_contents.add(())
         n = states[0].num_blocks
         order_k = sorted(all_keys)
         order_c = sorted(all_contents, key=repr)

@@ -39,6 +39,7 @@ from kvpool.model.request import Content as ModelContent
 from kvpool.model.state import Key as ModelKey
 from kvpool.model.state import PoolState
 
+from .concrete import mentioned
 from .symbolic import EMPTY, FIELDS, NULL, Block, Content, Expr, Key, SymState
 from .transitions import StepSpec
 
@@ -70,14 +71,7 @@ class Domain:
     def covering(cls, states: Sequence[PoolState], keys: Iterable[ModelKey] = (),
                  contents: Iterable[ModelContent] = ()) -> Domain:
         """Every key and content the states (and the extra values) mention."""
-        all_keys = set(keys)
-        all_contents = set(contents)
-        for st in states:
-            all_keys |= set(st.index) | set(st.names)
-            all_keys |= {p.key for p in st.primary if p is not None}
-            all_keys |= {k for ks in st.secondary for k in ks}
-            all_keys |= {k for k, _b in st.announced}
-            all_contents |= set(st.holds) | set(st.names.values())
+        all_keys, all_contents = mentioned(states, keys, contents)
         return cls.of(states[0].num_blocks, all_keys, all_contents)
 
     def prefix_table(self) -> tuple[tuple[bool, ...], ...]:
