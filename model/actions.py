@@ -50,7 +50,7 @@ from typing import Any
 from .contracts import ContractBroken, compatible
 from .events import Cleared, Event, Hash, Removed, Stored
 from .refusals import Refusal, RefusalKind
-from .request import Content, chunk_keys, content, hashes_at, lora_of, untagged
+from .request import Content, chunk_keys, content, hashes_at, lora_of, prefix_key, untagged
 from .state import NULL, BlockId, Key, PoolState, Primary, Watcher
 
 MAX_GROUP_ID = 2**32 - 1
@@ -432,7 +432,7 @@ def cache_partial_block(
     if not s.caching:
         raise Refusal(RefusalKind.CACHING_DISABLED, "cache_partial_block on a pool without prefix caching")
 
-    key: Key = (request.block_hashes[num_hash_blocks - 1], kv_cache_group_id)
+    key: Key = prefix_key(request, num_tokens, hbs, kv_cache_group_id)
     prefix = content(request, num_tokens, hbs)
     _require_one_prefix(s, key, prefix)
     if not replace_existing_hashes:
@@ -523,7 +523,7 @@ def insert_block_hash(
             isinstance(num_tokens, int) and num_tokens > 0 and num_tokens % hbs == 0):
         raise Refusal(RefusalKind.INVALID_ARGUMENT,
                       f"num_tokens {num_tokens!r} of a primary key is not a positive multiple of {hbs}")
-    key: Key = (request.block_hashes[prefix_tokens // hbs - 1], kv_cache_group_id)
+    key: Key = prefix_key(request, prefix_tokens, hbs, kv_cache_group_id)
     prefix = content(request, prefix_tokens, hbs)
     _require_one_prefix(s, key, prefix)
     if s.ref[block_id] < 1:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .events import Cleared, Removed, Stored
+from .request import prefix_key
 from .state import NULL, Key, PoolState
 
 
@@ -115,7 +116,7 @@ def _live_after_events(t: Transition) -> tuple[dict[Key, int], bool]:
     dead_removal = False
     if t.action == "_insert_block_hash" and not t.refused:
         request, prefix_tokens, group, block = t.args[:4]
-        key = (request.block_hashes[prefix_tokens // t.before.hash_block_size - 1], group)
+        key = prefix_key(request, prefix_tokens, t.before.hash_block_size, group)
         if block not in t.before.index.get(key, ()):
             live[key] = live.get(key, 0) + 1
     for ev in t.after.events[len(t.before.events):]:

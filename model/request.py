@@ -41,6 +41,11 @@ def hashes_at(request: Any, hash_block_size: int, block_size: int) -> list[Hash]
     return [fine[(i + 1) * per_block - 1] for i in range(len(fine) // per_block)]
 
 
+def prefix_key(request: Any, num_tokens: int, hash_block_size: int, group: int) -> tuple[Hash, int]:
+    """The index key naming ``request``'s first ``num_tokens`` tokens in KV-cache ``group``."""
+    return request.block_hashes[num_tokens // hash_block_size - 1], group
+
+
 def chunk_keys(request: Any, start: int, end: int) -> tuple[TaggedKey, ...] | None:
     """The extra keys of tokens ``[start, end)``; ``None`` when there are none.
 

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpool.model.request import prefix_key
+
 from .trace import FieldError, TraceError, canonical_hash, json_lines, parse_event, read_trace
 
 Key = tuple[Any, Any]  # (hash in int form, group_idx)
@@ -261,10 +263,11 @@ def _index_copies(index: list[list[Any]]) -> dict[Key, int]:
 
 def _callers_announcement(args: dict[str, Any], hash_block_size: int) -> dict[str, Any]:
     """The ``BlockStored`` the caller of ``_insert_block_hash`` publishes for the copied key."""
-    block_hash = args["request"].block_hashes[args["prefix_tokens"] // hash_block_size - 1]
+    block_hash, group = prefix_key(args["request"], args["prefix_tokens"], hash_block_size,
+                                   args["kv_cache_group_id"])
     return {"type": "BlockStored", "block_hashes": [canonical_hash(block_hash.hex())],
             "parent_block_hash": None, "token_ids": [], "block_size": 0,
-            "group_idx": args["kv_cache_group_id"]}
+            "group_idx": group}
 
 
 def load_events(path: str | Path) -> Stream:

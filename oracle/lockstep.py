@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.model import ACTIONS, QUERIES, REFERENCES, ContractBroken, initial_state, violated
+from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, PoolState
 
 from .abstraction import (
@@ -230,7 +231,7 @@ class Lockstep:
         hbs = self.model.hash_block_size
         if (isinstance(prefix_tokens, int) and 0 < prefix_tokens <= hbs * len(request.block_hashes)
                 and not prefix_tokens % hbs):
-            return concrete_key((request.block_hashes[prefix_tokens // hbs - 1], group))
+            return concrete_key(prefix_key(request, prefix_tokens, hbs, group))
         return b""
 
     def supports(self, op: str) -> bool:

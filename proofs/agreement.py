@@ -57,7 +57,7 @@ from kvpool.model import (
     RefusalKind,
 )
 from kvpool.model.events import Removed, Stored
-from kvpool.model.request import content, hashes_at
+from kvpool.model.request import content, hashes_at, prefix_key
 from kvpool.model.state import NULL, Key, PoolState, Primary
 
 from . import bmc
@@ -419,7 +419,7 @@ def plan(s: PoolState, name: str, args: Sequence[Any], accept: bool, result: Any
         return Plan((("evict", (args[0],)),), accept)
     if name == "_insert_block_hash":
         request, prefix_tokens, g, b, num_tokens = args
-        key = (request.block_hashes[prefix_tokens // hbs - 1], g)
+        key = prefix_key(request, prefix_tokens, hbs, g)
         return Plan((("insert", (b, key, num_tokens or 0, content(request, prefix_tokens, hbs))),), accept)
     if name in ("free_blocks", "touch", "evict_blocks", "unpin_blocks"):
         step = {"free_blocks": "release", "touch": "touch", "evict_blocks": "evict",
@@ -448,7 +448,7 @@ def plan(s: PoolState, name: str, args: Sequence[Any], accept: bool, result: Any
         request, b, num_tokens, g, _bs, rep = args
         if b == NULL:
             return Plan((("identity", ()),), accept)
-        key = (request.block_hashes[num_tokens // hbs - 1], g)
+        key = prefix_key(request, num_tokens, hbs, g)
         return Plan((("cache_partial", (b, key, num_tokens, content(request, num_tokens, hbs),
                                         rep)),), accept)
     if name in ("emit_cached_block_events", "take_events"):
