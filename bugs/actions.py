@@ -1,10 +1,11 @@
 """Seeded bugs as broken model actions: the bounded model checker must find each.
 
-Each function has a model action's signature and makes one classic mistake;
-some are the action with one of its helpers replaced (:func:`patched`), the
-others are written out.  A broken action that mutates before it refuses
-attaches the state it left behind to its refusal as ``state``, so that the
-search can check that refused calls change nothing.
+Each function has a model action's signature (``(state, *args) -> (state,
+result)``, updating the state in place as the model's actions do; the search
+hands it a copy) and makes one classic mistake; some are the action with
+one of the model's helpers replaced (:func:`patched`), the others are
+written out.  A broken action that changes the state before it refuses
+leaves the copy changed, which the search sees.
 """
 
 from __future__ import annotations
@@ -12,49 +13,53 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from types import ModuleType
 from typing import Any
 
-from kvpool.model import actions as A
+from kvpool.model import ACTIONS, CALLER_ACTIONS
+from kvpool.model import contracts as C
+from kvpool.model import guards as G
+from kvpool.model import pool as P
 from kvpool.model.events import Removed
 from kvpool.model.refusals import Refusal, RefusalKind
 from kvpool.model.request import content
-from kvpool.model.state import NULL, PoolState
+from kvpool.model.state import NULL, PoolState, Queue
 
 Action = Callable[..., tuple[PoolState, Any]]
-"""A model action: ``(state, *args) -> (next state, result)``."""
+"""A model action: ``(state, *args) -> (state, result)``, in place."""
 
 
 @contextlib.contextmanager
-def patched(**names: Any) -> Iterator[None]:
-    """Temporarily replace helpers inside :mod:`kvpool.model.actions`."""
-    old = {k: getattr(A, k) for k in names}
+def patched(module: ModuleType, **names: Any) -> Iterator[None]:
+    """Temporarily replace helpers inside one of the model's modules."""
+    old = {k: getattr(module, k) for k in names}
     for k, v in names.items():
-        setattr(A, k, v)
+        setattr(module, k, v)
     try:
         yield
     finally:
         for k, v in old.items():
-            setattr(A, k, v)
+            setattr(module, k, v)
 
 
-def _holders(s: PoolState, ids: Sequence[int], delta: int) -> tuple[int, ...]:
+def _act(name: str, s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    return {**ACTIONS, **CALLER_ACTIONS}[name](s, *args)
+
+
+def _hand(s: PoolState, ids: Sequence[int], delta: int) -> None:
     """The ghost holders as the correct action keeps them (the bugs below are elsewhere)."""
-    held = list(s.holders)
-    for b in ids:
-        if b != NULL:
-            held[b] += delta
-    return tuple(held)
+    P.hand(s, ids, delta)
 
 
-def _drop_fields_only(s: PoolState, n: Any, b: int) -> None:
+def _drop_fields_only(s: PoolState, b: int, announce: bool = True) -> None:
     """Forget the block's hash fields but leave its index entries behind."""
-    n.primary[b] = None
-    n.secondary[b] = ()
+    s.primary[b] = None
+    s.secondary[b] = ()
 
 
 def _check_once_per_block(s: PoolState, ids: Sequence[int], what: str) -> None:
     """vLLM-style check of each distinct block, blind to repeats in one call."""
-    A._check_ids(s, ids)
+    G.check_ids(s, ids)
     for b in set(ids):
         if b != NULL and s.ref[b] < 1:
             raise Refusal(RefusalKind.NOT_IN_USE, f"{what} block {b}")
@@ -62,82 +67,82 @@ def _check_once_per_block(s: PoolState, ids: Sequence[int], what: str) -> None:
 
 def free_without_refcount_check(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Release with no ref-count check: a double free drives the count to -1."""
-    with patched(_check_releasable=lambda s, ids, what: A._check_ids(s, ids)):
-        return A.free_blocks(s, ids)
+    with patched(G, check_releasable=lambda s, ids, what: G.check_ids(s, ids)):
+        return _act("free_blocks", s, ids)
 
 
 def free_same_block_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """``free_blocks([b, b])`` on a block with one reference is accepted."""
-    with patched(_check_releasable=_check_once_per_block):
-        return A.free_blocks(s, ids)
+    with patched(G, check_releasable=_check_once_per_block):
+        return _act("free_blocks", s, ids)
 
 
 def evict_forgets_index(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Eviction resets the block's hash fields but not the index."""
-    with patched(_drop_hashes=_drop_fields_only):
-        return A.evict_blocks(s, ids)
+    with patched(P, drop_hashes=_drop_fields_only):
+        return _act("evict_blocks", s, ids)
 
 
 def evict_without_events(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Eviction that tells no event consumer: their view of the cache goes stale."""
-    nxt, res = A.evict_blocks(replace(s, events_on=False), ids)
-    return replace(nxt, events_on=s.events_on), res
+    on, s.events_on = s.events_on, False
+    try:
+        return _act("evict_blocks", s, ids)
+    finally:
+        s.events_on = on
 
 
 def touch_leaves_block_free(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """A prefix hit takes a reference but leaves the idle block in the free queue."""
-    A._check_ids(s, ids)
-    ref = list(s.ref)
+    G.check_ids(s, ids)
     for b in ids:
-        ref[b] += 1
-    return replace(s, ref=tuple(ref), holders=_holders(s, ids, +1)), None
+        s.ref[b] += 1
+    _hand(s, ids, +1)
+    return s, None
 
 
 def free_null_into_queue(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """The null block reaching count 0 joins the free queue, to be handed out later."""
-    nxt, res = A.free_blocks(s, ids)
+    nxt, res = _act("free_blocks", s, ids)
     if NULL in ids and nxt.ref[NULL] == 0 and NULL not in nxt.free:
-        nxt = replace(nxt, free=(*nxt.free, NULL))
+        nxt.free.push_tail([NULL])
     return nxt, res
 
 
 def partial_kept_after_promotion(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """Promoting a partial entry to a full hash leaves the partial entry indexed."""
-    with patched(_drop_hashes=_drop_fields_only):
-        return A.cache_full_blocks(s, *args)
+    with patched(P, drop_hashes=_drop_fields_only):
+        return _act("cache_full_blocks", s, *args)
 
 
 def cache_full_hashes_null(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """cache_full_blocks without the null-block skip: the placeholder gets hashed."""
-    with patched(NULL=-1):
-        return A.cache_full_blocks(s, *args)
+    with patched(P, NULL=-1):
+        return _act("cache_full_blocks", s, *args)
 
 
 def reset_while_in_use(s: PoolState) -> tuple[PoolState, Any]:
     """Reset without the in-use guard, rebuilding the free queue as at start."""
-    nxt, _ = A.reset_prefix_cache(replace(s, free=tuple(range(1, s.num_blocks))))
-    return replace(nxt, ref=s.ref), True
+    s.free = Queue(range(1, s.num_blocks))
+    _act("reset_prefix_cache", s)
+    return s, True
 
 
 def counter_before_check(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
     """get_new_blocks pops blocks one by one and only then finds the queue too short."""
     if num_blocks <= len(s.free):
-        return A.get_new_blocks(s, num_blocks)
-    left, _ = A.get_new_blocks(s, len(s.free))
-    err = Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
-                  f"Cannot get {num_blocks} free blocks from the pool")
-    err.state = left  # type: ignore[attr-defined]
-    raise err
+        return _act("get_new_blocks", s, num_blocks)
+    _act("get_new_blocks", s, len(s.free))
+    raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, f"Cannot get {num_blocks} free blocks from the pool")
 
 
-def _free_listing(s: PoolState, ids: Sequence[int]) -> list[int]:
-    """Check a free_blocks call as the model does; the counts after dropping every listing."""
-    A._check_releasable(s, ids, "free")
-    ref = list(s.ref)
+def _free_listing(s: PoolState, ids: Sequence[int]) -> None:
+    """Check a free_blocks call as the model does, then drop every listing's reference."""
+    G.check_releasable(s, ids, "free")
     for b in ids:
         if b != NULL or s.null_counted:
-            ref[b] -= 1
-    return ref
+            s.ref[b] -= 1
+    _hand(s, ids, -1)
 
 
 def free_appends_listing_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -146,14 +151,15 @@ def free_appends_listing_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolSt
     A block listed twice in one call (a request whose block table holds it
     twice, ref count 2) is queued twice: the free count, and with it usage,
     is wrong (usage below 0 once the queue outgrows the pool), and the block
-    can be handed to two requests.
+    can be handed to two requests.  The model's queue holds each block once,
+    so the second queueing is refused by the queue itself (:class:`~kvpool.model.state.QueuedTwice`).
     """
-    ref = _free_listing(s, ids)
-    idle = [b for b in ids if b != NULL and ref[b] == 0]
+    _free_listing(s, ids)
+    idle = [b for b in ids if b != NULL and s.ref[b] == 0]
     hashed = [b for b in idle if s.caching and s.primary[b] is not None]
-    first = [b for b in idle if b not in hashed]
-    return replace(s, ref=tuple(ref), free=(*first, *s.free, *hashed),
-                   holders=_holders(s, ids, -1)), None
+    s.free.push_head([b for b in idle if b not in hashed])
+    s.free.push_tail(hashed)
+    return s, None
 
 
 def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -162,27 +168,26 @@ def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolS
     A batch lands reversed: the engine frees a block table in reverse so that
     its tail blocks are reused first, and the pool silently undoes that.
     """
-    ref = _free_listing(s, ids)
-    free = list(s.free)
-    seen = list(s.ref)
+    G.check_releasable(s, ids, "free")
+    _hand(s, ids, -1)
     for b in ids:
         if b == NULL:
             continue
-        seen[b] -= 1
-        if seen[b] == 0:
+        s.ref[b] -= 1
+        if s.ref[b] == 0:
             if s.caching and s.primary[b] is not None:
-                free.append(b)
+                s.free.push_tail([b])
             else:
-                free.insert(0, b)
-    return replace(s, ref=tuple(ref), free=tuple(free), holders=_holders(s, ids, -1)), None
+                s.free.push_head([b])
+    return s, None
 
 
 def free_hashed_to_head(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Freed cached blocks go to the head like unhashed ones: the freshest prefix is evicted first."""
-    ref = _free_listing(s, ids)
+    _free_listing(s, ids)
     last = {b: i for i, b in enumerate(ids)}
-    idle = [b for b in sorted(last, key=last.__getitem__) if b != NULL and ref[b] == 0]
-    return replace(s, ref=tuple(ref), free=(*idle, *s.free), holders=_holders(s, ids, -1)), None
+    s.free.push_head([b for b in sorted(last, key=last.__getitem__) if b != NULL and s.ref[b] == 0])
+    return s, None
 
 
 def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -190,17 +195,23 @@ def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]
 
     The former tail block jumps into the hole: the eviction order is lost.
     """
-    A._check_ids(s, ids)
-    free, ref = list(s.free), list(s.ref)
+    G.check_ids(s, ids)
     for b in ids:
         if b == NULL and not s.null_counted:
             continue
-        if ref[b] == 0 and b != NULL:
+        if s.ref[b] == 0 and b != NULL:
+            free = list(s.free)
             i = free.index(b)
             free[i] = free[-1]
             free.pop()
-        ref[b] += 1
-    return replace(s, ref=tuple(ref), free=tuple(free), holders=_holders(s, ids, +1)), None
+            s.free = Queue(free)
+        s.ref[b] += 1
+    _hand(s, ids, +1)
+    return s, None
+
+
+def _reversed(s: PoolState) -> None:
+    s.free = Queue(list(s.free)[::-1])
 
 
 def alloc_pops_tail(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
@@ -209,8 +220,12 @@ def alloc_pops_tail(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
     The hottest cached prefixes (freed last, at the tail) are evicted first
     instead of the least recently used ones at the head.
     """
-    nxt, taken = A.get_new_blocks(replace(s, free=s.free[::-1]), num_blocks)
-    return replace(nxt, free=nxt.free[::-1]), taken
+    _reversed(s)
+    try:
+        nxt, taken = _act("get_new_blocks", s, num_blocks)
+    finally:
+        _reversed(s)
+    return nxt, taken
 
 
 def reuse_notice_names_position(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
@@ -219,9 +234,9 @@ def reuse_notice_names_position(s: PoolState, num_blocks: int) -> tuple[PoolStat
     An ``enumerate()`` mix-up: the engine is told that the wrong block was
     reused and keeps reading the overwritten one.
     """
-    nxt, taken = A.get_new_blocks(s, num_blocks)
-    notices = tuple((w, taken.index(b)) for w, b in nxt.fired[len(s.fired):])
-    return replace(nxt, fired=(*s.fired, *notices)), taken
+    nxt, taken = _act("get_new_blocks", s, num_blocks)
+    nxt.out.fired = [(w, taken.index(b)) for w, b in nxt.out.fired]
+    return nxt, taken
 
 
 def removed_event_drops_group(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -230,10 +245,11 @@ def removed_event_drops_group(s: PoolState, ids: Sequence[int]) -> tuple[PoolSta
     A router keeping one view per group (full attention, sliding window)
     removes the entry from group 0 and keeps serving the evicted one.
     """
-    nxt, res = A.evict_blocks(s, ids)
-    new = tuple(replace(ev, group=0) if isinstance(ev, Removed) else ev
-                for ev in nxt.events[len(s.events):])
-    return replace(nxt, events=(*s.events, *new)), res
+    pending = len(s.events)
+    nxt, res = _act("evict_blocks", s, ids)
+    nxt.out.events = [replace(ev, group=0) if isinstance(ev, Removed) else ev for ev in nxt.out.events]
+    nxt.events[pending:] = nxt.out.events
+    return nxt, res
 
 
 def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
@@ -241,79 +257,83 @@ def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any
 
     Nobody takes events from such a pool, so the queue grows with every
     cached block for the life of the engine.  Needs ``Config(events_on=False)``
-    (see :data:`BUG_CONFIG`).
+    (see the catalogue's ``bmc`` overrides).
     """
-    nxt, res = A.cache_full_blocks(replace(s, events_on=True), *args)
-    return replace(nxt, events_on=s.events_on), res
+    on, s.events_on = s.events_on, True
+    try:
+        return _act("cache_full_blocks", s, *args)
+    finally:
+        s.events_on = on
 
 
 def alloc_keeps_old_hash(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
     """Allocation without lazy eviction: the old hash still serves the new owner's block."""
-    nxt, taken = A.get_new_blocks(replace(s, caching=False), num_blocks)
-    return replace(nxt, caching=s.caching), taken
+    on, s.caching = s.caching, False
+    try:
+        return _act("get_new_blocks", s, num_blocks)
+    finally:
+        s.caching = on
 
 
 def unpin_keeps_reference(s: PoolState, ids: Sequence[int], on_reuse: Any) -> tuple[PoolState, Any]:
     """unpin_blocks registers the watcher but keeps the reference: the block never returns."""
-    nxt, res = A.unpin_blocks(s, ids, on_reuse)
-    return replace(nxt, ref=s.ref, free=s.free), res
+    ref, free = list(s.ref), s.free.copy()
+    nxt, res = _act("unpin_blocks", s, ids, on_reuse)
+    nxt.ref, nxt.free = ref, free
+    return nxt, res
 
 
 def alloc_refuses_last_block(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
     """``if num_blocks >= free: refuse`` (off by one): the last free block is never handed out."""
     if isinstance(num_blocks, int) and 0 < num_blocks == len(s.free):
-        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
-                      f"Cannot get {num_blocks} free blocks from the pool")
-    return A.get_new_blocks(s, num_blocks)
+        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, f"Cannot get {num_blocks} free blocks from the pool")
+    return _act("get_new_blocks", s, num_blocks)
 
 
 def cache_full_without_conflict_check(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """cache_full_blocks re-caches a block already cached at a prefix as long."""
-    with patched(_check_conflicts=lambda *a: None):
-        return A.cache_full_blocks(s, *args)
+    with patched(G, check_conflicts=lambda *a: None):
+        return _act("cache_full_blocks", s, *args)
 
 
 def cache_full_listing_twice(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """vLLM's cache_full_blocks with a block listed twice: it removes the first position's
     key, then announces it with the second in one BlockStored."""
-    with patched(_require_once=lambda blocks: None):
-        return A.cache_full_blocks(s, *args)
+    with patched(C, cached_once_per_call=lambda blocks: None):
+        return _act("cache_full_blocks", s, *args)
 
 
 def partial_write_over_hashed_block(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     """cache_partial_block takes another request's prefix into a hashed block and keeps its entries."""
-    with patched(_require_write=lambda *a: None):
-        return A.cache_partial_block(s, *args)
+    with patched(C, writes_extend_unless_writable=lambda *a: None):
+        return _act("cache_partial_block", s, *args)
 
 
 def owner_overwrites_hashed_block(s: PoolState, block_id: int, request: Any,
                                   num_tokens: int) -> tuple[PoolState, Any]:
     """The owner writes new KV into a block the index still names."""
-    with patched(_require_write=lambda *a: None):
-        return A.write_block(s, block_id, request, num_tokens)
+    with patched(C, writes_extend_unless_writable=lambda *a: None):
+        return _act("write_block", s, block_id, request, num_tokens)
 
 
 def insert_indexes_null(s: PoolState, request: Any, prefix_tokens: int, group: int, block_id: int,
                         num_tokens: int | None) -> tuple[PoolState, Any]:
     """vLLM's _insert_block_hash has no null-block check: the null block enters the index."""
     if block_id != NULL:
-        return A.insert_block_hash(s, request, prefix_tokens, group, block_id, num_tokens)
-    n = A._thaw(s)
+        return _act("_insert_block_hash", s, request, prefix_tokens, group, block_id, num_tokens)
     key = (request.block_hashes[prefix_tokens // s.hash_block_size - 1], group)
-    names = content(request, prefix_tokens, s.hash_block_size)
-    A._add_key(n, key, NULL, num_tokens or s.hash_block_size, names)
-    return A._freeze(s, n), None
+    P.add_key(s, key, NULL, num_tokens or s.hash_block_size, content(request, prefix_tokens, s.hash_block_size))
+    return s, None
 
 
 def insert_overwrites_primary(s: PoolState, request: Any, prefix_tokens: int, group: int, block_id: int,
                               num_tokens: int | None) -> tuple[PoolState, Any]:
     """_insert_block_hash replaces a block's primary key instead of adding a secondary one."""
-    nxt, result = A.insert_block_hash(s, request, prefix_tokens, group, block_id, num_tokens)
-    old = s.primary[block_id]
-    new_keys = nxt.secondary[block_id][len(s.secondary[block_id]):]
+    old, before = s.primary[block_id], s.secondary[block_id]
+    nxt, result = _act("_insert_block_hash", s, request, prefix_tokens, group, block_id, num_tokens)
+    new_keys = nxt.secondary[block_id][len(before):]
     if old is None or not new_keys:
         return nxt, result
-    primary = replace(old, key=new_keys[0], num_tokens=num_tokens or old.num_tokens)
-    b = block_id
-    return replace(nxt, primary=(*nxt.primary[:b], primary, *nxt.primary[b + 1:]),
-                   secondary=(*nxt.secondary[:b], s.secondary[b], *nxt.secondary[b + 1:])), result
+    nxt.primary[block_id] = replace(old, key=new_keys[0], num_tokens=num_tokens or old.num_tokens)
+    nxt.secondary[block_id] = before
+    return nxt, result

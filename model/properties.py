@@ -20,13 +20,14 @@ from the action's code, so that a broken action is caught by them:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .events import Cleared, Removed, Stored
+from .footprints import Footprint, changed_outside
 from .request import prefix_key
-from .state import NULL, Key, PoolState
+from .state import NULL, Key, Output, PoolState
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class Transition:
 
     A refused call is a transition too: ``refused`` is set, ``refusal`` names
     its kind (a :class:`~.refusals.RefusalKind` name) and ``after`` is the
-    state the call left behind (which must be ``before``).
+    state the call left behind (which must be ``before``).  ``arg`` reads an
+    argument by its declared name; ``out`` is what the call told besides its
+    result (events, reuse notices, metrics notices).
     """
 
     action: str
@@ -45,8 +48,22 @@ class Transition:
     result: Any = None
     refused: bool = False
     refusal: str | None = None
+    named: Mapping[str, Any] = field(default_factory=dict)
+    out: Output = field(default_factory=Output)
+    policy: QueuePolicy | None = None
+    """The queue the eviction policy prescribes for this operation (None: the queue stays)."""
+    footprint: Footprint | None = None
+    """What the call may change, as declared (None for a refused call: nothing)."""
+    breaks: tuple[str, ...] = ()
+    """Invariants the call broke in a way no state can show (a block queued twice)."""
+
+    def arg(self, name: str) -> Any:
+        """The argument declared as ``name``."""
+        return self.named[name]
 
 
+QueuePolicy = Callable[..., tuple[int, ...]]
+"""An operation's queue policy: ``(state before, *args) -> queue after``."""
 StepProperty = Callable[[Transition], bool]
 STEP_PROPERTIES: dict[str, StepProperty] = {}
 
@@ -57,24 +74,45 @@ def step_property(pred: StepProperty) -> StepProperty:
     return pred
 
 
-def policy_queue(before: PoolState, action: str, args: Sequence[Any]) -> tuple[int, ...]:
+# --------------------------------------------------------------------------
+# The eviction policy, per operation that moves the queue (the declarations name them).
+
+
+def handed_out_queue(before: PoolState, num_blocks: int) -> tuple[int, ...]:
+    """``get_new_blocks(n)``: the queue without its first ``n``."""
+    return tuple(before.free)[num_blocks:]
+
+
+def touched_queue(before: PoolState, block_ids: Sequence[int]) -> tuple[int, ...]:
+    """``touch``: the touched idle real blocks leave the queue."""
+    gone = {b for b in block_ids if b != NULL and before.ref[b] == 0}
+    return tuple(b for b in before.free if b not in gone)
+
+
+def _released(before: PoolState, block_ids: Sequence[int]) -> list[int]:
+    """The real blocks whose last reference the call drops, in the order of their last listing."""
+    ids = list(block_ids)
+    last = {b: i for i, b in enumerate(ids)}
+    return [b for b in sorted(last, key=last.__getitem__) if b != NULL and ids.count(b) == before.ref[b]]
+
+
+def freed_queue(before: PoolState, block_ids: Sequence[int]) -> tuple[int, ...]:
+    """``free_blocks``: unhashed released blocks at the head (reused first), hashed ones at the tail."""
+    idle = _released(before, block_ids)
+    hashed = [b for b in idle if before.caching and before.primary[b] is not None]
+    return (*(b for b in idle if b not in hashed), *before.free, *hashed)
+
+
+def unpinned_queue(before: PoolState, block_ids: Sequence[int], on_reuse: Any) -> tuple[int, ...]:
+    """``unpin_blocks``: the released blocks, all at the tail."""
+    return (*before.free, *_released(before, block_ids))
+
+
+def policy_queue(t: Transition) -> tuple[int, ...]:
     """The free queue the eviction policy prescribes after an accepted call (module docstring)."""
-    q = before.free
-    if action == "get_new_blocks":
-        return q[args[0]:]
-    if action == "touch":
-        gone = {b for b in args[0] if b != NULL and before.ref[b] == 0}
-        return tuple(b for b in q if b not in gone)
-    if action in ("free_blocks", "unpin_blocks"):
-        ids = list(args[0])
-        last = {b: i for i, b in enumerate(ids)}
-        idle = [b for b in sorted(last, key=last.__getitem__)
-                if b != NULL and ids.count(b) == before.ref[b]]
-        if action == "unpin_blocks":
-            return (*q, *idle)
-        hashed = [b for b in idle if before.caching and before.primary[b] is not None]
-        return (*(b for b in idle if b not in hashed), *q, *hashed)
-    return q
+    if t.policy is None:
+        return tuple(t.before.free)
+    return t.policy(t.before, *t.args)
 
 
 @step_property
@@ -82,8 +120,8 @@ def queue_keeps_relative_order(t: Transition) -> bool:
     """Blocks in the free queue before and after a call keep their relative order."""
     if t.refused:
         return True
-    in_before, in_after = set(t.before.free), set(t.after.free)
-    return [b for b in t.before.free if b in in_after] == [b for b in t.after.free if b in in_before]
+    return ([b for b in t.before.free if b in t.after.free]
+            == [b for b in t.after.free if b in t.before.free])
 
 
 @step_property
@@ -91,8 +129,9 @@ def allocation_takes_queue_head(t: Transition) -> bool:
     """``get_new_blocks(n)`` hands out the first ``n`` queued blocks, in queue order."""
     if t.refused or t.action != "get_new_blocks":
         return True
-    n = t.args[0]
-    return list(t.result) == list(t.before.free[:n]) and t.after.free == t.before.free[n:]
+    n = t.arg("num_blocks")
+    ahead = tuple(t.before.free)
+    return list(t.result) == list(ahead[:n]) and tuple(t.after.free) == ahead[n:]
 
 
 @step_property
@@ -100,7 +139,7 @@ def queue_follows_eviction_policy(t: Transition) -> bool:
     """Freed blocks join the queue where the eviction policy says; hits leave it; nothing else moves."""
     if t.refused or t.action == "get_new_blocks":
         return True
-    return t.after.free == policy_queue(t.before, t.action, t.args)
+    return tuple(t.after.free) == policy_queue(t)
 
 
 def _live_after_events(t: Transition) -> tuple[dict[Key, int], bool]:
@@ -115,11 +154,11 @@ def _live_after_events(t: Transition) -> tuple[dict[Key, int], bool]:
     live = {key: len(blocks) for key, blocks in t.before.index.items()}
     dead_removal = False
     if t.action == "_insert_block_hash" and not t.refused:
-        request, prefix_tokens, group, block = t.args[:4]
-        key = prefix_key(request, prefix_tokens, t.before.hash_block_size, group)
-        if block not in t.before.index.get(key, ()):
+        key = prefix_key(t.arg("request"), t.arg("prefix_tokens"), t.before.hash_block_size,
+                         t.arg("kv_cache_group_id"))
+        if t.arg("block_id") not in t.before.index.get(key, ()):
             live[key] = live.get(key, 0) + 1
-    for ev in t.after.events[len(t.before.events):]:
+    for ev in t.out.events:
         if isinstance(ev, Cleared):
             live = {}
         elif isinstance(ev, Removed):
@@ -152,7 +191,7 @@ def event_announcements_match_index(t: Transition) -> bool:
 @step_property
 def fired_watchers_were_registered(t: Transition) -> bool:
     """A reuse notice goes to the watcher registered on that block before the call."""
-    return all(t.before.watchers.get(b) is w for w, b in t.after.fired[len(t.before.fired):])
+    return all(t.before.watchers.get(b) is w for w, b in t.out.fired)
 
 
 def _in_use(s: PoolState) -> int:
@@ -176,7 +215,7 @@ def allocation_succeeds_iff_enough_free(t: Transition) -> bool:
     if t.action != "get_new_blocks" or t.refusal == "INVALID_ARGUMENT":
         return True
     idle = t.before.num_blocks - 1 - _in_use(t.before)
-    return (t.refusal == "NOT_ENOUGH_FREE_BLOCKS") == bool(t.args[0] > idle)
+    return (t.refusal == "NOT_ENOUGH_FREE_BLOCKS") == bool(t.arg("num_blocks") > idle)
 
 
 @step_property
@@ -184,14 +223,20 @@ def conflicting_caches_are_refused(t: Transition) -> bool:
     """``cache_full_blocks`` never re-caches a block already cached at a prefix as long."""
     if t.action != "cache_full_blocks" or t.refused:
         return True
-    block_ids, num_cached, num_full, block_size = t.args[1], t.args[2], t.args[3], t.args[4]
-    mask = t.args[6] if len(t.args) > 6 else None
+    block_ids, num_cached, num_full = t.arg("block_ids"), t.arg("num_cached_blocks"), t.arg("num_full_blocks")
+    block_size, mask = t.arg("block_size"), t.arg("block_mask")
     for i in range(num_cached, min(num_full, len(block_ids))):
         b, p = block_ids[i], t.before.primary[block_ids[i]]
         chosen = b != NULL and (mask is None or mask[i - num_cached])
         if chosen and p is not None and p.num_tokens >= (i + 1) * block_size:
             return False
     return True
+
+
+@step_property
+def changes_stay_in_footprint(t: Transition) -> bool:
+    """An accepted call changes only the blocks and keys its declaration says it may."""
+    return t.refused or t.footprint is None or not changed_outside(t.before, t.after, t.footprint)
 
 
 @step_property

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from .events import ExtraKeys, Hash
@@ -26,8 +28,67 @@ TaggedKey = tuple[Any, ...]
 """One extra key as it enters a hash: ``("lora", name, path)``, ``("mm", id, offset)``, ..."""
 Chunk = tuple[tuple[int, ...], tuple[TaggedKey, ...] | None]
 """One hash chunk of a prefix: its tokens and its extra keys."""
-Content = tuple[Chunk, ...]
-"""A token prefix, chunk by chunk (ghost: what a block's KV was computed from)."""
+
+
+class Prefix:
+    """Ghost: a token prefix, chunk by chunk: what a block's KV was computed from.
+
+    A prefix is its last chunk on top of the prefix before it.  Prefixes are
+    values, made only by :meth:`then`, which interns them: equal prefixes are
+    the same object, so comparing two costs nothing however long they are,
+    and two requests sharing a prefix share its chunks.
+    """
+
+    __slots__ = ("__weakref__", "chunk", "depth", "parent")
+    _made: weakref.WeakValueDictionary[tuple[int, Chunk], Prefix] = weakref.WeakValueDictionary()
+
+    def __init__(self, parent: Prefix | None, chunk: Chunk | None) -> None:
+        self.parent, self.chunk = parent, chunk
+        self.depth: int = 0 if parent is None else parent.depth + 1
+
+    def then(self, chunk: Chunk) -> Prefix:
+        """This prefix followed by ``chunk``."""
+        made = Prefix._made.get((id(self), chunk))
+        if made is None:
+            made = Prefix._made[(id(self), chunk)] = Prefix(self, chunk)
+        return made
+
+    def __len__(self) -> int:
+        return self.depth
+
+    def up_to(self, depth: int) -> Prefix:
+        """The first ``depth`` chunks of this prefix."""
+        p = self
+        while p.depth > depth:
+            p = p.parent  # type: ignore[assignment]
+        return p
+
+    def __iter__(self) -> Iterator[Chunk]:
+        """The chunks, first to last."""
+        chain: list[Chunk] = []
+        p: Prefix | None = self
+        while p is not None and p.chunk is not None:
+            chain.append(p.chunk)
+            p = p.parent
+        return reversed(chain)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+Content = Prefix
+EMPTY = Prefix(None, None)
+"""The empty prefix: what a block handed out holds."""
+
+
+def extends(longer: Content, shorter: Content) -> bool:
+    """Whether ``longer`` holds ``shorter`` as a prefix."""
+    return len(longer) >= len(shorter) and longer.up_to(len(shorter)) is shorter
+
+
+def compatible(held: Content, written: Content) -> bool:
+    """Whether one prefix extends the other (a write that keeps what the block held)."""
+    return extends(held, written) or extends(written, held)
 
 
 def hashes_at(request: Any, hash_block_size: int, block_size: int) -> list[Hash]:
@@ -39,6 +100,16 @@ def hashes_at(request: Any, hash_block_size: int, block_size: int) -> list[Hash]
     per_block = block_size // hash_block_size
     fine = request.block_hashes
     return [fine[(i + 1) * per_block - 1] for i in range(len(fine) // per_block)]
+
+
+def block_hash(request: Any, hash_block_size: int, block_size: int, i: int) -> Hash:
+    """The request's hash of its ``i``-th whole ``block_size`` block (the last chunk's inside it)."""
+    return request.block_hashes[(i + 1) * (block_size // hash_block_size) - 1]
+
+
+def num_blocks_hashed(request: Any, hash_block_size: int, block_size: int) -> int:
+    """How many whole ``block_size`` blocks the request's hashes cover."""
+    return len(request.block_hashes) // (block_size // hash_block_size)
 
 
 def prefix_key(request: Any, num_tokens: int, hash_block_size: int, group: int) -> tuple[Hash, int]:
@@ -77,12 +148,38 @@ def untagged(keys: tuple[TaggedKey, ...] | None) -> ExtraKeys | None:
 
 
 def content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
-    """Ghost: the prefix of ``num_tokens`` tokens, chunk by chunk."""
+    """Ghost: the request's prefix of ``num_tokens`` tokens (whole chunks).
+
+    A request's earlier tokens never change (its block hashes would then
+    name two prefixes), so the chunks read once are kept with the request:
+    a call reads only the chunks no call read before.
+    """
+    want = num_tokens // hash_block_size
+    chain = _chains.get(id(request))
+    if chain is None or chain[0]() is not request or chain[1] != hash_block_size:
+        chain = (_ref(request), hash_block_size, [EMPTY])
+        if chain[0] is not None:
+            _chains[id(request)] = chain
+    made = chain[2]
     tokens = request.all_token_ids
-    return tuple(
-        (tuple(tokens[start:start + hash_block_size]),
-         chunk_keys(request, start, start + hash_block_size))
-        for start in range(0, num_tokens, hash_block_size))
+    while len(made) <= want:
+        start = (len(made) - 1) * hash_block_size
+        end = start + hash_block_size
+        made.append(made[-1].then((tuple(tokens[start:end]), chunk_keys(request, start, end))))
+    return made[want]
+
+
+_chains: dict[int, tuple[Any, int, list[Content]]] = {}
+"""Per live request (by id, checked by a weak reference): its prefixes read so far."""
+
+
+def _ref(request: Any) -> Any:
+    """A weak reference that forgets the request's chain when the request goes; None if none can be made."""
+    key = id(request)
+    try:
+        return weakref.ref(request, lambda _r: _chains.pop(key, None))
+    except TypeError:
+        return None
 
 
 def lora_of(request: Any) -> tuple[int | None, str | None]:

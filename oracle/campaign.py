@@ -33,6 +33,7 @@ def run_one(
                     second=second_pool(pool_factory, cfg, reference, errors_match))
     for _ in range(steps):
         work.step()
+    pair.check()  # the whole pool once more at the end
     return pair
 
 

@@ -196,8 +196,8 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
             return PhaseResult("campaign", False, time.perf_counter() - started, calls,
                                _failure(exc, None, seed), dict(operations), dict(refusals))
         calls += pair.steps
-        operations.update(step.op for step in pair.trace)
-        refusals.update(step.error for step in pair.trace if step.error)
+        operations.update(pair.ops_seen)
+        refusals.update(pair.refusals_seen)
     return PhaseResult("campaign", True, time.perf_counter() - started, calls, None,
                        dict(sorted(operations.items())), dict(sorted(refusals.items())))
 

@@ -21,7 +21,6 @@ postcondition like any other.
 from __future__ import annotations
 
 import pickle
-from dataclasses import replace
 from typing import Any
 
 from kvpool.impl.block import KVCacheBlock
@@ -29,11 +28,12 @@ from kvpool.impl.errors import BlockPoolError
 from kvpool.impl.free_queue import FreeKVCacheBlockQueue
 from kvpool.impl.hash_index import BlockHashToBlockMap
 from kvpool.impl.pool import BlockPool
-from kvpool.model import ACTIONS, ContractBroken, Refusal, initial_state
+from kvpool.model import ACTIONS, OPERATIONS, ContractBroken, Refusal, initial_state
+from kvpool.model.operations import Translate
 from kvpool.model.state import PoolState
 
 from .abstraction import event_differences, refusal_kind
-from .lockstep import BLOCK_ARGS, MetricsRecorder
+from .lockstep import MetricsRecorder
 from .observe import Observation, observe_model, observe_pool
 from .refinement import model_watcher, requests_for
 
@@ -233,16 +233,16 @@ def _view(pool: BlockPool, refused: bool) -> PoolView:
 def _model_view(before: PoolState, op: str, *args: object) -> PoolView:
     """What the model says the view is after ``op`` (refused: the state before)."""
     try:
-        after, _ = ACTIONS[op](before, *args)
+        after, _ = ACTIONS[op](before.copy(), *args)
     except Refusal:
-        return (True, before.ref, before.free, len(before.free))
-    return (False, after.ref, after.free, len(after.free))
+        return (True, tuple(before.ref), tuple(before.free), len(before.free))
+    return (False, tuple(after.ref), tuple(after.free), len(after.free))
 
 
 def _agrees(pool: BlockPool, state: PoolState, op: str, *args: object) -> bool:
     """Full observation of the pool equals the model's (keys, index, watchers too)."""
     try:
-        after, _ = ACTIONS[op](state, *args)
+        after, _ = ACTIONS[op](state.copy(), *args)
     except Refusal:
         after = state
     mine: Observation = observe_model(after)
@@ -270,7 +270,7 @@ def pool_get_new_blocks(n: int, held: int, k: int) -> tuple[PoolView, PoolView, 
     refused = False
     try:
         got = pool.get_new_blocks(k)
-        ok = [b.block_id for b in got] == list(state.free[:k]) and all(b.ref_cnt == 1 for b in got)
+        ok = [b.block_id for b in got] == state.free.first(k) and all(b.ref_cnt == 1 for b in got)
     except BlockPoolError:
         refused, ok = True, len(pool.free_block_queue.get_all_free_blocks()) == before_free
     return (_view(pool, refused), _model_view(state, "get_new_blocks", k),
@@ -450,12 +450,16 @@ def _pool_arg(pool: BlockPool, arg: Any) -> Any:
     return pool.blocks[arg] if 0 <= arg < len(pool.blocks) else KVCacheBlock(len(pool.blocks))
 
 
-def _pool_args(pool: BlockPool, op: str, args: tuple[Any, ...]) -> list[Any]:
-    out = list(args)
-    for pos, kind in BLOCK_ARGS.get(op, {}).items():
-        out[pos] = (_pool_arg(pool, args[pos]) if kind == "one"
-                    else [_pool_arg(pool, b) for b in args[pos]])
-    return out
+class _Blocks(Translate):
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+
+    def block(self, block_id: Any) -> Any:
+        return _pool_arg(self.pool, block_id)
+
+
+def _pool_args(pool: BlockPool, op: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return OPERATIONS[op].pool_args(args, _Blocks(pool))
 
 
 def _rebuild(sequence: tuple[tuple[str, tuple[Any, ...]], ...]) -> tuple[bytes, PoolState]:
@@ -467,7 +471,7 @@ def _rebuild(sequence: tuple[tuple[str, tuple[Any, ...]], ...]) -> tuple[bytes, 
         args = tuple(_named(a) for a in named)
         state, _ = ACTIONS[op](state, *args)
         getattr(pool, op)(*_pool_args(pool, op, args))
-    return pickle.dumps(pool), replace(state, fired=(), told=())
+    return pickle.dumps(pool), state
 
 
 _SNAPSHOTS = [_rebuild(sequence) for sequence in REACHED]
@@ -476,7 +480,7 @@ _SNAPSHOTS = [_rebuild(sequence) for sequence in REACHED]
 def _reached(index: int) -> tuple[BlockPool, PoolState]:
     """A copy of the pool in reached state ``index``, and the model's state."""
     blob, state = _SNAPSHOTS[index]
-    return pickle.loads(blob), state
+    return pickle.loads(blob), state.copy()
 
 
 def _refines(pool: BlockPool, state: PoolState, op: str, *args: Any) -> bool:
@@ -485,6 +489,7 @@ def _refines(pool: BlockPool, state: PoolState, op: str, *args: Any) -> bool:
     recorder = pool.metrics_collector
     assert isinstance(recorder, MetricsRecorder)
     recorder.log.clear()
+    pending = len(state.events)
     try:
         after, result = ACTIONS[op](state, *args)
         model_error: Refusal | None = None
@@ -508,8 +513,9 @@ def _refines(pool: BlockPool, state: PoolState, op: str, *args: Any) -> bool:
     fired = [entry for w in dict.fromkeys(watchers) for entry in getattr(w, "log", ())]
     return (not observe_model(after).diff(observe_pool(pool))
             and not event_differences(after.events, pool.kv_event_queue)
-            and fired == [(w.name, b) for w, b in after.fired]
-            and recorder.log == list(after.told))
+            and (model_error is not None or len(after.events) - pending == len(after.out.events))
+            and fired == [(w.name, b) for w, b in after.out.fired]
+            and recorder.log == after.out.told)
 
 
 def pool_get_new_blocks_reached(index: int, k: int) -> bool:

@@ -1,11 +1,13 @@
 """How much of the specification each conformance phase reaches: branch coverage of the model's actions.
 
-A phase that never reaches a branch of :mod:`kvpool.model.actions` never
-compares the pool with the model there: a pool may be wrong on that branch
-and pass.  So ``kvpool conform --coverage`` runs each phase alone under
-coverage.py (``branch=True``, only ``model/actions.py`` measured) and
-reports, per phase, how many of the module's branches it took and which it
-missed, as line -> line with the source lines.
+A phase that never reaches a branch of the model's operations (their
+updates, :mod:`kvpool.model.pool`; their refusals, :mod:`kvpool.model.guards`;
+their contracts, :mod:`kvpool.model.contracts`) never compares the pool
+with the model there: a pool may be wrong on that branch and pass.  So
+``kvpool conform --coverage`` runs each phase alone under coverage.py
+(``branch=True``, only those files measured) and reports, per phase, how
+many of their branches it took and which it missed, as file:line -> line
+with the source lines.
 
 The results are plain data (:class:`PhaseCoverage`); :mod:`kvpool.cli.conform`
 prints them and writes them into its JSON.  coverage.py is imported only when
@@ -23,7 +25,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvpool.model import actions
+from kvpool.model import OPERATIONS
+from kvpool.model import contracts as model_contracts
+from kvpool.model import guards as model_guards
+from kvpool.model import pool as model_pool
 
 if TYPE_CHECKING:
     from .adapter import Adapter
@@ -31,14 +36,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-ACTIONS_PATH = os.path.realpath(actions.__file__)
-"""The one file measured: the specification's transitions."""
+MEASURED: tuple[str, ...] = tuple(os.path.realpath(m.__file__) for m in (model_pool, model_guards, model_contracts))
+"""The files measured: the operations' updates, guards and contracts."""
 
 
 @dataclass(frozen=True, order=True)
 class Branch:
     """One way out of a line with several: from ``line`` on to line ``to`` (0: out of the function)."""
 
+    file: str
+    """The measured file's name (``pool.py``, ``guards.py``, ``contracts.py``)."""
     line: int
     to: int
     source: str
@@ -62,7 +69,7 @@ class Branch:
     def __str__(self) -> str:
         kind = re.search(r"RefusalKind\.(\w+)", self.into) if self.refusal else None
         then = f"refused ({kind.group(1)})" if kind else self.into or "return"
-        return f"{self.line} -> {self.to or 'exit'}: {self.source}  =>  {then}"
+        return f"{self.file}:{self.line} -> {self.to or 'exit'}: {self.source}  =>  {then}"
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ def measure(run: Callable[[], T], phase: str, misuse: bool) -> tuple[T, PhaseCov
     """
     import coverage  # a test extra: imported only when asked for
 
-    cov = coverage.Coverage(branch=True, include=[ACTIONS_PATH], data_file=None, config_file=False)
+    cov = coverage.Coverage(branch=True, include=list(MEASURED), data_file=None, config_file=False)
     cov.set_option("run:disable_warnings", ["no-data-collected"])  # a phase that died at once
     cov.start()
     try:
@@ -114,33 +121,44 @@ def measure_phase(run_phase: Callable[[Adapter, Options], PhaseResult], adapter:
 
 
 def _read(cov: Any, phase: str, misuse: bool) -> PhaseCoverage:
-    """The branch figures of the measured file, through coverage.py's JSON report.
+    """The branch figures of the measured files, through coverage.py's JSON report.
 
     The JSON report is the public API that names missed branches (``branch_stats``
     only counts them), so it is written to a scratch file and read back.
     """
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "coverage.json")
-        cov.json_report(morfs=[ACTIONS_PATH], outfile=path)
+        cov.json_report(morfs=list(MEASURED), outfile=path)
         with open(path, encoding="utf-8") as fh:
-            (data,) = json.load(fh)["files"].values()
-    with open(ACTIONS_PATH, encoding="utf-8") as fh:
-        lines = [line.strip() for line in fh.read().splitlines()]
+            files = json.load(fh)["files"]
     callers = _caller_lines()
-    missed = tuple(sorted(Branch(a, max(b, 0), lines[a - 1], lines[b - 1] if b > 0 else "",
-                                 a in callers)
-                          for a, b in data["missing_branches"]))
-    summary = data["summary"]
-    return PhaseCoverage(phase, misuse, summary["covered_branches"], summary["num_branches"], missed)
+    missed: list[Branch] = []
+    covered = total = 0
+    for measured in MEASURED:
+        data = next((d for name, d in files.items() if os.path.realpath(name) == measured), None)
+        if data is None:
+            continue
+        with open(measured, encoding="utf-8") as fh:
+            lines = [line.strip() for line in fh.read().splitlines()]
+        name = os.path.basename(measured)
+        missed += [Branch(name, a, max(b, 0), lines[a - 1], lines[b - 1] if b > 0 else "",
+                          (measured, a) in callers)
+                   for a, b in data["missing_branches"]]
+        covered += data["summary"]["covered_branches"]
+        total += data["summary"]["num_branches"]
+    return PhaseCoverage(phase, misuse, covered, total, tuple(sorted(missed)))
 
 
-def _caller_lines() -> set[int]:
-    """The lines of the caller actions (the owner's writes), which no pool call runs."""
-    out: set[int] = set()
-    for fn in actions.CALLER_ACTIONS.values():
-        body, first = inspect.getsourcelines(fn)
-        out |= set(range(first, first + len(body)))
+def _caller_lines() -> set[tuple[str, int]]:
+    """The lines of the caller's own operations (the owner's writes), which no pool call runs."""
+    out: set[tuple[str, int]] = set()
+    for op in OPERATIONS.values():
+        if op.role != "caller":
+            continue
+        for fn in (op.guard, op.requires, op.next):
+            body, first = inspect.getsourcelines(fn)
+            out |= {(os.path.realpath(inspect.getfile(fn)), n) for n in range(first, first + len(body))}
     return out
 
 
-__all__ = ["ACTIONS_PATH", "Branch", "PhaseCoverage", "measure", "measure_phase"]
+__all__ = ["MEASURED", "Branch", "PhaseCoverage", "measure", "measure_phase"]

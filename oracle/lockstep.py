@@ -1,22 +1,44 @@
 """Drive the model and a pool with the same calls and compare after each one.
 
 Arguments name blocks by id; :class:`Lockstep` hands the model ids and the
-pool its block objects, then checks that both returned the same result (or
-raised the same error type), that their observations agree, that every
-model invariant holds, and that they emitted the same events and fired the
-same reuse watchers.
+pool its block objects (as each operation's declaration says), then checks
+that both returned the same result (or raised the same error type), that
+they emitted the same events, fired the same reuse watchers and told a
+metrics collector the same, and that they agree on what the call touched.
+
+A call costs what it touches.  After every call the lockstep compares the
+call's footprint (:mod:`kvpool.model.footprints`: the blocks and keys it may
+change, with their neighbours in the free queue) and checks the model's
+invariants there; every ``full_every`` calls, and when asked (``check``), it
+compares the whole pool and every invariant, so that damage outside a
+footprint is still caught, and the report names the calls since the last
+whole check in which it happened.  ``debug`` also checks, after every call,
+that the model changed nothing outside the footprint (O(pool size)).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.model import ACTIONS, QUERIES, REFERENCES, ContractBroken, initial_state, violated
+from kvpool.model import (
+    OPERATIONS,
+    REFERENCES,
+    Around,
+    ContractBroken,
+    Footprint,
+    Operation,
+    initial_state,
+    violated,
+)
+from kvpool.model.footprints import NOTHING, changed_outside
+from kvpool.model.operations import Translate
+from kvpool.model.pool import keys_of
 from kvpool.model.request import prefix_key
-from kvpool.model.state import Key, PoolState
+from kvpool.model.state import Key, Output, PoolState
 
 from .abstraction import (
     concrete_key,
@@ -27,50 +49,42 @@ from .abstraction import (
     refusal_name,
     same_refusal,
 )
-from .observe import WHITE_BOX, Observation, Observer, comparable, observe_model
+from .observe import WHITE_BOX, Observation, Observer, comparable, model_block_view, model_entries, observe_model
 
-# Which positional arguments name blocks: "one" a single id, "many" a list.
-BLOCK_ARGS: dict[str, dict[int, str]] = {
-    "free_blocks": {0: "many"},
-    "touch": {0: "many"},
-    "unpin_blocks": {0: "many"},
-    "cache_full_blocks": {1: "many"},
-    "cache_partial_block": {1: "one"},
-    "move_block_hashes": {0: "one", 1: "one"},
-    "is_block_writable": {0: "one"},
-    "_maybe_evict_cached_block": {0: "one"},
-}
-RETURNS_BLOCKS = {"get_new_blocks", "get_cached_block"}
-RETURNS_KEY = {"cache_partial_block"}
+BLOCKS_PER_CALL = 16
+"""How many blocks' worth of whole-pool checking each call pays for, amortized: by default the
+whole pool is compared every ``num_blocks // BLOCKS_PER_CALL`` calls (every call on small pools)."""
 
 
 class Divergence(AssertionError):
     """The pool and the model disagree; the message says where.
 
     It carries plain data for whoever draws the failure (``kvpool.pictures``):
-    ``record``, the last calls (each with the model's state after it);
-    ``first``, how many calls came before them; ``before``, the model's state
-    before the first of them (None at the start); ``model``, the model's state
-    when the difference was seen; and the pool as observed then (``pool``,
-    its pending events in ``pool_events``), or why it could not be observed
-    (``unobservable``).
+    ``record``, the last calls (each with the model's state after it, where
+    kept); ``first``, how many calls came before them; ``before``, the model's
+    state before the first of them (None at the start or when not kept);
+    ``model``, the model's state when the difference was seen; and the pool as
+    observed then (``pool``, its pending events in ``pool_events``), or why it
+    could not be observed (``unobservable``).  ``window`` is the calls in which
+    a difference found by a whole-pool check arose: ``(after call, up to call)``.
     """
 
     parts: list[str]
     """What differs, in a word each: ``refusal``, ``result``, ``events``, ``watchers``, an
     observed field (``ref``, ``free``, ``index``, ``pending event 0``, ...) or a broken invariant."""
-    record: list[Step]
+    record: list[CallRecord]
     first: int
     before: PoolState | None
     model: PoolState | None
     pool: Observation | None
     pool_events: list[dict[str, Any]] | None
     unobservable: str | None
+    window: tuple[int, int] | None
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
         self.parts, self.record, self.first, self.before, self.model = [], [], 0, None, None
-        self.pool, self.pool_events, self.unobservable = None, None, None
+        self.pool, self.pool_events, self.unobservable, self.window = None, None, None, None
 
 
 class CallerBrokeContract(Divergence):
@@ -98,8 +112,8 @@ class Watcher:
 
 
 @dataclass
-class Step:
-    """One call and what came of it, for traces."""
+class CallRecord:
+    """One call and what came of it, for reports."""
 
     op: str
     args: tuple[Any, ...]
@@ -107,7 +121,8 @@ class Step:
     error: str | None = None
     """The error class the model raised, if it refused the call."""
     state: PoolState | None = None
-    """The model's state after the call; kept for the last :data:`PICTURED` steps only."""
+    """The model's state after the call; kept (a copy) for the last :data:`PICTURED` calls of
+    small pools only."""
 
     @property
     def call(self) -> str:
@@ -116,11 +131,13 @@ class Step:
 
 
 PICTURED = 12
-"""How many of the last steps a divergence reports, with a picture of the pool each."""
+"""How many of the last calls a divergence reports, with a picture of the pool each."""
+PICTURED_BLOCKS = 64
+"""Pools up to this size keep a copy of the model's state per reported call (for the pictures)."""
 
 
 class MetricsRecorder:
-    """A metrics collector that writes down what it is told, as the model's ``told`` does."""
+    """A metrics collector that writes down what it is told, as the model's ``out.told`` does."""
 
     def __init__(self) -> None:
         self.log: list[tuple[str, int | None]] = []
@@ -155,13 +172,23 @@ class _Foreign:
 
 
 @dataclass
-class Lockstep:
+class _Before:
+    """What the lockstep notes of the model before a call's update: the queue around the
+    footprint, and each footprint block's and key's entries (to check both ways after)."""
+
+    neighbours: set[int]
+    entries: set[tuple[Key, int]]
+
+
+@dataclass
+class Lockstep(Translate):
     """The model and a pool side by side; ``call`` runs one operation on both.
 
-    After every call it compares results and refusals, the whole observation
-    at the level the pool allows (:class:`~kvpool.oracle.observe.Observer`),
-    the events, the reuse watchers' calls and, when a metrics collector is
-    attached, what it was told; and checks every invariant of the model.
+    After every call it compares results and refusals, the events, the reuse
+    watchers' calls and, when a metrics collector is attached, what it was
+    told; then the call's footprint, at the level the pool allows
+    (:class:`~kvpool.oracle.observe.Observer`), and the model's invariants
+    there; and every ``full_every`` calls the whole pool.
     """
 
     pool: Any
@@ -170,19 +197,29 @@ class Lockstep:
     fired: list[tuple[str, int]] = field(default_factory=list)
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal
     """How a refusal of the pool is matched with the model's (default: the same kind)."""
-    trace: list[Step] = field(default_factory=list)
+    trace: deque[CallRecord] = field(default_factory=lambda: deque(maxlen=PICTURED + 1))
+    """The last calls (one more than reported: its state is the one before the first shown)."""
     steps: int = 0
     observe: Callable[..., Observation] | None = None
     """An adapter's own observation, ``observe(pool, probes)``; None: :class:`Observer`'s."""
     metrics: MetricsRecorder | None = None
     """The metrics collector attached to the pool, if the pool took one."""
     observer: Observer = field(init=False, repr=False)
-    known: dict[Any, bytes] = field(default_factory=dict)
-    """Request hashes seen, by their published form: how events name a key to probe."""
+    known: OrderedDict[Any, bytes] = field(default_factory=OrderedDict)
+    """Request hashes seen lately, by their published form: how a black-box pool's pending
+    events name a key to probe (bounded: the most recent :attr:`known_limit`)."""
     probed: set[Key] = field(default_factory=set)
-    """Keys the model indexed at the last check: a key that left the index is probed once more."""
-    invariants: Callable[[PoolState], list[str]] = violated
+    """Keys the model indexed at the last whole check: a key that left the index is probed once more."""
+    invariants: Callable[..., list[str]] = violated
     """The model's invariants a state breaks (an exhaustive search passes a memoised one)."""
+    full_every: int | None = None
+    """Compare the whole pool every this many calls (None: the pool's size over :data:`BLOCKS_PER_CALL`)."""
+    debug: bool = False
+    """Also check after every call that the model changed nothing outside the footprint."""
+    last_full: int = 0
+    """The call after which the whole pool was last compared."""
+    ops_seen: Counter[str] = field(default_factory=Counter)
+    refusals_seen: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def fresh(
@@ -209,6 +246,12 @@ class Lockstep:
     def __post_init__(self) -> None:
         # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.
         self.observer = Observer(getattr(self.pool, "wrapped", self.pool))
+        if self.full_every is None:
+            self.full_every = max(1, self.model.num_blocks // BLOCKS_PER_CALL)
+
+    @property
+    def known_limit(self) -> int:
+        return 4 * self.model.num_blocks + 1024
 
     def watcher(self, name: str) -> Watcher:
         return Watcher(name, self.fired)
@@ -225,7 +268,9 @@ class Lockstep:
         checks["metrics calls"] = "ran" if self.metrics is not None else "skipped: no collector attached"
         return {"level": "custom" if self.observe is not None else observer.level, "checks": checks}
 
-    def _key(self, request: Any, prefix_tokens: Any, group: int) -> bytes:
+    # ------------------------------------------------------------ what the pool receives
+
+    def key(self, request: Any, prefix_tokens: Any, group: int) -> bytes:
         """The index key of ``request``'s first ``prefix_tokens`` tokens, as the pool spells it;
         an empty key (which no pool accepts) when no hash names that prefix."""
         hbs = self.model.hash_block_size
@@ -234,97 +279,191 @@ class Lockstep:
             return concrete_key(prefix_key(request, prefix_tokens, hbs, group))
         return b""
 
-    def supports(self, op: str) -> bool:
-        """Whether the pool has ``op`` (vLLM's private members may be missing from other pools)."""
-        return callable(getattr(self.pool, op, None))
-
-    def _block(self, block_id: Any) -> Any:
+    def block(self, block_id: Any) -> Any:
         if isinstance(block_id, int) and 0 <= block_id < len(self.pool.blocks):
             return self.pool.blocks[block_id]
         return self.foreign
 
-    def _pool_args(self, op: str, args: Sequence[Any]) -> list[Any]:
-        if op == "_insert_block_hash":  # the model's (request, prefix, group) is the key the pool gets
-            request, prefix_tokens, group, block_id, num_tokens = args
-            return [self._key(request, prefix_tokens, group), self._block(block_id), num_tokens]
-        out = list(args)
-        for pos, kind in BLOCK_ARGS.get(op, {}).items():
-            if kind == "one":
-                out[pos] = self._block(args[pos])
-            else:
-                out[pos] = [self._block(b) for b in args[pos]]
-        return out
+    def supports(self, op: str) -> bool:
+        """Whether the pool has ``op`` (vLLM's private members may be missing from other pools)."""
+        return callable(getattr(self.pool, op, None))
 
     def _remember(self, args: Sequence[Any]) -> None:
         """Note the hashes of any request in ``args``, so events can name keys to probe."""
         for a in args:
             for h in getattr(a, "block_hashes", ()):
                 self.known[published(h)] = h
+                self.known.move_to_end(published(h))
+        while len(self.known) > self.known_limit:
+            self.known.popitem(last=False)
+
+    # ------------------------------------------------------------ one call
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``op`` on both sides; raise :class:`Divergence` on any difference."""
         self.steps += 1
-        before_fired = len(self.model.fired)
-        before_told = len(self.model.told)
-        model_fn = ACTIONS.get(op)
-        query = model_fn is None
+        self.ops_seen[op] += 1
+        decl = OPERATIONS[op]
+        model = self.model
         if self.observer.black_box:
             self._remember(args)
+        m_error: Exception | None = None
+        m_result: Any = None
+        fp, noted, snapshot = NOTHING, _Before(set(), set()), None
+        bound: tuple[Any, ...] | None = None
         try:
-            if query:
-                m_result, m_state = QUERIES[op](self.model, *args, **kwargs), self.model
+            bound = decl.bind(args, kwargs)
+            noop = decl.prepare(model, bound)
+            if noop is not None:
+                m_result = noop.result
+            elif decl.role == "query":
+                m_result = decl.next(model, *bound)
             else:
-                m_state, m_result = model_fn(self.model, *args, **kwargs)  # type: ignore[misc]
-            m_error = None
-        except Exception as exc:
-            m_error, m_result, m_state = exc, None, self.model
-        if isinstance(m_error, ContractBroken):
-            self.trace.append(Step(op, tuple(list(a) if isinstance(a, list) else a for a in args),
-                                   f"caller broke {m_error.contract}", None, self.model))
-            reason = str(m_error).split(": ", 1)[-1]
-            raise self._diverged(f"caller broke {m_error.contract} at step {self.steps}", reason,
-                                 ["contract"], contract=m_error.contract)
+                fp = decl.footprint(model, *bound)
+                noted = self._note(fp)
+                snapshot = model.copy() if self.debug else None
+                m_result = decl.next(model, *bound)
+        except ContractBroken as broken:
+            self._record(op, args, f"caller broke {broken.contract}", None)
+            reason = str(broken).split(": ", 1)[-1]
+            raise self._diverged(f"caller broke {broken.contract} at step {self.steps}", reason,
+                                 ["contract"], contract=broken.contract) from None
+        except Exception as exc:  # a refusal (or a call the model cannot bind)
+            m_error = exc
+            model.out = Output()
+            fp = self._refused_footprint(decl, bound)
         try:
-            p_result = getattr(self.pool, op)(*self._pool_args(op, args), **kwargs)
+            p_result = getattr(self.pool, op)(*self._pool_args(decl, args), **kwargs)
             p_error = None
         except Exception as exc:
             p_error, p_result = exc, None
         outcome = refusal_name(m_error) if m_error else repr(m_result)
-        self.trace.append(Step(op, tuple(list(a) if isinstance(a, list) else a for a in args),
-                               outcome, refusal_name(m_error) if m_error else None, m_state))
-        if len(self.trace) > PICTURED + 1:  # one more: the state before the first shown step
-            self.trace[-PICTURED - 2].state = None
+        self._record(op, args, outcome, refusal_name(m_error) if m_error else None)
+        if m_error is not None:
+            self.refusals_seen[refusal_name(m_error)] += 1
         if (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
             raise self._diverged(op, f"model raised {m_error!r} | pool raised {p_error!r}",
                                  ["refusal"], p_error if m_error is None else None)
         if m_error is None:
-            if op in RETURNS_BLOCKS and p_result is not None:
-                p_result = [b.block_id for b in p_result]
-            elif op in RETURNS_KEY and isinstance(p_result, bytes):
-                p_result = key_of(p_result)
-            if op == "take_events":
-                taken = event_differences(m_result, p_result)
-                if taken:
-                    raise self._diverged(op, "taken events differ: " + "; ".join(taken), ["events"])
-            elif m_result != p_result:
-                raise self._diverged(op, f"model returned {m_result!r} | pool returned {p_result!r}",
-                                     ["result"])
-        self.model = m_state
-        self.check()
-        predicted = [(w.name, b) for w, b in self.model.fired[before_fired:]]
+            self._compare_result(decl, m_result, p_result)
+        self._compare_notices(op)
+        if snapshot is not None:
+            outside = changed_outside(snapshot, model, fp)
+            if outside:
+                raise self._diverged("footprint", f"the model's {op} changed what its declaration "
+                                     f"says it does not: {', '.join(outside)}", ["footprint"])
+        if self.steps - self.last_full >= (self.full_every or 1):
+            self.check()
+        else:
+            self._check_footprint(op, fp, noted)
+        return m_error if m_error else m_result
+
+    def _refused_footprint(self, decl: Operation, bound: tuple[Any, ...] | None) -> Footprint:
+        """What a refused call would have touched: where the pool must show that it changed nothing."""
+        if bound is None or decl.role == "query":
+            return NOTHING
+        try:
+            return decl.footprint(self.model, *bound)
+        except Exception:  # arguments too malformed to say
+            return NOTHING
+
+    def _pool_args(self, decl: Operation, args: Sequence[Any]) -> tuple[Any, ...]:
+        try:
+            return decl.pool_args(args, self)
+        except (TypeError, IndexError):  # a call the model refused as malformed: pass it on as made
+            return tuple(args)
+
+    def _record(self, op: str, args: Sequence[Any], outcome: str, error: str | None) -> None:
+        small = self.model.num_blocks <= PICTURED_BLOCKS
+        shown = tuple(list(a) if isinstance(a, list) else a for a in args)
+        self.trace.append(CallRecord(op, shown, outcome, error, self.model.copy() if small else None))
+
+    def _compare_result(self, decl: Operation, m_result: Any, p_result: Any) -> None:
+        if decl.result in ("blocks", "blocks?") and p_result is not None:
+            p_result = [b.block_id for b in p_result]
+        elif decl.result == "key?" and isinstance(p_result, bytes):
+            p_result = key_of(p_result)
+        if decl.result == "events":
+            taken = event_differences(m_result, p_result)
+            if taken:
+                raise self._diverged(decl.name, "taken events differ: " + "; ".join(taken), ["events"])
+        elif m_result != p_result:
+            raise self._diverged(decl.name, f"model returned {m_result!r} | pool returned {p_result!r}",
+                                 ["result"])
+
+    def _compare_notices(self, op: str) -> None:
+        out = self.model.out
+        predicted = [(w.name, b) for w, b in out.fired]
         seen, self.fired[:] = list(self.fired), []
         if predicted != seen:
-            raise self._diverged(op, f"watchers: model fired {predicted} | pool fired {seen}",
-                                 ["watchers"])
+            raise self._diverged(op, f"watchers: model fired {predicted} | pool fired {seen}", ["watchers"])
         if self.metrics is not None:
             told, self.metrics.log[:] = list(self.metrics.log), []
-            if list(self.model.told[before_told:]) != told:
-                raise self._diverged(op, f"metrics collector: model told "
-                                         f"{list(self.model.told[before_told:])} | pool told {told}",
+            if out.told != told:
+                raise self._diverged(op, f"metrics collector: model told {out.told} | pool told {told}",
                                      ["metrics calls"])
-        return m_error if m_error else m_result
+        pending = self.observer.pending_events()
+        if pending is None:
+            return
+        emitted = out.events
+        diff = event_differences(emitted, pending[len(pending) - len(emitted):] if emitted else [])
+        if len(pending) != len(self.model.events):
+            diff.append(f"pending events: model {len(self.model.events)} | pool {len(pending)}")
+        if diff:
+            raise self._diverged(op, "; ".join(f"pending {d}" for d in diff), ["pending events"])
+
+    # ------------------------------------------------------------ the footprint
+
+    def _note(self, fp: Footprint) -> _Before:
+        """Before the update: the queue neighbours of the footprint's blocks, and its entries."""
+        s = self.model
+        neighbours: set[int] = set()
+        entries: set[tuple[Key, int]] = set()
+        for b in fp.blocks:
+            if b in s.free:
+                neighbours.update(x for x in s.free.neighbours(b) if x is not None)
+            entries.update((k, b) for k in keys_of(s, b))
+        for k in fp.keys:
+            entries.update((k, b) for b in s.index.get(k, ()))
+        return _Before(neighbours, entries)
+
+    def _check_footprint(self, op: str, fp: Footprint, noted: _Before) -> None:
+        """The call's footprint on both sides, and the model's invariants there."""
+        s = self.model
+        blocks = set(fp.blocks) | noted.neighbours
+        for b in fp.blocks:
+            if b in s.free:
+                blocks.update(x for x in s.free.neighbours(b) if x is not None)
+        keys = set(fp.keys)
+        for b in fp.blocks:
+            keys.update(keys_of(s, b))
+        entries = noted.entries | {(k, b) for k in keys for b in s.index.get(k, ())}
+        broken = self.invariants(s, Around(blocks, keys, entries))
+        if broken:
+            raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken)
+        if self.observe is not None:  # an adapter's own observation comes whole only
+            return
+        diff, parts = [], []
+        observer = self.observer
+        if observer.num_free() != len(s.free):
+            diff.append(f"num_free: model {len(s.free)} | pool {observer.num_free()}")
+            parts.append("num_free")
+        for b in sorted(blocks):
+            for d in model_block_view(s, b).diff(observer.block_view(b)):
+                diff.append(f"block {b} {d}")
+                parts.append(d.split(":", 1)[0])
+        whole = not observer.black_box
+        for k in sorted(keys, key=repr):
+            mine, theirs = model_entries(s, k, whole), observer.entries(k)
+            if mine != theirs:
+                diff.append(f"index …{k[0][-3:].hex()}/g{k[1]}: model {mine} | pool {theirs}")
+                parts.append("index" if whole else "lookups")
+        if diff:
+            raise self._diverged(f"observation after {op}", "; ".join(diff), parts)
+
+    # ------------------------------------------------------------ the whole pool
 
     def _probes(self) -> list[Key]:
         """Keys to look up in a pool whose index cannot be seen whole.
@@ -349,10 +488,13 @@ class Lockstep:
         return sorted(keys)
 
     def check(self) -> None:
-        """Compare observations and check every invariant of the model."""
+        """Compare the whole pool's observation and check every invariant of the model."""
+        window = (self.last_full, self.steps)
+        self.last_full = self.steps
         broken = self.invariants(self.model)
         if broken:
-            raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken)
+            raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken,
+                                 window=window)
         observer = self.observer
         links = observer.link_errors()  # first: a looping queue must not be walked again
         probes = self._probes()
@@ -365,21 +507,29 @@ class Lockstep:
         diff += links + [f"pending {d}" for d in events]
         parts += ["free queue links"] * bool(links) + ["pending events"] * bool(events)
         if diff:
-            raise self._diverged("observation", "; ".join(diff), parts)
+            raise self._diverged("observation", "; ".join(diff), parts, window=window)
 
     def _diverged(self, where: str, what: str, parts: list[str],
-                  crash: BaseException | None = None, contract: str | None = None) -> Divergence:
-        first = max(0, len(self.trace) - PICTURED)
-        lines = [f"step {i + 1}: {s.op}{short_args(s.args)} -> {s.outcome}"
-                 for i, s in enumerate(self.trace[first:], start=first)]
-        text = f"{where}: {what}\nlast steps:\n  " + "\n  ".join(lines)
+                  crash: BaseException | None = None, contract: str | None = None,
+                  window: tuple[int, int] | None = None) -> Divergence:
+        first = max(0, self.steps - PICTURED)
+        shown = list(self.trace)[-PICTURED:]
+        lines = [f"step {i}: {s.op}{short_args(s.args)} -> {s.outcome}"
+                 for i, s in enumerate(shown, start=self.steps - len(shown) + 1)]
+        place = where
+        if window is not None and window[1] - window[0] > 1:
+            place = (f"{where} (found by the whole-pool check after call {window[1]}; it passed after "
+                     f"call {window[0]}: the damage is in calls {window[0] + 1} to {window[1]})")
+        text = f"{place}: {what}\nlast steps:\n  " + "\n  ".join(lines)
         error = (Divergence(text) if contract is None
                  else CallerBrokeContract(text, contract, self.steps))
         error.__cause__ = crash  # the pool's own exception, with its traceback
         error.parts = list(dict.fromkeys(parts))
-        error.first, error.record = first, self.trace[first:]
-        error.before = self.trace[first - 1].state if first > 0 else None
+        error.first, error.record = self.steps - len(shown), shown
+        earlier = list(self.trace)[:-PICTURED]
+        error.before = earlier[-1].state if earlier else None
         error.model = self.model
+        error.window = window
         try:
             observer = self.observer
             error.pool = comparable_pool(observer)
@@ -397,7 +547,7 @@ def comparable_pool(observer: Observer) -> Observation:
     return observer.observe()
 
 
-def short_args(args: tuple[Any, ...]) -> str:
+def short_args(args: Iterable[Any]) -> str:
     parts = []
     for a in args:
         if hasattr(a, "request_id"):
@@ -407,3 +557,7 @@ def short_args(args: tuple[Any, ...]) -> str:
         else:
             parts.append(repr(a))
     return "(" + ", ".join(parts) + ")"
+
+
+Step = CallRecord
+"""The former name of :class:`CallRecord` (kept for adapters written against it)."""

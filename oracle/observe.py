@@ -27,7 +27,7 @@ from typing import Any
 
 from kvpool.model.state import Key, PoolState
 
-from .abstraction import key_of, pool_event
+from .abstraction import concrete_key, key_of, pool_event
 
 WHITE_BOX = ("free-queue links", "index multimap", "secondary keys", "registered watchers",
              "block holders", "pending events")
@@ -89,11 +89,52 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
+@dataclass(frozen=True, slots=True)
+class BlockView:
+    """One block as the oracle sees it; ``None`` in a part the pool does not show."""
+
+    ref: int
+    primary: tuple[Key, int | None] | None
+    secondary: tuple[Key, ...] | None
+    watched: bool | None
+    links: tuple[int | None, int | None] | str | None
+    """Its neighbours in the free queue (None at an end), ``"out"`` when not queued."""
+
+    def diff(self, other: BlockView) -> list[str]:
+        """The parts both sides show that differ, model side first."""
+        out = []
+        for f in ("ref", "primary", "secondary", "watched", "links"):
+            mine, theirs = getattr(self, f), getattr(other, f)
+            if f == "primary" and mine is not None and theirs is not None and theirs[1] is None:
+                mine = (mine[0], None)
+            if f != "primary" and (mine is None or theirs is None):
+                continue  # a part the pool does not show
+            if mine != theirs:
+                out.append(f"{f}: model {_shown(mine)} | pool {_shown(theirs)}")
+        return out
+
+
+def model_block_view(s: PoolState, b: int) -> BlockView:
+    """Block ``b`` as the specification predicts it."""
+    p = s.primary[b]
+    links: tuple[int | None, int | None] | str = s.free.neighbours(b) if b in s.free else "out"
+    return BlockView(s.ref[b], None if p is None else (p.key, p.num_tokens),
+                     tuple(sorted(s.secondary[b])), b in s.watchers, links)
+
+
+def model_entries(s: PoolState, key: Key, whole: bool) -> tuple[int, ...] | int | None:
+    """The model's index entries of ``key`` (``whole``), or the block a lookup returns."""
+    blocks = s.index.get(key, ())
+    if whole:
+        return blocks
+    return blocks[0] if blocks else None
+
+
 def observe_model(s: PoolState, probes: Iterable[Key] = ()) -> Observation:
     """The observation the specification predicts (every part)."""
     return Observation(
-        ref=s.ref,
-        free=s.free,
+        ref=tuple(s.ref),
+        free=tuple(s.free),
         num_free=len(s.free),
         primary=tuple(None if p is None else (p.key, p.num_tokens) for p in s.primary),
         lookups=tuple((k, s.index[k][0] if s.index.get(k) else None) for k in probes),
@@ -188,6 +229,46 @@ class Observer:
         return tuple(tuple(sorted(key_of(k) for k in by_block.get(b.block_id, ())))
                      for b in self.pool.blocks)
 
+    # ------------------------------------------------------------ one block or key at a time
+
+    def block_view(self, b: int) -> BlockView:
+        """What the pool shows of block ``b``: count, primary, secondary keys, watched, queue links."""
+        pool = self.pool
+        block = pool.blocks[b]
+        primary = None if block.block_hash is None else (
+            key_of(block.block_hash), block.block_hash_num_tokens if self.num_tokens else None)
+        secondary = None
+        if self.has["secondary keys"]:
+            secondary = tuple(sorted(key_of(k) for k in pool.cached_block_hashes_by_block.get(b, ())))
+        watched = (b in pool._reuse_watchers) if self.has["registered watchers"] else None
+        return BlockView(block.ref_cnt, primary, secondary, watched, self._links(block))
+
+    def _links(self, block: Any) -> tuple[int | None, int | None] | str | None:
+        """``block``'s neighbours in the free queue (None at an end), ``"out"`` when it is not
+        linked, ``None`` when the pool's links cannot be seen."""
+        if not self.has["free-queue links"]:
+            return None
+        queue = self.pool.free_block_queue
+        prev, nxt = block.prev_free_block, block.next_free_block
+        if prev is None and nxt is None:
+            return "out"
+        return (None if prev is None or prev is queue.fake_free_list_head else prev.block_id,
+                None if nxt is None or nxt is queue.fake_free_list_tail else nxt.block_id)
+
+    def entries(self, key: Key) -> tuple[int, ...] | int | None:
+        """The blocks the index holds under ``key``, in order (white box); else the block a
+        lookup returns (an id, or ``None`` for a miss)."""
+        if self.has["index multimap"]:
+            entry = self.pool.cached_block_hash_to_block._cache.get(concrete_key(key))
+            if entry is None:
+                return ()
+            return tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
+        hit = self.pool.get_cached_block(key[0], [key[1]])
+        return hit[0].block_id if hit else None
+
+    def num_free(self) -> int:
+        return int(self.pool.free_block_queue.num_free_blocks)
+
     def link_errors(self) -> list[str]:
         """What is wrong with the free queue's links (empty when they cannot be seen)."""
         if not self.has["free-queue links"]:
@@ -240,7 +321,8 @@ def free_queue_link_errors(queue: Any, limit: int | None = None) -> list[str]:
                           f"walked {limit} blocks")
     if backward[::-1] != forward:
         errors.append(f"forward {forward} != reversed backward {backward[::-1]}")
-    twice = sorted({b for b in forward if forward.count(b) > 1})
+    seen: set[int] = set()
+    twice = sorted({b for b in forward if b in seen or seen.add(b)})  # type: ignore[func-returns-value]
     if twice:
         errors.append(f"blocks {twice} are queued twice: {forward}")
     if queue.num_free_blocks != len(forward):

@@ -42,15 +42,15 @@ import pickle
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import CALLER_ACTIONS, ContractBroken, Refusal, violated
+from kvpool.model import CALLER_ACTIONS, EVERYWHERE, Around, ContractBroken, Operation, Refusal, violated
 from kvpool.model.state import NULL, PoolState
 
-from .lockstep import CallerBrokeContract, Divergence, Lockstep, Step, Watcher
+from .lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher
 from .observe import Observation, observe_pool
 
 Call = tuple[str, tuple[Any, ...]]
@@ -137,19 +137,19 @@ class Pair(Lockstep):
             self.named[name] = NamedWatcher(name, self.fired)
         return self.named[name]
 
-    def _block(self, block_id: Any) -> Any:
+    def block(self, block_id: Any) -> Any:
         n = len(self.pool.blocks)
         if block_id == n + STRANGER_OFFSET and self.spare is not None:
             if self.other is None:
                 self.other = self.spare()
             return self.other.blocks[1]
-        return super()._block(block_id)
+        return super().block(block_id)
 
-    def _pool_args(self, op: str, args: Sequence[Any]) -> list[Any]:
-        out = super()._pool_args(op, args)
-        if op == "unpin_blocks" and len(out) > 1 and isinstance(out[1], NamedWatcher):
+    def _pool_args(self, decl: Operation, args: Sequence[Any]) -> tuple[Any, ...]:
+        out = list(super()._pool_args(decl, args))
+        if decl.name == "unpin_blocks" and len(out) > 1 and isinstance(out[1], NamedWatcher):
             out[1] = self.named_watcher(out[1].name)
-        return out
+        return tuple(out)
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         if op not in CALLER_ACTIONS:
@@ -166,22 +166,22 @@ class Pair(Lockstep):
             return result
         self.steps += 1
         try:
-            state, result = CALLER_ACTIONS[op](self.model, *args, **kwargs)
+            _state, result = CALLER_ACTIONS[op](self.model, *args, **kwargs)
         except ContractBroken as exc:
             raise CallerBrokeContract(str(exc), exc.contract, self.steps) from None
         except Refusal as exc:
-            self.trace.append(Step(op, args, type(exc).__name__, type(exc).__name__, self.model))
+            self._record(op, args, type(exc).__name__, type(exc).__name__)
             return exc
-        self.trace.append(Step(op, args, repr(result), None, state))
-        self.model = state
+        self._record(op, args, repr(result), None)
         self.check()
         return result
 
     def _diverged(self, where: str, what: str, parts: list[str],
-                  crash: BaseException | None = None, contract: str | None = None) -> Divergence:
+                  crash: BaseException | None = None, contract: str | None = None,
+                  window: tuple[int, int] | None = None) -> Divergence:
         if contract is not None:  # counted by the exploration, never drawn
             return CallerBrokeContract(what, contract, self.steps)
-        return super()._diverged(where, what, parts, crash, contract)
+        return super()._diverged(where, what, parts, crash, contract, window)
 
 
 def fresh_pair(factory: Callable[..., Any], shape: Shape) -> Pair:
@@ -201,7 +201,7 @@ def fresh_pair(factory: Callable[..., Any], shape: Shape) -> Pair:
 
 
 _CARRIED = ("pool", "foreign", "fired", "metrics", "known", "probed", "named")
-"""What a copy of a pair carries besides the model's state (which is immutable)."""
+"""What a copy of a pair carries besides the model's state (copied on its own)."""
 
 
 @dataclass
@@ -233,11 +233,12 @@ class Carried:
         """
         if self.how == "replay":
             pair = replay(factory, shape, path)
-            pair.trace, pair.steps, pair.invariants = [], 0, invariants
+            pair.trace.clear()
+            pair.steps, pair.last_full, pair.invariants = 0, 0, invariants
             return pair
         parts = pickle.loads(self.data) if self.how == "pickle" else copy.deepcopy(self.data)
         fields_ = dict(zip(_CARRIED, parts, strict=True))
-        pair = Pair(pool=fields_["pool"], model=model, foreign=fields_["foreign"],
+        pair = Pair(pool=fields_["pool"], model=model.copy(), foreign=fields_["foreign"],
                     fired=fields_["fired"], metrics=fields_["metrics"], known=fields_["known"],
                     probed=fields_["probed"], invariants=invariants)
         pair.spare, pair.other_seen, pair.named = root.spare, root.other_seen, fields_["named"]
@@ -250,9 +251,10 @@ class Memo:
     def __init__(self) -> None:
         self.known: dict[Hashable, list[str]] = {}
 
-    def __call__(self, s: PoolState) -> list[str]:
-        exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
-                 tuple(s.watchers.items()), tuple(s.names.items()), s.holders, s.announced)
+    def __call__(self, s: PoolState, at: Around = EVERYWHERE) -> list[str]:
+        if not at.whole:
+            return violated(s, at)
+        exact = s.variables()
         if exact not in self.known:
             self.known[exact] = violated(s)
         return self.known[exact]
@@ -292,9 +294,10 @@ def requests_for(hash_block_size: int) -> list[Request]:
 
 def exact_key(s: PoolState) -> Hashable:
     """The model's variables, watchers by name; pending events and notice logs left out."""
-    return (s.ref, s.free, s.primary, s.secondary, tuple(sorted(s.index.items())),
+    return (tuple(s.ref), tuple(s.free), tuple(s.primary), tuple(s.secondary), tuple(sorted(s.index.items())),
             tuple(sorted((b, getattr(w, "__name__", repr(w))) for b, w in s.watchers.items())),
-            s.holds, tuple(sorted(s.names.items())), s.holders, tuple(sorted(s.announced)))
+            tuple(s.holds), tuple(sorted(s.names.items(), key=lambda kc: kc[0])), tuple(s.holders),
+            tuple(sorted(s.announced)))
 
 
 def queries(s: PoolState, requests: Sequence[Any], groups: Sequence[int] = (0, 1)) -> Iterator[Call]:
@@ -533,8 +536,8 @@ def explore(
                 if visit is not None:
                     visit(pair.model, (*path, (op, args)))
                 if not last:
-                    pair.model = replace(pair.model, fired=(), told=())
-                    pair.trace, pair.steps = [], 0
+                    pair.trace.clear()
+                    pair.steps, pair.last_full = 0, 0
                     carried = Carried.of(pair)
                     out.copies[carried.how] += 1
                     nxt.append((pair.model, carried, (*path, (op, args))))

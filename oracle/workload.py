@@ -29,12 +29,12 @@ from typing import Any
 
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import ACTIONS, QUERIES, Refusal
+from kvpool.model import OPERATIONS, QUERIES, Refusal
 from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
 from .abstraction import refusal_name
-from .lockstep import Lockstep, Step
+from .lockstep import CallRecord, Lockstep
 
 
 @dataclass
@@ -113,11 +113,12 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     double free) must be the pool's refusal with neither pool changed.
     Then both pools are compared with their models.
     """
-    free = ACTIONS["free_blocks"]
+    free = OPERATIONS["free_blocks"]
+    mine, theirs = [b for p, b in listed if p is first], [b for p, b in listed if p is second]
     m_error: Exception | None = None
-    try:
-        own_state, _ = free(first.model, [b for p, b in listed if p is first])
-        their_state, _ = free(second.model, [b for p, b in listed if p is second])
+    try:  # both guards first: a refusal by either changes neither model
+        free.prepare(first.model, (mine,))
+        free.prepare(second.model, (theirs,))
     except Refusal as exc:
         m_error = exc
     p_error: Exception | None = None
@@ -129,13 +130,14 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     second.steps += 1
     names = [str(b) if p is first else f"second:{b}" for p, b in listed]
     for pair in (first, second):  # either may be the one found to differ: both traces show the call
-        pair.trace.append(Step("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
+        pair.trace.append(CallRecord("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
     if (m_error is None) != (p_error is None) or (
             m_error is not None and not first.errors_match(m_error, p_error)):
         raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}",
                               ["refusal"])
     if m_error is None:
-        first.model, second.model = own_state, their_state
+        free.next(first.model, mine)
+        free.next(second.model, theirs)
     first.check()
     second.check()
 

@@ -49,15 +49,16 @@ from typing import Any
 
 from kvpool.model import (
     ACTIONS,
-    CALLER_ACTIONS,
     INVARIANTS,
     LEMMAS,
+    OPERATIONS,
     ContractBroken,
     Refusal,
     RefusalKind,
 )
-from kvpool.model.events import Removed, Stored
-from kvpool.model.request import content, hashes_at, prefix_key
+from kvpool.model.events import Event, Removed, Stored
+from kvpool.model.request import content
+from kvpool.model.split import Split
 from kvpool.model.state import NULL, Key, PoolState, Primary
 
 from . import bmc
@@ -211,8 +212,6 @@ def unfaithful(s: PoolState) -> list[str]:
     ids are the sort's elements.
     """
     out = []
-    if len(set(s.free)) != len(s.free):
-        out.append("a block is queued twice")
     if not all(s.index.values()):
         out.append("an index key maps to an empty list")
     if any(len(set(bs)) != len(bs) for bs in s.index.values()):
@@ -313,9 +312,8 @@ def perturbations(s: PoolState, d: Domain, turn: int) -> Iterator[tuple[str, Poo
             yield f"an announcement of block {x} nobody indexed", replace(
                 s, announced=s.announced | {(k, x)})
     if s.free:
-        head = s.free[turn % len(s.free)]
+        head = list(s.free)[turn % len(s.free)]
         yield "a free block dropped from the queue", replace(s, free=tuple(x for x in s.free if x != head))
-        yield "a free block queued twice", replace(s, free=(*s.free, head))
     busy = [x for x in range(n) if x not in s.free]
     if busy:
         x = busy[turn % len(busy)]
@@ -391,69 +389,14 @@ def _set(t: tuple[Any, ...], i: int, v: Any) -> tuple[Any, ...]:
 # Calls: the model's action against its decomposition into z3 steps.
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A call as z3 steps: the sequence, and what the model's verdict requires of it."""
-
-    steps: tuple[tuple[str, tuple[Any, ...]], ...]
-    """(step name, arguments as model values), in order."""
-    accept: bool
-    """The model accepted the call: every step is enabled, in turn."""
-    exhaust: str | None = None
-    """After the steps, this step must be disabled for every block (``get_new_blocks`` refused)."""
-
-    @property
-    def name(self) -> str:
-        """The step the case is about (the decompositions are homogeneous)."""
-        return self.steps[-1][0] if self.steps else (self.exhaust or "identity")
+Plan = Split
+"""A call as z3 steps (the declaration's split, :mod:`kvpool.model.split`)."""
 
 
 def plan(s: PoolState, name: str, args: Sequence[Any], accept: bool, result: Any) -> Plan:
-    """The per-block decomposition of one call (:mod:`kvpool.proofs.transitions`' docstring)."""
-    hbs = s.hash_block_size
-    if name == "get_new_blocks":
-        if accept:
-            return Plan(tuple(("alloc", (b,)) for b in result), True)
-        return Plan(tuple(("alloc", (b,)) for b in s.free), False, exhaust="alloc")
-    if name == "_maybe_evict_cached_block":
-        return Plan((("evict", (args[0],)),), accept)
-    if name == "_insert_block_hash":
-        request, prefix_tokens, g, b, num_tokens = args
-        key = prefix_key(request, prefix_tokens, hbs, g)
-        return Plan((("insert", (b, key, num_tokens or 0, content(request, prefix_tokens, hbs))),), accept)
-    if name in ("free_blocks", "touch", "evict_blocks", "unpin_blocks"):
-        step = {"free_blocks": "release", "touch": "touch", "evict_blocks": "evict",
-                "unpin_blocks": "unpin"}[name]
-        return Plan(tuple((step, (b,)) for b in args[0]), accept)
-    if name == "reset_prefix_cache":
-        return Plan((("reset", ()),), accept and result is not False)
-    if name == "move_block_hashes":
-        return Plan((("move", (args[0], args[1])),), accept)
-    if name == "write_block":
-        b, request, num_tokens = args
-        return Plan((("write", (b, content(request, num_tokens, hbs))),), accept)
-    if name == "cache_full_blocks":
-        request, block_ids, nc, nf, bs, g = args[:6]
-        mask = args[6] if len(args) > 6 else None
-        new_ids = block_ids[nc:nf]
-        hashes = hashes_at(request, hbs, bs)
-        chosen = [(nc + i, b) for i, b in enumerate(new_ids)
-                  if b != NULL and (mask is None or mask[i])]
-        if nc >= nf or not chosen:
-            return Plan((("identity", ()),), accept)
-        return Plan(tuple(("cache_full", (b, (hashes[i], g), (i + 1) * bs,
-                                          content(request, (i + 1) * bs, hbs)))
-                          for i, b in chosen), accept)
-    if name == "cache_partial_block":
-        request, b, num_tokens, g, _bs, rep = args
-        if b == NULL:
-            return Plan((("identity", ()),), accept)
-        key = prefix_key(request, num_tokens, hbs, g)
-        return Plan((("cache_partial", (b, key, num_tokens, content(request, num_tokens, hbs),
-                                        rep)),), accept)
-    if name in ("emit_cached_block_events", "take_events"):
-        return Plan((("identity", ()),), accept)
-    raise KeyError(f"no decomposition for {name}")
+    """The per-block decomposition of one call, as its declaration states it."""
+    op = OPERATIONS[name]
+    return op.split(s, accept, result, *op.bind(args))
 
 
 def _block_arg(spec: StepSpec) -> int | None:
@@ -474,7 +417,7 @@ Entries = set[tuple[int, int]]
 """(key index, block) pairs."""
 
 
-def event_entries(call: str, p: Plan, before: PoolState, after: PoolState,
+def event_entries(call: str, p: Plan, before: PoolState, after: PoolState, events: Sequence[Event],
                   kid: Mapping[Key, int]) -> tuple[list[Entries], list[Entries], list[str]]:
     """The model's events as per-step (key, block) entries: (removed, stored, unattributed).
 
@@ -492,7 +435,7 @@ def event_entries(call: str, p: Plan, before: PoolState, after: PoolState,
     stored: list[Entries] = [set() for _ in p.steps]
     lost: list[str] = []
     r_at = s_at = 0
-    for ev in after.events:
+    for ev in events:
         if isinstance(ev, Removed):
             k = (ev.hash, ev.group)
             while r_at < len(blocks) and not (
@@ -622,11 +565,11 @@ def _next_interp(d: Domain, before: PoolState, base: Interp, after: PoolState) -
             lst[kid[k]] = cid[c]
         names = tuple(lst)
     return Interp(
-        ref=after.ref, free=free, prim=prim, pkey=pkey, ptok=ptok, sec=base.sec, idx=base.idx,
+        ref=tuple(after.ref), free=free, prim=prim, pkey=pkey, ptok=ptok, sec=base.sec, idx=base.idx,
         watched=base.watched if after.watchers.keys() == before.watchers.keys()
         else tuple(b in after.watchers for b in range(n)),
         holds=base.holds if after.holds == before.holds else tuple(cid[c] for c in after.holds),
-        names=names, holders=after.holders, live=base.live, events=after.events_on,
+        names=names, holders=tuple(after.holders), live=base.live, events=after.events_on,
         caching=after.caching, hbs=after.hash_block_size)
 
 
@@ -675,17 +618,20 @@ def _check_call(run: _Run, s: PoolState, interp: Interp, memo: dict[tuple[Any, .
     name, args = call
     rep = run.report
     rep.calls += 1
-    fn = ACTIONS.get(name) or CALLER_ACTIONS[name]
+    op = OPERATIONS[name]
     nxt: PoolState | None = None
     result: Any = None
     try:
-        nxt, result = fn(s, *args)
+        nxt = s.copy()
+        result = op.run(nxt, op.bind(args))
     except ContractBroken as broken:
+        nxt = None
         if broken.contract in BATCH_CONTRACTS:
             rep.skipped[f"contract {broken.contract} (on the whole batch)"] += 1
             return None
         verdict = f"caller broke {broken.contract}"
     except Refusal as refusal:
+        nxt = None
         if refusal.kind in ARGUMENT_REFUSALS:
             rep.skipped[f"refused {refusal.kind.name} (argument shape)"] += 1
             return None
@@ -721,7 +667,7 @@ def _check_call(run: _Run, s: PoolState, interp: Interp, memo: dict[tuple[Any, .
     d = run.compiled.domain
     want = _next_interp(d, s, interp, nxt)
     diff = [] if after == want else differences(after, want, d)
-    m_removed, m_stored, lost = event_entries(name, p, s, nxt, d.key_id)
+    m_removed, m_stored, lost = event_entries(name, p, s, nxt, nxt.out.events, d.key_id)
     for i, (st, a) in enumerate(p.steps if s.events_on else ()):  # read only under events
         for label, z, m in (("removed", removed[i], m_removed[i]), ("stored", stored[i], m_stored[i])):
             if z != m:
@@ -792,8 +738,7 @@ def check(cfg: bmc.Config, depth: int, seconds: float = 3600.0, *, perturb: int 
     def key(s: PoolState) -> tuple[Any, ...]:
         if not cfg.symmetry:
             return bmc.canonical(s)
-        exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
-                 tuple(s.watchers.items()), tuple(s.names.items()), s.holders, s.announced)
+        exact = s.variables()
         if exact not in memo_key:
             memo_key[exact] = bmc.orbit_key(s, renamings)
         return memo_key[exact]
@@ -812,7 +757,8 @@ def check(cfg: bmc.Config, depth: int, seconds: float = 3600.0, *, perturb: int 
                 _check_state(run, ps, abstract(compiled.domain, ps), f"perturbed: {label}")
         return interp
 
-    s0 = replace(start, events=(), fired=(), told=()) if start is not None else cfg.initial()
+    s0 = start.copy() if start is not None else cfg.initial()
+    s0.events = []
     seen = {key(s0)}
     frontier = [(s0, visit(s0))]
     for level in range(1, depth + 1):
@@ -830,7 +776,7 @@ def check(cfg: bmc.Config, depth: int, seconds: float = 3600.0, *, perturb: int 
                 c = key(after)  # the key reads no events, notices or metrics
                 if c not in seen:
                     seen.add(c)
-                    after = replace(after, events=(), fired=(), told=())
+                    after.events = []
                     nxt_level.append((after, visit(after)))
         rep.depth, frontier = level, nxt_level
         if not frontier:
@@ -933,8 +879,9 @@ def _walk(rng: random.Random, cfg: bmc.Config, requests: Sequence[bmc.Request], 
     calls = list(bmc.calls(s, cfg, requests))
     for call in rng.sample(calls, min(len(calls), 64)):
         step = bmc.apply_call(ACTIONS, s, call)
-        if step is not None and step.error is None:
-            return replace(step.after, events=(), fired=(), told=()), walked + 1
+        if step is not None and not step.refused:
+            step.after.events = []
+            return step.after, walked + 1
     return cfg.initial(), 0
 
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import z3  # type: ignore[import-untyped]
 
+from kvpool.model.request import EMPTY as EMPTY_PREFIX
 from kvpool.model.request import Content as ModelContent
+from kvpool.model.request import extends
 from kvpool.model.state import Key as ModelKey
 from kvpool.model.state import PoolState
 
@@ -53,14 +55,14 @@ class Universe:
         """Every block, key and content the states (and extra arguments) mention."""
         states = list(states)
         all_keys, all_contents = mentioned(states, keys, contents)
-        all_contents.add(())
+        all_contents.add(EMPTY_PREFIX)
         n = states[0].num_blocks
         order_k = sorted(all_keys)
         order_c = sorted(all_contents, key=repr)
         return cls(
             blocks=[NULL, *[z3.Const(f"blk{i}", Block) for i in range(1, n)]],
             keys={k: z3.Const(f"key{i}", Key) for i, k in enumerate(order_k)},
-            contents={c: (EMPTY if c == () else z3.Const(f"cnt{i}", Content))
+            contents={c: (EMPTY if c is EMPTY_PREFIX else z3.Const(f"cnt{i}", Content))
                       for i, c in enumerate(order_c)},
         )
 
@@ -78,7 +80,7 @@ class Universe:
             out.append(z3.Distinct(*self.contents.values()))
         for a, ea in self.contents.items():
             for b, eb in self.contents.items():
-                out.append(prefix(ea, eb) == (b[: len(a)] == a))
+                out.append(prefix(ea, eb) == extends(b, a))
         return out
 
 

@@ -35,7 +35,9 @@ from typing import Any, NamedTuple
 
 import z3  # type: ignore[import-untyped]
 
+from kvpool.model.request import EMPTY as EMPTY_PREFIX
 from kvpool.model.request import Content as ModelContent
+from kvpool.model.request import extends
 from kvpool.model.state import Key as ModelKey
 from kvpool.model.state import PoolState
 
@@ -61,9 +63,9 @@ class Domain:
     @classmethod
     def of(cls, num_blocks: int, keys: Iterable[ModelKey],
            contents: Iterable[ModelContent]) -> Domain:
-        """Every key and content given (``()`` always among the contents), in a fixed order."""
+        """Every key and content given (the empty prefix always among the contents), in a fixed order."""
         ks = tuple(sorted(set(keys)))
-        cs = tuple(sorted({(), *contents}, key=repr))
+        cs = tuple(sorted({EMPTY_PREFIX, *contents}, key=repr))
         return cls(num_blocks, ks, cs, {k: i for i, k in enumerate(ks)},
                    {c: i for i, c in enumerate(cs)})
 
@@ -76,7 +78,7 @@ class Domain:
 
     def prefix_table(self) -> tuple[tuple[bool, ...], ...]:
         """``prefix(a, b)`` for every pair of contents: ``a`` is a prefix of ``b``."""
-        return tuple(tuple(b[: len(a)] == a for b in self.contents) for a in self.contents)
+        return tuple(tuple(extends(b, a) for b in self.contents) for a in self.contents)
 
 
 class Interp(NamedTuple):
@@ -118,7 +120,7 @@ def abstract(d: Domain, s: PoolState) -> Interp:
     for k, c in s.names.items():
         names[kid[k]] = cid[c]
     return Interp(
-        ref=s.ref,
+        ref=tuple(s.ref),
         free=tuple(b in free for b in range(n)),
         prim=tuple(p is not None for p in s.primary),
         pkey=tuple(None if p is None else kid[p.key] for p in s.primary),
@@ -128,7 +130,7 @@ def abstract(d: Domain, s: PoolState) -> Interp:
         watched=tuple(b in s.watchers for b in range(n)),
         holds=tuple(cid[c] for c in s.holds),
         names=tuple(names),
-        holders=s.holders,
+        holders=tuple(s.holders),
         live=frozenset((kid[k], b) for k, b in s.announced),
         events=s.events_on,
         caching=s.caching,
@@ -618,7 +620,7 @@ class _Compiler:
             if e.eq(NULL):
                 return _Src("0", True)
             if e.eq(EMPTY):
-                return _Src(str(self.domain.content_id[()]), True)
+                return _Src(str(self.domain.content_id[EMPTY_PREFIX]), True)
             name = e.decl().name()
             if not args:
                 if name not in self.names:
@@ -814,7 +816,7 @@ def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Seq
     u = Universe(
         blocks=Universe.of([s]).blocks,
         keys={k: z3.Const(f"key{i}", Key) for i, k in enumerate(d.keys)},
-        contents={c: (EMPTY if c == () else z3.Const(f"cnt{i}", Content))
+        contents={c: (EMPTY if c is EMPTY_PREFIX else z3.Const(f"cnt{i}", Content))
                   for i, c in enumerate(d.contents)})
     dom = u.domain()
     memo: dict[int, tuple[Expr, Expr]] = {}

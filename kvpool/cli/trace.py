@@ -42,14 +42,13 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
     misuse, why = misuse_setting(adapter, not args.no_misuse)
     print(f"kvpool record: {adapter.name}; {why}")
-    rec = record_adapter(adapter, args.seed, args.steps, observe=not args.no_observe,
-                         reference=args.reference, misuse=misuse)
     try:
-        rec.write(args.out)
+        rec = record_adapter(adapter, args.seed, args.steps, observe=not args.no_observe,
+                             reference=args.reference, misuse=misuse, path=args.out)
     except OSError as exc:
         print(f"kvpool record: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"{args.out}: {len(rec.lines)} calls recorded")
+    print(f"{args.out}: {rec.calls} calls recorded")
     if rec.divergence:
         print(f"the pool diverged from the model at the last call:\n{rec.divergence}")
         return 1

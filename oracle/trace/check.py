@@ -19,7 +19,7 @@ from kvpool.model.state import PoolState
 from ..abstraction import names_refusal, refusal_name, removals_in_order
 from ..lockstep import Watcher
 from ..observe import observe_model
-from .read import TraceStep, read_trace
+from .read import TraceStep, iter_trace
 from .schema import EVENT_FIELDS, OBSERVATION_FIELDS, USAGE_TOLERANCE, Json, is_int, show
 from .write import encode_model_result, model_event_to_json, observation_to_json
 
@@ -189,11 +189,11 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
             same = _strict_equal(step.result, m_result)
         if not same:
             diffs.append(f"result: recorded {show(step.result)}, model {show(m_result)}")
-    emitted = [] if step.op == "take_events" else list(after.events[len(before.events):])
+    emitted = [] if step.op == "take_events" or error is not None else after.out.events
     if step.events is not None:  # null: the recording pool does not show a call's events
         diffs += _event_diffs("events", step.events, [model_event_to_json(e) for e in emitted])
     if step.fired is not None:
-        fired = [[w.name, b] for w, b in after.fired[len(before.fired):]]
+        fired = [] if error is not None else [[w.name, b] for w, b in after.out.fired]
         if not _strict_equal(step.fired, fired):
             diffs.append(f"fired: recorded {show(step.fired)}, model {show(fired)}")
     if step.observation is not None:
@@ -208,27 +208,27 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
     the model raises ``NotEnoughFreeBlocksError``.  Raises :class:`TraceError`
     on a bad file.
     """
-    trace = read_trace(path)
-    h = trace.header
+    h, steps = iter_trace(path)
     vllm_errors = vllm_errors or h.vllm_errors
     state = initial_state(h.num_blocks, h.enable_caching, h.hash_block_size,
                           h.enable_kv_cache_events, h.medium,
                           **REFERENCES[h.reference])
     watchers: dict[str, Watcher] = {}
     log: list[tuple[str, int]] = []
-    for number, step in enumerate(trace.steps, start=1):
+    number = 0
+    for number, step in enumerate(steps, start=1):
         new, result, error = _model_call(state, step, watchers, log)
         if isinstance(error, ContractBroken):
-            return CheckReport(trace.path, number, contract=StepContract(
+            return CheckReport(str(path), number, contract=StepContract(
                 step.line, number, step.op, error.contract, str(error).split(": ", 1)[-1]))
         try:
             diffs = compare_step(step, state, new, result, error, vllm_errors=vllm_errors)
         except RecursionError:
             diffs = ["value nested too deeply to compare"]
         if diffs:
-            return CheckReport(trace.path, number, StepDivergence(step.line, number, step.op, diffs))
+            return CheckReport(str(path), number, StepDivergence(step.line, number, step.op, diffs))
         state = new
-    return CheckReport(trace.path, len(trace.steps))
+    return CheckReport(str(path), number)
 
 
 __all__ = ["CheckReport", "StepContract", "StepDivergence", "canonical_event", "canonical_hash",

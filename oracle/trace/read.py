@@ -8,10 +8,10 @@ Nothing else is raised on bad input (the fuzz harness in ``fuzz/`` holds it to t
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 from kvpool.model import REFERENCES
@@ -36,6 +36,9 @@ from .schema import (
     is_int,
     show,
 )
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -327,10 +330,24 @@ def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
     """Each non-blank line's JSON value with its 1-based number; errors as :class:`TraceError`."""
     name = str(path)
     try:
-        data = Path(path).read_bytes()
+        handle = Path(path).open("rb")
     except OSError as exc:
         raise TraceError(name, 0, f"cannot read: {exc.strerror or exc}") from None
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    with handle:
+        yield from _values(name, _lines(name, handle))
+
+
+def _lines(name: str, handle: BinaryIO) -> Iterator[bytes]:
+    """The file's lines, read as they come (a trace may be longer than memory)."""
+    try:
+        for raw in handle:
+            yield raw[:-1] if raw.endswith(b"\n") else raw
+    except OSError as exc:
+        raise TraceError(name, 0, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _values(name: str, lines: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
@@ -349,23 +366,39 @@ def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 def read_trace(path: str | Path) -> Trace:
     """Read and validate a whole trace; raise :class:`TraceError` at the first bad line."""
+    header, steps = iter_trace(path)
+    return Trace(str(path), header, list(steps))
+
+
+def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
+    """The trace's header, and its call lines as they are read (memory independent of length).
+
+    The header is read and checked at once; a bad call line raises
+    :class:`TraceError` when the iteration reaches it.
+    """
     name = str(path)
-    header: Header | None = None
-    steps: list[TraceStep] = []
-    for number, value in json_lines(path):
-        try:
-            if header is None:
-                header = parse_header(value)
-            else:
-                steps.append(parse_step(value, number, header))
-        except FieldError as exc:
-            raise TraceError(name, number, str(exc)) from None
-        except RecursionError:
-            raise TraceError(name, number, "value nested too deeply") from None
-    if header is None:
+    values = json_lines(path)
+    first = next(values, None)
+    if first is None:
         raise TraceError(name, 1, "empty file: expected a header line {\"kvpool_trace\": 1, ...}")
-    return Trace(name, header, steps)
+    number, value = first
+    header = _guarded(name, number, lambda: parse_header(value))
+
+    def steps() -> Iterator[TraceStep]:
+        for number, value in values:
+            yield _guarded(name, number, lambda: parse_step(value, number, header))
+
+    return header, steps()
 
 
-__all__ = ["Header", "Trace", "TraceStep", "json_lines", "parse_event", "parse_header", "parse_step",
-           "read_trace"]
+def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
+    try:
+        return parse()
+    except FieldError as exc:
+        raise TraceError(name, number, str(exc)) from None
+    except RecursionError:
+        raise TraceError(name, number, "value nested too deeply") from None
+
+
+__all__ = ["Header", "Trace", "TraceStep", "iter_trace", "json_lines", "parse_event", "parse_header",
+           "parse_step", "read_trace"]

@@ -6,6 +6,7 @@ the call that diverged, and :func:`~.check.check_trace` on it names the same ste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable
@@ -72,8 +73,12 @@ class RecordingLockstep(Lockstep):
     """A :class:`Lockstep` that also writes each call, as the pool saw it, to trace lines."""
 
     lines: list[dict[str, Json]] = field(default_factory=list)
+    """The lines written so far, unless they go to ``sink`` as they are made."""
     keep_observations: bool = True
     fired_now: list[tuple[str, int]] = field(default_factory=list)
+    sink: Callable[[dict[str, Json]], None] | None = None
+    """Where each line goes as it is made (None: kept in ``lines``)."""
+    written: int = 0
 
     def watcher(self, name: str) -> Watcher:
         return Watcher(name, _Tee(self.fired, self.fired_now))
@@ -99,21 +104,36 @@ class RecordingLockstep(Lockstep):
                 line["observation"] = observation_to_json(
                     self.observe(self.observer.pool, ()) if self.observe is not None
                     else self.observer.observe())
-            self.lines.append(line)
+            self.written += 1
+            if self.sink is None:
+                self.lines.append(line)
+            else:
+                self.sink(line)
 
 
 @dataclass
 class Recording:
-    """A recorded run: the trace lines, and the lockstep divergence if there was one."""
+    """A recorded run: the trace lines (unless written as they were made), and the lockstep
+    divergence if there was one."""
 
     header: dict[str, Json]
     lines: list[dict[str, Json]]
     divergence: str | None
+    calls: int = -1
+    """How many calls were recorded (``len(lines)`` unless they were streamed to a file)."""
+
+    def __post_init__(self) -> None:
+        if self.calls < 0:
+            self.calls = len(self.lines)
 
     def write(self, path: str | Path) -> None:
         with open(path, "w", encoding="utf-8") as out:
             for obj in [self.header, *self.lines]:
-                out.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+                out.write(_line(obj))
+
+
+def _line(obj: dict[str, Json]) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def recording_pair(
@@ -148,12 +168,14 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
            errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
            reference: str = DEFAULT_REFERENCE,
            observe_pool: Callable[..., Observation] | None = None,
-           vllm_errors: bool = False) -> Recording:
+           vllm_errors: bool = False, path: str | Path | None = None) -> Recording:
     """Run the seeded workload (as ``campaign.run_one``) and keep every call as a trace line.
 
     A divergence stops the run; the trace then ends with the call that
     diverged, so ``check_trace`` on it names the same step.  ``observe_pool``
-    replaces the default observation of the pool (an adapter's).
+    replaces the default observation of the pool (an adapter's).  With
+    ``path`` each line is written there as it is made (memory independent of
+    the run's length) and the recording keeps none.
     """
     rng = random.Random(seed)
     cfg = Config.draw(rng)
@@ -169,16 +191,23 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
         pair.observe = observe_pool
     work = Workload(rng, cfg, pair, misuse_on=misuse)
     divergence = None
-    try:
-        for _ in range(steps):
-            work.step()
-    except Divergence as exc:
-        divergence = str(exc)
-    return Recording(header, pair.lines, divergence)
+    with contextlib.ExitStack() as stack:
+        if path is not None:
+            out = stack.enter_context(open(path, "w", encoding="utf-8"))
+            out.write(_line(header))
+            pair.sink = lambda line: out.write(_line(line))
+        try:
+            for _ in range(steps):
+                work.step()
+            pair.check()
+        except Divergence as exc:
+            divergence = str(exc)
+    return Recording(header, pair.lines, divergence, pair.written)
 
 
 def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
-                   reference: str = DEFAULT_REFERENCE, misuse: bool | None = None) -> Recording:
+                   reference: str = DEFAULT_REFERENCE, misuse: bool | None = None,
+                   path: str | Path | None = None) -> Recording:
     """:func:`record` through an ``oracle.adapter.Adapter``: its constructor, observation,
     error pairing and misuse setting (``misuse`` None: whatever the adapter supports)."""
 
@@ -191,7 +220,7 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
     return record(factory, seed, steps, misuse=supported if misuse is None else misuse and supported,
                   observe=observe, errors_match=adapter.errors_match, reference=reference,
                   observe_pool=getattr(adapter, "observe", None),
-                  vllm_errors=getattr(adapter, "matcher", None) is vllm_refusal)
+                  vllm_errors=getattr(adapter, "matcher", None) is vllm_refusal, path=path)
 
 
 def _name(obj: Any) -> str:

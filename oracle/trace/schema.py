@@ -8,12 +8,11 @@ cannot be silently left out of traces.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable
 from typing import Any
 
-from kvpool.model import ACTIONS, QUERIES
+from kvpool.model import ACTIONS, OPERATIONS, QUERIES
 
 from .. import abstraction
 
@@ -26,43 +25,27 @@ INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
 USAGE_TOLERANCE = 1e-9
 
 Json = Any
-# Argument kinds: "int", "ints" (list of int), "request", "watcher", "hash" (hex bytes),
-# "bool", "bools?" (list of bool or null).
+TRACE_KIND: dict[str, str] = {
+    "count": "int", "block": "int", "blocks": "ints", "block_ids": "ints", "request": "request",
+    "watcher": "watcher", "hash": "hash", "group": "int", "groups": "ints", "size": "int",
+    "tokens": "int", "tokens?": "int?", "flag": "bool", "mask?": "bools?",
+}
+"""How each kind of argument the model declares is written in a trace (blocks by their ids)."""
+TRACE_RESULT: dict[str, str | None] = {
+    "none": None, "blocks": "ints", "blocks?": "ints?", "key?": "hash?", "bool": "bool", "count": "int",
+    "fraction": "number", "events": "events",
+}
+"""How each kind of result is written (None: the call returns nothing)."""
+
+TRACED = {name: op for name, op in OPERATIONS.items() if op.role != "caller"}
+"""The operations a trace records: every pool operation (the caller's own writes are not seen)."""
 ARG_KINDS: dict[str, dict[str, str]] = {
-    "get_new_blocks": {"num_blocks": "int"},
-    "free_blocks": {"block_ids": "ints"},
-    "touch": {"block_ids": "ints"},
-    "unpin_blocks": {"block_ids": "ints", "on_reuse": "watcher"},
-    "evict_blocks": {"block_ids": "ints"},
-    "reset_prefix_cache": {},
-    "cache_full_blocks": {
-        "request": "request", "block_ids": "ints", "num_cached_blocks": "int",
-        "num_full_blocks": "int", "block_size": "int", "kv_cache_group_id": "int",
-        "block_mask": "bools?"},
-    "cache_partial_block": {
-        "request": "request", "block_id": "int", "num_tokens": "int", "kv_cache_group_id": "int",
-        "block_size": "int", "replace_existing_hashes": "bool"},
-    "move_block_hashes": {"src_id": "int", "dst_id": "int"},
-    "emit_cached_block_events": {
-        "request": "request", "num_cached_blocks": "int", "block_size": "int",
-        "kv_cache_group_id": "int"},
-    "take_events": {},
-    "_insert_block_hash": {
-        "request": "request", "prefix_tokens": "int", "kv_cache_group_id": "int", "block_id": "int",
-        "num_tokens": "int?"},
-    "_maybe_evict_cached_block": {"block_id": "int"},
-    "get_cached_block": {"block_hash": "hash", "kv_cache_group_ids": "ints"},
-    "is_block_writable": {"block_id": "int"},
-    "get_num_free_blocks": {},
-    "get_usage": {},
-}
-OPTIONAL_ARGS = {("cache_full_blocks", "block_mask"), ("cache_partial_block", "replace_existing_hashes")}
-# Result kinds when the call did not raise.
+    name: {a.name: TRACE_KIND[a.kind] for a in op.args} for name, op in TRACED.items()}
+"""Per operation, its arguments by the model's names, and how each is written."""
+OPTIONAL_ARGS = {(name, a.name) for name, op in TRACED.items() for a in op.args if a.optional}
 RESULT_KINDS: dict[str, str] = {
-    "get_new_blocks": "ints", "get_cached_block": "ints?", "cache_partial_block": "hash?",
-    "reset_prefix_cache": "bool", "is_block_writable": "bool", "get_num_free_blocks": "int",
-    "get_usage": "number", "take_events": "events", "_maybe_evict_cached_block": "bool",
-}
+    name: kind for name, op in TRACED.items() if (kind := TRACE_RESULT[op.result]) is not None}
+"""Result kinds when the call did not raise."""
 HEADER_FIELDS = {"kvpool_trace": "int", "num_blocks": "int", "enable_caching": "bool",
                  "hash_block_size": "int", "enable_kv_cache_events": "bool", "medium": "str"}
 STEP_FIELDS = {"op", "args", "result", "error", "events", "fired", "observation"}
@@ -87,16 +70,14 @@ EVENT_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
 
 
 def schema_gaps() -> set[str]:
-    """Operations (or event types) whose trace schema and the code disagree (empty when in step).
+    """Event types whose trace schema and the oracle's abstraction disagree (empty when in step).
 
-    The model may grow an operation or rename a parameter; this names it
-    rather than letting traces silently miss it (a test asserts it is empty).
+    The operations' tables are read off the model's declarations; the event
+    fields are written twice (here and in :mod:`kvpool.oracle.abstraction`),
+    so a renamed field is named here rather than silently missing from traces
+    (a test asserts it is empty).
     """
-    ops = set(ACTIONS) | set(QUERIES)
-    gaps = set(ARG_KINDS) ^ ops
-    for op in ops & set(ARG_KINDS):
-        if list(inspect.signature(model_fn(op)).parameters)[1:] != list(ARG_KINDS[op]):
-            gaps.add(op)
+    gaps = set()
     for name, names in abstraction.EVENT_FIELDS.items():
         if list(names) != list(EVENT_FIELDS.get(name, {"?": ("", True)})):
             gaps.add(name)
@@ -117,7 +98,7 @@ class FieldError(Exception):
 
 
 def model_fn(op: str) -> Callable[..., Any]:
-    """The model's action or query named ``op``; its parameters name a trace line's ``args``."""
+    """The model's action or query named ``op``."""
     return ACTIONS.get(op) or QUERIES[op]
 
 
@@ -137,7 +118,7 @@ def show(v: Any) -> str:
 
 __all__ = [
     "ARG_KINDS", "DEFAULT_REFERENCE", "EVENT_FIELDS", "HEADER_FIELDS", "INT_MAX", "INT_MIN",
-    "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "RESULT_KINDS", "STEP_FIELDS",
+    "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "RESULT_KINDS", "STEP_FIELDS", "TRACED",
     "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int", "model_fn",
     "schema_gaps", "show",
 ]

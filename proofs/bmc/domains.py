@@ -1,27 +1,24 @@
-"""The finite world the bounded model checker explores: requests, watchers, argument domains.
+"""The finite world the bounded model checker explores: its pool, requests and watchers.
 
-Every block id (the null block included); one- and two-element lists for
-``free_blocks`` and ``cache_full_blocks``, one-element lists elsewhere; three
-requests with overlapping prefixes; groups 0 and 1; block sizes ``hbs`` and
-``2 * hbs``; masks on two-block ranges; two watchers.
-
-The owner's writes (``write_block``: a request prefix into any block) are
-explored too, and ``_insert_block_hash`` of every request prefix's key into
-any block (the offload pool's copy).  Calls that break a caller contract
-(:mod:`kvpool.model.contracts`) are generated like any other; the model
-raises ``ContractBroken`` on them and the search does not follow them.
+Three requests with overlapping prefixes, groups 0 and 1, two watchers; the
+argument domains of each operation over them are the operation's own
+(declared in :mod:`kvpool.model.operations`, written in
+:mod:`kvpool.model.domains`).  The owner's writes (``write_block``) are
+explored too.  Calls that break a caller contract are generated like any
+other; the model raises ``ContractBroken`` on them and the search does not
+follow them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.model import initial_state
-from kvpool.model.state import NULL, PoolState
+from kvpool.model import OPERATIONS, initial_state
+from kvpool.model.domains import Scope
+from kvpool.model.state import PoolState
 
 Action = Callable[..., tuple[PoolState, Any]]
 """A model action: ``(state, *args) -> (next state, result)``."""
@@ -87,60 +84,15 @@ DEFAULT = Config()
 """The pool the search explores unless told otherwise: 4 blocks, hbs 1, events on."""
 
 
-# --------------------------------------------------------------------------
-# Argument domains.
+def scope_of(cfg: Config, requests: Sequence[Request] | None = None) -> Scope:
+    """What the search passes besides block ids: the configuration's requests, groups and watchers."""
+    return Scope(cfg.requests() if requests is None else requests, cfg.groups, WATCHERS)
 
 
 def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Call]:
-    """Every contract-respecting call from ``s`` over the small domains."""
-    ids = range(s.num_blocks)
-    hbs = s.hash_block_size
-    ones = [[b] for b in ids]
-    twos = [[a, b] for a in ids for b in ids]
-    for n in range(1, s.num_blocks):
-        yield "get_new_blocks", (n,)
-    for lst in ones + twos:
-        yield "free_blocks", (lst,)
-    for lst in ones:
-        yield "touch", (lst,)
-        yield "evict_blocks", (lst,)
-        yield "_maybe_evict_cached_block", (lst[0],)
-        for w in WATCHERS:
-            yield "unpin_blocks", (lst, w)
-    yield "reset_prefix_cache", ()
-    yield "take_events", ()
-    for src in ids:
-        for dst in ids:
-            yield "move_block_hashes", (src, dst)
-    for r in requests:
-        for b in ids:
-            for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
-                yield "write_block", (b, r, nt)
-    for r, g in itertools.product(requests, cfg.groups):
-        for b in ids:  # a key of another pool, copied in: as primary (covering its prefix) or secondary
-            for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
-                yield "_insert_block_hash", (r, nt, g, b, nt if s.primary[b] is None else None)
-    for r, bs, g in itertools.product(requests, (2 * hbs, hbs), cfg.groups):
-        yield "emit_cached_block_events", (r, 1, bs, g)
-        nmax = len(r.all_token_ids) // bs
-        for b in ids if bs > hbs else ():  # a partial entry must end inside a block
-            for nt in range(hbs, len(r.all_token_ids) + 1, hbs):
-                if nt % bs == 0:
-                    continue  # a boundary that is a block's end is cache_full's job
-                for rep in (False, True):
-                    yield "cache_partial_block", (r, b, nt, g, bs, rep)
-        # (list, num_cached): the listed blocks before num_cached are not read,
-        # so one filler (the null block) stands for all of them.
-        ranges = [([b], 0) for b in ids] + [([NULL, b], 1) for b in ids]
-        ranges += [([a, b], 0) for a in ids for b in ids]
-        for lst, nc in ranges:
-            nf = min(len(lst), nmax)
-            if nc >= nf:
-                continue
-            masks: list[list[bool] | None] = [None]
-            if nf - nc == 2:
-                masks += [[True, False], [False, True]]
-            for mask in masks:
-                yield "cache_full_blocks", (r, lst, nc, nf, bs, g, mask)
-
-
+    """Every call from ``s`` over the small domains, operation by operation as declared
+    (:mod:`kvpool.model.domains`); queries are not explored, they change nothing."""
+    scope = scope_of(cfg, requests)
+    for name, op in OPERATIONS.items():
+        for args in op.domain(s, scope):
+            yield name, args

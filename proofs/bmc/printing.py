@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from kvpool.model import ACTIONS, CALLER_ACTIONS, violated
+from kvpool.model import OPERATIONS, violated
+from kvpool.model.properties import Transition
 from kvpool.model.events import Cleared, Stored
 from kvpool.model.state import Key, PoolState
 
 from .domains import DEFAULT, Config, Request
-from .search import Outcome, Step
+from .search import Outcome
 
 
 def key_labels(cfg: Config) -> dict[Key, str]:
@@ -41,7 +41,7 @@ def _event(ev: Any, labels: Mapping[Key, str]) -> str:
     return f"{type(ev).__name__}({', '.join(names)})"
 
 
-def describe(step: Step, labels: Mapping[Key, str]) -> list[str]:
+def describe(step: Transition, labels: Mapping[Key, str]) -> list[str]:
     """What a step changed, field by field."""
     a, b = step.before, step.after
 
@@ -57,7 +57,7 @@ def describe(step: Step, labels: Mapping[Key, str]) -> list[str]:
     refs = [f"{i}: {x}->{y}" for i, (x, y) in enumerate(zip(a.ref, b.ref, strict=True)) if x != y]
     if refs:
         out.append("ref " + ", ".join(refs))
-    if a.free != b.free:
+    if tuple(a.free) != tuple(b.free):
         out.append(f"free queue {list(a.free)} -> {list(b.free)}")
     for i in range(a.num_blocks):
         if a.primary[i] != b.primary[i] or a.secondary[i] != b.secondary[i]:
@@ -72,18 +72,13 @@ def describe(step: Step, labels: Mapping[Key, str]) -> list[str]:
         wa = {k: show_arg(v) for k, v in a.watchers.items()}
         wb = {k: show_arg(v) for k, v in b.watchers.items()}
         out.append(f"watchers {wa} -> {wb}")
-    evs = [_event(e, labels) for e in b.events[len(a.events):]]
+    evs = [_event(e, labels) for e in step.out.events]
     if evs:
         out.append("events " + "; ".join(evs))
-    fired = [f"{show_arg(w)}({blk})" for w, blk in b.fired[len(a.fired):]]
+    fired = [f"{show_arg(w)}({blk})" for w, blk in step.out.fired]
     if fired:
         out.append("fired " + ", ".join(fired))
     return out or ["(no change)"]
-
-
-def _params(action: str) -> list[str]:
-    """The argument names of a model action (after the state)."""
-    return list(inspect.signature({**ACTIONS, **CALLER_ACTIONS}[action]).parameters)[1:]
 
 
 def format_trace(out: Outcome, cfg: Config = DEFAULT) -> str:
@@ -91,8 +86,9 @@ def format_trace(out: Outcome, cfg: Config = DEFAULT) -> str:
     labels = key_labels(cfg)
     lines = [f"VIOLATION of {', '.join(out.violation)} after {len(out.trace)} step(s):"]
     for n, st in enumerate(out.trace, 1):
-        args = ", ".join(f"{k}={show_arg(x)}" for k, x in zip(_params(st.action), st.args, strict=False))
-        tail = f"  -> raised {st.error}" if st.error else (
+        args = ", ".join(f"{a.name}={show_arg(x)}" for a, x in zip(OPERATIONS[st.action].args, st.args,
+                                                                    strict=False))
+        tail = f"  -> raised {st.refusal}" if st.refused else (
             f"  -> {st.result!r}" if st.result is not None and not isinstance(st.result, bytes) else "")
         lines.append(f"{n}. {st.action}({args}){tail}")
         lines += [f"     {d}" for d in describe(st, labels)]

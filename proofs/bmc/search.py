@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvpool.model import ACTIONS, CALLER_ACTIONS, ContractBroken, Refusal, violated
+from kvpool.model import ACTIONS, CALLER_ACTIONS, OPERATIONS, ContractBroken, Refusal, violated
 from kvpool.model.properties import Transition, broken_by
-from kvpool.model.state import PoolState
+from kvpool.model.state import PoolState, QueuedTwice
 
 from .domains import DEFAULT, Action, Call, Config, calls
 from .symmetry import canonical, orbit_key, renamings_of, state_digest
@@ -54,18 +54,6 @@ class PartFigures:
 
 
 @dataclass
-class Step:
-    """One transition on a trace: the call, the states around it, the result."""
-
-    action: str
-    args: tuple[Any, ...]
-    before: PoolState
-    after: PoolState
-    result: Any = None
-    error: str | None = None
-
-
-@dataclass
 class Outcome:
     """What a search found: depth fully explored, states seen, any violation."""
 
@@ -75,7 +63,7 @@ class Outcome:
     seconds: float
     complete: bool
     violation: list[str] = field(default_factory=list)
-    trace: list[Step] = field(default_factory=list)
+    trace: list[Transition] = field(default_factory=list)
     part: PartFigures | None = None
     """The part's own figures, when the search was one part of a sharded search."""
     expanded: int = 0
@@ -88,33 +76,35 @@ class Outcome:
         return not self.violation
 
 
-def apply_call(actions: Mapping[str, Action], s: PoolState, call: Call) -> Step | None:
-    """Run one call; ``None`` for a call that breaks a caller contract.
+def apply_call(actions: Mapping[str, Action], s: PoolState, call: Call) -> Transition | None:
+    """Run one call on a copy of ``s``; ``None`` for a call that breaks a caller contract.
 
-    A refusal is a step too (its ``after`` is the state the call left behind,
-    ``before`` itself when the refusal was clean): the step properties speak
+    A refusal is a transition too (its ``after`` is the state the call left
+    behind: ``s`` itself when it changed nothing): the step properties speak
     of refusals (a refused call changes nothing; allocation is refused only
-    when too few blocks are idle).
+    when too few blocks are idle).  The transition carries the call's
+    footprint as declared, for the check that nothing outside it changed.
     """
     name, args = call
+    op = OPERATIONS[name]
+    left = s.copy()
     try:
-        nxt, result = (actions.get(name) or CALLER_ACTIONS[name])(s, *args)
+        nxt, result = (actions.get(name) or CALLER_ACTIONS[name])(left, *args)
     except ContractBroken:
         return None  # outside the specification: no successor to check
     except Refusal as e:
-        left = getattr(e, "state", None)
-        if left is None or (canonical(left) == canonical(s) and left.events == s.events):
-            left = s
-        return Step(name, args, s, left, None, e.kind.name)
-    return Step(name, args, s, nxt, result)
+        after = s if left == s and left.events == s.events else left
+        return op.transition(s, after, args, refusal=e.kind.name)
+    except QueuedTwice as e:  # a wrong action: the queue cannot show what it did
+        return replace(op.transition(s, left, args, out=left.out), breaks=(e.invariant,))
+    return op.transition(s, nxt, args, result, out=nxt.out)
 
 
-def _check(step: Step, state_too: bool = True) -> list[str]:
+def _check(step: Transition, state_too: bool = True) -> list[str]:
     """Every property of one step (the invariants only if the state is new)."""
     changed = step.after is not step.before
-    bad = violated(step.after) if state_too or (step.error and changed) else []
-    return bad + broken_by(Transition(step.action, step.args, step.before, step.after, step.result,
-                                      refused=step.error is not None, refusal=step.error))
+    bad = violated(step.after) if state_too or (step.refused and changed) else []
+    return [*step.breaks, *bad, *broken_by(step)]
 
 
 def explore(
@@ -150,20 +140,19 @@ def explore(
         def key(s: PoolState) -> tuple[Any, ...]:
             # Most steps reach a state seen before: look it up by its exact
             # variables (dict order included) before canonicalising it.
-            exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
-                     tuple(s.watchers.items()), tuple(s.names.items()), s.holders, s.announced)
+            exact = s.variables()
             if exact not in memo:
                 memo[exact] = orbit_key(s, renamings)
             return memo[exact]
     else:
         key = canonical
-    parent: dict[tuple[Any, ...], Step | None] = {key(s0): None}
+    parent: dict[tuple[Any, ...], Transition | None] = {key(s0): None}
     frontier = [s0]
     done, transitions = 0, 0
     if visit is not None:
         visit(s0)
 
-    def trace_to(last: Step) -> list[Step]:
+    def trace_to(last: Transition) -> list[Transition]:
         out = [last]
         p = parent[key(last.before)]
         while p is not None:
@@ -174,7 +163,7 @@ def explore(
     expanded = 0
 
     def outcome(complete: bool, violation: list[str] | None = None,
-                trace: list[Step] | None = None) -> Outcome:
+                trace: list[Transition] | None = None) -> Outcome:
         return Outcome(done, len(parent), transitions, time.perf_counter() - start, complete,
                        violation or [], trace or [], figures, expanded, len(frontier))
 
@@ -206,7 +195,8 @@ def explore(
                     return outcome(False, bad, trace_to(step))
                 if not seen:
                     parent[c] = step  # its events are kept for the trace
-                    nxt.append(replace(step.after, events=(), fired=(), told=()))
+                    step.after.events = []  # checked as they were emitted (step.out)
+                    nxt.append(step.after)
                     if figures is not None and level > split:
                         figures.beyond[state_digest(c)] = 0
                     if visit is not None:

@@ -23,11 +23,11 @@ from .domains import WATCHERS, Config
 def canonical(s: PoolState) -> tuple[Any, ...]:
     """A hashable form of the variables (events/fired excluded, watchers by name)."""
     return (
-        s.ref, s.free, s.primary, s.secondary,
+        tuple(s.ref), tuple(s.free), tuple(s.primary), tuple(s.secondary),
         tuple(sorted(s.index.items())),
         tuple(sorted((b, w.__name__) for b, w in s.watchers.items())),
-        s.holds, tuple(sorted(s.names.items(), key=lambda kv: kv[0])),
-        s.holders, tuple(sorted(s.announced)),
+        tuple(s.holds), tuple(sorted(s.names.items(), key=lambda kv: kv[0])),
+        tuple(s.holders), tuple(sorted(s.announced)),
     )
 
 
@@ -113,7 +113,7 @@ def orbit_key(s: PoolState, renamings: Sequence[Renaming] = ()) -> tuple[Any, ..
                    tuple(key(k) for k in s.secondary[b]), tuple(sorted(entries[b])),
                    tuple(sorted(announced[b])))
                   for b in range(n)]
-        names = tuple(sorted((key(k), c) for k, c in s.names.items()))
+        names = tuple(sorted((key(k), _content_id(c)) for k, c in s.names.items()))
         for wmap in wmaps or {()}:
             wm = dict(wmap)
             sigs = [(*fixed[b], *hashes[b], wm.get(watched.get(b, ""), watched.get(b, "")))

@@ -1,0 +1,135 @@
+"""How each operation splits into the per-block steps the z3 proofs are about.
+
+The proofs (``kvpool.proofs.transitions``) prove one step per block: a batch
+operation is the sequence of its blocks' steps, and induction on the length
+of the batch carries each invariant across it.  Each function here is the
+split of one call: the named steps with their arguments as model values
+(blocks, keys, contents), which the agreement check runs through the z3
+steps and compares with the model's own next state.  The step names are
+the keys of ``kvpool.proofs.transitions.STEPS``; each operation's
+declaration (:mod:`.operations`) lists the steps its split may use.
+
+``free_blocks(l)`` is ``release(b)`` per listing in order, ``touch(l)`` is
+``touch(b)`` per listing, ``unpin_blocks(l)`` is ``unpin(b)``,
+``evict_blocks(l)`` is ``evict(b)``; ``get_new_blocks(n)`` is ``alloc(b)``
+for the ``n`` blocks handed out (they are distinct, so the model's "take
+them all, then update each" equals the sequence); ``cache_full_blocks`` is
+``cache_full(b, key, tokens, prefix)`` per chosen block (its conflict check
+on the running map of covered tokens is each step's ``ptok < tokens``).
+Calls that change nothing the abstraction sees are the ``identity`` step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .pool import chosen
+from .request import block_hash, content, prefix_key
+from .state import NULL, BlockId, PoolState
+
+StepCall = tuple[str, tuple[Any, ...]]
+"""A z3 step by name, with its arguments as model values."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """A call as z3 steps, and what the model's verdict requires of them."""
+
+    steps: tuple[StepCall, ...]
+    accept: bool
+    """The model accepted the call: every step must be enabled, in turn."""
+    exhaust: str | None = None
+    """After the steps, this step must be disabled for every block (a refused ``get_new_blocks``)."""
+
+    @property
+    def name(self) -> str:
+        """The step the split is about (a split uses one kind of step)."""
+        return self.steps[-1][0] if self.steps else (self.exhaust or "identity")
+
+
+IDENTITY = ("identity", ())
+
+
+def per_block(step: str, blocks: Sequence[BlockId], accept: bool) -> Split:
+    return Split(tuple((step, (b,)) for b in blocks), accept)
+
+
+def get_new_blocks(s: PoolState, accept: bool, result: Any, num_blocks: int) -> Split:
+    if accept:
+        return per_block("alloc", result, True)
+    return Split(tuple(("alloc", (b,)) for b in s.free), False, exhaust="alloc")
+
+
+def free_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
+    return per_block("release", block_ids, accept)
+
+
+def touch(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
+    return per_block("touch", block_ids, accept)
+
+
+def unpin_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId], on_reuse: Any) -> Split:
+    return per_block("unpin", block_ids, accept)
+
+
+def evict_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
+    return per_block("evict", block_ids, accept)
+
+
+def maybe_evict_cached_block(s: PoolState, accept: bool, result: Any, block_id: BlockId) -> Split:
+    return per_block("evict", [block_id], accept)
+
+
+def reset_prefix_cache(s: PoolState, accept: bool, result: Any) -> Split:
+    return Split((("reset", ()),), accept and result is not False)
+
+
+def cache_full_blocks(
+    s: PoolState, accept: bool, result: Any, request: Any, block_ids: Sequence[BlockId],
+    num_cached_blocks: int, num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+    block_mask: Sequence[bool] | None = None,
+) -> Split:
+    hbs = s.hash_block_size
+    picked = chosen(block_ids, num_cached_blocks, num_full_blocks, block_mask)
+    if num_cached_blocks >= num_full_blocks or not picked:
+        return Split((IDENTITY,), accept)
+    return Split(tuple(
+        ("cache_full", (b, (block_hash(request, hbs, block_size, i), kv_cache_group_id), (i + 1) * block_size,
+                        content(request, (i + 1) * block_size, hbs)))
+        for i, b in picked), accept)
+
+
+def cache_partial_block(
+    s: PoolState, accept: bool, result: Any, request: Any, block_id: BlockId, num_tokens: int,
+    kv_cache_group_id: int, block_size: int, replace_existing_hashes: bool = False,
+) -> Split:
+    if block_id == NULL:
+        return Split((IDENTITY,), accept)
+    hbs = s.hash_block_size
+    key = prefix_key(request, num_tokens, hbs, kv_cache_group_id)
+    return Split((("cache_partial", (block_id, key, num_tokens, content(request, num_tokens, hbs),
+                                     replace_existing_hashes)),), accept)
+
+
+def move_block_hashes(s: PoolState, accept: bool, result: Any, src_id: BlockId, dst_id: BlockId) -> Split:
+    return Split((("move", (src_id, dst_id)),), accept)
+
+
+def insert_block_hash(
+    s: PoolState, accept: bool, result: Any, request: Any, prefix_tokens: int, kv_cache_group_id: int,
+    block_id: BlockId, num_tokens: int | None,
+) -> Split:
+    hbs = s.hash_block_size
+    key = prefix_key(request, prefix_tokens, hbs, kv_cache_group_id)
+    return Split((("insert", (block_id, key, num_tokens or 0, content(request, prefix_tokens, hbs))),), accept)
+
+
+def write_block(s: PoolState, accept: bool, result: Any, block_id: BlockId, request: Any, num_tokens: int) -> Split:
+    return Split((("write", (block_id, content(request, num_tokens, s.hash_block_size))),), accept)
+
+
+def unchanged(s: PoolState, accept: bool, result: Any, *args: Any) -> Split:
+    """Event-only operations: the abstraction sees no change."""
+    return Split((IDENTITY,), accept)
