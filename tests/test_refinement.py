@@ -148,7 +148,7 @@ def test_copies_of_a_pool_are_independent_and_keep_their_watchers() -> None:
     assert b.pool._reuse_watchers[1] is not a.pool._reuse_watchers[1]
     a.call("get_new_blocks", 2)  # hands out 3 and 1: watcher_a fires in a, compared by the lockstep
     assert observe_pool(b.pool) == observe_pool(pair.pool) != observe_pool(a.pool)
-    assert a.model.fired and not b.model.fired
+    assert a.model.out.fired and not b.model.out.fired
 
 
 class Unpicklable(BlockPool):

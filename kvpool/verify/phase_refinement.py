@@ -60,8 +60,7 @@ def bmc_domain(shape: Shape, symmetry: bool = True
 
     def key(s: PoolState) -> Hashable:
         # most calls reach a state seen before: look it up by its exact variables first
-        exact = (s.ref, s.free, s.primary, s.secondary, s.holds, tuple(s.index.items()),
-                 tuple(s.watchers.items()), tuple(s.names.items()), s.holders, s.announced)
+        exact = s.variables()
         if exact not in memo:
             memo[exact] = bmc.orbit_key(s, renamings)
         return memo[exact]

@@ -182,7 +182,7 @@ def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
     for number, step in enumerate(out.trace, start=1):
         call = f"{step.action}({', '.join(bmc.show_arg(a) for a in step.args)})"
         trace.append({"index": number, "call": call,
-                      "outcome": step.error or repr(step.result),
+                      "outcome": step.refusal or repr(step.result),
                       "changes": bmc.describe(step, labels),
                       "picture": picture_of_state(step.after, label),
                       "pool_picture": None, "differs": []})
@@ -299,8 +299,8 @@ def run_lockstep(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -
             progress.advance(f"seed {seed}: DIVERGED")
             continue
         calls += pair.steps
-        operations.update(step.op for step in pair.trace)
-        errors.update(step.error for step in pair.trace if step.error)
+        operations.update(pair.ops_seen)
+        errors.update(pair.refusals_seen)
         m = pair.model
         configs.append({"seed": seed, "num_blocks": m.num_blocks, "caching": m.caching,
                         "hash_block_size": m.hash_block_size, "events": m.events_on})

@@ -7,16 +7,15 @@ same as one written by a pool in another language.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from kvpool.model import Event
+from kvpool.model import OPERATIONS, Event
 
 from .. import abstraction
 from ..lockstep import Watcher
 from ..observe import Observation
-from .schema import ARG_KINDS, RESULT_KINDS, Json, model_fn
+from .schema import ARG_KINDS, RESULT_KINDS, Json
 
 
 def to_json(value: Any) -> Json:
@@ -76,7 +75,7 @@ def observation_to_json(obs: Observation) -> dict[str, Json]:
 
 def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
     """Name each argument after the model's parameter and encode it by its kind."""
-    params = list(inspect.signature(model_fn(op)).parameters)[1:]
+    params = [a.name for a in OPERATIONS[op].args]
     named = dict(zip(params, args, strict=False))
     named.update(kwargs)
     out: dict[str, Json] = {}
