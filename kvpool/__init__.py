@@ -10,7 +10,7 @@ from pathlib import Path
 # they are top-level folders beside it (the layout setuptools' package-dir maps
 # from), so let imports from the checkout find them there too.
 _checkout = Path(__file__).resolve().parent.parent
-if not (Path(__file__).parent / "model").is_dir() and (_checkout / "model" / "actions.py").is_file():
+if not (Path(__file__).parent / "model").is_dir() and (_checkout / "model" / "operations.py").is_file():
     __path__.append(str(_checkout))
 
 try:

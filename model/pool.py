@@ -35,7 +35,7 @@ Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from .events import Cleared, Event, Hash, Removed, Stored
 from .request import EMPTY, Content, block_hash, chunk_keys, content, extends, lora_of, prefix_key, untagged
@@ -274,9 +274,7 @@ def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> None:
     holds what ``src`` held) and keeps writing into ``src``.  Each live
     announcement of a moved entry stands: it now names the copy.
     """
-    primary = s.primary[src_id]
-    if primary is None:  # never: the guard makes moving an unhashed block a no-op
-        return
+    primary = cast(Primary, s.primary[src_id])  # the guard makes moving an unhashed block a no-op
     keys = keys_of(s, src_id)
     names = [s.names[k] for k in keys]
     drop_hashes(s, src_id, announce=False)

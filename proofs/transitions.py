@@ -8,15 +8,11 @@ names its contract), ``post`` is the next :class:`SymState` as terms over
 announcement the step's events publish.  The relation form
 ``Step(s, args, s')`` is :func:`relation`: ``pre and s' == post``.
 
-Batch operations are proven through their PER-BLOCK step.  ``free_blocks(l)``
-is ``release(b)`` for each listing in order, ``touch(l)`` is ``touch(b)`` for
-each, ``unpin_blocks(l)`` is ``unpin(b)``, ``evict_blocks(l)`` is ``evict(b)``,
-``get_new_blocks(n)`` is ``alloc(b)`` for n distinct free blocks (they touch
-disjoint blocks, so the model's "pop all, then update each" equals the
-sequence), and ``cache_full_blocks`` is ``cache_full(b, k, t, c)`` for each
-chosen block (its conflict check on the running ``covered`` map is the per-step
-precondition ``ptok < t``).  The model's whole-batch checks pass exactly when
-every per-step precondition passes in the intermediate state.  The events
+Batch operations are proven through their PER-BLOCK step: how each
+operation splits into steps is declared with the operation
+(:mod:`kvpool.model.split`, listed per operation in :data:`COVERS`).  The
+model's whole-batch checks pass exactly when every per-step precondition
+passes in the intermediate state.  The events
 of ``cache_full_blocks`` come in another order per block (each block's
 removals, then its announcement) than in the model (all removals, then one
 ``BlockStored``); with ``cached_once_per_call`` no block's removal names an
@@ -27,10 +23,7 @@ before the first step; each step maps an Inv-state satisfying its
 precondition to an Inv-state (the proven matrix); so Inv holds after the
 last step, for every n and every list.
 
-Calls that change nothing (``cache_partial_block`` of NULL, ``cache_full_blocks``
-with an empty range, a refused ``reset_prefix_cache``, ``move_block_hashes``
-of an unhashed source) and the event-only actions are the ``identity`` step.
-The caller's writes (``write_block``) are the ``write`` step.
+Calls that change nothing the abstraction sees are the ``identity`` step.
 """
 
 from __future__ import annotations
@@ -39,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import z3  # type: ignore[import-untyped]
+
+from kvpool.model import OPERATIONS
 
 from .symbolic import EMPTY, NULL, Block, Content, Expr, Key, SymState, ite, prefix, same
 
@@ -375,24 +370,8 @@ STEPS: dict[str, StepSpec] = {name: replace(spec, name=name) for name, spec in {
 }.items()}
 """Every per-block step, by name."""
 
-COVERS: dict[str, tuple[str, ...]] = {
-    "get_new_blocks": ("alloc",),
-    "free_blocks": ("release",),
-    "touch": ("touch",),
-    "unpin_blocks": ("unpin",),
-    "evict_blocks": ("evict",),
-    "reset_prefix_cache": ("reset", "identity"),
-    "cache_full_blocks": ("cache_full", "identity"),
-    "cache_partial_block": ("cache_partial", "identity"),
-    "move_block_hashes": ("move",),
-    "_insert_block_hash": ("insert",),
-    "_maybe_evict_cached_block": ("evict",),
-    "emit_cached_block_events": ("identity",),
-    "take_events": ("identity",),
-    "write_block": ("write",),
-}
-"""Which steps make up each model action (by its name in ``kvpool.model.ACTIONS`` or
-``kvpool.model.CALLER_ACTIONS``)."""
+COVERS: dict[str, tuple[str, ...]] = {name: op.steps for name, op in OPERATIONS.items() if op.role != "query"}
+"""Which steps make up each model operation, as its declaration says (``kvpool.model.operations``)."""
 
 
 def relation(s: SymState, args: list[Expr], s2: SymState, name: str) -> Expr:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from typing import Any
@@ -13,7 +14,7 @@ from kvpool.bugs import BUGS
 from kvpool.bugs.actions import patched
 from kvpool.bugs.check import bmc_config, find_with_bmc
 from kvpool.cli.bmc import main as bmc_main
-from kvpool.model import ACTIONS, CALLER_ACTIONS, INVARIANTS, ContractBroken, PoolState, violated
+from kvpool.model import ACTIONS, CALLER_ACTIONS, INVARIANTS, OPERATIONS, ContractBroken, PoolState, violated
 from kvpool.model.properties import (
     EVENT_LOG,
     QUEUE_ORDER,
@@ -88,13 +89,13 @@ def test_trace_is_readable() -> None:
     assert "ref 1: 1->-1" in text and "free queue" in text
     assert "ref_counts_non_negative" in text
     text = bmc.format_trace(_found("partial_kept_after_promotion"), SMALL)
-    assert "cache_partial_block(" in text and "index r0[:" in text and "events Stored" in text
+    assert "cache_full_blocks(" in text and "index r0[:" in text and "events Stored" in text
 
 
 def test_refused_call_that_changes_state_is_reported() -> None:
     out = _found("counter_before_check")
     assert out.violation == ["refused_call_changes_nothing"]
-    assert out.trace[-1].error == "NOT_ENOUGH_FREE_BLOCKS"
+    assert out.trace[-1].refusal == "NOT_ENOUGH_FREE_BLOCKS"
 
 
 def test_main_exit_codes_and_json(tmp_path: Any, capsys: Any) -> None:
@@ -111,18 +112,20 @@ def test_event_properties_can_fail() -> None:
     """Finding, pinned: cache_full_blocks listing one block twice emits BlockRemoved for a
     key before the BlockStored that announces it (vLLM does the same); so the model names
     that call a broken contract, and the event property catches an action that accepts it."""
-    from dataclasses import replace
+    from kvpool.model import OPERATIONS, Output
+    from kvpool.model import contracts as model_contracts
 
     r = SMALL.requests()[0]
     s1, _ = ACTIONS["get_new_blocks"](SMALL.initial(), 1)
     with pytest.raises(ContractBroken, match="cached_once_per_call"):
-        ACTIONS["cache_full_blocks"](s1, r, [1, 1], 0, 2, 1, 0)
-    with patched(_require_once=lambda blocks: None):
-        s2, _ = ACTIONS["cache_full_blocks"](s1, r, [1, 1], 0, 2, 1, 0)
-    call = Transition("cache_full_blocks", (r, [1, 1], 0, 2, 1, 0), s1, s2)
+        ACTIONS["cache_full_blocks"](s1.copy(), r, [1, 1], 0, 2, 1, 0)
+    with patched(model_contracts, cached_once_per_call=lambda blocks: None):
+        s2, _ = ACTIONS["cache_full_blocks"](s1.copy(), r, [1, 1], 0, 2, 1, 0)
+    call = OPERATIONS["cache_full_blocks"].transition(s1, s2, (r, [1, 1], 0, 2, 1, 0), out=s2.out)
     assert [p for p in broken_by(call) if p in EVENT_LOG] == ["event_removals_name_live_keys"]
-    stray = replace(s1, fired=((bmc.watcher_a, 1),))
-    assert broken_by(Transition("touch", ([1],), s1, stray)) == ["fired_watchers_were_registered"]
+    stray = Output(fired=[(bmc.watcher_a, 1)])
+    touched = OPERATIONS["touch"].transition(s1, s1, ([1],), out=stray)
+    assert broken_by(touched) == ["fired_watchers_were_registered"]
 
 
 @pytest.mark.parametrize(("bug", "prop"), [
@@ -132,17 +135,18 @@ def test_event_properties_can_fail() -> None:
     ("free_hashed_to_head", "queue_follows_eviction_policy"),
 ])
 def test_eviction_order_bugs_break_only_order_properties(bug: str, prop: str) -> None:
-    """The invariants are blind to the queue's order; the order properties are not."""
+    """The invariants are blind to the queue's order; the order properties (and the frame
+    property, when a block outside the declared footprint moves) are not."""
     out = _found(bug)
     assert prop in out.violation
-    assert set(out.violation) <= set(QUEUE_ORDER), out.violation
+    assert set(out.violation) <= {*QUEUE_ORDER, "changes_stay_in_footprint"}, out.violation
     assert violated(out.trace[-1].after) == []
 
 
 def test_free_hashed_to_head_trace_shows_the_queue() -> None:
     text = bmc.format_trace(_found("free_hashed_to_head"), SMALL)
     assert "VIOLATION of queue_follows_eviction_policy after 3 step(s)" in text
-    assert "block 1 hashes - -> r0[:1]/g0@1" in text  # cached, so it belongs at the tail
+    assert re.search(r"block 1 hashes - -> r0\[:(\d)\]/g0@\1", text)  # cached, so it belongs at the tail
     assert "3. free_blocks(block_ids=[1])" in text and "free queue [2, 3] -> [1, 2, 3]" in text
 
 
@@ -154,14 +158,15 @@ def test_policy_queue_states_the_eviction_order() -> None:
     s, _ = ACTIONS["cache_full_blocks"](s, r, [1, 3], 0, 2, 1, 0)
     s, _ = ACTIONS["touch"](s, [3])  # block 3: two references
     args = ([3, 2, 1, 3],)
-    assert policy_queue(s, "free_blocks", args) == (2, 1, 3)
-    after, _ = ACTIONS["free_blocks"](s, *args)
+    free, touch, unpin = (OPERATIONS[n] for n in ("free_blocks", "touch", "unpin_blocks"))
+    assert policy_queue(free.transition(s, s, args)) == (2, 1, 3)
+    after, _ = ACTIONS["free_blocks"](s.copy(), *args)
     assert after.free == (2, 1, 3)
-    assert broken_by(Transition("free_blocks", args, s, after)) == []
-    assert policy_queue(after, "touch", ([1, 0],)) == (2, 3)
-    assert policy_queue(s, "unpin_blocks", ([2, 1], bmc.watcher_a)) == (2, 1)
-    assert broken_by(Transition("touch", ([1],), after, replace(after, free=(3, 2)))) == [
-        "queue_keeps_relative_order", "queue_follows_eviction_policy"]
+    assert broken_by(free.transition(s, after, args, out=after.out)) == []
+    assert policy_queue(touch.transition(after, after, ([1, 0],))) == (2, 3)
+    assert policy_queue(unpin.transition(s, s, ([2, 1], bmc.watcher_a))) == (2, 1)
+    assert broken_by(touch.transition(after, replace(after, free=(3, 2)), ([1],))) == [
+        "queue_keeps_relative_order", "queue_follows_eviction_policy", "changes_stay_in_footprint"]
 
 
 # --------------------------------------------------------------------------
@@ -192,15 +197,15 @@ def test_symmetry_reduction_loses_no_state() -> None:
 def test_orbit_key_identifies_exactly_renamed_states() -> None:
     r = SMALL.requests()[0]
     s0 = SMALL.initial()
-    one, _ = ACTIONS["touch"](s0, [1])
-    two, _ = ACTIONS["touch"](s0, [2])
+    one, _ = ACTIONS["touch"](s0.copy(), [1])
+    two, _ = ACTIONS["touch"](s0.copy(), [2])
     assert one != two and bmc.orbit_key(one) == bmc.orbit_key(two)  # in-use block renamed
-    g0, _ = ACTIONS["cache_full_blocks"](s0, r, [1], 0, 1, 1, 0)
-    g1, _ = ACTIONS["cache_full_blocks"](s0, r, [1], 0, 1, 1, 1)
+    g0, _ = ACTIONS["cache_full_blocks"](s0.copy(), r, [1], 0, 1, 1, 0)
+    g1, _ = ACTIONS["cache_full_blocks"](s0.copy(), r, [1], 0, 1, 1, 1)
     ren = bmc.renamings_of(SMALL)
     assert bmc.orbit_key(g0) != bmc.orbit_key(g1)
     assert bmc.orbit_key(g0, ren) == bmc.orbit_key(g1, ren)  # groups renamed
-    h2, _ = ACTIONS["cache_full_blocks"](s0, r, [2], 0, 1, 1, 0)
+    h2, _ = ACTIONS["cache_full_blocks"](s0.copy(), r, [2], 0, 1, 1, 0)
     assert bmc.orbit_key(g0, ren) != bmc.orbit_key(h2, ren)  # the queue orders free blocks
 
 

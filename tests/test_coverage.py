@@ -1,6 +1,6 @@
 """Each conformance phase alone reaches every branch of the model's actions it can.
 
-A branch of ``model/actions.py`` that a phase never takes is one on which no
+A branch of the model's operations that a phase never takes is one on which no
 pool is compared with the model by that phase.  So, measured with
 :mod:`kvpool.oracle.coverage` (what ``kvpool conform --coverage`` prints):
 
@@ -102,10 +102,11 @@ def test_a_measurement_is_plain_data() -> None:
     assert 0 < measured.percent < 100
     assert all(isinstance(b, Branch) and b.source for b in measured.missed)
     refusal = next(b for b in measured.missed if b.refusal)
-    assert "refused (" in str(refusal) and str(refusal).startswith(f"{refusal.line} -> {refusal.to}: ")
+    assert "refused (" in str(refusal)
+    assert str(refusal).startswith(f"{refusal.file}:{refusal.line} -> {refusal.to}: ")
     doc = json.loads(json.dumps(measured.to_json()))
     assert doc["phase"] == "one call" and doc["covered"] == measured.covered
-    assert {"line", "to", "source", "into", "refusal", "contract", "caller"} == set(doc["missed"][0])
+    assert {"file", "line", "to", "source", "into", "refusal", "contract", "caller"} == set(doc["missed"][0])
 
 
 def test_conform_prints_and_writes_coverage(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_conform_prints_and_writes_coverage(tmp_path: Path) -> None:
                            "--runs", "1", "--steps", "200", "--examples", "20"], out=out)
     text = out.getvalue()
     assert status == 0, text
-    assert text.count("model/actions.py branches reached: ") == 2 and "refused (" in text
+    assert text.count("model branches reached: ") == 2 and "refused (" in text
     doc = json.loads(path.read_text())
     assert [c["phase"] for c in doc["coverage"]] == ["campaign", "machine"]
     assert all(c["misuse"] and 0 < c["covered"] <= c["total"] for c in doc["coverage"])

@@ -48,14 +48,14 @@ as one line without a traceback.
       ],
       "coverage": [                           # only with --coverage: one per phase
         {"phase": "campaign", "misuse": true,  # the phase alone, under coverage.py
-         "covered": 114, "total": 116,        # branches of model/actions.py taken
+         "covered": 114, "total": 116,        # branches of the model's operations taken
          "missed": [{"line": 221, "to": 222, "source": "if b == NULL and ...:",
                      "into": "continue", "refusal": false}, ...]}
       ]
     }
 
 ``--coverage`` runs each phase alone under coverage.py and reports the
-branches of the model's actions (``model/actions.py``) it reached and those
+branches of the model's operations (``model/pool.py``, ``guards.py``, ``contracts.py``) it reached and those
 it missed (line -> line, with both source lines): a branch no phase reaches
 is one on which no pool is compared with the model.
 
@@ -137,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="leave out deliberately wrong calls (always off for pools that do "
                              "not refuse misuse, like vLLM's)")
     parser.add_argument("--coverage", action="store_true",
-                        help="measure the branches of the model's actions (model/actions.py) each "
+                        help="measure the branches of the model's operations (model/pool.py, guards.py, contracts.py) each "
                              "phase reaches alone, and list those it misses (needs coverage.py)")
     return parser
 
@@ -187,7 +187,7 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
 
 
 def _print_coverage(measured: PhaseCoverage, out: TextIO) -> None:
-    print(f"  model/actions.py branches reached: {measured.covered}/{measured.total} "
+    print(f"  model branches reached: {measured.covered}/{measured.total} "
           f"({measured.percent:.1f}%), {len(measured.missed)} missed"
           f"{':' if measured.missed else ''}", file=out)
     for branch in measured.missed:

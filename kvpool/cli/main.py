@@ -60,8 +60,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+VERIFIER_DEPENDENCIES = ("z3", "hypothesis", "crosshair", "rich")
+"""Third-party packages of the verifier (the extra ``kvpool[verify]``); the pool and the model need none."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(args_list)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in VERIFIER_DEPENDENCIES:
+            raise
+        print(f"kvpool: this command needs {exc.name}, one of the verifier's dependencies: "
+              "pip install 'kvpool[verify]'", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args_list: list[str]) -> int:
     if args_list and args_list[0] in DELEGATED:
         module_name, function, _summary = DELEGATED[args_list[0]]
         run: Any = getattr(importlib.import_module(module_name), function)

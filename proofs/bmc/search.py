@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvpool.model import ACTIONS, CALLER_ACTIONS, OPERATIONS, ContractBroken, Refusal, violated
+from kvpool.model import ACTIONS, CALLER_ACTIONS, OPERATIONS, ContractBroken, Operation, Refusal, violated
 from kvpool.model.properties import Transition, broken_by
 from kvpool.model.state import PoolState, QueuedTwice
 
@@ -87,6 +87,9 @@ def apply_call(actions: Mapping[str, Action], s: PoolState, call: Call) -> Trans
     """
     name, args = call
     op = OPERATIONS[name]
+    act = actions.get(name) or CALLER_ACTIONS[name]
+    if act is ACTIONS.get(name) or act is CALLER_ACTIONS.get(name):
+        return _apply_declared(op, s, args)
     left = s.copy()
     try:
         nxt, result = (actions.get(name) or CALLER_ACTIONS[name])(left, *args)
@@ -98,6 +101,23 @@ def apply_call(actions: Mapping[str, Action], s: PoolState, call: Call) -> Trans
     except QueuedTwice as e:  # a wrong action: the queue cannot show what it did
         return replace(op.transition(s, left, args, out=left.out), breaks=(e.invariant,))
     return op.transition(s, nxt, args, result, out=nxt.out)
+
+
+def _apply_declared(op: Operation, s: PoolState, args: tuple[Any, ...]) -> Transition | None:
+    """:func:`apply_call` for the model's own action: its guard and contracts read ``s`` without
+    changing it, so only an accepted call that changes something needs a copy."""
+    bound = op.bind(args)
+    try:
+        noop = op.prepare(s, bound)
+    except ContractBroken:
+        return None
+    except Refusal as e:
+        return op.transition(s, s, args, refusal=e.kind.name)
+    if noop is not None:
+        return op.transition(s, s, args, noop.result)
+    after = s.copy()
+    result = op.next(after, *bound)
+    return op.transition(s, after, args, result, out=after.out)
 
 
 def _check(step: Transition, state_too: bool = True) -> list[str]:
