@@ -167,6 +167,7 @@ class _Finder:
         if parent is not None and hashes:
             self._parent((canonical_hash(parent), group), pos, event, before)
         here = (event.get("medium"), event.get("lora_name"), event.get("lora_id"))
+        known = "medium" in event  # the offload caller's announcement says neither medium nor LoRA
         for h in hashes:
             key = (h, group)
             if before is not None and after is not None:
@@ -188,7 +189,8 @@ class _Finder:
                 self.groups.setdefault(h, set()).add(group)
             self.copies[key] = self.copies.get(key, 0) + 1
             self.seen.add(key)
-            self.last[key] = here
+            if known:
+                self.last[key] = here
 
     def _parent(self, key: Key, pos: Position, event: dict[str, Any], before: Copies | None) -> None:
         held = before.get(key, 0) if before is not None else self.copies.get(key, 0)
@@ -196,7 +198,7 @@ class _Finder:
             self.warn("parent-removed", pos, f"BlockStored names parent {_key(key)}, stored since the "
                       "last AllBlocksCleared and removed since")
         last = self.last.get(key)
-        if last is None:
+        if last is None or "medium" not in event:
             return
         medium, lora_name, lora_id = last
         if medium != event.get("medium"):

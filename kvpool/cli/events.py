@@ -41,7 +41,7 @@ def _full_sizes(stream: Stream, declared: dict[int, int] | None) -> dict[int, in
     """Full block size per group: declared (option, then trace header), else the largest it announced."""
     seen: dict[int, int] = {}
     for _, e in stream.events:
-        if e["type"] == "BlockStored" and e["block_hashes"]:
+        if e["type"] == "BlockStored":
             group = e.get("group_idx") or 0
             seen[group] = max(seen.get(group, 0), e["block_size"])
     return {**seen, **stream.block_sizes, **(declared or {})}

@@ -296,7 +296,10 @@ class DynamoRouter(Profile):
         if parent.emptied is not None:
             return Cause("dynamo.remove", parent.emptied, "the removal of the block before it cleared "
                          "that node's children")
-        if h in self.lookup:
-            return Cause("dynamo.reuse-node", None, "the hash's node hangs elsewhere in the tree, not "
-                         "on the request's path")
+        node = self.lookup.get(h)
+        if node is not None:
+            put = node.cause or Cause("dynamo.reuse-node", None, "")
+            return Cause(put.rule, put.position, "the hash's node is elsewhere in the tree than this "
+                         "block's tokens lead" + (": its store's token_ids did not fill its blocks"
+                                                  if put.rule == "dynamo.block-size" else ""))
         return Cause("dynamo.find-matches", None, "no node with this block's tokens under the one before")

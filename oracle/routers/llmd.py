@@ -172,14 +172,17 @@ class LlmdRouter(Profile):
         self.size = block_sizes.get(0, 0)
         self.e2r: dict[int, list[int]] = {}
         self.data: dict[int, set[Entry]] = {}
-        self.added: dict[int, tuple[int, Cause, frozenset[int], int]] = {}
-        """Per request key: when (event sequence) and why the pod was last added, by which hashes
-        of which group."""
+        self.added: dict[int, tuple[int, Cause, frozenset[int]]] = {}
+        """Per request key: when (event sequence) and why the pod was last added, by which hashes."""
+        self.groups_of: dict[int, set[int]] = {}
+        """Per request key: the groups whose stores added the pod since the key was last empty."""
         self.removed: dict[int, tuple[int, Cause]] = {}
         self.dropped: dict[int, tuple[int, Cause]] = {}
-        self.stored: dict[int, tuple[int, Position, bool]] = {}
+        self.stored: dict[int, tuple[int, Position, bool, str]] = {}
         """Per hash: its last indexed store (event sequence, position, whether strings in its extra
         keys tainted its request keys)."""
+        self.tainted: set[int] = set()
+        """Request keys whose chain some extra key's bare string (LoRA name, cache salt) tainted."""
         self.seq = 0
         self.ignored_clear: tuple[int, Position] | None = None
 
@@ -210,7 +213,8 @@ class LlmdRouter(Profile):
                                  f"{kept} request key(s) stay indexed")] if kept else []
             for rk in self.data:
                 self.removed[rk] = (self.seq, Cause("llm-d.clear", pos, "cleared"))
-            self.data.clear()  # one pod: every entry is the pod's
+            self.data.clear()
+            self.groups_of.clear()  # one pod: every entry is the pod's
             return []
         medium = event.get("medium")
         group = event.get("group_idx") if self.opts.groups else None
@@ -218,9 +222,12 @@ class LlmdRouter(Profile):
         hashes = event_hashes(event)
         if kind == "BlockRemoved":
             for h in hashes:
-                self._evict(h, entry, pos)
+                self._evict(h, entry, event_group(event), pos)
             return []
-        return self._store(event, hashes, entry, pos)
+        reactions = self._store(event, hashes, entry, pos)
+        # A partial entry (a block_size below its group's) names no full block: what befalls it is
+        # kept for explanations, not reported.
+        return [] if 0 < event["block_size"] < self.block_sizes.get(event_group(event), 0) else reactions
 
     def _drop(self, hashes: list[int], rule: str, pos: Position, kind: str, message: str) -> list[Reaction]:
         for h in hashes:
@@ -281,10 +288,12 @@ class LlmdRouter(Profile):
                                       f"{len(keys)} request key(s) of those tokens"))
         for rk in keys:
             self._add(rk, entry, why, frozenset(hashes), event_group(event))
-        tainted = self.opts.extra and any(
-            isinstance(k, str) for keys in event.get("extra_keys") or () for k in keys or ())
+        tainted = start in self.tainted or (self.opts.extra and any(
+            isinstance(k, str) for keys in event.get("extra_keys") or () for k in keys or ()))
+        if tainted:
+            self.tainted.update(keys)
         for h in hashes:
-            self.stored[h] = (self.seq, pos, tainted)
+            self.stored[h] = (self.seq, pos, tainted, rule)
         return reactions
 
     def _no_keys(self, hashes: list[int], tokens: list[int], entry: Entry, pos: Position) -> list[Reaction]:
@@ -307,10 +316,11 @@ class LlmdRouter(Profile):
 
     def _add(self, rk: int, entry: Entry, why: Cause, hashes: frozenset[int], group: int) -> None:
         self.data.setdefault(rk, set()).add(entry)
-        self.added[rk] = (self.seq, why, hashes, group)
+        self.added[rk] = (self.seq, why, hashes)
+        self.groups_of.setdefault(rk, set()).add(group)
         self.removed.pop(rk, None)
 
-    def _evict(self, h: int, entry: Entry, pos: Position) -> None:
+    def _evict(self, h: int, entry: Entry, group: int, pos: Position) -> None:
         rks = self.e2r.get(h)
         if not rks:
             return
@@ -321,9 +331,12 @@ class LlmdRouter(Profile):
             entries.discard(entry)
             if not entries:
                 del self.data[rk]
+                others = sorted(self.groups_of.pop(rk, set()) - {group})
                 self.removed[rk] = (self.seq, Cause(
                     "llm-d.evict", pos, f"emptied by the removal of {show_hash(h)}: a pod entry is one "
-                    "entry however often it was stored (llm-d.pod-entry)"))
+                    "entry however often it was stored") if not others else Cause(
+                    "llm-d.pod-entry", pos, f"the removal of {show_hash(h)} in group {group} took the entry "
+                    f"stores of group {others} made too: a pod entry does not say its group"))
         if all(rk not in self.data for rk in rks):
             del self.e2r[h]
 
@@ -350,16 +363,17 @@ class LlmdRouter(Profile):
         rk = keys[at] if at < len(keys) else None
         h = query.hashes[block]
         if held and rk is not None and rk in self.added:
-            seq, why, hashes, group = self.added[rk]
+            seq, why, hashes = self.added[rk]
             if self.ignored_clear is not None and seq < self.ignored_clear[0]:
                 return Cause("llm-d.clear-ignored", self.ignored_clear[1], "indexed before a clear "
                              "the router ignored")
             entries = self.data.get(rk, set())
             if self.opts.groups and entries and all(g is not None and g != query.group for _, g in entries):
                 return Cause("llm-d.score", why.position, "held only under another group's entry")
-            if not self.opts.groups and group != query.group:
-                return Cause("llm-d.pod-entry", why.position, f"held by a store of group {group}: a pod "
-                             "entry does not say its group")
+            groups = self.groups_of.get(rk, set())
+            if not self.opts.groups and query.group not in groups:
+                return Cause("llm-d.pod-entry", why.position, f"held by stores of group {sorted(groups)}: "
+                             "a pod entry does not say its group")
             if h not in hashes:
                 return Cause(why.rule, why.position, "the request key was made by the store of "
                              f"{', '.join(show_hash(x) for x in sorted(hashes)[:3])}: the same tokens from "
@@ -377,9 +391,13 @@ class LlmdRouter(Profile):
         if stored is None or any(seq > stored[0] for seq, _ in found):
             return max(found, key=lambda f: f[0])[1] if found else Cause(
                 "llm-d.request-keys", None, "never indexed under the query's request key")
-        _, pos, tainted = stored
+        _, pos, tainted, rule = stored
+        if rule == "llm-d.parent-restart":
+            return Cause(rule, pos, "the store of this block was hashed from the model's root, as the "
+                         "start of a prompt, since its parent mapped to no request key")
         if tainted:
             return Cause("llm-d.extra-keys", pos, "the store of this block was indexed under request keys "
-                         "its extra_keys' strings tainted; the query's keys carry none of them")
+                         "that strings in its chain's extra_keys (LoRA name, cache salt) tainted; the "
+                         "query's keys carry none of them")
         return Cause("llm-d.request-keys", pos, "the store of this block was indexed under request keys "
                      "made from other tokens or another chain than the query's")
