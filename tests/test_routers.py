@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpool.cli.events import check_events_main
 from kvpool.cli.trace import check_trace_main
@@ -297,3 +299,44 @@ def test_on_recorded_runs_each_reading_errs_one_way_and_check_events_says_where(
         assert r.stopped is None and r.lines == len(rec.lines)
         assert all(2 <= d.line <= lines and d.predicted != d.served for d in r.differences)
         assert r.over + r.under >= len(r.differences)
+
+
+# ------------------------------------------------------------------ any stream
+
+
+_hashes = st.lists(st.integers(0, 5), max_size=3)
+
+
+def _fuzz_stored(hashes: list[int], parent: int | None, group: int, size: int, tokens: int,
+                 medium: str | None, lora: str | None) -> dict[str, Any]:
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+            "token_ids": list(range(tokens)), "block_size": size, "lora_id": None, "medium": medium,
+            "lora_name": lora, "group_idx": group,
+            "extra_keys": [None if i % 2 else ["s", ["img", 0]] for i in range(len(hashes))]}
+
+
+@given(st.lists(st.one_of(
+    st.builds(_fuzz_stored, _hashes, st.none() | st.integers(0, 5), st.integers(0, 1), st.integers(0, 3),
+              st.integers(0, 8), st.sampled_from(["GPU", "CPU", None]), st.sampled_from([None, "a"])),
+    st.builds(lambda h, g: {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU", "group_idx": g},
+              st.integers(0, 5), st.integers(0, 1)),
+    st.just({"type": "AllBlocksCleared"})), max_size=14))
+def test_any_stream_reads_through_every_profile_and_the_warnings(events: list[dict[str, Any]]) -> None:
+    from kvpool.oracle.events_check import Position
+    from kvpool.oracle.routers import Query
+
+    positioned = [(Position(i + 1), e) for i, e in enumerate(events)]
+    for w in find_warnings(positioned):
+        assert w.rule in WARNINGS and 1 <= w.position.line <= len(events)
+    query = Query("q", 0, 2, (0, 1, 2, 3), (0, 1), "a", (("img", 0, 1),))
+    for name in PROFILES:
+        label, factory = profile_factory(name)
+        report = check_stream_router(positioned, factory, label, "s", {0: 2, 1: 2})
+        assert all(r.kind in REACTION_KINDS and r.rule in report.rules for r, _ in report.reactions)
+        profile = factory({0: 2, 1: 2})
+        for _, e in positioned:
+            profile.feed(e, Position(1))
+        held = profile.prefix(query)
+        assert 0 <= held <= len(query.hashes)
+        for block in range(len(query.hashes)):
+            assert profile.explain(query, block, held=block < held).rule in profile.rules
