@@ -43,7 +43,16 @@ from typing import Any
 
 from kvpool.model.state import PoolState
 
-from .events_check import EventsReport, Position, Stream, Violation, _callers_announcement, _index_copies
+from .events_check import (
+    EventsReport,
+    Position,
+    Router,
+    Stream,
+    Violation,
+    _callers_announcement,
+    _index_copies,
+    _key,
+)
 from .trace import TraceError, TraceStep, canonical_hash, check_trace
 
 WARNINGS: dict[str, str] = {
@@ -64,6 +73,30 @@ Key = tuple[Any, Any]
 Copies = dict[Key, int]
 
 
+def pool_copies(step: TraceStep, state: PoolState) -> Copies:
+    """The pool's copies per (64-bit hash, group) after a call: its observation's, or the model's."""
+    if step.observation is not None and "index" in step.observation:
+        return _index_copies(step.observation["index"])
+    return {(int.from_bytes(h, "big") & _LOW_64, g): len(ids) for (h, g), ids in state.index.items()}
+
+
+def step_events(step: TraceStep, hash_block_size: int, events_on: bool
+                ) -> list[tuple[Position, dict[str, Any]]]:
+    """The events a router reads from one call, positioned: the call's own, then (for
+    ``_insert_block_hash``) the offload caller's announcement of the key it copied.
+
+    A pool that does not show each call's events (``events: null``) hands them
+    over in ``take_events``: there they are read, when the router would receive them.
+    """
+    own = step.events
+    if own is None and step.op == "take_events" and step.error is None:
+        own = step.result
+    events = [(Position(step.line, i), e) for i, e in enumerate(own or ())]
+    if step.op == "_insert_block_hash" and step.error is None and events_on:
+        events.append((Position(step.line, len(events)), _callers_announcement(step.args, hash_block_size)))
+    return events
+
+
 @dataclass
 class PoolFacts:
     """What a trace's replay says of each call: its op, and the pool's copies of the keys it stores."""
@@ -73,19 +106,10 @@ class PoolFacts:
     after: dict[int, Copies] = field(default_factory=dict)
 
 
-def _copies(step: TraceStep | None, state: PoolState) -> Copies:
-    if step is not None and step.observation is not None and "index" in step.observation:
-        return _index_copies(step.observation["index"])
-    return {(int.from_bytes(h, "big") & _LOW_64, g): len(ids) for (h, g), ids in state.index.items()}
-
-
 def _named(step: TraceStep, state: PoolState) -> set[Key]:
     """The keys (and parents) the call's stores name, in the checker's key form."""
-    events = list(step.events or ())
-    if step.op == "_insert_block_hash" and step.error is None and state.events_on:
-        events.append(_callers_announcement(step.args, state.hash_block_size))
     keys: set[Key] = set()
-    for e in events:
+    for _, e in step_events(step, state.hash_block_size, state.events_on):
         if e["type"] == "BlockStored":
             group = e.get("group_idx")
             keys.update((canonical_hash(h), group) for h in e["block_hashes"])
@@ -101,58 +125,48 @@ def pool_facts(path: str | Path) -> PoolFacts:
     after a call the model does not agree with are not covered.
     """
     facts = PoolFacts()
-    prev: list[tuple[TraceStep | None, PoolState | None]] = [(None, None)]
+    prev: list[Copies] = [{}]
 
     def on_step(step: TraceStep, state: PoolState) -> None:
         facts.ops[step.line] = step.op
+        after = pool_copies(step, state)
         keys = _named(step, state)
         if keys:
-            before_step, before_state = prev[0]
-            before = _copies(before_step, before_state) if before_state is not None else {}
-            after = _copies(step, state)
-            facts.before[step.line] = {k: before.get(k, 0) for k in keys}
+            facts.before[step.line] = {k: prev[0].get(k, 0) for k in keys}
             facts.after[step.line] = {k: after.get(k, 0) for k in keys}
-        prev[0] = (step, state)
+        prev[0] = after
 
     check_trace(path, on_step=on_step)
     return facts
 
 
 class _Finder:
-    """Reads the stream once, keeping what the warnings need: copies, groups, each key's last store."""
+    """Reads the stream once, warning before each event is counted by check-events' own reader."""
 
     def __init__(self, facts: PoolFacts | None):
         self.facts = facts
-        self.copies: dict[Key, int] = {}
-        self.seen: set[Key] = set()
+        self.reader = Router()
+        """The copies and the keys seen since the last clear, as check-events counts them."""
+        self.scratch = EventsReport("<warnings>")
         self.groups: dict[Any, set[Any]] = {}
+        """Per hash: the groups it was stored in since the last clear."""
         self.last: dict[Key, tuple[Any, Any, Any]] = {}
-        """Per key: medium, lora_name and lora_id of its last store."""
+        """Per key: medium, lora_name and lora_id of its last store that said them."""
         self.out: list[Violation] = []
 
     def warn(self, rule: str, pos: Position, message: str) -> None:
         self.out.append(Violation(rule, pos, message))
 
     def feed(self, pos: Position, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        if kind == "AllBlocksCleared":
-            self.copies.clear()
-            self.seen.clear()
+        if event["type"] == "AllBlocksCleared":
             self.groups.clear()
-            return
-        group = event.get("group_idx")
-        hashes = [canonical_hash(h) for h in event["block_hashes"]]
-        if kind == "BlockRemoved":
-            for h in hashes:
-                key = (h, group)
-                if self.copies.get(key, 0) > 0:
-                    self.copies[key] -= 1
-                    if not self.copies[key]:
-                        self.groups.get(h, set()).discard(group)
-            return
-        self._store(pos, event, hashes, group)
+        elif event["type"] == "BlockStored":
+            self._store(pos, event, [canonical_hash(h) for h in event["block_hashes"]],
+                        event.get("group_idx"))
+        self.reader.feed(event, pos, self.scratch)
 
     def _store(self, pos: Position, event: dict[str, Any], hashes: list[Any], group: Any) -> None:
+        copies = self.reader.copies
         size, tokens = event["block_size"], event["token_ids"]
         if not hashes:
             self.warn("empty-store", pos, f"BlockStored with no hash and {len(tokens)} token(s): every "
@@ -167,7 +181,6 @@ class _Finder:
         if parent is not None and hashes:
             self._parent((canonical_hash(parent), group), pos, event, before)
         here = (event.get("medium"), event.get("lora_name"), event.get("lora_id"))
-        known = "medium" in event  # the offload caller's announcement says neither medium nor LoRA
         for h in hashes:
             key = (h, group)
             if before is not None and after is not None:
@@ -177,24 +190,22 @@ class _Finder:
                             else "no new copy: a prefix hit announced again")
                     self.warn(rule, pos, f"BlockStored of {_key(key)}, which the pool held "
                               f"{before[key]} cop(ies) of: {what}")
-            elif self.copies.get(key, 0) > 0:
+            elif copies.get(key, 0) > 0:
                 self.warn("stored-again", pos, f"BlockStored of {_key(key)}, which the stream holds: a "
                           "prefix hit re-announced (no new copy) or a second copy; the stream does not "
                           "say which")
-            if not self.copies.get(key, 0):
-                others = self.groups.get(h, set()) - {group}
+            if not copies.get(key, 0):
+                others = {g for g in self.groups.get(h, ()) if g != group and copies.get((h, g), 0) > 0}
                 if others:
                     self.warn("hash-in-two-groups", pos, f"BlockStored of {_key(key)}, a 64-bit hash "
                               f"group(s) {sorted(others, key=repr)} hold too")
-                self.groups.setdefault(h, set()).add(group)
-            self.copies[key] = self.copies.get(key, 0) + 1
-            self.seen.add(key)
-            if known:
+            self.groups.setdefault(h, set()).add(group)
+            if "medium" in event:  # the offload caller's announcement says neither medium nor LoRA
                 self.last[key] = here
 
     def _parent(self, key: Key, pos: Position, event: dict[str, Any], before: Copies | None) -> None:
-        held = before.get(key, 0) if before is not None else self.copies.get(key, 0)
-        if key in self.seen and held <= 0:
+        held = before.get(key, 0) if before is not None else self.reader.copies.get(key, 0)
+        if key in self.reader.seen and held <= 0:
             self.warn("parent-removed", pos, f"BlockStored names parent {_key(key)}, stored since the "
                       "last AllBlocksCleared and removed since")
         last = self.last.get(key)
@@ -207,12 +218,6 @@ class _Finder:
         if (lora_name, lora_id) != (event.get("lora_name"), event.get("lora_id")):
             self.warn("lora-change", pos, f"BlockStored with LoRA {event.get('lora_name')!r} names parent "
                       f"{_key(key)}, stored with LoRA {lora_name!r}")
-
-
-def _key(key: Key) -> str:
-    h, group = key
-    text = f"{h:#018x}" if isinstance(h, int) else str(h)
-    return f"{text}/group {group}"
 
 
 def find_warnings(events: Sequence[tuple[Position, dict[str, Any]]],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +113,7 @@ def _all_profiles(path: Path) -> dict[str, RouterReport]:
 
 
 def test_corpus_is_what_the_script_writes(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("make_corpus", CORPUS / "make_corpus.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    written = module.write(tmp_path)
+    written = _script(CORPUS / "make_corpus.py").write(tmp_path)
     assert sorted(p.name for p in written) == sorted(p.name for p in CORPUS.glob("*.jsonl"))
     assert sorted(p.stem for p in written) == sorted(EXPECTED)
     for p in written:
@@ -265,19 +260,16 @@ def test_llmd_release_options() -> None:
 # ------------------------------------------------------------------ random recorded runs
 
 
-def _event_seeds(count: int) -> list[int]:
-    from kvpool.oracle.workload import Config
-
-    seeds, seed = [], 0
-    while len(seeds) < count:
-        cfg = Config.draw(random.Random(seed))
-        if cfg.events and cfg.caching:
-            seeds.append(seed)
-        seed += 1
-    return seeds
+def _script(path: Path) -> Any:
+    """A committed script, loaded as a module (tests/ and scripts/ are not packages)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-@pytest.mark.parametrize("seed", _event_seeds(6))
+@pytest.mark.parametrize("seed", _script(CORPUS.parents[1] / "scripts" / "router_survey.py").seeds(6))
 def test_on_recorded_runs_each_reading_errs_one_way_and_check_events_says_where(
         tmp_path: Path, seed: int) -> None:
     """On kvpool's pool the set reading never over-claims (every entry that goes is announced) and
@@ -340,3 +332,22 @@ def test_any_stream_reads_through_every_profile_and_the_warnings(events: list[di
         assert 0 <= held <= len(query.hashes)
         for block in range(len(query.hashes)):
             assert profile.explain(query, block, held=block < held).rule in profile.rules
+
+
+def test_a_pool_that_hides_each_calls_events_is_read_at_take_events(tmp_path: Path) -> None:
+    """With ``events: null`` on every line, the stream is what ``take_events`` hands over: until
+    then the router has been told nothing (under-claims), after it what it always reads."""
+    lines = (CORPUS / "reannounce.jsonl").read_text().splitlines()
+    header, calls = lines[0], [json.loads(x) for x in lines[1:]]
+    handed = [e for c in calls for e in c["events"]]
+    for c in calls:
+        c["events"] = None
+    calls.append({"op": "take_events", "args": {}, "result": handed, "error": None, "events": None})
+    path = tmp_path / "hidden.jsonl"
+    path.write_text("\n".join([header, *(json.dumps(c) for c in calls)]) + "\n")
+    result, (report,) = check_trace_routers(path, [profile_factory("refcount")])
+    assert result.ok and report.events == len(handed) == 4
+    taken = len(calls) + 1
+    found = [(d.kind, d.line) for d in report.differences]
+    assert {line for kind, line in found if kind == "over-claim"} == {taken}
+    assert {kind for kind, line in found if line < taken} == {"under-claim"}

@@ -29,11 +29,12 @@ from typing import Any
 from kvpool.model.request import hashes_at
 from kvpool.model.state import PoolState
 
-from ..events_check import Position, _callers_announcement, _index_copies
+from ..events_check import Position
+from ..events_warnings import find_warnings, pool_copies, step_events
 from ..trace import CheckReport, TraceStep, check_trace, json_lines
 from ..trace.read import parse_header
 from ..trace.schema import FieldError
-from .base import Cause, Profile, Query, Reaction, Rule, event_hashes
+from .base import Cause, Profile, Query, Reaction, Rule
 
 _LOW_64 = (1 << 64) - 1
 Copies = dict[tuple[int, int], int]
@@ -74,8 +75,9 @@ class RouterReport:
     differences: list[Difference] = field(default_factory=list)
     reactions: list[tuple[Reaction, str | None]] = field(default_factory=list)
     """What the profile did not index as meant, with the call that emitted the event."""
-    repeated_stores: int = 0
-    """Stores of a key the stream had stored and not removed (re-announcement or second copy)."""
+    repeated_stores: int | None = None
+    """(A bare stream.)  Stores of a key the stream holds: a re-announced hit or a second copy.
+    On a trace, ``kvpool check-events`` tells them apart (``reannounced-hit``, ``second-copy``)."""
     stopped: str | None = None
     """Why the comparison ended before the file did (the trace left the model)."""
     note: str | None = None
@@ -172,43 +174,6 @@ def served(query: Query, copies: Copies) -> int:
     return n
 
 
-def pool_copies(step: TraceStep, state: PoolState) -> Copies:
-    """The pool's copies per (64-bit hash, group) after a call: its observation's, or the model's."""
-    if step.observation is not None and "index" in step.observation:
-        return _index_copies(step.observation["index"])
-    return {(_low(h), g): len(ids) for (h, g), ids in state.index.items()}
-
-
-def step_events(step: TraceStep, hash_block_size: int, events_on: bool
-                ) -> list[tuple[Position, dict[str, Any]]]:
-    """The events a router reads from one call, positioned (the offload caller's announcement last)."""
-    events = [(Position(step.line, i), e) for i, e in enumerate(step.events or ())]
-    if step.op == "_insert_block_hash" and step.error is None and events_on:
-        events.append((Position(step.line, len(events)), _callers_announcement(step.args, hash_block_size)))
-    return events
-
-
-class _Repeats:
-    """Stores of keys the stream holds already: what no reader of the stream alone can place."""
-
-    def __init__(self) -> None:
-        self.copies: dict[tuple[int, Any], int] = {}
-        self.count = 0
-
-    def feed(self, event: dict[str, Any]) -> None:
-        kind = event["type"]
-        if kind == "AllBlocksCleared":
-            self.copies.clear()
-            return
-        for h in event_hashes(event):
-            key = (h, event.get("group_idx"))
-            if kind == "BlockStored":
-                self.count += self.copies.get(key, 0) > 0
-                self.copies[key] = self.copies.get(key, 0) + 1
-            elif self.copies.get(key, 0) > 0:
-                self.copies[key] -= 1
-
-
 class RouterCheck:
     """Feeds one profile a trace call by call and compares its answers with the pool's index."""
 
@@ -222,7 +187,6 @@ class RouterCheck:
         self.verdicts: dict[tuple[str, int], str] = {}
         self.ops: dict[int, str] = {}
         self.last: Copies | None = None
-        self.repeats = _Repeats()
 
     def _profile(self) -> Profile:
         if self.profile is None:
@@ -240,7 +204,6 @@ class RouterCheck:
             profile = self._profile()
             for pos, event in events:
                 self.report.events += 1
-                self.repeats.feed(event)
                 self.report.reactions += [(r, step.op) for r in profile.feed(event, pos)]
             changed = True
         copies = pool_copies(step, state)
@@ -287,7 +250,6 @@ class RouterCheck:
 
     def finish(self, result: CheckReport) -> RouterReport:
         """Close the report with the trace check's result (where the replay stopped, if it did)."""
-        self.report.repeated_stores = self.repeats.count
         if result.contract is not None:
             self.report.stopped = (f"line {result.contract.line}: the trace's caller broke "
                                    f"{result.contract.contract}; no call after it is compared")
@@ -334,14 +296,13 @@ def check_stream_router(events: Iterable[tuple[Position, dict[str, Any]]], facto
     """A bare stream through one profile: what it does not index as meant, and what no one can tell."""
     profile = factory(block_sizes)
     report = RouterReport(name, path, rules=dict(profile.rules))
-    repeats = _Repeats()
+    events = list(events)
     for pos, event in events:
         report.events += 1
-        repeats.feed(event)
         report.reactions += [(r, None) for r in profile.feed(event, pos)]
-    report.repeated_stores = repeats.count
+    report.repeated_stores = sum(w.rule == "stored-again" for w in find_warnings(events))
     report.note = (f"a stream alone answers no prefix query: whether {profile.name}'s index matches the "
                    "pool needs a trace (kvpool check-trace --router). "
-                   f"{repeats.count} store(s) of a key already stored: a re-announced hit and a second "
-                   f"copy are the same events; {profile.name} reads each as {profile.repeats}")
+                   f"{report.repeated_stores} store(s) of a key already stored: a re-announced hit and a "
+                   f"second copy are the same events; {profile.name} reads each as {profile.repeats}")
     return report

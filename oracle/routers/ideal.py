@@ -11,6 +11,7 @@ physical copy").
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 from ..events_check import Position
@@ -23,16 +24,45 @@ def _rules(*rules: Rule) -> dict[str, Rule]:
     return {r.id: r for r in rules}
 
 
-def _leading(query: Query, held: Any) -> int:
-    n = 0
-    for h in query.hashes:
-        if not held((h, query.group)):
-            break
-        n += 1
-    return n
+class _KeyReader(Profile):
+    """A reader of ``(hash, group_idx)`` keys: one call per key stored, removed, or cleared."""
+
+    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
+        if event["type"] == "AllBlocksCleared":
+            self.cleared(pos)
+            return []
+        group = event_group(event)
+        act = self.stored if event["type"] == "BlockStored" else self.removed
+        for h in event_hashes(event):
+            act((h, group), pos)
+        return []
+
+    @abstractmethod
+    def stored(self, key: Key, pos: Position) -> None:
+        """One store of ``key``."""
+
+    @abstractmethod
+    def removed(self, key: Key, pos: Position) -> None:
+        """One removal of ``key``."""
+
+    @abstractmethod
+    def cleared(self, pos: Position) -> None:
+        """An AllBlocksCleared."""
+
+    @abstractmethod
+    def holds(self, key: Key) -> bool:
+        """Whether the reading holds ``key`` now."""
+
+    def prefix(self, query: Query) -> int:
+        n = 0
+        for h in query.hashes:
+            if not self.holds((h, query.group)):
+                break
+            n += 1
+        return n
 
 
-class SetReader(Profile):
+class SetReader(_KeyReader):
     """Held or not, per key: a store makes it held, a removal not, a clear nothing."""
 
     name = "set"
@@ -49,24 +79,20 @@ class SetReader(Profile):
         self.held: dict[Key, Position] = {}
         self.gone: dict[Key, tuple[str, Position]] = {}
 
-    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
-        kind = event["type"]
-        if kind == "AllBlocksCleared":
-            self.gone.update((k, ("set.clear", pos)) for k in self.held)
-            self.held.clear()
-            return []
-        group = event_group(event)
-        for h in event_hashes(event):
-            key = (h, group)
-            if kind == "BlockStored":
-                self.held[key] = pos
-                self.gone.pop(key, None)
-            elif self.held.pop(key, None) is not None:
-                self.gone[key] = ("set.remove", pos)
-        return []
+    def stored(self, key: Key, pos: Position) -> None:
+        self.held[key] = pos
+        self.gone.pop(key, None)
 
-    def prefix(self, query: Query) -> int:
-        return _leading(query, self.held.__contains__)
+    def removed(self, key: Key, pos: Position) -> None:
+        if self.held.pop(key, None) is not None:
+            self.gone[key] = ("set.remove", pos)
+
+    def cleared(self, pos: Position) -> None:
+        self.gone.update((k, ("set.clear", pos)) for k in self.held)
+        self.held.clear()
+
+    def holds(self, key: Key) -> bool:
+        return key in self.held
 
     def explain(self, query: Query, block: int, held: bool) -> Cause:
         key = (query.hashes[block], query.group)
@@ -79,7 +105,7 @@ class SetReader(Profile):
         return Cause(rule, pos, "not held since then, though the pool kept a copy")
 
 
-class RefcountReader(Profile):
+class RefcountReader(_KeyReader):
     """Copies per key: a store adds one, a removal takes one, a clear sets all to none."""
 
     name = "refcount"
@@ -93,44 +119,36 @@ class RefcountReader(Profile):
 
     def __init__(self, block_sizes: dict[int, int]):
         super().__init__(block_sizes)
-        self.copies: dict[Key, int] = {}
         self.stores: dict[Key, list[Position]] = {}
+        """Per key with copies: the stores counted, one copy each, the last removed first."""
         self.gone: dict[Key, tuple[str, Position]] = {}
 
-    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
-        kind = event["type"]
-        if kind == "AllBlocksCleared":
-            self.gone.update((k, ("refcount.clear", pos)) for k in self.copies)
-            self.copies.clear()
-            self.stores.clear()
-            return []
-        group = event_group(event)
-        for h in event_hashes(event):
-            key = (h, group)
-            if kind == "BlockStored":
-                self.copies[key] = self.copies.get(key, 0) + 1
-                self.stores.setdefault(key, []).append(pos)
-                self.gone.pop(key, None)
-            elif self.copies.get(key, 0) > 0:
-                self.copies[key] -= 1
-                if not self.copies[key]:
-                    del self.copies[key]
-                    del self.stores[key]
-                    self.gone[key] = ("refcount.remove", pos)
-        return []
+    def stored(self, key: Key, pos: Position) -> None:
+        self.stores.setdefault(key, []).append(pos)
+        self.gone.pop(key, None)
 
-    def prefix(self, query: Query) -> int:
-        return _leading(query, self.copies.__contains__)
+    def removed(self, key: Key, pos: Position) -> None:
+        stores = self.stores.get(key)
+        if stores:
+            stores.pop()
+            if not stores:
+                del self.stores[key]
+                self.gone[key] = ("refcount.remove", pos)
+
+    def cleared(self, pos: Position) -> None:
+        self.gone.update((k, ("refcount.clear", pos)) for k in self.stores)
+        self.stores.clear()
+
+    def holds(self, key: Key) -> bool:
+        return key in self.stores
 
     def explain(self, query: Query, block: int, held: bool) -> Cause:
         key = (query.hashes[block], query.group)
         if held:
             stores = self.stores.get(key, [])
-            last = stores[-1] if stores else None
-            return Cause("refcount.remove", last,
-                         f"{len(stores)} store(s) since its copies last reached none, "
-                         f"{len(stores) - self.copies.get(key, 0)} removal(s): a store that made no "
-                         "new copy (a re-announced hit) is still counted")
+            return Cause("refcount.remove", stores[-1] if stores else None,
+                         f"{len(stores)} store(s) still counted as copies: a store that made no new copy "
+                         "(a re-announced hit) is counted all the same")
         rule, pos = self.gone.get(key, ("refcount.store", None))
         return Cause(rule, pos, "never stored by the stream" if pos is None
                      else "no copy counted since then, though the pool holds one")
