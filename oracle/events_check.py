@@ -98,6 +98,8 @@ class EventsReport:
     """Trace lines whose observed index was compared with the router's."""
     phantoms: int = 0
     """At the last compared line, keys the router counts more copies of than the pool holds."""
+    warnings: list[Violation] = field(default_factory=list)
+    """Events that break no rule but leave a router guessing (:mod:`.events_warnings`), in order."""
 
     @property
     def ok(self) -> bool:
@@ -115,6 +117,12 @@ class EventsReport:
                  for v in self.violations[:limit]]
         if len(self.violations) > limit:
             lines.append(f"... and {len(self.violations) - limit} more")
+        if self.warnings:
+            head += f"; {len(self.warnings)} warning(s)"
+            lines += [f"{self.path}:{w.position.line}: {w.position}: warning [{w.rule}] {w.message}"
+                      for w in self.warnings[:limit]]
+            if len(self.warnings) > limit:
+                lines.append(f"... and {len(self.warnings) - limit} more warning(s)")
         return "\n".join([head, *lines])
 
 
@@ -249,6 +257,7 @@ class Stream:
     events: list[tuple[Position, dict[str, Any]]]
     block_sizes: dict[int, int] = field(default_factory=dict)
     snapshots: Snapshots = field(default_factory=dict)
+    is_trace: bool = False
 
 
 def _index_copies(index: list[list[Any]]) -> dict[Key, int]:
@@ -293,7 +302,7 @@ def load_events(path: str | Path) -> Stream:
         if trace.header.enable_kv_cache_events:
             snapshots = {step.line: _index_copies(step.observation["index"])
                          for step in trace.steps if step.observation is not None}
-        return Stream(events, dict(trace.header.block_sizes or {}), snapshots)
+        return Stream(events, dict(trace.header.block_sizes or {}), snapshots, is_trace=True)
     out = []
     for number, value in (first, *lines):
         try:
@@ -310,8 +319,12 @@ def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) ->
 
     ``block_sizes`` (group -> full block size) overrides a trace header's.
     """
-    stream = load_events(path)
-    return check_event_list([e for _, e in stream.events], str(path),
+    return check_stream(load_events(path), str(path), block_sizes)
+
+
+def check_stream(stream: Stream, name: str, block_sizes: dict[int, int] | None = None) -> EventsReport:
+    """:func:`check_events` on a stream already loaded (:func:`load_events`)."""
+    return check_event_list([e for _, e in stream.events], name,
                             {**stream.block_sizes, **(block_sizes or {})},
                             [p for p, _ in stream.events], stream.snapshots)
 

@@ -11,7 +11,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kvpool.oracle.events_check import check_events
+from kvpool.oracle.events_check import EventsReport, Stream, check_stream, load_events
+from kvpool.oracle.events_warnings import add_warnings
+from kvpool.oracle.routers import RouterReport, check_stream_router, profile_factory
 from kvpool.oracle.trace import TraceError
 
 
@@ -27,15 +29,50 @@ def _sizes(text: str) -> dict[int, int]:
     return out
 
 
+def router_name(text: str) -> str:
+    """A ``--router`` value, checked now (argparse type): a usage error, not a traceback."""
+    try:
+        return profile_factory(text)[0]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _full_sizes(stream: Stream, declared: dict[int, int] | None) -> dict[int, int]:
+    """Full block size per group: declared (option, then trace header), else the largest it announced."""
+    seen: dict[int, int] = {}
+    for _, e in stream.events:
+        if e["type"] == "BlockStored":
+            group = e.get("group_idx") or 0
+            seen[group] = max(seen.get(group, 0), e["block_size"])
+    return {**seen, **stream.block_sizes, **(declared or {})}
+
+
+def _json(report: EventsReport, routers: list[RouterReport]) -> str:
+    return json.dumps({
+        "file": report.path, "events": report.events, "ok": report.ok,
+        "reannounced": report.reannounced, "left_stored": report.left_stored,
+        "unverified_parents": report.unverified_parents, "empty_stores": report.empty_stores,
+        "token_mismatches": report.token_mismatches, "snapshots": report.snapshots,
+        "phantoms": report.phantoms,
+        "violations": [{"rule": v.rule, "line": v.position.line, "event": v.position.index,
+                        "message": v.message} for v in report.violations],
+        "warnings": [{"rule": w.rule, "line": w.position.line, "event": w.position.index,
+                      "message": w.message} for w in report.warnings],
+        **({"routers": [r.to_json() for r in routers]} if routers else {})})
+
+
 def check_events_main(argv: Sequence[str] | None = None) -> int:
-    """``kvpool check-events``: 0 no violation, 1 violations, 2 usage or unreadable file."""
+    """``kvpool check-events``: 0 no violation, 1 violations (or warnings with ``--strict``, or
+    inputs a ``--router`` profile does not index as meant), 2 usage or unreadable file."""
     parser = argparse.ArgumentParser(
         prog="kvpool check-events",
         description="Read a KV-event stream (JSONL, one event per line, or a kvpool trace) "
                     "as a router rebuilding the prefix index would, and report each event "
                     "that breaks it, with its line.",
         epilog="examples:\n  kvpool check-events kv-events.jsonl --block-sizes 0=16\n"
-               "  kvpool check-events run.jsonl --json",
+               "  kvpool check-events run.jsonl --json --strict\n"
+               "  kvpool check-events kv-events.jsonl --router dynamo --router llm-d:2025\n"
+               "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file")
     parser.add_argument("--block-sizes", type=_sizes, default=None, metavar="G=N[,G=N]",
@@ -43,24 +80,32 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
                              "(a trace header's block_sizes is used when present)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--limit", type=int, default=50, help="violations to print (default 50)")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail (exit 1) on warnings too: events that break no rule but leave a "
+                             "router guessing (re-announced hits, removed parents, empty stores, ...)")
+    parser.add_argument("--router", type=router_name, action="append", default=[], metavar="NAME",
+                        help="also read the stream as this router does and report what it does not "
+                             "index as meant (repeatable); on a trace, `kvpool check-trace --router` "
+                             "compares its answers with the pool")
     args = parser.parse_args(argv)
     try:
-        report = check_events(args.file, args.block_sizes)
+        stream = load_events(args.file)
+        report = add_warnings(check_stream(stream, args.file, args.block_sizes), stream, args.file,
+                              stream.is_trace)
     except TraceError as exc:
         print(f"kvpool check-events: {exc}", file=sys.stderr)
         return 2
+    sizes = _full_sizes(stream, args.block_sizes)
+    routers = [check_stream_router(stream.events, factory, name, args.file, sizes)
+               for name, factory in map(profile_factory, args.router)]
     if args.json:
-        print(json.dumps({
-            "file": report.path, "events": report.events, "ok": report.ok,
-            "reannounced": report.reannounced, "left_stored": report.left_stored,
-            "unverified_parents": report.unverified_parents, "empty_stores": report.empty_stores,
-            "token_mismatches": report.token_mismatches, "snapshots": report.snapshots,
-            "phantoms": report.phantoms,
-            "violations": [{"rule": v.rule, "line": v.position.line, "event": v.position.index,
-                            "message": v.message} for v in report.violations]}))
+        print(_json(report, routers))
     else:
         print(report.format(args.limit))
-    return 0 if report.ok else 1
+        for r in routers:
+            print(r.format(args.limit))
+    failed = not report.ok or (args.strict and report.warnings) or any(not r.ok for r in routers)
+    return 1 if failed else 0
 
 
 __all__ = ["check_events_main"]

@@ -9,13 +9,16 @@ by a pool in another language or process, on the model
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
 from kvpool.model import REFERENCES
 from kvpool.oracle.adapter import adapter_for_class, misuse_setting
+from kvpool.oracle.routers import check_trace_routers, profile_factory
 from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record_adapter
 
+from .events import router_name
 from .usage import import_or_exit
 
 
@@ -57,24 +60,46 @@ def record_main(argv: Sequence[str] | None = None) -> int:
 
 def check_trace_main(argv: Sequence[str] | None = None) -> int:
     """``kvpool check-trace``: 0 agrees, 1 diverges, 2 usage or unreadable file, 3 the trace's
-    caller broke a contract of the pool (a verdict about the caller, not the pool)."""
+    caller broke a contract of the pool (a verdict about the caller, not the pool), 4 the trace
+    agrees but a ``--router`` profile's index differs from what the pool serves."""
     parser = argparse.ArgumentParser(
         prog="kvpool check-trace",
         description="Replay a JSONL trace on the model and report the first call whose "
                     "result, error class, events, watcher firings or observation differ.",
-        epilog="example:\n  kvpool check-trace run.jsonl --vllm-errors",
+        epilog="examples:\n  kvpool check-trace run.jsonl --vllm-errors\n"
+               "  kvpool check-trace run.jsonl --router dynamo --router llm-d:2025\n"
+               "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]\n"
+               "exit codes: 0 agrees, 1 differs from the model, 2 unreadable, 3 the caller broke a "
+               "contract, 4 a router's index differs from the pool",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", help="trace file (oracle/TRACE_FORMAT.md)")
     parser.add_argument("--vllm-errors", action="store_true",
                         help="accept ValueError where the model raises NotEnoughFreeBlocksError")
+    parser.add_argument("--router", type=router_name, action="append", default=[], metavar="NAME",
+                        help="also feed the events to this router profile and, after every call, "
+                             "compare its prefix answers with what the pool serves (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the router reports as JSON")
+    parser.add_argument("--limit", type=int, default=50, help="router findings to print (default 50)")
     args = parser.parse_args(argv)
     try:
-        report = check_trace(args.trace, vllm_errors=args.vllm_errors)
+        if args.router:
+            report, routers = check_trace_routers(args.trace, [profile_factory(r) for r in args.router],
+                                                  vllm_errors=args.vllm_errors)
+        else:
+            report, routers = check_trace(args.trace, vllm_errors=args.vllm_errors), []
     except TraceError as exc:
         print(f"kvpool check-trace: {exc}", file=sys.stderr)
         return 2
-    print(report.format())
-    return 0 if report.ok else 3 if report.contract is not None else 1
+    if args.json and routers:
+        print(json.dumps({"file": report.path, "ok": report.ok, "check": report.format(),
+                          "routers": [r.to_json() for r in routers]}))
+    else:
+        print(report.format())
+        for r in routers:
+            print(r.format(args.limit))
+    if not report.ok:
+        return 3 if report.contract is not None else 1
+    return 4 if any(not r.ok for r in routers) else 0
 
 
 __all__ = ["check_trace_main", "record_main"]

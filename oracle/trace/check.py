@@ -9,6 +9,7 @@ and event hashes (compared in their 64-bit integer form).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,11 +202,14 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
     return diffs
 
 
-def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
+def check_trace(path: str | Path, *, vllm_errors: bool = False,
+                on_step: Callable[[TraceStep, PoolState], None] | None = None) -> CheckReport:
     """Replay a trace on the model; report the first call that differs.
 
     ``vllm_errors`` (or the header's) accepts vLLM's plain ``ValueError`` where
-    the model raises ``NotEnoughFreeBlocksError``.  Raises :class:`TraceError`
+    the model raises ``NotEnoughFreeBlocksError``.  ``on_step`` is called with
+    each call that agrees and the model's state after it (what the pool holds
+    then), in order, up to the first difference.  Raises :class:`TraceError`
     on a bad file.
     """
     h, steps = iter_trace(path)
@@ -227,6 +231,8 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False) -> CheckReport:
             diffs = ["value nested too deeply to compare"]
         if diffs:
             return CheckReport(str(path), number, StepDivergence(step.line, number, step.op, diffs))
+        if on_step is not None:
+            on_step(step, new)
         state = new
     return CheckReport(str(path), number)
 

@@ -1,0 +1,147 @@
+"""What every router profile offers: read one event, answer a prefix query, say why.
+
+A profile is a small re-reading of one router's indexing rules (Dynamo's radix
+tree, llm-d's hash index) or of an idealised reader (``set``, ``refcount``).
+It never sees the pool: it reads the KV events, in order, and answers "how
+many leading blocks of this request does the engine hold?".  The checker
+(:mod:`.check`) compares that answer with what the pool serves.
+
+Every rule a profile applies is a :class:`Rule` naming the file and revision of
+the router's public source it follows, so that a report can say which rule
+made the router's index wrong.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..events_check import Position
+from ..trace import canonical_hash
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One indexing rule of a router, as read from its source."""
+
+    id: str
+    does: str
+    """What the router does, in one sentence."""
+    source: str
+    """Where it is written: repository, file and revision (or kvpool's own page)."""
+
+    def cite(self) -> str:
+        return f"{self.id} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """An input a profile does not index as the pool meant it, at its position."""
+
+    kind: str
+    rule: str
+    position: Position
+    message: str
+
+
+REACTION_KINDS: dict[str, str] = {
+    "dropped-store": "a BlockStored the router does not index (whole or in part)",
+    "unhandled": "an input the router cannot handle: it errs, panics or corrupts its index",
+    "ignored-clear": "an AllBlocksCleared the router ignores",
+    "restarted-chain": "a BlockStored the router indexes as the start of a new chain",
+    "misread-store": "a BlockStored the router indexes under other tokens than its blocks hold",
+}
+"""The kinds of :class:`Reaction`, each a way the router's index departs from the stream."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """One prefix query: a request's full blocks in one KV-cache group.
+
+    ``hashes`` are the pool's keys of those blocks (low 64 bits, as events carry
+    them); the routers that key by tokens read ``tokens``, ``lora_name`` and
+    ``mm`` (multimodal items: identifier, offset, length) instead.
+    """
+
+    name: str
+    group: int
+    block_size: int
+    tokens: tuple[int, ...]
+    hashes: tuple[int, ...]
+    lora_name: str | None = None
+    mm: tuple[tuple[str, int, int], ...] = ()
+
+    def chunks(self, size: int) -> list[tuple[int, ...]]:
+        """The query's tokens in whole chunks of ``size``."""
+        return [self.tokens[i:i + size] for i in range(0, len(self.tokens) - size + 1, size)]
+
+    def mm_in(self, start: int, end: int) -> tuple[str, ...]:
+        """Identifiers of the multimodal items overlapping tokens ``[start, end)``, by offset."""
+        return tuple(i for i, off, n in sorted(self.mm, key=lambda m: m[1]) if off < end and start < off + n)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a profile holds (or lacks) one block: the rule, and the event that applied it."""
+
+    rule: str
+    position: Position | None
+    detail: str
+
+
+class Profile(ABC):
+    """A router's reading of one engine's stream."""
+
+    name: str
+    """The profile's name as ``--router`` spells it (a release's options included)."""
+    rules: ClassVar[Mapping[str, Rule]]
+    repeats: ClassVar[str]
+    """How it reads a second store of a stored key: ``"one copy"`` or ``"another copy"``."""
+
+    def __init__(self, block_sizes: Mapping[int, int]):
+        self.block_sizes = dict(block_sizes)
+
+    @abstractmethod
+    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
+        """Apply one validated event; return what the router did not index as meant."""
+
+    @abstractmethod
+    def prefix(self, query: Query) -> int:
+        """How many leading blocks of ``query`` (at its block size) the router believes held."""
+
+    @abstractmethod
+    def explain(self, query: Query, block: int, held: bool) -> Cause:
+        """Why block ``block`` of ``query`` is held (``held``) or not, by the router's rules."""
+
+    def answers(self, group: int) -> bool:
+        """Whether the router's answer is meant for this group (it reads that group's events)."""
+        return True
+
+    def rule(self, rule_id: str) -> Rule:
+        return self.rules[rule_id]
+
+
+def event_hashes(event: dict[str, Any]) -> list[int]:
+    """An event's hashes in their 64-bit integer form."""
+    return [int(canonical_hash(h)) for h in event["block_hashes"]]
+
+
+def event_parent(event: dict[str, Any]) -> int | None:
+    parent = event.get("parent_block_hash")
+    return None if parent is None else int(canonical_hash(parent))
+
+
+def event_group(event: dict[str, Any]) -> int:
+    """The event's group; an event without one is read as group 0."""
+    group = event.get("group_idx")
+    return 0 if group is None else int(group)
+
+
+def show_hash(h: int) -> str:
+    return f"{h:#018x}"
+
+
+KVPOOL_DOC = "kvpool oracle/TRACE_FORMAT.md"
+"""The source of the idealised readers' rules: kvpool's own description of the stream."""

@@ -1,0 +1,305 @@
+"""NVIDIA Dynamo's KV router, read from its source: a publisher filter, a dedup count, a radix tree.
+
+The path of one vLLM event through Dynamo (one worker, one DP rank):
+
+1. ``zmq_wire.rs`` decodes it: events of a group other than 0 are dropped
+   (``dynamo.group-filter``); a store whose hashes repeat (or repeat its
+   parent) is dropped (``dynamo.duplicate-hash``); each hash becomes a block
+   whose ``token_ids`` slice is taken ``block_size`` at a time from the start
+   of the event's tokens, and only when ``block_size`` is the router's
+   ``kv_block_size`` (``dynamo.block-size``); the tree key of a block is the
+   hash of that slice, the LoRA name and its multimodal identifiers
+   (``dynamo.tokens-hash``).
+2. ``event_processor.rs`` skips events of another storage tier than the GPU
+   (``dynamo.medium-filter``), counts stores per block hash and passes a
+   removal only when that count reaches zero (``dynamo.dedup-*``).
+3. ``radix_tree.rs`` applies it: a store whose parent hash is not in the
+   worker's lookup table is dropped whole (``dynamo.parent-not-found``);
+   blocks join the child of the parent node with their tree key, or reuse the
+   worker's node for their hash (``dynamo.reuse-node``); a block whose node
+   is the parent node itself is rejected after the edge was made
+   (``dynamo.self-reference``); a removal takes the worker off the node and
+   a node no worker holds loses its children (``dynamo.remove``).
+4. A query walks the tree from the root by the tree keys of the request's
+   blocks; the score is the depth the worker is present to
+   (``dynamo.find-matches``).
+
+Not modelled: several workers and DP ranks (one engine is checked), the
+approximate indexer (``approx.rs``, used when events are off), batching
+windows (they merge chained stores; the order of effects is the same), and
+the lower tiers.  Multimodal identifiers are taken as given: Dynamo parses
+only vLLM's 64-hex digests (``parse_mm_hash_from_extra_key``); kvpool's
+workload names its items with short names, read here as digests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..events_check import Position
+from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
+
+_REPO = "ai-dynamo/dynamo"
+ZMQ_WIRE = f"{_REPO} lib/kv-router/src/zmq_wire.rs@0cda21dc69fd"
+EVENT_PROCESSOR = f"{_REPO} lib/llm/src/kv_router/publisher/event_processor.rs@0d29bd4e67ad"
+PROTOCOLS = f"{_REPO} lib/kv-router/src/protocols.rs@038eab23a6b6"
+RADIX_TREE = f"{_REPO} lib/kv-router/src/radix_tree.rs@4276866e1eeb"
+
+RULES = {r.id: r for r in (
+    Rule("dynamo.group-filter", "an event with a group_idx other than 0 (and no main-attention "
+         "kv_cache_spec_kind) is ignored (KvCacheEventFilter::should_ignore)", ZMQ_WIRE),
+    Rule("dynamo.medium-filter", "an event whose medium names a tier other than the GPU (CPU, "
+         "CPU_PINNED, DISK, ...) is not indexed (StorageTier::from_kv_medium; is_local_gpu)",
+         f"{PROTOCOLS}; {EVENT_PROCESSOR}"),
+    Rule("dynamo.duplicate-hash", "a BlockStored whose hashes repeat, or repeat its parent, is "
+         "dropped (convert_event)", ZMQ_WIRE),
+    Rule("dynamo.block-size", "a BlockStored publishes one block per hash, its tokens sliced "
+         "block_size at a time from the start of token_ids, and none when block_size is not the "
+         "router's kv_block_size (create_stored_blocks)", ZMQ_WIRE),
+    Rule("dynamo.tokens-hash", "a block's tree key is the hash of its token slice, the LoRA name and "
+         "its multimodal identifiers; not its block hash, its parent, nor the cache salt "
+         "(create_stored_block_from_parts, extra_keys_to_block_mm_infos)", ZMQ_WIRE),
+    Rule("dynamo.dedup-store", "each published block hash is counted once more per store "
+         "(EventDedupFilter::track_store)", EVENT_PROCESSOR),
+    Rule("dynamo.dedup-remove", "a removal reaches the index only when its hash's count falls to 0; "
+         "an uncounted hash passes (EventDedupFilter::filter_remove)", EVENT_PROCESSOR),
+    Rule("dynamo.parent-not-found", "a BlockStored whose parent hash is not in the worker's lookup "
+         "table is dropped whole (ParentBlockNotFound)", RADIX_TREE),
+    Rule("dynamo.reuse-node", "a block joins the parent's child with its tree key, whatever hash that "
+         "node was made for; otherwise the worker's node for its hash is reused under the parent "
+         "(apply_event)", RADIX_TREE),
+    Rule("dynamo.self-reference", "a block whose node is the parent node itself is rejected after "
+         "the edge was inserted; the rest of the store is dropped (InvalidBlockSequence)", RADIX_TREE),
+    Rule("dynamo.remove", "a removal takes the worker off the hash's node; a node no worker holds "
+         "loses all its children (apply_event, Removed)", RADIX_TREE),
+    Rule("dynamo.clear", "AllBlocksCleared takes the worker off every node and forgets its lookup "
+         "table and counts (clear_all_blocks; EventDedupFilter::clear)",
+         f"{RADIX_TREE}; {EVENT_PROCESSOR}"),
+    Rule("dynamo.find-matches", "a query walks from the root by the tree keys of the request's "
+         "blocks; the score is the depth the worker is present to (find_matches)", RADIX_TREE),
+)}
+
+_OTHER_TIERS = frozenset({"CPU", "CPU_PINNED", "CPU_TIER1", "CPU_TIER2", "DISK", "NVME", "STORAGE",
+                          "EXTERNAL", "NETWORK", "REMOTE", "SHARED"})
+"""Media that StorageTier::from_kv_medium maps to a tier other than the device (unknown: the device)."""
+
+TreeKey = tuple[tuple[int, ...], str | None, tuple[str, ...]]
+"""A block's tree key (Dynamo's LocalBlockHash): its tokens, the LoRA name, multimodal identifiers."""
+
+
+class _Node:
+    __slots__ = ("block_hash", "cause", "children", "emptied", "gone_hash", "held")
+
+    def __init__(self, block_hash: int | None):
+        self.block_hash = block_hash
+        self.children: dict[TreeKey, _Node] = {}
+        self.held = False
+        self.cause: Cause | None = None
+        """Why the worker is on this node (the store that put it there)."""
+        self.emptied: Position | None = None
+        """The removal that last cleared this node's children."""
+        self.gone_hash: int | None = None
+        """The hash whose removal last took the worker off this node."""
+
+
+def _mm_ids(keys: Any) -> tuple[str, ...]:
+    """The multimodal identifiers among one block's extra keys (pairs; bare strings are LoRA or salt)."""
+    if not isinstance(keys, list):
+        return ()
+    return tuple(k[0] for k in keys if isinstance(k, list) and k and isinstance(k[0], str))
+
+
+class DynamoRouter(Profile):
+    """Dynamo's reading of one worker's stream; answers for group 0 only."""
+
+    name = "dynamo"
+    repeats = "another copy"
+    rules = RULES
+
+    def __init__(self, block_sizes: dict[int, int]):
+        super().__init__(block_sizes)
+        self.kv_block_size = block_sizes.get(0)
+        self.root = _Node(None)
+        self.lookup: dict[int, _Node] = {}
+        self.counts: dict[int, list[Position]] = {}
+        """The dedup filter's count per hash: the stores it counted, in order."""
+        self.filtered: dict[int, Position] = {}
+        """Hashes whose last removal the dedup filter kept from the tree."""
+        self.dropped: dict[int, Cause] = {}
+        """Hashes whose last store the router did not index, and why."""
+
+    def answers(self, group: int) -> bool:
+        return group == 0
+
+    # ------------------------------------------------------------------ events
+
+    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
+        kind = event["type"]
+        if kind == "AllBlocksCleared":
+            for node in self.lookup.values():
+                self._leave(node, pos, None)
+            self.lookup.clear()
+            self.counts.clear()
+            return []
+        hashes = event_hashes(event)
+        medium = event.get("medium")
+        ignored = ("dynamo.group-filter" if event_group(event) != 0
+                   else "dynamo.medium-filter" if medium in _OTHER_TIERS else None)
+        if ignored is not None:
+            if kind == "BlockStored":
+                for h in hashes:
+                    self.dropped[h] = Cause(ignored, pos, "the store was not indexed")
+            return []
+        if kind == "BlockRemoved":
+            self._remove(hashes, pos)
+            return []
+        return self._store(event, hashes, pos)
+
+    def _store(self, event: dict[str, Any], hashes: list[int], pos: Position) -> list[Reaction]:
+        parent = event_parent(event)
+        named = [*hashes, *([] if parent is None else [parent])]
+        if len(set(named)) < len(named):
+            for h in hashes:
+                self.dropped[h] = Cause("dynamo.duplicate-hash", pos, "the store repeats a hash")
+            return [Reaction("unhandled", "dynamo.duplicate-hash", pos,
+                             "a self-referencing store (a hash repeated): dropped")]
+        blocks = self._published(event, hashes)
+        for h, _ in blocks:  # the count is kept even when the tree refuses the store
+            self.counts.setdefault(h, []).append(pos)
+        for h in hashes[len(blocks):]:
+            self.dropped[h] = Cause("dynamo.block-size", pos, "no block published for this hash")
+        if parent is None:
+            current = self.root
+        elif parent in self.lookup:
+            current = self.lookup[parent]
+        else:
+            for h in hashes:
+                self.dropped[h] = Cause("dynamo.parent-not-found", pos, f"parent {show_hash(parent)} "
+                                        "not in the worker's lookup table")
+            return [Reaction("dropped-store", "dynamo.parent-not-found", pos,
+                             f"parent {show_hash(parent)} is not in the worker's lookup table: "
+                             f"{len(blocks)} block(s) not indexed")] if blocks else []
+        aligned = len(event["token_ids"]) == event["block_size"] * len(hashes)
+        reactions = [] if aligned or not blocks else [Reaction(
+            "misread-store", "dynamo.block-size", pos,
+            f"{len(hashes)} hash(es) with {len(event['token_ids'])} token_ids: each block takes the next "
+            f"{event['block_size']} tokens from the start, not its own")]
+        for h, key in blocks:
+            child, reused = current.children.get(key), False
+            if child is None:
+                reused = h in self.lookup
+                child = self.lookup.get(h) or _Node(h)
+                current.children[key] = child
+            if child is current:
+                for rest in hashes[hashes.index(h):]:
+                    self.dropped[rest] = Cause("dynamo.self-reference", pos, "rejected as self-referencing")
+                return [*reactions, Reaction(
+                    "unhandled", "dynamo.self-reference", pos, f"block {show_hash(h)} is its own parent's "
+                    "node: the tree now refers to itself and the rest of the store is dropped")]
+            rule = ("dynamo.block-size" if not aligned else "dynamo.reuse-node" if reused
+                    else "dynamo.tokens-hash")
+            child.held = True
+            child.cause = Cause(rule, pos, f"put there by the store of {show_hash(h)}"
+                                + ("" if aligned else " (its token_ids do not fill its blocks)"))
+            self.lookup[h] = child
+            self.dropped.pop(h, None)
+            current = child
+        return reactions
+
+    def _published(self, event: dict[str, Any], hashes: list[int]) -> list[tuple[int, TreeKey]]:
+        """The blocks create_stored_blocks makes of a store: (hash, tree key) per published block."""
+        size, tokens = event["block_size"], event["token_ids"]
+        if size != self.kv_block_size:
+            return []
+        extra = event.get("extra_keys") or []
+        out = []
+        for i, h in enumerate(hashes):
+            if (i + 1) * size > len(tokens):
+                break
+            mm = _mm_ids(extra[i]) if i < len(extra) else ()
+            out.append((h, (tuple(tokens[i * size:(i + 1) * size]), event.get("lora_name"), mm)))
+        return out
+
+    def _remove(self, hashes: list[int], pos: Position) -> None:
+        for h in hashes:
+            if h in self.counts:
+                self.counts[h].pop()
+                if self.counts[h]:
+                    self.filtered[h] = pos
+                    continue
+                del self.counts[h]
+            self.filtered.pop(h, None)
+            node = self.lookup.pop(h, None)
+            if node is not None:  # else BlockNotFound: skipped
+                self._leave(node, pos, h)
+
+    def _leave(self, node: _Node, pos: Position, h: int | None = None) -> None:
+        node.held, node.gone_hash = False, h
+        node.cause = Cause("dynamo.clear" if h is None else "dynamo.remove", pos,
+                           "cleared" if h is None else f"taken off by the removal of {show_hash(h)}")
+        if node.children:
+            node.children.clear()
+            node.emptied = pos
+
+    # ------------------------------------------------------------------ queries
+
+    def _keys(self, query: Query) -> list[TreeKey]:
+        size = self.kv_block_size or query.block_size
+        return [(chunk, query.lora_name, query.mm_in(i * size, (i + 1) * size))
+                for i, chunk in enumerate(query.chunks(size))]
+
+    def _walk(self, query: Query) -> list[_Node]:
+        path, node = [], self.root
+        for key in self._keys(query):
+            child = node.children.get(key)
+            if child is None or not child.held:
+                break
+            path.append(child)
+            node = child
+        return path
+
+    def prefix(self, query: Query) -> int:
+        size = self.kv_block_size or query.block_size
+        return min(len(query.hashes), len(self._walk(query)) * size // query.block_size)
+
+    def explain(self, query: Query, block: int, held: bool) -> Cause:
+        path = self._walk(query)
+        size = self.kv_block_size or query.block_size
+        at = block * query.block_size // size
+        h = query.hashes[block]
+        if held:
+            node = path[at] if at < len(path) else None
+            if node is None or node.cause is None:
+                return Cause("dynamo.find-matches", None, "reached by the walk")
+            if self.lookup.get(h) is node and h in self.filtered:
+                stores = self.counts.get(h, [])
+                return Cause("dynamo.dedup-remove", self.filtered[h], "its removal was kept from the tree: "
+                             f"{len(stores)} more store(s) of the hash counted ("
+                             + ", ".join(str(p) for p in stores[:3]) + "); a re-announced hit is one")
+            if node.block_hash != h:
+                return Cause(node.cause.rule, node.cause.position,
+                             f"the tree node for this block's tokens was made for "
+                             f"{show_hash(node.block_hash or 0)}, not {show_hash(h)}")
+            return node.cause
+        if h in self.dropped:
+            return self.dropped[h]
+        parent = path[-1] if path else self.root
+        keys = self._keys(query)
+        child = parent.children.get(keys[at]) if at < len(keys) else None
+        if child is not None and child.cause is not None:  # on the path, and taken off
+            took = child.cause
+            if child.gone_hash is not None and child.gone_hash != h:
+                return Cause("dynamo.tokens-hash", took.position, "the tree node this block's tokens lead "
+                             f"to also stood for {show_hash(child.gone_hash)}, whose removal took the "
+                             "worker off it")
+            return Cause(took.rule, took.position, "the worker was taken off this block's node")
+        if parent.emptied is not None:
+            return Cause("dynamo.remove", parent.emptied, "the removal of the block before it cleared "
+                         "that node's children")
+        node = self.lookup.get(h)
+        if node is not None:
+            put = node.cause or Cause("dynamo.reuse-node", None, "")
+            return Cause(put.rule, put.position, "the hash's node is elsewhere in the tree than this "
+                         "block's tokens lead" + (": its store's token_ids did not fill its blocks"
+                                                  if put.rule == "dynamo.block-size" else ""))
+        return Cause("dynamo.find-matches", None, "no node with this block's tokens under the one before")

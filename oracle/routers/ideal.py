@@ -1,0 +1,154 @@
+"""The two idealised readings of a stream, keyed by ``(hash, group_idx)`` as the pool keys it.
+
+``set``: a key is held from its store to its removal, however often it was
+stored.  ``refcount``: each store is one more copy, each removal one fewer.
+vLLM 0.31's stream cannot serve both: a prefix hit re-announced by
+``emit_cached_block_events`` (no new copy) and a second physical copy of a
+key are the same events (stored, stored, removed), and each reading is right
+on one of them only (``oracle/TRACE_FORMAT.md``, "Stores are not one per
+physical copy").
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+from ..events_check import Position
+from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Rule, event_group, event_hashes
+
+Key = tuple[int, int]
+
+
+def _rules(*rules: Rule) -> dict[str, Rule]:
+    return {r.id: r for r in rules}
+
+
+class _KeyReader(Profile):
+    """A reader of ``(hash, group_idx)`` keys: one call per key stored, removed, or cleared."""
+
+    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
+        if event["type"] == "AllBlocksCleared":
+            self.cleared(pos)
+            return []
+        group = event_group(event)
+        act = self.stored if event["type"] == "BlockStored" else self.removed
+        for h in event_hashes(event):
+            act((h, group), pos)
+        return []
+
+    @abstractmethod
+    def stored(self, key: Key, pos: Position) -> None:
+        """One store of ``key``."""
+
+    @abstractmethod
+    def removed(self, key: Key, pos: Position) -> None:
+        """One removal of ``key``."""
+
+    @abstractmethod
+    def cleared(self, pos: Position) -> None:
+        """An AllBlocksCleared."""
+
+    @abstractmethod
+    def holds(self, key: Key) -> bool:
+        """Whether the reading holds ``key`` now."""
+
+    def prefix(self, query: Query) -> int:
+        n = 0
+        for h in query.hashes:
+            if not self.holds((h, query.group)):
+                break
+            n += 1
+        return n
+
+
+class SetReader(_KeyReader):
+    """Held or not, per key: a store makes it held, a removal not, a clear nothing."""
+
+    name = "set"
+    repeats = "one copy"
+    rules = _rules(
+        Rule("set.store", "a BlockStored makes each of its keys held", KVPOOL_DOC),
+        Rule("set.remove", "a BlockRemoved makes its key not held, however often it was stored",
+             KVPOOL_DOC),
+        Rule("set.clear", "an AllBlocksCleared makes every key not held", KVPOOL_DOC),
+    )
+
+    def __init__(self, block_sizes: dict[int, int]):
+        super().__init__(block_sizes)
+        self.held: dict[Key, Position] = {}
+        self.gone: dict[Key, tuple[str, Position]] = {}
+
+    def stored(self, key: Key, pos: Position) -> None:
+        self.held[key] = pos
+        self.gone.pop(key, None)
+
+    def removed(self, key: Key, pos: Position) -> None:
+        if self.held.pop(key, None) is not None:
+            self.gone[key] = ("set.remove", pos)
+
+    def cleared(self, pos: Position) -> None:
+        self.gone.update((k, ("set.clear", pos)) for k in self.held)
+        self.held.clear()
+
+    def holds(self, key: Key) -> bool:
+        return key in self.held
+
+    def explain(self, query: Query, block: int, held: bool) -> Cause:
+        key = (query.hashes[block], query.group)
+        if held:
+            return Cause("set.store", self.held.get(key), "stored there; a store of a held key is "
+                         "read as the same copy")
+        rule, pos = self.gone.get(key, ("set.store", None))
+        if pos is None:
+            return Cause("set.store", None, "never stored by the stream")
+        return Cause(rule, pos, "not held since then, though the pool kept a copy")
+
+
+class RefcountReader(_KeyReader):
+    """Copies per key: a store adds one, a removal takes one, a clear sets all to none."""
+
+    name = "refcount"
+    repeats = "another copy"
+    rules = _rules(
+        Rule("refcount.store", "a BlockStored adds one copy of each of its keys", KVPOOL_DOC),
+        Rule("refcount.remove", "a BlockRemoved takes one copy of its key away (never below none)",
+             KVPOOL_DOC),
+        Rule("refcount.clear", "an AllBlocksCleared leaves no copy of any key", KVPOOL_DOC),
+    )
+
+    def __init__(self, block_sizes: dict[int, int]):
+        super().__init__(block_sizes)
+        self.stores: dict[Key, list[Position]] = {}
+        """Per key with copies: the stores counted, one copy each, the last removed first."""
+        self.gone: dict[Key, tuple[str, Position]] = {}
+
+    def stored(self, key: Key, pos: Position) -> None:
+        self.stores.setdefault(key, []).append(pos)
+        self.gone.pop(key, None)
+
+    def removed(self, key: Key, pos: Position) -> None:
+        stores = self.stores.get(key)
+        if stores:
+            stores.pop()
+            if not stores:
+                del self.stores[key]
+                self.gone[key] = ("refcount.remove", pos)
+
+    def cleared(self, pos: Position) -> None:
+        self.gone.update((k, ("refcount.clear", pos)) for k in self.stores)
+        self.stores.clear()
+
+    def holds(self, key: Key) -> bool:
+        return key in self.stores
+
+    def explain(self, query: Query, block: int, held: bool) -> Cause:
+        key = (query.hashes[block], query.group)
+        if held:
+            stores = self.stores.get(key, [])
+            return Cause("refcount.remove", stores[-1] if stores else None,
+                         f"{len(stores)} store(s) still counted as copies: a store that made no new copy "
+                         "(a re-announced hit) is counted all the same")
+        rule, pos = self.gone.get(key, ("refcount.store", None))
+        return Cause(rule, pos, "never stored by the stream" if pos is None
+                     else "no copy counted since then, though the pool holds one")

@@ -1,0 +1,403 @@
+"""llm-d's KV-cache manager, read from its source: request keys from tokens, a flat index to pods.
+
+llm-d does not index vLLM's block hashes: it hashes each event's ``token_ids``
+again, ``block_size`` tokens at a time (its own configured size), chained
+from the parent's *request key*, and indexes those request keys to pod
+entries; vLLM's hashes (*engine keys*) only map to request keys, for parents
+and removals.  A query hashes the request's tokens the same way and counts the
+leading request keys the pod has an entry under (``kvblock_scorer.go``).
+
+Its 2025 and 2026 releases differ; each difference is an option, named after
+the commit of ``llm-d/llm-d-kv-cache`` that changed it.  ``2025`` is the
+release at b6404af (2025-12-28), ``2026`` the one at 7be76e1 (2026-06-12):
+
+``clear``  ``off`` in 2025: AllBlocksCleared ignored; ``on`` since 7be76e1 (#626).
+``parent`` ``restart`` in 2025: a parent that maps to no request key starts a new
+           chain; ``drop``: the store is dropped, since 6f62751 (#243).
+``add``    ``strict`` in 2025: unequal counts of hashes and request keys refused, no
+           Add without a hash; ``ratio``: mapped by ratio, since c89a98d (#511).
+``groups`` ``off`` in 2025: a pod entry has no group; ``on`` since 2ffc3eb (#627).
+``lora``   ``off`` in 2025: the base model roots every chain; ``on``: the LoRA name
+           does, since 6f62751 (#243).
+``extra``  ``off`` in 2025: extra_keys not read; ``on`` since 51f2f51 (#444) and
+           96fdbab (#495).
+
+One pod is checked; the LRU bounds (10^8 keys, 10 entries per key) are not
+reached by kvpool's traces and are not modelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ..events_check import Position
+from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
+
+_REPO = "llm-d/llm-d-kv-cache"
+_OLD, _NEW = "b6404af14b54", "7be76e119ca5"
+POOL_2025 = f"{_REPO} pkg/kvcache/kvevents/pool.go@{_OLD}"
+POOL_2026 = f"{_REPO} pkg/kvevents/pool.go@{_NEW}"
+INDEX_2025 = f"{_REPO} pkg/kvcache/kvblock/in_memory.go@{_OLD}"
+INDEX_2026 = f"{_REPO} pkg/kvcache/kvblock/in_memory.go@{_NEW}"
+TOKENS = f"{_REPO} pkg/kvcache/kvblock/token_processor.go@{_OLD}, @{_NEW}"
+SCORER = f"{_REPO} pkg/kvcache/kvblock_scorer.go@{_OLD}, @{_NEW}"
+
+RULES = {r.id: r for r in (
+    Rule("llm-d.request-keys", "a store's token_ids are hashed block_size tokens at a time from its "
+         "parent's request key (or the model's root), a partial chunk dropped; its block hashes only "
+         "map to those keys (TokensToKVBlockKeys)", f"{TOKENS}; {POOL_2025}; {POOL_2026}"),
+    Rule("llm-d.parent-restart", "a store whose parent hash maps to no request key is hashed from "
+         "the model's root, as if it began a prompt (2025; changed by 6f62751)", POOL_2025),
+    Rule("llm-d.parent-drop", "a store whose parent hash maps to no request key is dropped "
+         "(GetRequestKey error: continue; since 6f62751, #243)", POOL_2026),
+    Rule("llm-d.add-strict", "Index.Add refuses a store whose hash count differs from its request-key "
+         "count; a store with no hash is not added (2025; changed by c89a98d)",
+         f"{INDEX_2025}; {POOL_2025}"),
+    Rule("llm-d.add-ratio", "Index.Add maps hashes to request keys by the ratio of their counts; with "
+         "no hash it reads engineKeys[0] of an empty slice, a Go panic (since c89a98d, #511)",
+         f"{INDEX_2026}; {POOL_2026}"),
+    Rule("llm-d.tier-update", "a store with no token_ids adds the pod to the request keys its hashes "
+         "already map to, and is skipped when they map to none (handleDeviceTierUpdate)", POOL_2026),
+    Rule("llm-d.pod-entry", "a request key holds a set of pod entries (pod, device tier from medium; "
+         "and group_idx since 2ffc3eb, #627): a second store of an entry is the same entry",
+         f"{INDEX_2025}; {INDEX_2026}"),
+    Rule("llm-d.evict", "a removal takes its entry off every request key the hash maps to; the map "
+         "entry goes when they are all empty (Evict)", f"{INDEX_2025}; {INDEX_2026}"),
+    Rule("llm-d.clear-ignored", "AllBlocksCleared is ignored (2025: case AllBlocksCleared: continue; "
+         "changed by 7be76e1)", POOL_2025),
+    Rule("llm-d.clear", "AllBlocksCleared removes every entry of the pod (Index.Clear; since "
+         "7be76e1, #626)", f"{POOL_2026}; {INDEX_2026}"),
+    Rule("llm-d.lora-model", "the LoRA name, when set, replaces the model name at the root of the "
+         "chain (since 6f62751, #243); before, the base model's root for every store", POOL_2026),
+    Rule("llm-d.extra-keys", "every string of a block's extra_keys (LoRA name, cache salt, multimodal "
+         "identifier) taints its request key; a query's keys carry only its multimodal items "
+         "(ParseRawExtraKeys, ComputeBlockExtraFeatures; since 51f2f51, #444 and 96fdbab, #495)",
+         f"{POOL_2026}; {_REPO} pkg/kvcache/kvblock/extra_keys.go@{_NEW}"),
+    Rule("llm-d.score", "a query counts the leading request keys the pod has any entry under, of any "
+         "tier and any group (LongestPrefixScorer)", SCORER),
+)}
+
+BASE_MODEL = "model"
+
+
+@dataclass(frozen=True)
+class LlmdOptions:
+    """llm-d's release differences, each one switch (module docstring)."""
+
+    clear: bool
+    parent: str  # "restart" | "drop"
+    add: str  # "strict" | "ratio"
+    groups: bool
+    lora: bool
+    extra: bool
+
+
+RELEASES = {
+    "2025": LlmdOptions(clear=False, parent="restart", add="strict", groups=False, lora=False, extra=False),
+    "2026": LlmdOptions(clear=True, parent="drop", add="ratio", groups=True, lora=True, extra=True),
+}
+_CHOICES = {"parent": ("restart", "drop"), "add": ("strict", "ratio")}
+
+
+def parse_options(text: str) -> LlmdOptions:
+    """``2026`` or ``2025``, then ``,name=value`` overrides: ``2026,clear=off,parent=restart``."""
+    release, *overrides = text.split(",")
+    if release not in RELEASES:
+        raise ValueError(f"llm-d release {release!r}: expected one of {', '.join(sorted(RELEASES))}")
+    opts = RELEASES[release]
+    names = {f.name for f in fields(LlmdOptions)}
+    for item in overrides:
+        name, _, value = item.partition("=")
+        if name not in names:
+            raise ValueError(f"llm-d option {name!r}: expected one of {', '.join(sorted(names))}")
+        setting: dict[str, Any] = {}
+        if name in _CHOICES:
+            if value not in _CHOICES[name]:
+                raise ValueError(f"llm-d option {name}: expected {' or '.join(_CHOICES[name])}")
+            setting[name] = value
+        elif value in ("on", "off"):
+            setting[name] = value == "on"
+        else:
+            raise ValueError(f"llm-d option {name}: expected on or off")
+        opts = replace(opts, **setting)
+    return opts
+
+
+def _hash(*parts: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big")
+
+
+Feature = tuple[str, ...] | None
+Entry = tuple[str, int | None]  # (device tier, group or None)
+
+
+def _event_features(raw: Any) -> list[Feature] | None:
+    """ParseRawExtraKeys: per block, its string keys and the identifiers of its pairs."""
+    if raw is None:
+        return None
+    out: list[Feature] = []
+    for keys in raw:
+        found = tuple(k if isinstance(k, str) else k[0] for k in keys or ()
+                      if isinstance(k, str) or (isinstance(k, list) and k and isinstance(k[0], str)))
+        out.append(found or None)
+    return out
+
+
+def _realign(features: list[Feature], count: int) -> list[Feature]:
+    """realignExtraFeatures: per-hash features spread over ``count`` request-key blocks."""
+    if not features or len(features) == count:
+        return features
+    if len(features) < count:
+        return [features[i * len(features) // count] for i in range(count)]
+    merged: list[Feature] = [None] * count
+    for i, f in enumerate(features):
+        at = i * count // len(features)
+        if f is not None:
+            merged[at] = (merged[at] or ()) + f
+    return merged
+
+
+class LlmdRouter(Profile):
+    """llm-d's reading of one pod's stream, with the release's options."""
+
+    repeats = "one copy"
+    rules = RULES
+
+    def __init__(self, block_sizes: dict[int, int], options: LlmdOptions, name: str = "llm-d"):
+        super().__init__(block_sizes)
+        self.opts = options
+        self.name = name
+        self.size = block_sizes.get(0, 0)
+        self.e2r: dict[int, list[int]] = {}
+        self.data: dict[int, set[Entry]] = {}
+        self.added: dict[int, tuple[int, Cause, frozenset[int]]] = {}
+        """Per request key: when (event sequence) and why the pod was last added, by which hashes."""
+        self.groups_of: dict[int, set[int]] = {}
+        """Per request key: the groups whose stores added the pod since the key was last empty."""
+        self.removed: dict[int, tuple[int, Cause]] = {}
+        self.dropped: dict[int, tuple[int, Cause]] = {}
+        self.stored: dict[int, tuple[int, Position, bool, str]] = {}
+        """Per hash: its last indexed store (event sequence, position, whether strings in its extra
+        keys tainted its request keys)."""
+        self.tainted: set[int] = set()
+        """Request keys whose chain some extra key's bare string (LoRA name, cache salt) tainted."""
+        self.seq = 0
+        self.ignored_clear: tuple[int, Position] | None = None
+
+    # ------------------------------------------------------------------ keys
+
+    def _root(self, lora: str | None) -> int:
+        return _hash("root", lora if self.opts.lora and lora else BASE_MODEL)
+
+    def _chain(self, parent: int, tokens: list[int] | tuple[int, ...], features: list[Feature] | None
+               ) -> list[int]:
+        keys, at = [], parent
+        for i in range(len(tokens) // self.size if self.size else 0):
+            at = _hash(at, tuple(tokens[i * self.size:(i + 1) * self.size]),
+                       features[i] if features else None)
+            keys.append(at)
+        return keys
+
+    # ------------------------------------------------------------------ events
+
+    def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
+        self.seq += 1
+        kind = event["type"]
+        if kind == "AllBlocksCleared":
+            if not self.opts.clear:
+                self.ignored_clear = (self.seq, pos)
+                kept = sum(1 for e in self.data.values() if e)
+                return [Reaction("ignored-clear", "llm-d.clear-ignored", pos,
+                                 f"{kept} request key(s) stay indexed")] if kept else []
+            for rk in self.data:
+                self.removed[rk] = (self.seq, Cause("llm-d.clear", pos, "cleared"))
+            self.data.clear()
+            self.groups_of.clear()  # one pod: every entry is the pod's
+            return []
+        medium = event.get("medium")
+        group = event.get("group_idx") if self.opts.groups else None
+        entry: Entry = ((medium or "gpu").lower(), group)
+        hashes = event_hashes(event)
+        if kind == "BlockRemoved":
+            for h in hashes:
+                self._evict(h, entry, event_group(event), pos)
+            return []
+        reactions = self._store(event, hashes, entry, pos)
+        # A partial entry (a block_size below its group's) names no full block: what befalls it is
+        # kept for explanations, not reported.
+        return [] if 0 < event["block_size"] < self.block_sizes.get(event_group(event), 0) else reactions
+
+    def _drop(self, hashes: list[int], rule: str, pos: Position, kind: str, message: str) -> list[Reaction]:
+        for h in hashes:
+            self.dropped[h] = (self.seq, Cause(rule, pos, message))
+        return [Reaction(kind, rule, pos, message)]
+
+    def _store(self, event: dict[str, Any], hashes: list[int], entry: Entry, pos: Position) -> list[Reaction]:
+        reactions: list[Reaction] = []
+        root = self._root(event.get("lora_name"))
+        parent_hash, start = event_parent(event), root
+        if parent_hash is not None and parent_hash != 0:  # 0: no parent, to llm-d
+            mapped = self.e2r.get(parent_hash)
+            if mapped:
+                start = mapped[-1]
+            elif self.opts.parent == "drop":
+                return self._drop(hashes, "llm-d.parent-drop", pos, "dropped-store",
+                                  f"parent {show_hash(parent_hash)} maps to no request key: store dropped")
+            else:
+                reactions.append(Reaction("restarted-chain", "llm-d.parent-restart", pos,
+                                          f"parent {show_hash(parent_hash)} maps to no request key: "
+                                          "hashed from the model's root"))
+        tokens = event["token_ids"]
+        features = _event_features(event.get("extra_keys")) if self.opts.extra else None
+        chunks = len(tokens) // self.size if self.size else 0
+        if features is not None:
+            features = None if not chunks else _realign(features, chunks)
+            if features is not None and len(features) != chunks:
+                return reactions + self._drop(
+                    hashes, "llm-d.extra-keys", pos, "dropped-store",
+                    f"{len(features)} extra_keys entr(ies) for {chunks} block(s) of tokens: store dropped")
+        keys = self._chain(start, tokens, features)
+        rule = ("llm-d.parent-restart" if reactions else "llm-d.request-keys")
+        why = Cause(rule, pos, f"added by the store of {len(hashes)} hash(es) and {len(tokens)} token(s)")
+        if not keys:
+            return reactions + self._no_keys(hashes, tokens, entry, pos)
+        if self.opts.add == "strict":
+            if not hashes:
+                return reactions
+            if len(hashes) != len(keys):
+                return reactions + self._drop(hashes, "llm-d.add-strict", pos, "dropped-store",
+                                              f"{len(hashes)} hash(es) for {len(keys)} request key(s): "
+                                              "Index.Add refuses the store")
+            for h, rk in zip(hashes, keys, strict=True):
+                self.e2r[h] = [rk]
+        else:
+            if not hashes:
+                return [*reactions, Reaction("unhandled", "llm-d.add-ratio", pos,
+                                             f"no hash for {len(keys)} request key(s): Index.Add reads "
+                                             "engineKeys[0] of an empty slice (a Go panic)")]
+            n = max(len(hashes), len(keys))
+            mapping: dict[int, list[int]] = {}
+            for i in range(n):
+                mapping.setdefault(hashes[i * len(hashes) // n], []).append(keys[i * len(keys) // n])
+            self.e2r.update(mapping)
+        if hashes and len(tokens) != event["block_size"] * len(hashes):
+            reactions.append(Reaction("misread-store", "llm-d.request-keys", pos,
+                                      f"{len(hashes)} hash(es) with {len(tokens)} token_ids: indexed as "
+                                      f"{len(keys)} request key(s) of those tokens"))
+        for rk in keys:
+            self._add(rk, entry, why, frozenset(hashes), event_group(event))
+        tainted = start in self.tainted or (self.opts.extra and any(
+            isinstance(k, str) for keys in event.get("extra_keys") or () for k in keys or ()))
+        if tainted:
+            self.tainted.update(keys)
+        for h in hashes:
+            self.stored[h] = (self.seq, pos, tainted, rule)
+        return reactions
+
+    def _no_keys(self, hashes: list[int], tokens: list[int], entry: Entry, pos: Position) -> list[Reaction]:
+        """A store whose tokens make no request key: a tier update (2026) or a refused Add (2025)."""
+        if self.opts.add == "strict":
+            if hashes:
+                return self._drop(hashes, "llm-d.add-strict", pos, "dropped-store",
+                                  "no request key from its token_ids: Index.Add refuses the store")
+            return []
+        if tokens or not hashes:
+            return []  # a partial block: skipped
+        resolved = list(dict.fromkeys(self.e2r[h][-1] for h in hashes if self.e2r.get(h)))
+        if not resolved:
+            return self._drop(hashes, "llm-d.tier-update", pos, "dropped-store",
+                              "no token_ids and no request key known for its hashes: skipped")
+        for rk in resolved:
+            self._add(rk, entry, Cause("llm-d.tier-update", pos, "re-added by a store with no token_ids"),
+                      frozenset(hashes), entry[1] if entry[1] is not None else -1)
+        return []
+
+    def _add(self, rk: int, entry: Entry, why: Cause, hashes: frozenset[int], group: int) -> None:
+        self.data.setdefault(rk, set()).add(entry)
+        self.added[rk] = (self.seq, why, hashes)
+        self.groups_of.setdefault(rk, set()).add(group)
+        self.removed.pop(rk, None)
+
+    def _evict(self, h: int, entry: Entry, group: int, pos: Position) -> None:
+        rks = self.e2r.get(h)
+        if not rks:
+            return
+        for rk in rks:
+            entries = self.data.get(rk)
+            if entries is None:
+                continue
+            entries.discard(entry)
+            if not entries:
+                del self.data[rk]
+                others = sorted(self.groups_of.pop(rk, set()) - {group})
+                self.removed[rk] = (self.seq, Cause(
+                    "llm-d.evict", pos, f"emptied by the removal of {show_hash(h)}: a pod entry is one "
+                    "entry however often it was stored") if not others else Cause(
+                    "llm-d.pod-entry", pos, f"the removal of {show_hash(h)} in group {group} took the entry "
+                    f"stores of group {others} made too: a pod entry does not say its group"))
+        if all(rk not in self.data for rk in rks):
+            del self.e2r[h]
+
+    # ------------------------------------------------------------------ queries
+
+    def _query_keys(self, query: Query) -> list[int]:
+        features: list[Feature] | None = None
+        if self.opts.extra:
+            features = [query.mm_in(i * self.size, (i + 1) * self.size) or None
+                        for i in range(len(query.tokens) // self.size if self.size else 0)]
+        return self._chain(self._root(query.lora_name), query.tokens, features)
+
+    def prefix(self, query: Query) -> int:
+        n = 0
+        for rk in self._query_keys(query):
+            if not self.data.get(rk):
+                break
+            n += 1
+        return min(len(query.hashes), n * self.size // query.block_size)
+
+    def explain(self, query: Query, block: int, held: bool) -> Cause:
+        keys = self._query_keys(query)
+        at = block * query.block_size // self.size if self.size else 0
+        rk = keys[at] if at < len(keys) else None
+        h = query.hashes[block]
+        if held and rk is not None and rk in self.added:
+            seq, why, hashes = self.added[rk]
+            if self.ignored_clear is not None and seq < self.ignored_clear[0]:
+                return Cause("llm-d.clear-ignored", self.ignored_clear[1], "indexed before a clear "
+                             "the router ignored")
+            entries = self.data.get(rk, set())
+            if self.opts.groups and entries and all(g is not None and g != query.group for _, g in entries):
+                return Cause("llm-d.score", why.position, "held only under another group's entry")
+            groups = self.groups_of.get(rk, set())
+            if not self.opts.groups and query.group not in groups:
+                return Cause("llm-d.pod-entry", why.position, f"held by stores of group {sorted(groups)}: "
+                             "a pod entry does not say its group")
+            if h not in hashes:
+                return Cause(why.rule, why.position, "the request key was made by the store of "
+                             f"{', '.join(show_hash(x) for x in sorted(hashes)[:3])}: the same tokens from "
+                             "the same chain, under another pool key (LoRA, cache salt or multimodal items "
+                             "it does not see, or token_ids not filling their blocks)")
+            return why
+        if held:
+            return Cause("llm-d.score", None, "reached by the query")
+        found: list[tuple[int, Cause]] = []
+        if h in self.dropped:
+            found.append(self.dropped[h])
+        if rk is not None and rk in self.removed:
+            found.append(self.removed[rk])
+        stored = self.stored.get(h)
+        if stored is None or any(seq > stored[0] for seq, _ in found):
+            return max(found, key=lambda f: f[0])[1] if found else Cause(
+                "llm-d.request-keys", None, "never indexed under the query's request key")
+        _, pos, tainted, rule = stored
+        if rule == "llm-d.parent-restart":
+            return Cause(rule, pos, "the store of this block was hashed from the model's root, as the "
+                         "start of a prompt, since its parent mapped to no request key")
+        if tainted:
+            return Cause("llm-d.extra-keys", pos, "the store of this block was indexed under request keys "
+                         "that strings in its chain's extra_keys (LoRA name, cache salt) tainted; the "
+                         "query's keys carry none of them")
+        return Cause("llm-d.request-keys", pos, "the store of this block was indexed under request keys "
+                     "made from other tokens or another chain than the query's")
