@@ -56,12 +56,12 @@ def test_the_command_prints_and_writes_json(tmp_path: Path) -> None:
     source = tmp_path / "verify.json"
     source.write_text(json.dumps(passing_doc()))
     out = tmp_path / "claims.json"
-    done = subprocess.run([sys.executable, "-m", "kvpool", "claims", "--from", str(source),
+    done = subprocess.run([sys.executable, "-P", "-m", "kvpool", "claims", "--from", str(source),
                            "--json", str(out)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "free_queue_holds_exactly_idle_blocks  [invariant]" in done.stdout
     assert len(json.loads(out.read_text())["claims"]) == len(INVARIANTS) + len(LEMMAS) + len(STEP_PROPERTIES)
-    bad = subprocess.run([sys.executable, "-m", "kvpool", "claims", "--from", str(out)],
+    bad = subprocess.run([sys.executable, "-P", "-m", "kvpool", "claims", "--from", str(out)],
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "not a kvpool verify result" in bad.stderr
 

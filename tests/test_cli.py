@@ -29,7 +29,7 @@ def kvpool(
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, "-m", "kvpool", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-P", "-m", "kvpool", *args], capture_output=True,
                           text=True, cwd=cwd or "/", env=env, timeout=300)
 
 

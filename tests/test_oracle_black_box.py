@@ -21,7 +21,7 @@ BUDGET = ["--runs", "8", "--steps", "2000", "--examples", "300", "--machine-step
 
 def conform(spec: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """``kvpool conform --impl spec`` from the pool's own folder (found in the current directory)."""
-    return subprocess.run([sys.executable, "-m", "kvpool", "conform", "--impl", spec, *BUDGET, *extra],
+    return subprocess.run([sys.executable, "-P", "-m", "kvpool", "conform", "--impl", spec, *BUDGET, *extra],
                           cwd=THIRD_PARTY, capture_output=True, text=True, check=False, timeout=600)
 
 
@@ -53,7 +53,7 @@ def test_traceback_shows_where_the_pool_raised(tmp_path: Path) -> None:
         "        if len(blocks) > 1:\n"
         "            raise KeyError('deep inside the pool')\n"
         "        return super().touch(blocks)\n")
-    argv = [sys.executable, "-m", "kvpool", "conform", "--impl", "crashing:Crashing", *BUDGET]
+    argv = [sys.executable, "-P", "-m", "kvpool", "conform", "--impl", "crashing:Crashing", *BUDGET]
     plain = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert plain.returncode == 1 and "the pool raised KeyError; --traceback shows where" in plain.stdout
     shown = subprocess.run([*argv, "--traceback"], cwd=tmp_path, capture_output=True, text=True,

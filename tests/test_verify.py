@@ -27,7 +27,7 @@ SMALL = ["--bmc-depth", "1", "--refinement-depth", "1", "--steps", "200", "--run
 def kvpool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run the installed command as CI would: a subprocess, no TTY, CI=true."""
     env = {**os.environ, "CI": "true"}
-    return subprocess.run([sys.executable, "-m", "kvpool", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-P", "-m", "kvpool", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -197,7 +197,7 @@ def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "kvpool", "verify", *NO_PROOFS, "--steps", "50",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "kvpool", "verify", *NO_PROOFS, "--steps", "50",
                              "--runs", "2"],
                             cwd=tmp_path, env=env, stdout=follower, stderr=follower)
     os.close(follower)
