@@ -51,7 +51,7 @@ class MultiModalFeature:
 BlockHasher = Callable[["Request"], list[BlockHash]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class Request:
     """The request attributes a block pool reads, and nothing else.
 

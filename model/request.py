@@ -154,13 +154,8 @@ def content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
     name two prefixes), so the chunks read once are kept with the request:
     a call reads only the chunks no call read before.
     """
+    made = _chain(request, hash_block_size)
     want = num_tokens // hash_block_size
-    chain = _chains.get(id(request))
-    if chain is None or chain[0]() is not request or chain[1] != hash_block_size:
-        chain = (_ref(request), hash_block_size, [EMPTY])
-        if chain[0] is not None:
-            _chains[id(request)] = chain
-    made = chain[2]
     tokens = request.all_token_ids
     while len(made) <= want:
         start = (len(made) - 1) * hash_block_size
@@ -169,17 +164,30 @@ def content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
     return made[want]
 
 
-_chains: dict[int, tuple[Any, int, list[Content]]] = {}
-"""Per live request (by id, checked by a weak reference): its prefixes read so far."""
-
-
-def _ref(request: Any) -> Any:
-    """A weak reference that forgets the request's chain when the request goes; None if none can be made."""
+def _chain(request: Any, hash_block_size: int) -> list[Content]:
+    """The prefixes of ``request`` read so far: kept per live request where it can be referred to
+    weakly, else for the last request read (a request that cannot be, such as one made per trace
+    line, is read by one call)."""
+    kept = _chains.get(id(request))
+    if kept is not None and kept[0]() is request and kept[1] == hash_block_size:
+        return kept[2]
+    if _last[0] is request and _last[1] == hash_block_size:
+        return _last[2]  # type: ignore[no-any-return]
+    chain: list[Content] = [EMPTY]
     key = id(request)
     try:
-        return weakref.ref(request, lambda _r: _chains.pop(key, None))
+        ref = weakref.ref(request, lambda _r: _chains.pop(key, None))
     except TypeError:
-        return None
+        _last[:] = [request, hash_block_size, chain]
+        return chain
+    _chains[key] = (ref, hash_block_size, chain)
+    return chain
+
+
+_chains: dict[int, tuple[Any, int, list[Content]]] = {}
+"""Per live request (by id, checked by a weak reference): its prefixes read so far."""
+_last: list[Any] = [None, 0, []]
+"""The last request that cannot be referred to weakly, and its prefixes read so far."""
 
 
 def lora_of(request: Any) -> tuple[int | None, str | None]:

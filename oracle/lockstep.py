@@ -35,6 +35,7 @@ from kvpool.model import (
     violated,
 )
 from kvpool.model.footprints import NOTHING, changed_outside
+from kvpool.model.guards import MAX_GROUP_ID
 from kvpool.model.operations import Translate
 from kvpool.model.pool import keys_of
 from kvpool.model.request import prefix_key
@@ -51,9 +52,10 @@ from .abstraction import (
 )
 from .observe import WHITE_BOX, Observation, Observer, comparable, model_block_view, model_entries, observe_model
 
-BLOCKS_PER_CALL = 16
+BLOCKS_PER_CALL = 2
 """How many blocks' worth of whole-pool checking each call pays for, amortized: by default the
-whole pool is compared every ``num_blocks // BLOCKS_PER_CALL`` calls (every call on small pools)."""
+whole pool is compared every ``num_blocks // BLOCKS_PER_CALL`` calls, so a call costs about
+the same on a pool of any size."""
 
 
 class Divergence(AssertionError):
@@ -365,9 +367,12 @@ class Lockstep(Translate):
         if bound is None or decl.role == "query":
             return NOTHING
         try:
-            return decl.footprint(self.model, *bound)
+            fp = decl.footprint(self.model, *bound)
         except Exception:  # arguments too malformed to say
             return NOTHING
+        # only keys a pool can hold: a refused call may name a group id that fits no key
+        return Footprint(fp.blocks, frozenset(k for k in fp.keys if isinstance(k[0], bytes)
+                                              and isinstance(k[1], int) and 0 <= k[1] <= MAX_GROUP_ID))
 
     def _pool_args(self, decl: Operation, args: Sequence[Any]) -> tuple[Any, ...]:
         try:

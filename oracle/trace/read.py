@@ -109,11 +109,18 @@ def _kind_ok(kind: str, v: Any, where: str) -> None:
     elif kind in ("ints", "bools", "hashes"):
         if not isinstance(v, list):
             raise FieldError(f"{where}: expected a list, got {show(v)}")
+        if kind == "ints" and _plain_ints(v):
+            return  # the common case, checked at once; otherwise item by item, to name the bad one
         item = {"ints": "int", "bools": "bool", "hashes": "ehash"}[kind]
         for i, x in enumerate(v):
             _kind_ok(item, x, f"{where}[{i}]")
     elif kind != "any":
         raise AssertionError(kind)
+
+
+def _plain_ints(v: list[Any]) -> bool:
+    """Every item an int (not a bool) within 64 bits."""
+    return all(type(x) is int for x in v) and (not v or (INT_MIN <= min(v) and max(v) <= INT_MAX))
 
 
 def _hex(v: Any, where: str) -> bytes:
