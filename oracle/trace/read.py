@@ -288,6 +288,16 @@ def parse_step(v: Any, line: int, header: Header) -> TraceStep:
         else:
             _kind_ok(kind, value, where)
             args[name] = value
+    return parse_outcome(obj, op, args, line, header)
+
+
+def parse_outcome(obj: dict[str, Any], op: str, args: dict[str, Any], line: int,
+                  header: Header) -> TraceStep:
+    """Validate what a call line says came of the call (all but ``op`` and ``args``).
+
+    ``args`` are taken as already decoded: the drive protocol checks a pool's
+    answers with this, without reading back the arguments it wrote itself.
+    """
     error = obj["error"]
     if error is not None and not (isinstance(error, str) and error.isidentifier()):
         raise FieldError(f"error: expected null or an error class name, got {show(error)}")
@@ -367,5 +377,5 @@ def read_trace(path: str | Path) -> Trace:
     return Trace(name, header, steps)
 
 
-__all__ = ["Header", "Trace", "TraceStep", "json_lines", "parse_event", "parse_header", "parse_step",
-           "read_trace"]
+__all__ = ["Header", "Trace", "TraceStep", "json_lines", "parse_event", "parse_header", "parse_outcome",
+           "parse_step", "read_trace"]
