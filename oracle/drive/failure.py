@@ -125,6 +125,39 @@ class Shrinker:
             self.process.close()
             self.process = None
 
+    def _remapped(self, cap: Capture, base: list[dict[str, Json]],
+                  kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
+        """``kept`` (lines of ``base``) replayed one at a time, each block id they name replaced
+        by the one the call that handed it out hands out now.
+
+        Without a call, the blocks handed out after it shift; this keeps a later
+        call on "the second block that allocation returned" rather than on an id
+        that now means another block, or none.
+        """
+        if self.replays >= MAX_REPLAYS or self.sent + len(kept) > MAX_REPLAYED_CALLS:
+            return None
+        if self.process is None:
+            a = self.adapter
+            self.process = PoolProcess(a.command, a.timeout, cwd=a.cwd, env=a.env)
+        self.replays += 1
+        self.sent += len(kept)
+        at = {id(line): i for i, line in enumerate(base)}
+        sources = _sources(base)
+        handed: dict[int, list[int]] = {}
+        session = Session(self.process, cap.pool, cap.header, None, None)
+        try:
+            session.open()
+            for line in kept:
+                i = at[id(line)]
+                op = str(line["op"])
+                args = _renamed(dict(line["args"]), sources[i], handed, droppable=op in LISTS_OF_HELD)
+                (step,) = session.calls([(op, args)])
+                if op in HANDS_OUT and step.error is None and isinstance(step.result, list):
+                    handed[i] = step.result
+        except (ProcessFailure, ProcessHung):
+            pass
+        return [*session.log, *([session.failed] if session.failed is not None else [])]
+
     def shrink(self, cap: Capture) -> Shrunk:
         """The shortest calls found that still differ from the model where ``cap`` does."""
         vllm = self.adapter.vllm_errors
@@ -136,45 +169,110 @@ class Shrinker:
         lines = cap.lines[:report.divergence.step]
         if cap.hung:
             return Shrunk(lines, len(cap.lines), report, note="not shrunk: the process hangs")
-        best: list[list[dict[str, Json]]] = [lines]
 
-        def differs(calls: Sequence[Call]) -> list[Call] | None:
-            answered = self._replay(cap, calls)
+        def judged(answered: list[dict[str, Json]] | None) -> list[dict[str, Json]] | None:
             if answered is None:
                 return None
             got = check_lines(cap.pool, answered, vllm)
             if got.divergence is None or got.divergence.op != target:
                 return None
-            best[0] = answered[:got.divergence.step]
-            return [_call(line) for line in best[0]]
+            return answered[:got.divergence.step]
 
-        calls = [_call(line) for line in lines]
-        fewer = [c for c in calls[:-1] if c[0] not in QUERIES] + calls[-1:]
-        calls = (differs(fewer) if len(fewer) < len(calls) else None) or calls
-        calls = _ddmin(calls, differs)
-        final = check_lines(cap.pool, best[0], vllm)
-        return Shrunk(best[0], len(cap.lines), final, self.replays)
+        def as_sent(kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
+            return judged(self._replay(cap, [_call(line) for line in kept]))
+
+        fewer = [line for line in lines[:-1] if line["op"] not in QUERIES] + lines[-1:]
+        lines = (as_sent(fewer) if len(fewer) < len(lines) else None) or lines
+        lines = _ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
+        if len(lines) > 2:  # then one call at a time, each block id followed to its source
+            base = [lines]
+            lines = _ddmin(lines, lambda kept: judged(self._remapped(cap, base[0], kept)), base)
+        final = check_lines(cap.pool, lines, vllm)
+        return Shrunk(lines, len(cap.lines), final, self.replays)
+
+
+HANDS_OUT = ("get_new_blocks", "get_cached_block")
+"""The operations whose result names blocks a later call may name."""
+BLOCK_ARGS = ("block_ids", "block_id", "src_id", "dst_id")
+LISTS_OF_HELD = ("free_blocks", "touch", "unpin_blocks", "evict_blocks")
+"""Operations whose block list a shrink may cut: blocks the caller holds or names, in any number."""
 
 
 def _call(line: dict[str, Json]) -> Call:
     return str(line["op"]), dict(line["args"])
 
 
-def _ddmin(calls: list[Call], differs: Callable[[Sequence[Call]], list[Call] | None]) -> list[Call]:
-    """Delta debugging by complements: drop ever smaller chunks while the difference stays."""
+def _sources(lines: Sequence[dict[str, Json]]) -> list[dict[tuple[str, int], tuple[int, int]]]:
+    """Per line, per block argument (name, position in the list; 0 for one id): the call whose
+    result last handed out that id, and the position there."""
+    latest: dict[int, tuple[int, int]] = {}
+    out = []
+    for i, line in enumerate(lines):
+        args = line["args"] if isinstance(line["args"], dict) else {}
+        here: dict[tuple[str, int], tuple[int, int]] = {}
+        for name in BLOCK_ARGS:
+            value = args.get(name)
+            for k, b in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(b, int) and b in latest:
+                    here[name, k] = latest[b]
+        out.append(here)
+        result = line.get("result")
+        if line["op"] in HANDS_OUT and line.get("error") is None and isinstance(result, list):
+            for k, b in enumerate(result):
+                latest[b] = (i, k)
+    return out
+
+
+def _renamed(args: dict[str, Json], sources: dict[tuple[str, int], tuple[int, int]],
+             handed: dict[int, list[int]], droppable: bool = False) -> dict[str, Json]:
+    """``args`` with each block id that came from a replayed call replaced by what it gave now.
+
+    With ``droppable`` (a list of blocks the caller holds), an id whose call
+    was left out is left out too: the caller never got that block.
+    """
+    gone = object()
+
+    def now(name: str, k: int, b: Json) -> Json:
+        src = sources.get((name, k))
+        if src is None:
+            return b
+        if src[0] not in handed:
+            return gone if droppable else b
+        return handed[src[0]][src[1]] if src[1] < len(handed[src[0]]) else b
+
+    for name in BLOCK_ARGS:
+        value = args.get(name)
+        if isinstance(value, list):
+            args[name] = [v for k, b in enumerate(value) if (v := now(name, k, b)) is not gone]
+        elif name in args:
+            args[name] = now(name, 0, value)
+    return args
+
+
+Lines = list[dict[str, Json]]
+
+
+def _ddmin(lines: Lines, differs: Callable[[Lines], Lines | None], track: list[Lines] | None = None) -> Lines:
+    """Delta debugging by complements: drop ever smaller chunks while the difference stays.
+
+    ``differs`` replays a candidate and returns the lines answered (the new
+    current list) or None; ``track[0]``, when given, follows the current list.
+    """
     chunks = 2
-    while len(calls) >= 2:
-        size = -(-len(calls) // chunks)
-        for start in range(0, len(calls), size):
-            got = differs(calls[:start] + calls[start + size:])
+    while len(lines) >= 2:
+        size = -(-len(lines) // chunks)
+        for start in range(0, len(lines), size):
+            got = differs(lines[:start] + lines[start + size:])
             if got is not None:
-                calls, chunks = got, max(chunks - 1, 2)
+                lines, chunks = got, max(chunks - 1, 2)
+                if track is not None:
+                    track[0] = lines
                 break
         else:
             if size == 1:
                 break
-            chunks = min(2 * chunks, len(calls))
-    return calls
+            chunks = min(2 * chunks, len(lines))
+    return lines
 
 
 # ------------------------------------------------------------------- a run

@@ -21,6 +21,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -177,7 +178,7 @@ class PoolProcess:
         self.popen: subprocess.Popen[bytes] | None = None
         self._buffer = bytearray()
         self._stderr: StderrTail | None = None
-        self._selector: selectors.BaseSelector | None = None
+        self._poller: select.poll | None = None
         self.lines_read = 0
 
     # ---------------------------------------------------------------- life
@@ -206,7 +207,8 @@ class PoolProcess:
         os.set_blocking(stdin.fileno(), False)
         os.set_blocking(stdout.fileno(), False)
         self._stderr = StderrTail(self.popen.stderr)
-        self._selector = selectors.DefaultSelector()
+        self._poller = select.poll()  # stdout always; stdin while a write waits for room
+        self._poller.register(stdout.fileno(), select.POLLIN)
         self._buffer.clear()
         self.lines_read = 0
         _LIVE.add(self)
@@ -227,9 +229,7 @@ class PoolProcess:
             with contextlib.suppress(OSError):
                 if pipe is not None:
                     pipe.close()
-        if self._selector is not None:
-            self._selector.close()
-            self._selector = None
+        self._poller = None
 
     def close(self) -> Verdict | None:
         """End of stdin: the process must exit, having written nothing more.
@@ -288,67 +288,60 @@ class PoolProcess:
         verdict (``call 17 (free_blocks)``).  Each answer must come within the
         timeout of the one before it (of the start, for the first).
         """
-        popen, selector = self.popen, self._selector
-        if popen is None or selector is None or popen.stdin is None or popen.stdout is None:
+        popen, poller = self.popen, self._poller
+        if popen is None or poller is None or popen.stdin is None or popen.stdout is None:
             raise ProcessFailure(self._verdict("crash", "is not running", names(0)))
         out_fd, in_fd = popen.stdout.fileno(), popen.stdin.fileno()
-        if self._buffer or self._readable(out_fd):
+        if self._buffer or poller.poll(0):
             self._fill(out_fd, names(0))
             if self._buffer:
                 first = bytes(self._buffer).split(b"\n")[0]
                 raise self._fail("extra output", "before it, a line no call asked for (a second "
                                  "answer to a call before it, or logging on stdout?): "
                                  f"{_shown(first)!r}", names(0))
-        pending = memoryview(b"".join(lines))
         answers: list[bytes] = []
-        deadline = time.monotonic() + self.timeout
-        selector.register(out_fd, selectors.EVENT_READ)
-        if pending:
-            selector.register(in_fd, selectors.EVENT_WRITE)
         try:
-            while len(answers) < len(lines):
+            pending = self._write(in_fd, memoryview(b"".join(lines)), names(0))
+            if pending:  # the pipe is full: wait for it to take more, reading meanwhile
+                poller.register(in_fd, select.POLLOUT)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                buffer = self._buffer
                 while len(answers) < len(lines):
-                    cut = self._buffer.find(b"\n")
+                    cut = buffer.find(b"\n")
                     if cut < 0:
                         break
-                    answers.append(bytes(self._buffer[:cut]))
-                    del self._buffer[:cut + 1]
+                    answers.append(bytes(buffer[:cut]))
+                    del buffer[:cut + 1]
                     self.lines_read += 1
                     deadline = time.monotonic() + self.timeout
                 if len(answers) == len(lines):
                     break
+                if len(buffer) > MAX_LINE:
+                    raise self._fail("garbage", f"wrote more than {MAX_LINE} bytes without ending "
+                                     "the line", names(len(answers)))
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._hung(names(len(answers)))
-                for key, _mask in selector.select(left):
-                    if key.fd == in_fd:
+                for fd, _event in poller.poll(left * 1000):
+                    if fd == in_fd:
                         pending = self._write(in_fd, pending, names(len(answers)))
                         if not pending:
-                            selector.unregister(in_fd)
+                            poller.unregister(in_fd)
                     else:
                         self._fill(out_fd, names(len(answers)))
-                if len(self._buffer) > MAX_LINE:
-                    raise self._fail("garbage", f"wrote more than {MAX_LINE} bytes without ending "
-                                     "the line", names(len(answers)))
         except (ProcessFailure, ProcessHung) as exc:
             exc.answered = answers  # what came before, for the trace of the failure
             raise
         finally:
-            with contextlib.suppress(KeyError, ValueError):
-                selector.unregister(out_fd)
-            with contextlib.suppress(KeyError, ValueError):
-                selector.unregister(in_fd)
+            if self._poller is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poller.unregister(in_fd)
         return answers
 
-    def _readable(self, fd: int) -> bool:
-        probe = selectors.DefaultSelector()
-        try:
-            probe.register(fd, selectors.EVENT_READ)
-            return bool(probe.select(0))
-        finally:
-            probe.close()
-
     def _write(self, fd: int, pending: memoryview, name: str) -> memoryview:
+        if not pending:
+            return pending
         try:
             sent = os.write(fd, pending)
         except BlockingIOError:
@@ -370,15 +363,16 @@ class PoolProcess:
 
     # ------------------------------------------------------------ verdicts
 
-    def _verdict(self, kind: str, what: str, call: str | None, wait: float = 0.0) -> Verdict:
-        tail = self._stderr.tail(wait) if self._stderr is not None else []
+    def _verdict(self, kind: str, what: str, call: str | None) -> Verdict:
+        """A verdict; the process is killed first (its stream can no longer be trusted), so that
+        its stderr ends and every line it wrote before is in the tail."""
+        self.kill()
+        tail = self._stderr.tail(wait=1.0) if self._stderr is not None else []
         return Verdict(kind, what, call, tail, self.command)
 
     def _fail(self, kind: str, what: str, call: str | None) -> ProcessFailure:
-        """A verdict for the caller; the process is killed (its stream can no longer be trusted)."""
-        verdict = self._verdict(kind, what, call)
-        self.kill()
-        return ProcessFailure(verdict)
+        """A verdict for the caller, as an exception."""
+        return ProcessFailure(self._verdict(kind, what, call))
 
     def fail(self, kind: str, what: str, call: str | None) -> ProcessFailure:
         """:meth:`_fail` for the protocol layer, which judges the lines."""
@@ -398,14 +392,10 @@ class PoolProcess:
             what = f"exited with status {status}"
         if self._buffer:
             what += f", leaving an unfinished line {_shown(bytes(self._buffer))!r}"
-        verdict = self._verdict("crash", what, call, wait=1.0)
-        self.kill()
-        return ProcessFailure(verdict)
+        return ProcessFailure(self._verdict("crash", what, call))
 
     def _hung(self, call: str) -> None:
-        verdict = self._verdict("hang", f"gave no answer within {self.timeout:g}s (killed)", call)
-        self.kill()
-        raise ProcessHung(verdict)
+        raise ProcessHung(self._verdict("hang", f"gave no answer within {self.timeout:g}s (killed)", call))
 
 
 def _signal_name(number: int) -> str:
