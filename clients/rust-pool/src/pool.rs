@@ -111,20 +111,20 @@ pub struct Bugs {
     pub mask_ignored: bool,
     /// Multimodal extra keys carry the item's offset in the prompt, not from the chunk's start.
     pub mm_absolute_offset: bool,
-    /// A longer partial entry of a block leaves the shorter one in the index.
-    pub partial_keeps_shorter: bool,
+    /// Promoting a partial entry to a full block keeps the partial entry (no removal, no event).
+    pub promote_keeps_partial: bool,
+    /// `cache_full_blocks` caches the null block too, where vLLM skips it (sliding windows).
+    pub null_hashed: bool,
     /// The index ignores the KV-cache group: a hash cached in one group hits in every group.
     pub group_blind: bool,
     /// `reset_prefix_cache` forgets the reuse watchers without notifying them.
     pub reset_forgets_watchers: bool,
-    /// Freeing the null block to a count of zero puts it in the free queue.
-    pub null_into_queue: bool,
 }
 
 impl Bugs {
     pub const NAMES: [&'static str; 8] = [
         "cached-to-head", "dup-listing-once", "mask-ignored", "mm-absolute-offset",
-        "partial-keeps-shorter", "group-blind", "reset-forgets-watchers", "null-into-queue",
+        "promote-keeps-partial", "group-blind", "reset-forgets-watchers", "null-hashed",
     ];
 
     pub fn plant(&mut self, name: &str) -> bool {
@@ -133,10 +133,10 @@ impl Bugs {
             "dup-listing-once" => &mut self.dup_listing_once,
             "mask-ignored" => &mut self.mask_ignored,
             "mm-absolute-offset" => &mut self.mm_absolute_offset,
-            "partial-keeps-shorter" => &mut self.partial_keeps_shorter,
+            "promote-keeps-partial" => &mut self.promote_keeps_partial,
+            "null-hashed" => &mut self.null_hashed,
             "group-blind" => &mut self.group_blind,
             "reset-forgets-watchers" => &mut self.reset_forgets_watchers,
-            "null-into-queue" => &mut self.null_into_queue,
             _ => return false,
         };
         *flag = true;
@@ -453,7 +453,7 @@ impl Pool {
                 continue;
             }
             self.ref_cnt[b] -= 1;
-            if self.ref_cnt[b] == 0 && (b != NULL || self.bugs.null_into_queue) {
+            if self.ref_cnt[b] == 0 && b != NULL {
                 if self.caching && self.primary[b].is_some() && !self.bugs.cached_to_head {
                     last.push(b);
                 } else {
@@ -553,7 +553,8 @@ impl Pool {
         }
         let hashes = self.hashes_at(req, bs);
         let chosen: Vec<(usize, usize)> = new_ids.iter().enumerate()
-            .filter(|&(i, &b)| b != NULL && (self.bugs.mask_ignored || mask.is_none_or(|m| m[i])))
+            .filter(|&(i, &b)| (b != NULL || self.bugs.null_hashed)
+                && (self.bugs.mask_ignored || mask.is_none_or(|m| m[i])))
             .map(|(i, &b)| (num_cached + i, b))
             .collect();
         let needed = chosen.iter().map(|&(i, _)| i + 1)
@@ -575,7 +576,7 @@ impl Pool {
             covered.insert(b, tokens);
         }
         for &(i, b) in &chosen {
-            if self.primary[b].is_some() {
+            if self.primary[b].is_some() && !self.bugs.promote_keeps_partial {
                 self.drop_hashes(b, true);
             }
             let key = self.key(hashes[i], group);
@@ -620,8 +621,7 @@ impl Pool {
         if replace {
             self.drop_hashes(b, true);
             already = false;
-        } else if !already && !self.bugs.partial_keeps_shorter
-            && self.primary[b].as_ref().is_some_and(|(_, n)| *n < num_tokens) {
+        } else if !already && self.primary[b].as_ref().is_some_and(|(_, n)| *n < num_tokens) {
             self.drop_hashes(b, true);
         }
         self.add_key(key.clone(), b, num_tokens);
