@@ -165,6 +165,24 @@ def test_kvpool_check_exec(rust_pool: str, tmp_path: Path) -> None:
     assert check_trace(tmp_path / "kvpool-drive-campaign.jsonl").divergence is not None
 
 
+def test_the_reference_clients_ignore_unknown_fields_and_check_the_version(rust_pool: str) -> None:
+    lines = [{"kvpool_drive": 2, "pool": {"num_blocks": 4}},
+             {"kvpool_drive": 1, "from": "kvpool", "pool": {**protocol.pool_fields(4, True, 1, False),
+                                                          "colour": "blue"}},
+             {"op": "get_new_blocks", "args": {"num_blocks": 2}, "seq": 1},
+             {"op": "no_such_op", "args": {}},
+             {"op": "get_num_free_blocks", "args": {}}]
+    calls = "".join(json.dumps(line) + "\n" for line in lines)
+    for argv in ([rust_pool], [sys.executable, "-m", "kvpool.oracle.drive.serve"]):
+        done = subprocess.run(argv, input=calls, capture_output=True, text=True, check=True)
+        answers = [json.loads(line) for line in done.stdout.splitlines()]
+        assert answers[0]["ok"] is False and "version" in answers[0]["error"]
+        assert answers[1]["ok"] is True
+        assert answers[2]["result"] == [1, 2] and answers[2]["error"] is None
+        assert answers[3]["error"] == "ProtocolViolation" and "no_such_op" in done.stderr
+        assert answers[4]["result"] == 1
+
+
 def _normalised(text: str) -> list[object]:
     return [json.loads(line) for line in text.splitlines()]
 

@@ -110,15 +110,20 @@ class Shrinker:
     sent: int = 0
     process: PoolProcess | None = field(default=None, repr=False)
 
-    def _replay(self, cap: Capture, calls: Sequence[Call]) -> list[dict[str, Json]] | None:
-        if self.replays >= MAX_REPLAYS or self.sent + len(calls) > MAX_REPLAYED_CALLS:
+    def _budgeted(self, calls: int) -> PoolProcess | None:
+        """The process for one more replay of ``calls`` calls, or None when the budget is spent."""
+        if self.replays >= MAX_REPLAYS or self.sent + calls > MAX_REPLAYED_CALLS:
             return None
         if self.process is None:
             a = self.adapter
             self.process = PoolProcess(a.command, a.timeout, cwd=a.cwd, env=a.env)
         self.replays += 1
-        self.sent += len(calls)
-        return replay(self.process, cap.pool, cap.header, calls)
+        self.sent += calls
+        return self.process
+
+    def _replay(self, cap: Capture, calls: Sequence[Call]) -> list[dict[str, Json]] | None:
+        process = self._budgeted(len(calls))
+        return None if process is None else replay(process, cap.pool, cap.header, calls)
 
     def close(self) -> None:
         if self.process is not None:
@@ -134,17 +139,13 @@ class Shrinker:
         call on "the second block that allocation returned" rather than on an id
         that now means another block, or none.
         """
-        if self.replays >= MAX_REPLAYS or self.sent + len(kept) > MAX_REPLAYED_CALLS:
+        process = self._budgeted(len(kept))
+        if process is None:
             return None
-        if self.process is None:
-            a = self.adapter
-            self.process = PoolProcess(a.command, a.timeout, cwd=a.cwd, env=a.env)
-        self.replays += 1
-        self.sent += len(kept)
         at = {id(line): i for i, line in enumerate(base)}
         sources = _sources(base)
         handed: dict[int, list[int]] = {}
-        session = Session(self.process, cap.pool, cap.header, None, None)
+        session = Session(process, cap.pool, cap.header, None, None)
         try:
             session.open()
             for line in kept:

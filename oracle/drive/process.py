@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -145,7 +144,8 @@ def _shown(raw: bytes) -> str:
     return text if len(text) <= STDERR_LINE_CHARS else text[:STDERR_LINE_CHARS] + " [...]"
 
 
-_LIVE: weakref.WeakSet[PoolProcess] = weakref.WeakSet()
+_LIVE: set[PoolProcess] = set()
+"""Every process started and not yet killed (held here, so none is forgotten unkilled)."""
 
 
 @atexit.register
@@ -155,11 +155,25 @@ def _kill_all() -> None:
         proc.kill()
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up in this process: the child must not load anything between
+    fork and exec (other threads may hold the loader's or the allocator's locks)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        found: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return found
+
+
+_PRCTL = _prctl()
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """In the child, before exec: be killed when the parent dies (Linux), even by SIGKILL."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    """In the child, before exec: be killed when the parent dies, even by SIGKILL (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 class PoolProcess:
@@ -196,7 +210,7 @@ class PoolProcess:
             self.popen = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=self.cwd, env=self.env, start_new_session=True, bufsize=0,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                preexec_fn=_die_with_parent if _PRCTL is not None else None)
         except OSError as exc:
             self.popen = None
             raise ProcessFailure(Verdict("start", f"cannot start: {exc.strerror or exc}",
@@ -395,7 +409,8 @@ class PoolProcess:
         return ProcessFailure(self._verdict("crash", what, call))
 
     def _hung(self, call: str) -> None:
-        raise ProcessHung(self._verdict("hang", f"gave no answer within {self.timeout:g}s (killed)", call))
+        raise ProcessHung(self._verdict("hang", f"gave no answer within {self.timeout:g}s (killed)",
+                                        call))
 
 
 def _signal_name(number: int) -> str:

@@ -26,13 +26,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..trace.read import Header, TraceStep, parse_header, parse_outcome, parse_step
-from ..trace.schema import DEFAULT_REFERENCE, FieldError, Json, show
+from ..trace.schema import DEFAULT_REFERENCE, HEADER_FIELDS, FieldError, Json, show
 from ..trace.schema import VERSION as TRACE_VERSION
 
 VERSION = 1
 """The protocol version this module speaks."""
 KEY = "kvpool_drive"
 ANSWER_FIELDS = ("result", "error", "events", "fired", "observation")
+POOL_FIELDS = (*(f for f in HEADER_FIELDS if f != "kvpool_trace"), "reference", "block_sizes", "meta",
+               "vllm_errors")
+"""The fields of a header's ``pool`` (a trace header's, but its version); any other is ignored."""
 """The fields of an answer; any other field is ignored."""
 
 
@@ -114,8 +117,9 @@ def read_pool(value: Json) -> Header:
     pool = value.get("pool")
     if not isinstance(pool, dict):
         raise ProtocolError("garbage", f"pool: expected an object, got {show(pool)}")
+    known = {k: v for k, v in pool.items() if k in POOL_FIELDS}  # unknown fields are ignored
     try:
-        return parse_header({"kvpool_trace": TRACE_VERSION, **pool})
+        return parse_header({"kvpool_trace": TRACE_VERSION, **known})
     except FieldError as exc:
         raise ProtocolError("garbage", str(exc).replace("header", "pool", 1)) from None
 
