@@ -146,6 +146,19 @@ def test_kvpools_own_pool_conforms_over_the_pipe(tmp_path: Path) -> None:
         assert f"observed {level}" in done.stdout and "agrees with the model" in done.stdout
 
 
+def test_any_python_pool_served_over_the_pipe(tmp_path: Path) -> None:
+    """A stranger's pool (tests/third_party: no private vLLM members, no typed refusals) behind
+    ``kvpool serve-pool --pool``: it agrees, and one of its planted bugs is caught over the pipe."""
+    third = Path(__file__).parent / "third_party"
+    budget = ["--no-misuse", "--vllm-errors", "--runs", "2", "--steps", "300", "--examples", "40",
+              "--trace-dir", str(tmp_path)]
+    done = kvpool("conform", "--exec", "kvpool serve-pool --pool mypool:BlockPool", *budget, cwd=third)
+    assert done.returncode == 0, done.stdout + done.stderr
+    bad = kvpool("conform", "--exec", "kvpool serve-pool --pool mypool_bugs:CachedFreedToHead", *budget,
+                 cwd=third)
+    assert bad.returncode == 1 and "DIVERGES from the model" in bad.stdout, bad.stdout
+
+
 def test_the_rust_pool_conforms(rust_pool: str, tmp_path: Path) -> None:
     for extra, level in (("", "api-only"), (" --observe", "mixed")):
         done = kvpool("conform", "--exec", rust_pool + extra, "--runs", "2", "--steps", "500",

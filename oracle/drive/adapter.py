@@ -93,6 +93,20 @@ class DriveAdapter:
         self.recent = [*self.recent[-(PROCESSES - 1):], driven]
         return driven
 
+    def borrow(self) -> PoolProcess:
+        """A copy of the command for replays of one's own (shrinking a failure): the least
+        recently used one, whose pool is then no longer current; started on first use."""
+        if not self.slots:
+            self.slots.append(_Slot(PoolProcess(self.command, self.timeout, cwd=self.cwd,
+                                                env=self.env)))
+        slot = min(self.slots, key=lambda s: s.used)
+        self.constructed += 1
+        slot.used = self.constructed
+        if slot.session is not None:
+            slot.session.current = False
+            slot.session = None
+        return slot.process
+
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
         """The process named the model's refusal (as ``check-trace`` compares error names)."""
         if not isinstance(pool_error, DrivenRefusal):

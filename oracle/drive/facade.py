@@ -158,6 +158,8 @@ class Session:
     """The observation fields every answer carries (None: none)."""
     fresh: dict[str, Json] | None
     log: list[dict[str, Json]] = field(default_factory=list)
+    unsupported: frozenset[str] = frozenset()
+    """The optional operations the process said its pool lacks."""
     failed: dict[str, Json] | None = None
     """The call the process failed at, as a trace line (error ``ProcessCrashed``, ...)."""
     current: bool = True
@@ -175,9 +177,10 @@ class Session:
             answer = protocol.read_header_answer(protocol.decode(raw), self.header)
         except protocol.ProtocolError as exc:
             raise proc.fail(exc.kind, exc.what, "the header") from None
-        if again and (answer.observation, answer.fresh) != (self.shape, self.fresh):
+        if again and (answer.observation, answer.fresh, answer.unsupported) != (
+                self.shape, self.fresh, self.unsupported):
             raise proc.fail("nondeterministic", "answered the same header differently", "the header")
-        self.shape, self.fresh = answer.observation, answer.fresh
+        self.shape, self.fresh, self.unsupported = answer.observation, answer.fresh, answer.unsupported
 
     def calls(self, calls: Sequence[tuple[str, dict[str, Json]]],
               encoded: Sequence[bytes] | None = None) -> list[TraceStep]:
@@ -279,6 +282,8 @@ class DrivenPool:
         self._prefetched: tuple[tuple[tuple[bytes, int], ...], list[TraceStep]] | None = None
         if session.fresh is not None:
             self._mirror(session.fresh)
+        for op in session.unsupported:  # not callable: the workloads leave it out
+            setattr(self, op, None)
 
     # ------------------------------------------------------------ plumbing
 

@@ -103,7 +103,8 @@ class Shrunk:
 
 @dataclass
 class Shrinker:
-    """Shrinks captured calls against a fresh copy of the adapter's command (see the module docstring)."""
+    """Shrinks captured calls against one of the adapter's copies of the command, on fresh pools
+    (see the module docstring)."""
 
     adapter: DriveAdapter
     replays: int = 0
@@ -115,8 +116,7 @@ class Shrinker:
         if self.replays >= MAX_REPLAYS or self.sent + calls > MAX_REPLAYED_CALLS:
             return None
         if self.process is None:
-            a = self.adapter
-            self.process = PoolProcess(a.command, a.timeout, cwd=a.cwd, env=a.env)
+            self.process = self.adapter.borrow()
         self.replays += 1
         self.sent += calls
         return self.process
@@ -126,9 +126,8 @@ class Shrinker:
         return None if process is None else replay(process, cap.pool, cap.header, calls)
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.close()
-            self.process = None
+        """Give the process back (the adapter ends it with the others)."""
+        self.process = None
 
     def _remapped(self, cap: Capture, base: list[dict[str, Json]],
                   kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
@@ -361,12 +360,13 @@ def short_line(number: int, line: dict[str, Json]) -> str:
     outcome = f"raised {line['error']}" if line.get("error") else _short(line.get("result"))
     events = [e.get("type") for e in line.get("events") or () if isinstance(e, dict)]
     fired = line.get("fired") or []
-    text = f"{number:>3} {line['op']}({args}) -> {outcome}"
+    tail = f" -> {outcome}"
     if events:
-        text += f"; events {', '.join(str(e) for e in events)}"
+        tail += f"; events {', '.join(str(e) for e in events)}"
     if fired:
-        text += f"; fired {_short(fired)}"
-    return text if len(text) <= 160 else text[:157] + "..."
+        tail += f"; fired {_short(fired)}"
+    room = max(40, 150 - len(tail))  # the arguments give way: what came of the call stays
+    return f"{number:>3} {line['op']}({args if len(args) <= room else args[:room - 3] + '...'}){tail}"
 
 
 def _short(value: Json) -> str:

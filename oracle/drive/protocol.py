@@ -124,6 +124,11 @@ def read_pool(value: Json) -> Header:
         raise ProtocolError("garbage", str(exc).replace("header", "pool", 1)) from None
 
 
+OPTIONAL_OPS = ("_insert_block_hash", "_maybe_evict_cached_block")
+"""vLLM's private members its engine calls: a pool may lack them (it says so in ``unsupported``),
+and the workloads then leave them out, as for a Python pool without them."""
+
+
 @dataclass(frozen=True)
 class HeaderAnswer:
     """The process made the pool; ``observation`` lists the fields it will show after each call."""
@@ -131,6 +136,8 @@ class HeaderAnswer:
     observation: frozenset[str] | None
     fresh: dict[str, Json] | None
     """The fresh pool's observation, as the process wrote it."""
+    unsupported: frozenset[str] = frozenset()
+    """Operations of :data:`OPTIONAL_OPS` the pool does not have."""
 
 
 def read_header_answer(value: Json, header_: Header) -> HeaderAnswer:
@@ -152,16 +159,20 @@ def read_header_answer(value: Json, header_: Header) -> HeaderAnswer:
     if ok is not True:
         raise ProtocolError("garbage", f"ok: expected true or false, got {show(ok)} (answer "
                             f"{show(value)})")
+    lacks = value.get("unsupported", [])
+    if not (isinstance(lacks, list) and all(op in OPTIONAL_OPS for op in lacks)):
+        raise ProtocolError("garbage", f"unsupported: expected a list of {list(OPTIONAL_OPS)}, got "
+                            f"{show(lacks)}")
     obs = value.get("observation")
     if obs is None:
-        return HeaderAnswer(None, None)
+        return HeaderAnswer(None, None, frozenset(lacks))
     try:
         step = parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None,
                            "events": [], "observation": obs}, 1, header_)
     except FieldError as exc:
         raise ProtocolError("garbage", f"header answer: {exc}") from None
     fresh = step.observation or {}
-    return HeaderAnswer(frozenset(fresh), fresh)
+    return HeaderAnswer(frozenset(fresh), fresh, frozenset(lacks))
 
 
 def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, number: int,
@@ -221,6 +232,6 @@ def read_call(value: Json, header_: Header, number: int) -> TraceStep:
         raise ProtocolError("garbage", str(exc)) from None
 
 
-__all__ = ["ANSWER_FIELDS", "KEY", "VERSION", "HeaderAnswer", "ProtocolError", "decode", "encode",
-           "header", "pool_fields", "read_answer", "read_call", "read_header_answer", "read_pool",
-           "trace_header"]
+__all__ = ["ANSWER_FIELDS", "KEY", "OPTIONAL_OPS", "POOL_FIELDS", "VERSION", "HeaderAnswer",
+           "ProtocolError", "decode", "encode", "header", "pool_fields", "read_answer", "read_call",
+           "read_header_answer", "read_pool", "trace_header"]

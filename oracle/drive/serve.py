@@ -89,6 +89,9 @@ class Server:
         self.pool, self.header = pool, header
         self.watchers, self.pending = {}, []
         answer: dict[str, Json] = {"kvpool_drive": protocol.VERSION, "ok": True}
+        lacks = [op for op in protocol.OPTIONAL_OPS if not callable(getattr(pool, op, None))]
+        if lacks:
+            answer["unsupported"] = lacks
         if self.observe:
             answer["observation"] = self._observation()
         return answer
