@@ -233,8 +233,9 @@ class PoolProcess:
         if popen is None:
             return
         _LIVE.discard(self)
-        with contextlib.suppress(OSError):
-            os.killpg(popen.pid, signal.SIGKILL)
+        if popen.returncode is None:  # unreaped: its id still names its group, and only it
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             popen.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -277,10 +278,7 @@ class PoolProcess:
             if not chunk:
                 break
             extra += chunk
-        try:
-            status = popen.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            status = None
+        status = _exit_status(popen, max(0.0, deadline - time.monotonic()))
         if extra.strip():
             verdict = self._verdict("extra output", "after its last answer, at the end of its "
                                     f"stdin: {_shown(extra.splitlines()[0])!r}", None)
@@ -394,10 +392,7 @@ class PoolProcess:
 
     def _exited(self, call: str) -> ProcessFailure:
         popen = self.popen
-        status = None
-        if popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                status = popen.wait(1.0)
+        status = None if popen is None else _exit_status(popen, 1.0)
         if status is None:
             what = "closed its stdout (still running: killed)"
         elif status < 0:
@@ -411,6 +406,25 @@ class PoolProcess:
     def _hung(self, call: str) -> None:
         raise ProcessHung(self._verdict("hang", f"gave no answer within {self.timeout:g}s (killed)",
                                         call))
+
+
+def _exit_status(popen: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """The exit status within ``timeout`` seconds (negative: the signal), None if still running.
+
+    The process is left unreaped, so that its id still names its process group
+    when :meth:`PoolProcess.kill` ends the group (no other process can have it yet).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            info = os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped already
+            return popen.returncode
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
 
 
 def _signal_name(number: int) -> str:
