@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,31 @@ def test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind(
         assert f"| misbehaving at call 7 as asked: {mode}" in done.stdout
     for pid in map(int, pids.read_text().split()):
         assert _gone(pid), f"process {pid} outlived kvpool conform"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_process_dies_with_kvpool_even_when_kvpool_is_killed(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    kvpool_run = subprocess.Popen(
+        [sys.executable, "-m", "kvpool", "conform", "--exec",
+         misbehaving("hang", "--at", "3", "--pids", str(pids)), "--timeout", "600"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # until the pool process is up (bounded by tries, not a deadline)
+            if (pids.exists() and pids.read_text().strip()) or kvpool_run.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert kvpool_run.poll() is None, "kvpool ended before its pool process hung"
+        (pid,) = map(int, pids.read_text().split())
+        kvpool_run.kill()  # SIGKILL: no atexit, no finally
+        kvpool_run.wait()
+        for _ in range(100):
+            if _gone(pid):
+                break
+            time.sleep(0.05)
+        assert _gone(pid), f"process {pid} outlived a killed kvpool"
+    finally:
+        kvpool_run.kill()
 
 
 def test_usage_errors_of_exec(tmp_path: Path) -> None:
