@@ -78,16 +78,8 @@ class DriveAdapter:
         pool = protocol.pool_fields(num_blocks, caching, hash_block_size, events,
                                     reference=self.reference)
         header = Header(num_blocks, caching, hash_block_size, events, "GPU", self.reference)
-        if len(self.slots) < PROCESSES:
-            self.slots.append(_Slot(PoolProcess(self.command, self.timeout, cwd=self.cwd,
-                                                env=self.env)))
-        slot = min(self.slots, key=lambda s: s.used)
-        self.constructed += 1
-        slot.used = self.constructed
-        if slot.session is not None:
-            slot.session.current = False
-        session = Session(slot.process, pool, header, None, None)
-        slot.session = session
+        slot = self._take()
+        session = slot.session = Session(slot.process, pool, header, None, None)
         session.open()
         driven = DrivenPool(session)
         self.recent = [*self.recent[-(PROCESSES - 1):], driven]
@@ -96,7 +88,12 @@ class DriveAdapter:
     def borrow(self) -> PoolProcess:
         """A copy of the command for replays of one's own (shrinking a failure): the least
         recently used one, whose pool is then no longer current; started on first use."""
-        if not self.slots:
+        return self._take().process
+
+    def _take(self) -> _Slot:
+        """The least recently used copy (a new one while there are fewer than :data:`PROCESSES`);
+        the pool it held is no longer current."""
+        if len(self.slots) < PROCESSES:
             self.slots.append(_Slot(PoolProcess(self.command, self.timeout, cwd=self.cwd,
                                                 env=self.env)))
         slot = min(self.slots, key=lambda s: s.used)
@@ -105,7 +102,7 @@ class DriveAdapter:
         if slot.session is not None:
             slot.session.current = False
             slot.session = None
-        return slot.process
+        return slot
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
         """The process named the model's refusal (as ``check-trace`` compares error names)."""
