@@ -57,6 +57,8 @@ def _event(ev: Mapping[str, Any], known: Mapping[Any, str]) -> str:
 def picture_of_observation(obs: Observation, label: Label = short_label,
                            events: list[str] | None = None) -> Picture:
     """A picture from a whole-pool observation; ``events`` None: not observed."""
+    if obs.ref is None or obs.free is None or obs.primary is None:
+        raise ValueError("an observation through calls only (api-only) has no picture")
     position = {b: i for i, b in enumerate(obs.free)}
     watched = None if obs.watched is None else set(obs.watched)
     blocks = []

@@ -267,6 +267,9 @@ class Lockstep(Translate):
             checks.update({n: "the adapter's own observation" for n in
                            ("index multimap", "secondary keys", "registered watchers")})
         checks["index lookups"] = "ran" if observer.black_box else "not needed: the index is seen whole"
+        if observer.api_only:
+            checks["ref counts, free queue, block keys"] = (
+                "seen only through calls: get_num_free_blocks, is_block_writable, get_cached_block")
         checks["metrics calls"] = "ran" if self.metrics is not None else "skipped: no collector attached"
         return {"level": "custom" if self.observe is not None else observer.level, "checks": checks}
 
@@ -482,8 +485,9 @@ class Lockstep(Translate):
             return []
         keys = set(self.model.index) | self.probed
         for b in self.pool.blocks:
-            if b.block_hash is not None:
-                keys.add(key_of(b.block_hash))
+            block_hash = getattr(b, "block_hash", None)  # hidden by a pool seen only through calls
+            if block_hash is not None:
+                keys.add(key_of(block_hash))
         for event in observer.pending_events() or ():
             fields_ = pool_event(event)
             for h in fields_.get("block_hashes") or ():
@@ -547,6 +551,8 @@ class Lockstep(Translate):
 
 def comparable_pool(observer: Observer) -> Observation:
     """The pool as a picture shows it, with the free queue walked safely."""
+    if observer.api_only:
+        raise ValueError("the pool shows its state only through calls (api-only)")
     if observer.link_errors():
         raise ValueError("the free queue's links are broken: " + "; ".join(observer.link_errors()))
     return observer.observe()

@@ -7,6 +7,13 @@ it), the free queue through ``free_block_queue.get_all_free_blocks()`` and
 the caller asks about (:class:`Observer` ``probes``).  Watcher calls, events
 and metrics-collector calls are compared by the lockstep as they happen.
 
+API only, for a pool whose blocks do not show their counts (a pool in another
+process or behind FFI, :mod:`kvpool.oracle.drive`): nothing but calls. The free
+count comes from ``get_num_free_blocks()``, each block's "may its sole owner
+write into it" from ``is_block_writable`` (ref count 1, no hash), and the index
+from ``get_cached_block`` on the probed keys; the ref counts, the free queue's
+order and the blocks' keys are ``None``: not observable, never compared.
+
 White box, where the pool exposes vLLM's internals: the whole index
 multimap (``cached_block_hash_to_block._cache``) with its per-key order, each
 block's secondary keys (``cached_block_hashes_by_block``), the registered
@@ -29,6 +36,8 @@ from kvpool.model.state import Key, PoolState
 
 from .abstraction import concrete_key, key_of, pool_event
 
+API_ONLY = "api-only"
+"""The level of a pool seen only through its calls."""
 WHITE_BOX = ("free-queue links", "index multimap", "secondary keys", "registered watchers",
              "block holders", "pending events")
 """The checks that need a pool's internals, by the name a report shows."""
@@ -38,16 +47,18 @@ WHITE_BOX = ("free-queue links", "index multimap", "secondary keys", "registered
 class Observation:
     """What the oracle saw of a pool, block ids for blocks; ``None``: not observable there."""
 
-    ref: tuple[int, ...]
-    free: tuple[int, ...]
+    ref: tuple[int, ...] | None
+    free: tuple[int, ...] | None
     num_free: int
-    primary: tuple[tuple[Key, int | None] | None, ...]
+    primary: tuple[tuple[Key, int | None] | None, ...] | None
     """Per block: its primary key and the tokens it covers (``None`` if the block hides that)."""
     lookups: tuple[tuple[Key, int | None], ...] = ()
     """Probed keys and the block ``get_cached_block`` returns for each (``None``: a miss)."""
     secondary: tuple[tuple[Key, ...], ...] | None = None
     index: tuple[tuple[Key, tuple[int, ...]], ...] | None = None
     watched: tuple[int, ...] | None = None
+    writable: tuple[bool, ...] | None = None
+    """Per block, ``is_block_writable``: seen where nothing else of a block is (API only)."""
 
     def diff(self, other: Observation) -> list[str]:
         """Readable differences of the parts both observed, model side first (empty when equal)."""
@@ -68,7 +79,7 @@ class Observation:
 
 def _differing(name: str, mine: Any, theirs: Any) -> str:
     """``model X | pool Y``, narrowed to the blocks or keys that differ when there are many."""
-    if name in ("ref", "primary", "secondary") and len(mine) == len(theirs):
+    if name in ("ref", "primary", "secondary", "writable") and len(mine) == len(theirs):
         at = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
         return "; ".join(f"block {i}: model {_shown(mine[i])} | pool {_shown(theirs[i])}" for i in at)
     if name in ("index", "lookups"):
@@ -147,12 +158,17 @@ def observe_model(s: PoolState, probes: Iterable[Key] = ()) -> Observation:
 def comparable(model: Observation, pool: Observation) -> Observation:
     """The model's observation reduced to what the pool's observation shows."""
     primary = model.primary
-    if pool.primary and any(p is not None and p[1] is None for p in pool.primary):
-        primary = tuple(None if p is None else (p[0], None) for p in model.primary)
+    if pool.primary and primary and any(p is not None and p[1] is None for p in pool.primary):
+        primary = tuple(None if p is None else (p[0], None) for p in primary)
+    writable = None
+    if pool.writable is not None and model.ref is not None and model.primary is not None:
+        writable = tuple(b != 0 and r == 1 and p is None
+                         for b, (r, p) in enumerate(zip(model.ref, model.primary, strict=True)))
     return replace(model, primary=primary,
                    secondary=None if pool.secondary is None else model.secondary,
                    index=None if pool.index is None else model.index,
-                   watched=None if pool.watched is None else model.watched)
+                   watched=None if pool.watched is None else model.watched,
+                   writable=writable)
 
 
 class Observer:
@@ -160,7 +176,9 @@ class Observer:
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        queue = pool.free_block_queue
+        queue = getattr(pool, "free_block_queue", None)
+        self.api_only = queue is None or not all(hasattr(b, "ref_cnt") for b in pool.blocks[:1])
+        """Whether the pool is seen only through its calls (see the module docstring)."""
         index = getattr(pool, "cached_block_hash_to_block", None)
         self.has = {
             "free-queue links": all(hasattr(queue, a) for a in ("fake_free_list_head",
@@ -175,7 +193,10 @@ class Observer:
 
     @property
     def level(self) -> str:
-        """``white-box`` (every internal check runs), ``black-box`` (none) or ``mixed``."""
+        """``white-box`` (every internal check runs), ``black-box`` (none), ``mixed``, or
+        ``api-only`` (only calls: :data:`API_ONLY`)."""
+        if self.api_only:
+            return API_ONLY
         ran = sum(self.has.values())
         return "white-box" if ran >= len(WHITE_BOX) - 1 else "black-box" if not ran else "mixed"
 
@@ -188,6 +209,8 @@ class Observer:
         """The pool now, probing ``get_cached_block`` with each of ``probes``."""
         pool = self.pool
         blocks = pool.blocks
+        if self.api_only:
+            return self._through_calls(probes)
         queue = pool.free_block_queue
         if self.has["free-queue links"]:
             free, _cut = _walk(queue.fake_free_list_head.next_free_block, "next_free_block",
@@ -211,6 +234,28 @@ class Observer:
             index=self._index(),
             watched=tuple(pool._reuse_watchers) if self.has["registered watchers"] else None,
         )
+
+    def _through_calls(self, probes: Iterable[Key]) -> Observation:
+        """What the calls of the reference API show, and only that (API only).
+
+        A pool may answer all these queries at once with ``observe_calls(probes)``
+        (a pool in another process sends them in one go); it returns
+        ``(num_free, writable per block, first block id or None per probe)``.
+        """
+        pool, probes = self.pool, list(probes)
+        batch = getattr(pool, "observe_calls", None)
+        if callable(batch):
+            num_free, writable, hits = batch(probes)
+        else:
+            num_free = pool.get_num_free_blocks()
+            writable = [pool.is_block_writable(b) for b in pool.blocks]
+            hits = []
+            for block_hash, group in probes:
+                hit = pool.get_cached_block(block_hash, [group])
+                hits.append(hit[0].block_id if hit else None)
+        return Observation(ref=None, free=None, num_free=num_free, primary=None,
+                           lookups=tuple(zip(probes, hits, strict=True)),
+                           writable=tuple(bool(w) for w in writable))
 
     def _index(self) -> tuple[tuple[Key, tuple[int, ...]], ...] | None:
         if not self.has["index multimap"]:

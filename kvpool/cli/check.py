@@ -31,16 +31,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     check.add_argument("--steps", type=int, default=5000, help="operations per run (default 5000)")
     check.add_argument("--runs", type=int, default=4, help="independent runs (default 4)")
     check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
-    check.add_argument(
+    target = check.add_mutually_exclusive_group()
+    target.add_argument(
         "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
         help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
              "vllm.v1.core.block_pool:BlockPool")
+    target.add_argument(
+        "--exec", metavar='"CMD ARGS"',
+        help="a pool in another process (any language), over its stdin and stdout in the drive "
+             "protocol (oracle/DRIVE_PROTOCOL.md)")
     check.add_argument(
         "--reference", choices=["0.31", "0.33"], default="0.31",
         help="the vLLM version whose behaviour the model reproduces (default 0.31)")
     check.add_argument(
         "--no-misuse", action="store_true",
         help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
+    from . import drive  # the options of --exec
+
+    drive.add_options(check)
     return check
 
 
@@ -48,6 +56,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the campaign the parsed ``args`` ask for; ``parser`` reports a usage error (exit 2)."""
     if args.steps <= 0 or args.runs <= 0:
         parser.error("--steps and --runs must be positive")
+    if args.exec is not None:
+        from .drive import check_exec
+
+        return check_exec(args)
     from kvpool.oracle.adapter import adapter_for_class, misuse_setting
     from kvpool.oracle.campaign import run_campaign
 

@@ -77,8 +77,9 @@ import importlib.util
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from traceback import format_exception
 from typing import Any, TextIO
 
@@ -94,9 +95,11 @@ from kvpool.oracle.conform import (
 )
 from kvpool.oracle.coverage import PhaseCoverage, measure_phase
 from kvpool.oracle.database import describe
+from kvpool.oracle.drive.adapter import DriveAdapter
 from kvpool.pictures import pictured_steps
 from kvpool.shard import Shard, ShardError
 
+from . import drive
 from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
 
 SCHEMA = "kvpool.conform/1"
@@ -119,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                              "the model's typed errors, other classes run without misuse")
     target.add_argument("--adapter", metavar="MODULE:FACTORY",
                         help="a callable returning a kvpool.oracle.adapter.Adapter")
+    target.add_argument("--exec", metavar='"CMD ARGS"',
+                        help="a pool in another process (any language), spoken to over its stdin and "
+                             "stdout in the drive protocol (oracle/DRIVE_PROTOCOL.md)")
     parser.add_argument("--traceback", action="store_true",
                         help="on a failure, show where in the pool its own exception was raised")
     parser.add_argument("--steps", type=int, default=1000, help="calls per campaign run (1000)")
@@ -139,17 +145,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--coverage", action="store_true",
                         help="measure the branches of the model's operations (model/pool.py, guards.py, contracts.py) each "
                              "phase reaches alone, and list those it misses (needs coverage.py)")
+    drive.add_options(parser)
     return parser
 
 
 
 def conform(adapter: Adapter, opts: Options, out: TextIO,
             traceback: bool = False,
-            coverage: list[PhaseCoverage] | None = None) -> list[PhaseResult]:
+            coverage: list[PhaseCoverage] | None = None,
+            phases: Sequence[Callable[[Adapter, Options], PhaseResult]] = (
+                run_campaign_phase, run_machine_phase)) -> list[PhaseResult]:
     """Run both phases, printing a line each and the details of any failure.
 
     With a ``coverage`` list, each phase runs under coverage.py; its
-    measurement is printed and appended to the list.
+    measurement is printed and appended to the list.  ``phases``: the phase
+    functions (``--exec`` wraps each, :mod:`.drive`).
     """
     _misuse, why = misuse_setting(adapter, opts.misuse)
     index, count = opts.shard
@@ -164,7 +174,7 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
     print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
           file=out)
     results = []
-    for phase in (run_campaign_phase, run_machine_phase):
+    for phase in phases:
         if coverage is None:
             result = phase(adapter, opts)
         else:
@@ -198,7 +208,7 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
     failure = result.failure
     if failure is None:
         return
-    if result.name == "machine":
+    if result.name == "machine" and failure.kind != "hang":  # a hang is not shrunk
         print(f"  minimal trace ({len(failure.trace)} steps, shrunk by Hypothesis):", file=out)
         for step in failure.trace:
             print(f"    {step}", file=out)
@@ -285,6 +295,7 @@ class _Args:
     opts: Options = field(default_factory=Options)
     traceback: bool = False
     coverage: bool = False
+    ns: argparse.Namespace | None = None
 
 
 def _parse(argv: Sequence[str] | None) -> _Args:
@@ -308,7 +319,7 @@ def _parse(argv: Sequence[str] | None) -> _Args:
             raise UsageError("--coverage measures a whole run: leave out --shard")
         opts = replace(opts, shard=shard.part)
     opts = replace(opts, database=example_db_option())
-    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback, ns.coverage)
+    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback, ns.coverage, ns)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -318,14 +329,48 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         args = _parse(argv)
         check_writable("--json", args.json)
         check_writable("--junit", args.junit)
-        adapter = load_adapter(args.impl, args.adapter)
+        ns = args.ns
+        driven = None
+        if ns is not None and ns.exec is not None:
+            driven = drive.exec_adapter(ns.exec, ns, args.opts.reference, args.opts.misuse)
+        else:
+            adapter = load_adapter(args.impl, args.adapter)
     except UsageError as exc:
         print(f"kvpool conform: error: {exc}", file=sys.stderr)
         return 2
+    except drive.NoPool as exc:
+        print(f"kvpool conform: {exc}", file=out)
+        return 1
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
+    if driven is not None and ns is not None:
+        return _conform_exec(driven, args, ns, out)
     coverage: list[PhaseCoverage] | None = [] if args.coverage else None
     results = conform(adapter, args.opts, out, args.traceback, coverage)
+    return _outputs(adapter, args, results, coverage)
+
+
+def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, out: TextIO) -> int:
+    """``--exec``: the phases against the process, each failure kept as a trace (:mod:`.drive`)."""
+    from kvpool.oracle.drive.failure import DriveRun
+
+    run = DriveRun(adapter, Path(ns.trace_dir), shrink=not ns.no_shrink)
+    coverage: list[PhaseCoverage] | None = [] if args.coverage else None
+    results: list[PhaseResult] = []
+    try:
+        results = conform(adapter, args.opts, out, args.traceback, coverage,
+                          phases=[run.phase(run_campaign_phase), run.phase(run_machine_phase)])
+        drive.report(run, out, drive.meta_of(adapter.command, "kvpool conform --exec",
+                                             args.opts.seed))
+        status = _outputs(adapter, args, results, coverage)
+    finally:
+        badly = drive.verdicts(adapter, results, out)
+    return 1 if badly and status == 0 else status
+
+
+def _outputs(adapter: Adapter, args: _Args, results: list[PhaseResult],
+             coverage: list[PhaseCoverage] | None) -> int:
+    """Write ``--json``/``--junit``; the exit status."""
     try:
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:

@@ -37,6 +37,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
                "every property of the model and what establishes it (z3, BMC, lockstep, bugs)"),
     "check-events": ("kvpool.cli.events", "check_events_main",
                      "check a KV-event stream as a router rebuilding the index reads it"),
+    "serve-pool": ("kvpool.oracle.drive.serve", "main",
+                   "kvpool's pool (or any Python pool) over stdin/stdout in the drive protocol"),
 }
 
 

@@ -298,6 +298,16 @@ def parse_step(v: Any, line: int, header: Header) -> TraceStep:
         else:
             _kind_ok(kind, value, where)
             args[name] = value
+    return parse_outcome(obj, op, args, line, header)
+
+
+def parse_outcome(obj: dict[str, Any], op: str, args: dict[str, Any], line: int,
+                  header: Header) -> TraceStep:
+    """Validate what a call line says came of the call (all but ``op`` and ``args``).
+
+    ``args`` are taken as already decoded: the drive protocol checks a pool's
+    answers with this, without reading back the arguments it wrote itself.
+    """
     error = obj["error"]
     if error is not None and not (isinstance(error, str) and error.isidentifier()):
         raise FieldError(f"error: expected null or an error class name, got {show(error)}")
@@ -408,4 +418,4 @@ def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
 
 
 __all__ = ["Header", "Trace", "TraceStep", "iter_trace", "json_lines", "parse_event", "parse_header",
-           "parse_step", "read_trace"]
+           "parse_outcome", "parse_step", "read_trace"]

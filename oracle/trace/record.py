@@ -100,7 +100,7 @@ class RecordingLockstep(Lockstep):
             line["events"] = (None if pending is None else [] if op == "take_events"
                               else [event_to_json(e) for e in pending[queued:]])
             line["fired"] = [[n, b] for n, b in self.fired_now]
-            if self.keep_observations:
+            if self.keep_observations and not self.observer.api_only:  # calls show it, as lines
                 line["observation"] = observation_to_json(
                     self.observe(self.observer.pool, ()) if self.observe is not None
                     else self.observer.observe())

@@ -59,6 +59,8 @@ def request_to_json(req: Any) -> dict[str, Json]:
 
 def observation_to_json(obs: Observation) -> dict[str, Json]:
     """An :class:`Observation` with keys as the pool's hex bytes and tuples as lists."""
+    if obs.ref is None or obs.free is None or obs.primary is None:
+        raise ValueError("an observation through calls only (api-only) has no trace form")
     key = abstraction.concrete_key
     out: dict[str, Json] = {
         "ref": to_json(obs.ref), "free": to_json(obs.free),

@@ -1,0 +1,297 @@
+//! `rust-pool`: a KV-cache block pool in Rust behind kvpool's drive protocol, version 1.
+//!
+//! kvpool writes one JSON line per call to stdin (`oracle/DRIVE_PROTOCOL.md`); this program
+//! answers each with one JSON line on stdout and exits at the end of stdin. Everything else
+//! it has to say goes to stderr. Standard library only: `cargo build --release --offline`.
+//!
+//!     rust-pool [--observe] [--bug NAME]... [--trivial]
+//!
+//! `--observe` adds the whole pool to every answer (a trace's `observation`); `--bug NAME`
+//! plants a classic mistake (see `pool::Bugs`); `--trivial` answers every line with the
+//! same constant line, without reading it: the pipe's own cost, for benchmarks.
+
+mod json;
+mod pool;
+
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+
+use json::Json;
+use pool::{Bugs, Pool, Refusal, Request};
+
+const VERSION: i128 = 1;
+const MAX_BLOCKS: i128 = 1 << 20;
+
+/// A call line the pool cannot read: not its caller's misuse but a broken line.
+struct Malformed(String);
+
+type Args<'a> = &'a Json;
+
+fn field<'a>(args: Args<'a>, name: &str) -> Result<&'a Json, Malformed> {
+    args.get(name).ok_or_else(|| Malformed(format!("args.{}: missing", name)))
+}
+
+fn int(args: Args, name: &str) -> Result<i128, Malformed> {
+    field(args, name)?.as_int().ok_or_else(|| Malformed(format!("args.{}: expected an integer", name)))
+}
+
+fn ints(args: Args, name: &str) -> Result<Vec<i128>, Malformed> {
+    field(args, name)?
+        .as_arr()
+        .and_then(|items| items.iter().map(Json::as_int).collect())
+        .ok_or_else(|| Malformed(format!("args.{}: expected a list of integers", name)))
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.bytes().any(|c| c.is_ascii_uppercase()) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
+}
+
+fn opt_str(value: Option<&Json>) -> Option<String> {
+    value.and_then(Json::as_str).map(str::to_string)
+}
+
+fn request(args: Args) -> Result<Request, Malformed> {
+    let r = field(args, "request")?;
+    let bad = |what: &str| Malformed(format!("args.request.{}", what));
+    let tokens = r.get("all_token_ids").and_then(Json::as_arr)
+        .and_then(|t| t.iter().map(Json::as_int).collect::<Option<Vec<_>>>())
+        .ok_or_else(|| bad("all_token_ids: expected a list of integers"))?;
+    let hashes = r.get("block_hashes").and_then(Json::as_arr)
+        .and_then(|h| h.iter().map(|x| x.as_str().and_then(unhex)).collect::<Option<Vec<_>>>())
+        .ok_or_else(|| bad("block_hashes: expected a list of hex strings"))?;
+    let lora = match r.get("lora") {
+        None | Some(Json::Null) => None,
+        Some(l) => Some(pool::Lora {
+            name: opt_str(l.get("name")).ok_or_else(|| bad("lora.name"))?,
+            id: l.get("id").and_then(Json::as_int).ok_or_else(|| bad("lora.id"))?,
+        }),
+    };
+    let mut mm = Vec::new();
+    if let Some(items) = r.get("mm").and_then(Json::as_arr) {
+        for item in items {
+            mm.push(pool::Item {
+                identifier: opt_str(item.get("identifier")).ok_or_else(|| bad("mm.identifier"))?,
+                offset: item.get("offset").and_then(Json::as_int).ok_or_else(|| bad("mm.offset"))?,
+                length: item.get("length").and_then(Json::as_int).ok_or_else(|| bad("mm.length"))?,
+            });
+        }
+    }
+    Ok(Request { tokens, hashes, lora, mm, cache_salt: opt_str(r.get("cache_salt")),
+                 session_id: opt_str(r.get("session_id")) })
+}
+
+fn ids_json(ids: Vec<usize>) -> Json {
+    Json::Arr(ids.into_iter().map(|b| Json::Int(b as i128)).collect())
+}
+
+/// Run one call; Ok(Ok(result)) or Ok(Err(refusal)), or Err for a line that cannot be read.
+fn call(pool: &mut Pool, op: &str, a: Args) -> Result<Result<Json, Refusal>, Malformed> {
+    let unit = |r: Result<(), Refusal>| r.map(|()| Json::Null);
+    Ok(match op {
+        "get_new_blocks" => pool.get_new_blocks(int(a, "num_blocks")?).map(ids_json),
+        "free_blocks" => unit(pool.free_blocks(&ints(a, "block_ids")?)),
+        "touch" => unit(pool.touch(&ints(a, "block_ids")?)),
+        "unpin_blocks" => {
+            let name = opt_str(a.get("on_reuse")).ok_or_else(|| Malformed("args.on_reuse".into()))?;
+            unit(pool.unpin_blocks(&ints(a, "block_ids")?, &name))
+        }
+        "evict_blocks" => unit(pool.evict_blocks(&ints(a, "block_ids")?)),
+        "reset_prefix_cache" => Ok(Json::Bool(pool.reset_prefix_cache())),
+        "cache_full_blocks" => {
+            let mask = match a.get("block_mask") {
+                None | Some(Json::Null) => None,
+                Some(m) => Some(m.as_arr().and_then(|m| m.iter().map(Json::as_bool).collect::<Option<Vec<_>>>())
+                    .ok_or_else(|| Malformed("args.block_mask".into()))?),
+            };
+            unit(pool.cache_full_blocks(&request(a)?, &ints(a, "block_ids")?, int(a, "num_cached_blocks")?,
+                                        int(a, "num_full_blocks")?, int(a, "block_size")?,
+                                        int(a, "kv_cache_group_id")?, mask.as_deref()))
+        }
+        "cache_partial_block" => {
+            let replace = a.get("replace_existing_hashes").and_then(Json::as_bool).unwrap_or(false);
+            pool.cache_partial_block(&request(a)?, int(a, "block_id")?, int(a, "num_tokens")?,
+                                     int(a, "kv_cache_group_id")?, int(a, "block_size")?, replace)
+                .map(|key| key.map_or(Json::Null, |k| Json::Str(k.concrete_hex())))
+        }
+        "move_block_hashes" => unit(pool.move_block_hashes(int(a, "src_id")?, int(a, "dst_id")?)),
+        "emit_cached_block_events" => unit(pool.emit_cached_block_events(
+            &request(a)?, int(a, "num_cached_blocks")?, int(a, "block_size")?, int(a, "kv_cache_group_id")?)),
+        "take_events" => Ok(Json::Arr(pool.take_events())),
+        "_insert_block_hash" => {
+            let num_tokens = match field(a, "num_tokens")? {
+                Json::Null => None,
+                v => Some(v.as_int().ok_or_else(|| Malformed("args.num_tokens".into()))?),
+            };
+            unit(pool.insert_block_hash(&request(a)?, int(a, "prefix_tokens")?, int(a, "kv_cache_group_id")?,
+                                        int(a, "block_id")?, num_tokens))
+        }
+        "_maybe_evict_cached_block" => pool.maybe_evict_cached_block(int(a, "block_id")?).map(Json::Bool),
+        "get_cached_block" => {
+            let hash = field(a, "block_hash")?.as_str().and_then(unhex)
+                .ok_or_else(|| Malformed("args.block_hash: expected hex".into()))?;
+            pool.get_cached_block(&hash, &ints(a, "kv_cache_group_ids")?)
+                .map(|found| found.map_or(Json::Null, ids_json))
+        }
+        "is_block_writable" => pool.is_block_writable(int(a, "block_id")?).map(Json::Bool),
+        "get_num_free_blocks" => Ok(Json::Int(pool.get_num_free_blocks() as i128)),
+        "get_usage" => Ok(Json::Float(pool.get_usage())),
+        _ => return Err(Malformed(format!("op: unknown operation {:?}", op))),
+    })
+}
+
+fn new_pool(spec: &Json, bugs: Bugs) -> Result<Pool, String> {
+    let p = spec.get("pool").ok_or("pool: missing")?;
+    let num_blocks = p.get("num_blocks").and_then(Json::as_int).ok_or("pool.num_blocks: expected an integer")?;
+    if !(1..=MAX_BLOCKS).contains(&num_blocks) {
+        return Err(format!("pool.num_blocks: {} is not in [1, {}]", num_blocks, MAX_BLOCKS));
+    }
+    let hbs = p.get("hash_block_size").and_then(Json::as_int).ok_or("pool.hash_block_size: expected an integer")?;
+    if !(1..=(1i128 << 31)).contains(&hbs) {
+        return Err(format!("pool.hash_block_size: {} is not in [1, 2**31]", hbs));
+    }
+    let caching = p.get("enable_caching").and_then(Json::as_bool).ok_or("pool.enable_caching: expected a bool")?;
+    let events = p.get("enable_kv_cache_events").and_then(Json::as_bool)
+        .ok_or("pool.enable_kv_cache_events: expected a bool")?;
+    let medium = opt_str(p.get("medium")).ok_or("pool.medium: expected a string")?;
+    let (null_counted, boundary_partials) = match p.get("reference").and_then(Json::as_str).unwrap_or("0.31") {
+        "0.31" => (true, false),
+        "0.33" => (false, true),
+        other => return Err(format!("pool.reference: this pool reproduces 0.31 and 0.33, not {}", other)),
+    };
+    Ok(Pool::new(num_blocks as usize, caching, hbs, events, medium, null_counted, boundary_partials, bugs))
+}
+
+fn obj(fields: Vec<(&str, Json)>) -> Json {
+    Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+struct Server {
+    pool: Option<Pool>,
+    bugs: Bugs,
+    observe: bool,
+    line: usize,
+}
+
+impl Server {
+    fn answer(&mut self, text: &str) -> Json {
+        self.line += 1;
+        let value = match json::parse(text) {
+            Ok(v) => v,
+            Err(e) => return self.violation(&format!("not JSON: {}", e)),
+        };
+        if let Some(version) = value.get("kvpool_drive") {
+            if version.as_int() != Some(VERSION) {
+                return obj(vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(false)),
+                                ("error", Json::Str(format!("unsupported protocol version {}", version.dump())))]);
+            }
+            return match new_pool(&value, self.bugs) {
+                Ok(pool) => {
+                    let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
+                    if self.observe {
+                        fields.push(("observation", pool.observation()));
+                    }
+                    self.pool = Some(pool);
+                    obj(fields)
+                }
+                Err(e) => obj(vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(false)),
+                                   ("error", Json::Str(e))]),
+            };
+        }
+        let (Some(op), Some(args)) = (value.get("op").and_then(Json::as_str), value.get("args")) else {
+            return self.violation("expected {\"op\": ..., \"args\": {...}}");
+        };
+        let Some(pool) = self.pool.as_mut() else {
+            return self.violation("a call before any header");
+        };
+        pool.fired.clear();
+        let before = pool.events.len();
+        let outcome = match call(pool, op, args) {
+            Ok(outcome) => outcome,
+            Err(Malformed(what)) => return self.violation(&what),
+        };
+        let pool = self.pool.as_mut().expect("checked above");
+        let events = if op == "take_events" { Vec::new() } else { pool.events[before..].to_vec() };
+        let fired = pool.fired.drain(..)
+            .map(|(name, b)| Json::Arr(vec![Json::Str(name), Json::Int(b as i128)]))
+            .collect();
+        let (result, error) = match outcome {
+            Ok(result) => (result, Json::Null),
+            Err(refusal) => (Json::Null, Json::Str(refusal.name().into())),
+        };
+        let mut fields = vec![("result", result), ("error", error), ("events", Json::Arr(events)),
+                              ("fired", Json::Arr(fired))];
+        if self.observe {
+            fields.push(("observation", pool.observation()));
+        }
+        obj(fields)
+    }
+
+    fn violation(&self, what: &str) -> Json {
+        eprintln!("rust-pool: line {}: {}", self.line, what);
+        obj(vec![("result", Json::Null), ("error", Json::Str("ProtocolViolation".into())),
+                 ("events", Json::Arr(Vec::new())), ("fired", Json::Arr(Vec::new()))])
+    }
+}
+
+fn usage(code: i32) -> ! {
+    eprintln!("usage: rust-pool [--observe] [--bug NAME]... [--trivial]\n  bugs: {}", Bugs::NAMES.join(", "));
+    std::process::exit(code)
+}
+
+fn main() {
+    let mut bugs = Bugs::default();
+    let (mut observe, mut trivial) = (false, false);
+    let mut argv = std::env::args().skip(1);
+    while let Some(arg) = argv.next() {
+        match arg.as_str() {
+            "--observe" => observe = true,
+            "--trivial" => trivial = true,
+            "--bug" => {
+                let name = argv.next().unwrap_or_else(|| usage(2));
+                if !bugs.plant(&name) {
+                    eprintln!("rust-pool: unknown bug {:?}", name);
+                    usage(2);
+                }
+            }
+            "-h" | "--help" => usage(0),
+            _ => usage(2),
+        }
+    }
+    let mut input = BufReader::with_capacity(1 << 16, io::stdin().lock());
+    let mut out = BufWriter::new(io::stdout().lock());
+    let mut server = Server { pool: None, bugs, observe, line: 0 };
+    let mut raw = Vec::new();
+    let mut text = String::new();
+    loop {
+        raw.clear();
+        match input.read_until(b'\n', &mut raw) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("rust-pool: cannot read stdin: {}", e);
+                std::process::exit(1);
+            }
+        }
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        text.clear();
+        if trivial {
+            text.push_str("{\"result\":null,\"error\":null,\"events\":[],\"fired\":[]}");
+        } else {
+            let answer = match std::str::from_utf8(&raw) {
+                Ok(line) => server.answer(line),
+                Err(_) => server.violation("not UTF-8"),
+            };
+            json::write_json(&answer, &mut text);
+        }
+        text.push('\n');
+        // Answer at once when nothing more is waiting; else answer in one write later.
+        if out.write_all(text.as_bytes()).is_err() || (input.buffer().is_empty() && out.flush().is_err()) {
+            break; // kvpool went away: nothing left to answer
+        }
+    }
+    let _ = out.flush();
+}

@@ -1,0 +1,753 @@
+//! A KV-cache block pool with vLLM 0.31's `BlockPool` behaviour, as kvpool's model states it.
+//!
+//! Blocks are ids `0 .. num_blocks`; block 0 is the null block. The free queue is a
+//! doubly linked list over block ids (O(1) removal for `touch`); the prefix-cache index is a
+//! multimap from `(hash, group)` to blocks in insertion order. Every operation checks all
+//! of its arguments before it changes anything, so a refused call changes nothing.
+//!
+//! `Bugs` plants a classic mistake or several (`--bug NAME`), for showing that
+//! `kvpool conform --exec` finds each.
+
+use std::collections::HashMap;
+
+use crate::json::Json;
+
+pub const NULL: usize = 0;
+const MAX_GROUP: i128 = u32::MAX as i128;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub hash: Vec<u8>,
+    pub group: u32,
+}
+
+impl Key {
+    /// The index key as vLLM spells it: the hash, then the group id in four big-endian bytes.
+    pub fn concrete_hex(&self) -> String {
+        let mut out = hex(&self.hash);
+        out.push_str(&hex(&self.group.to_be_bytes()));
+        out
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+    out
+}
+
+/// A hash as vLLM's events publish it by default: the low 64 bits of its big-endian value.
+pub fn published(hash: &[u8]) -> Json {
+    let mut value: u64 = 0;
+    for b in &hash[hash.len().saturating_sub(8)..] {
+        value = (value << 8) | *b as u64;
+    }
+    Json::Int(value as i128)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    NotEnoughFreeBlocks,
+    InvalidArgument,
+    UnknownBlock,
+    NullBlock,
+    NotInUse,
+    HashConflict,
+    CachingDisabled,
+}
+
+impl Refusal {
+    /// The error class name the trace format uses for this kind.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Refusal::NotEnoughFreeBlocks => "NotEnoughFreeBlocksError",
+            Refusal::InvalidArgument => "InvalidArgumentError",
+            Refusal::UnknownBlock => "UnknownBlockError",
+            Refusal::NullBlock => "NullBlockError",
+            Refusal::NotInUse => "BlockNotInUseError",
+            Refusal::HashConflict => "BlockHashConflictError",
+            Refusal::CachingDisabled => "CachingDisabledError",
+        }
+    }
+}
+
+pub type Outcome<T> = Result<T, Refusal>;
+
+#[derive(Clone, Debug)]
+pub struct Lora {
+    pub name: String,
+    pub id: i128,
+}
+
+#[derive(Clone, Debug)]
+pub struct Item {
+    pub identifier: String,
+    pub offset: i128,
+    pub length: i128,
+}
+
+/// What the pool reads of a request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub tokens: Vec<i128>,
+    pub hashes: Vec<Vec<u8>>,
+    pub lora: Option<Lora>,
+    pub mm: Vec<Item>,
+    pub cache_salt: Option<String>,
+    pub session_id: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// Idle cached blocks go to the head of the free queue (reused first), not the tail.
+    pub cached_to_head: bool,
+    /// A block listed several times in one `free_blocks` drops one reference, not one per listing.
+    pub dup_listing_once: bool,
+    /// `cache_full_blocks` ignores `block_mask`: masked-out blocks are indexed too.
+    pub mask_ignored: bool,
+    /// Multimodal extra keys carry the item's offset in the prompt, not from the chunk's start.
+    pub mm_absolute_offset: bool,
+    /// Promoting a partial entry to a full block keeps the partial entry (no removal, no event).
+    pub promote_keeps_partial: bool,
+    /// `cache_full_blocks` caches the null block too, where vLLM skips it (sliding windows).
+    pub null_hashed: bool,
+    /// The index ignores the KV-cache group: a hash cached in one group hits in every group.
+    pub group_blind: bool,
+    /// `reset_prefix_cache` forgets the reuse watchers without notifying them.
+    pub reset_forgets_watchers: bool,
+}
+
+impl Bugs {
+    pub const NAMES: [&'static str; 8] = [
+        "cached-to-head", "dup-listing-once", "mask-ignored", "mm-absolute-offset",
+        "promote-keeps-partial", "group-blind", "reset-forgets-watchers", "null-hashed",
+    ];
+
+    pub fn plant(&mut self, name: &str) -> bool {
+        let flag = match name {
+            "cached-to-head" => &mut self.cached_to_head,
+            "dup-listing-once" => &mut self.dup_listing_once,
+            "mask-ignored" => &mut self.mask_ignored,
+            "mm-absolute-offset" => &mut self.mm_absolute_offset,
+            "promote-keeps-partial" => &mut self.promote_keeps_partial,
+            "null-hashed" => &mut self.null_hashed,
+            "group-blind" => &mut self.group_blind,
+            "reset-forgets-watchers" => &mut self.reset_forgets_watchers,
+            _ => return false,
+        };
+        *flag = true;
+        true
+    }
+}
+
+/// The free queue: a doubly linked list over block ids, head first, with a sentinel.
+struct FreeQueue {
+    next: Vec<usize>,
+    prev: Vec<usize>,
+    queued: Vec<bool>,
+    len: usize,
+    sentinel: usize,
+}
+
+impl FreeQueue {
+    fn new(num_blocks: usize) -> FreeQueue {
+        let sentinel = num_blocks;
+        let mut q = FreeQueue {
+            next: vec![sentinel; num_blocks + 1],
+            prev: vec![sentinel; num_blocks + 1],
+            queued: vec![false; num_blocks],
+            len: 0,
+            sentinel,
+        };
+        for b in 1..num_blocks {
+            q.push_back(b);
+        }
+        q
+    }
+
+    fn head(&self) -> usize {
+        self.next[self.sentinel]
+    }
+
+    fn link_after(&mut self, at: usize, b: usize) {
+        let after = self.next[at];
+        self.next[at] = b;
+        self.prev[b] = at;
+        self.next[b] = after;
+        self.prev[after] = b;
+        self.queued[b] = true;
+        self.len += 1;
+    }
+
+    fn push_back(&mut self, b: usize) {
+        let last = self.prev[self.sentinel];
+        self.link_after(last, b);
+    }
+
+    fn remove(&mut self, b: usize) {
+        let (p, n) = (self.prev[b], self.next[b]);
+        self.next[p] = n;
+        self.prev[n] = p;
+        self.queued[b] = false;
+        self.len -= 1;
+    }
+
+    fn pop_front(&mut self) -> usize {
+        let b = self.head();
+        self.remove(b);
+        b
+    }
+
+    /// `first` at the head, in order; `last` at the tail, in order.
+    fn requeue(&mut self, first: &[usize], last: &[usize]) {
+        let mut at = self.sentinel;
+        for &b in first {
+            self.link_after(at, b);
+            at = b;
+        }
+        for &b in last {
+            self.push_back(b);
+        }
+    }
+
+    fn ids(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.len);
+        let mut b = self.head();
+        while b != self.sentinel {
+            out.push(b);
+            b = self.next[b];
+        }
+        out
+    }
+}
+
+pub struct Pool {
+    pub num_blocks: usize,
+    pub caching: bool,
+    pub hbs: i128,
+    pub events_on: bool,
+    pub medium: String,
+    /// vLLM 0.31: `touch`/`free_blocks` move the null block's counter (0.33 leaves it alone).
+    pub null_counted: bool,
+    /// vLLM 0.32 on: a partial entry may end at a block boundary.
+    pub boundary_partials: bool,
+    pub bugs: Bugs,
+    ref_cnt: Vec<i128>,
+    free: FreeQueue,
+    primary: Vec<Option<(Key, i128)>>,
+    secondary: Vec<Vec<Key>>,
+    index: HashMap<Key, Vec<usize>>,
+    /// Reuse watchers by block, in registration order (a re-registration keeps its place).
+    watchers: Vec<(usize, String)>,
+    /// Events emitted and not yet taken, as JSON.
+    pub events: Vec<Json>,
+    /// Watchers notified by the current call: (name, block).
+    pub fired: Vec<(String, usize)>,
+}
+
+fn count(value: i128) -> Outcome<usize> {
+    if value < 0 {
+        return Err(Refusal::InvalidArgument);
+    }
+    Ok(value as usize)
+}
+
+fn check_group(group: i128) -> Outcome<u32> {
+    if !(0..=MAX_GROUP).contains(&group) {
+        return Err(Refusal::InvalidArgument);
+    }
+    Ok(group as u32)
+}
+
+impl Pool {
+    pub fn new(num_blocks: usize, caching: bool, hbs: i128, events_on: bool, medium: String,
+               null_counted: bool, boundary_partials: bool, bugs: Bugs) -> Pool {
+        Pool {
+            num_blocks, caching, hbs, events_on, medium, null_counted, boundary_partials, bugs,
+            ref_cnt: vec![0; num_blocks],
+            free: FreeQueue::new(num_blocks),
+            primary: vec![None; num_blocks],
+            secondary: vec![Vec::new(); num_blocks],
+            index: HashMap::new(),
+            watchers: Vec::new(),
+            events: Vec::new(),
+            fired: Vec::new(),
+        }
+    }
+
+    fn key(&self, hash: &[u8], group: u32) -> Key {
+        Key { hash: hash.to_vec(), group: if self.bugs.group_blind { 0 } else { group } }
+    }
+
+    // ------------------------------------------------------------ checks
+
+    fn ids(&self, ids: &[i128]) -> Outcome<Vec<usize>> {
+        ids.iter()
+            .map(|&b| if (0..self.num_blocks as i128).contains(&b) { Ok(b as usize) } else { Err(Refusal::UnknownBlock) })
+            .collect()
+    }
+
+    fn id(&self, b: i128) -> Outcome<usize> {
+        Ok(self.ids(&[b])?[0])
+    }
+
+    /// Every non-null block holds at least as many references as it is listed.
+    fn check_releasable(&self, ids: &[usize]) -> Outcome<()> {
+        let mut listed: HashMap<usize, i128> = HashMap::new();
+        for &b in ids {
+            if b == NULL {
+                continue;
+            }
+            let n = listed.entry(b).or_insert(0);
+            *n += 1;
+            if *n > self.ref_cnt[b] {
+                return Err(Refusal::NotInUse);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_block_size(&self, block_size: i128) -> Outcome<i128> {
+        if block_size <= 0 || block_size % self.hbs != 0 {
+            return Err(Refusal::InvalidArgument);
+        }
+        Ok(block_size)
+    }
+
+    // ------------------------------------------------------------ entries
+
+    fn drop_hashes(&mut self, b: usize, emit: bool) {
+        let mut keys: Vec<Key> = self.primary[b].take().map(|(k, _)| k).into_iter().collect();
+        keys.append(&mut self.secondary[b]);
+        for key in keys {
+            if let Some(blocks) = self.index.get_mut(&key) {
+                blocks.retain(|&x| x != b);
+                if blocks.is_empty() {
+                    self.index.remove(&key);
+                }
+            }
+            if emit && self.events_on {
+                self.events.push(Json::Obj(vec![
+                    ("type".into(), Json::Str("BlockRemoved".into())),
+                    ("block_hashes".into(), Json::Arr(vec![published(&key.hash)])),
+                    ("medium".into(), Json::Str(self.medium.clone())),
+                    ("group_idx".into(), Json::Int(key.group as i128)),
+                    ("locality".into(), Json::Null),
+                    ("ownership".into(), Json::Null),
+                ]));
+            }
+        }
+    }
+
+    fn indexed(&self, key: &Key, b: usize) -> bool {
+        matches!(&self.primary[b], Some((k, _)) if k == key)
+            || self.index.get(key).is_some_and(|blocks| blocks.contains(&b))
+    }
+
+    fn add_key(&mut self, key: Key, b: usize, num_tokens: i128) {
+        if self.indexed(&key, b) {
+            return;
+        }
+        if self.primary[b].is_none() {
+            self.primary[b] = Some((key.clone(), num_tokens));
+        } else {
+            self.secondary[b].push(key.clone());
+        }
+        self.index.entry(key).or_default().push(b);
+    }
+
+    // ------------------------------------------------------------ events
+
+    fn extra_keys(&self, req: &Request, start: i128, end: i128) -> Json {
+        let mut keys = Vec::new();
+        if let Some(lora) = &req.lora {
+            keys.push(Json::Str(lora.name.clone()));
+        }
+        for item in &req.mm {
+            if item.offset < end && start < item.offset + item.length {
+                let offset = if self.bugs.mm_absolute_offset { item.offset } else { item.offset - start };
+                keys.push(Json::Arr(vec![Json::Str(item.identifier.clone()), Json::Int(offset)]));
+            }
+        }
+        if start == 0 {
+            if let Some(salt) = req.cache_salt.as_ref().filter(|s| !s.is_empty()) {
+                keys.push(Json::Str(salt.clone()));
+            }
+        }
+        if keys.is_empty() { Json::Null } else { Json::Arr(keys) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stored(&mut self, req: &Request, hashes: Vec<&Vec<u8>>, parent: Option<&Vec<u8>>, start: i128,
+              end: i128, block_size: i128, group: u32, chunks: &[(i128, i128)]) {
+        let clamp = |i: i128| (i.max(0) as usize).min(req.tokens.len());
+        let tokens = &req.tokens[clamp(start)..clamp(end).max(clamp(start))];
+        let extra = if chunks.is_empty() {
+            Json::Null
+        } else {
+            Json::Arr(chunks.iter().map(|&(a, b)| self.extra_keys(req, a, b)).collect())
+        };
+        let opt = |s: &Option<String>| s.as_ref().map_or(Json::Null, |s| Json::Str(s.clone()));
+        self.events.push(Json::Obj(vec![
+            ("type".into(), Json::Str("BlockStored".into())),
+            ("block_hashes".into(), Json::Arr(hashes.iter().map(|h| published(h)).collect())),
+            ("parent_block_hash".into(), parent.map_or(Json::Null, |h| published(h))),
+            ("token_ids".into(), Json::Arr(tokens.iter().map(|&t| Json::Int(t)).collect())),
+            ("block_size".into(), Json::Int(block_size)),
+            ("lora_id".into(), req.lora.as_ref().map_or(Json::Null, |l| Json::Int(l.id))),
+            ("medium".into(), Json::Str(self.medium.clone())),
+            ("lora_name".into(), req.lora.as_ref().map_or(Json::Null, |l| Json::Str(l.name.clone()))),
+            ("extra_keys".into(), extra),
+            ("group_idx".into(), Json::Int(group as i128)),
+            ("kv_cache_spec_kind".into(), Json::Null),
+            ("kv_cache_spec_sliding_window".into(), Json::Null),
+            ("locality".into(), Json::Null),
+            ("ownership".into(), Json::Null),
+            ("session_id".into(), opt(&req.session_id)),
+        ]));
+    }
+
+    /// The request's hash of each whole block of `block_size` tokens.
+    fn hashes_at<'r>(&self, req: &'r Request, block_size: i128) -> Vec<&'r Vec<u8>> {
+        let per_block = (block_size / self.hbs) as usize;
+        (0..req.hashes.len() / per_block).map(|i| &req.hashes[(i + 1) * per_block - 1]).collect()
+    }
+
+    // ------------------------------------------------------------ operations
+
+    pub fn get_new_blocks(&mut self, num_blocks: i128) -> Outcome<Vec<usize>> {
+        let n = count(num_blocks)?;
+        if n > self.free.len {
+            return Err(Refusal::NotEnoughFreeBlocks);
+        }
+        let taken: Vec<usize> = (0..n).map(|_| self.free.pop_front()).collect();
+        for &b in &taken {
+            if let Some(at) = self.watchers.iter().position(|(w, _)| *w == b) {
+                let (_, name) = self.watchers.remove(at);
+                self.fired.push((name, b));
+            }
+        }
+        for &b in &taken {
+            if self.caching {
+                self.drop_hashes(b, true);
+            }
+            self.ref_cnt[b] = 1;
+        }
+        Ok(taken)
+    }
+
+    pub fn free_blocks(&mut self, ids: &[i128]) -> Outcome<()> {
+        let mut ids = self.ids(ids)?;
+        self.check_releasable(&ids)?;
+        if self.bugs.dup_listing_once {
+            let mut seen = Vec::new();
+            ids.retain(|b| if seen.contains(b) { false } else { seen.push(*b); true });
+        }
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        for &b in &ids {
+            if b == NULL && !self.null_counted {
+                continue;
+            }
+            self.ref_cnt[b] -= 1;
+            if self.ref_cnt[b] == 0 && b != NULL {
+                if self.caching && self.primary[b].is_some() && !self.bugs.cached_to_head {
+                    last.push(b);
+                } else {
+                    first.push(b);
+                }
+            }
+        }
+        self.free.requeue(&first, &last);
+        Ok(())
+    }
+
+    pub fn touch(&mut self, ids: &[i128]) -> Outcome<()> {
+        let ids = self.ids(ids)?;
+        for b in ids {
+            if b == NULL && !self.null_counted {
+                continue;
+            }
+            if self.ref_cnt[b] == 0 && self.free.queued[b] {
+                self.free.remove(b);
+            }
+            self.ref_cnt[b] += 1;
+        }
+        Ok(())
+    }
+
+    pub fn unpin_blocks(&mut self, ids: &[i128], watcher: &str) -> Outcome<()> {
+        let ids = self.ids(ids)?;
+        if ids.contains(&NULL) {
+            return Err(Refusal::NullBlock);
+        }
+        self.check_releasable(&ids)?;
+        let mut released = Vec::new();
+        for b in ids {
+            self.ref_cnt[b] -= 1;
+            match self.watchers.iter_mut().find(|(w, _)| *w == b) {
+                Some(entry) => entry.1 = watcher.to_string(),
+                None => self.watchers.push((b, watcher.to_string())),
+            }
+            if self.ref_cnt[b] == 0 {
+                released.push(b);
+            }
+        }
+        self.free.requeue(&[], &released);
+        Ok(())
+    }
+
+    pub fn evict_blocks(&mut self, ids: &[i128]) -> Outcome<()> {
+        for b in self.ids(ids)? {
+            self.drop_hashes(b, true);
+        }
+        Ok(())
+    }
+
+    pub fn maybe_evict_cached_block(&mut self, b: i128) -> Outcome<bool> {
+        let b = self.id(b)?;
+        let had = self.primary[b].is_some();
+        self.drop_hashes(b, true);
+        Ok(had)
+    }
+
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_blocks - self.free.len != 1 {
+            return false;
+        }
+        let watchers = std::mem::take(&mut self.watchers);
+        if !self.bugs.reset_forgets_watchers {
+            self.fired.extend(watchers.into_iter().map(|(b, name)| (name, b)));
+        }
+        self.index.clear();
+        self.primary.iter_mut().for_each(|p| *p = None);
+        self.secondary.iter_mut().for_each(|s| s.clear());
+        if self.events_on {
+            self.events.push(Json::Obj(vec![("type".into(), Json::Str("AllBlocksCleared".into()))]));
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_full_blocks(&mut self, req: &Request, ids: &[i128], num_cached: i128, num_full: i128,
+                             block_size: i128, group: i128, mask: Option<&[bool]>) -> Outcome<()> {
+        let num_cached = count(num_cached)?;
+        let num_full = count(num_full)?;
+        let bs = self.check_block_size(block_size)?;
+        let group = check_group(group)?;
+        if num_cached >= num_full {
+            return Ok(());
+        }
+        if !self.caching {
+            return Err(Refusal::CachingDisabled);
+        }
+        if num_full > ids.len() {
+            return Err(Refusal::InvalidArgument);
+        }
+        let new_ids = self.ids(&ids[num_cached..num_full])?;
+        if mask.is_some_and(|m| m.len() != new_ids.len()) {
+            return Err(Refusal::InvalidArgument);
+        }
+        let hashes = self.hashes_at(req, bs);
+        let chosen: Vec<(usize, usize)> = new_ids.iter().enumerate()
+            .filter(|&(i, &b)| (b != NULL || self.bugs.null_hashed)
+                && (self.bugs.mask_ignored || mask.is_none_or(|m| m[i])))
+            .map(|(i, &b)| (num_cached + i, b))
+            .collect();
+        let needed = chosen.iter().map(|&(i, _)| i + 1)
+            .chain(std::iter::once(if self.events_on { num_cached } else { 0 }))
+            .max()
+            .unwrap_or(0);
+        if hashes.len() < needed {
+            return Err(Refusal::InvalidArgument);
+        }
+        // A chosen block may only be hashed at a shorter prefix (a partial entry promoted).
+        let mut covered: HashMap<usize, i128> = new_ids.iter()
+            .filter_map(|&b| self.primary[b].as_ref().map(|(_, n)| (b, *n)))
+            .collect();
+        for &(i, b) in &chosen {
+            let tokens = (i as i128 + 1) * bs;
+            if covered.get(&b).is_some_and(|&n| n >= tokens) {
+                return Err(Refusal::HashConflict);
+            }
+            covered.insert(b, tokens);
+        }
+        for &(i, b) in &chosen {
+            if self.primary[b].is_some() && !self.bugs.promote_keeps_partial {
+                self.drop_hashes(b, true);
+            }
+            let key = self.key(hashes[i], group);
+            self.add_key(key, b, (i as i128 + 1) * bs);
+        }
+        if self.events_on {
+            let parent = if num_cached > 0 { Some(hashes[num_cached - 1]) } else { None };
+            let stored: Vec<&Vec<u8>> = chosen.iter().map(|&(i, _)| hashes[i]).collect();
+            let chunks: Vec<(i128, i128)> = chosen.iter()
+                .map(|&(i, _)| (i as i128 * bs, (i as i128 + 1) * bs)).collect();
+            self.stored(req, stored, parent, num_cached as i128 * bs, num_full as i128 * bs, bs, group,
+                        &chunks);
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn cache_partial_block(&mut self, req: &Request, b: i128, num_tokens: i128, group: i128,
+                               block_size: i128, replace: bool) -> Outcome<Option<Key>> {
+        let b = self.id(b)?;
+        if b == NULL {
+            return Ok(None);
+        }
+        let hbs = self.hbs;
+        let bs = self.check_block_size(block_size)?;
+        let group = check_group(group)?;
+        if num_tokens <= 0 || num_tokens % hbs != 0 {
+            return Err(Refusal::InvalidArgument);
+        }
+        if !(replace || self.boundary_partials || (bs > hbs && num_tokens % bs != 0)) {
+            return Err(Refusal::InvalidArgument);
+        }
+        let chunks = (num_tokens / hbs) as usize;
+        if chunks > req.hashes.len() {
+            return Err(Refusal::InvalidArgument);
+        }
+        if !self.caching {
+            return Err(Refusal::CachingDisabled);
+        }
+        let key = self.key(&req.hashes[chunks - 1], group);
+        let mut already = self.indexed(&key, b);
+        if replace {
+            self.drop_hashes(b, true);
+            already = false;
+        } else if !already && self.primary[b].as_ref().is_some_and(|(_, n)| *n < num_tokens) {
+            self.drop_hashes(b, true);
+        }
+        self.add_key(key.clone(), b, num_tokens);
+        if self.events_on && !already {
+            let start = (chunks as i128 - 1) * hbs;
+            let parent = if chunks > 1 { Some(&req.hashes[chunks - 2]) } else { None };
+            self.stored(req, vec![&req.hashes[chunks - 1]], parent, start, num_tokens, num_tokens - start,
+                        group, &[(start, num_tokens)]);
+        }
+        Ok(Some(key))
+    }
+
+    pub fn move_block_hashes(&mut self, src: i128, dst: i128) -> Outcome<()> {
+        let (src, dst) = (self.id(src)?, self.id(dst)?);
+        if self.primary[dst].is_some() || !self.secondary[dst].is_empty() {
+            return Err(Refusal::HashConflict);
+        }
+        if dst == NULL && self.primary[src].is_some() {
+            return Err(Refusal::NullBlock);
+        }
+        let Some((key, num_tokens)) = self.primary[src].clone() else {
+            return Ok(());
+        };
+        let mut keys = vec![key];
+        keys.extend(self.secondary[src].iter().cloned());
+        self.drop_hashes(src, false);
+        for key in keys {
+            self.add_key(key, dst, num_tokens);
+        }
+        Ok(())
+    }
+
+    pub fn insert_block_hash(&mut self, req: &Request, prefix_tokens: i128, group: i128, b: i128,
+                             num_tokens: Option<i128>) -> Outcome<()> {
+        let b = self.id(b)?;
+        let hbs = self.hbs;
+        if prefix_tokens <= 0 || prefix_tokens % hbs != 0 || (prefix_tokens / hbs) as usize > req.hashes.len() {
+            return Err(Refusal::InvalidArgument);
+        }
+        let group = check_group(group)?;
+        if b == NULL {
+            return Err(Refusal::NullBlock);
+        }
+        if !self.caching {
+            return Err(Refusal::CachingDisabled);
+        }
+        if self.primary[b].is_none() && !num_tokens.is_some_and(|n| n > 0 && n % hbs == 0) {
+            return Err(Refusal::InvalidArgument);
+        }
+        let key = self.key(&req.hashes[(prefix_tokens / hbs) as usize - 1], group);
+        self.add_key(key, b, num_tokens.unwrap_or(0));
+        Ok(())
+    }
+
+    pub fn emit_cached_block_events(&mut self, req: &Request, num_cached: i128, block_size: i128,
+                                    group: i128) -> Outcome<()> {
+        let num_cached = count(num_cached)?;
+        let bs = self.check_block_size(block_size)?;
+        let group = check_group(group)?;
+        if !self.events_on || num_cached == 0 {
+            return Ok(());
+        }
+        let hashes = self.hashes_at(req, bs);
+        if num_cached > hashes.len() {
+            return Err(Refusal::InvalidArgument);
+        }
+        let chunks: Vec<(i128, i128)> = (0..num_cached as i128).map(|i| (i * bs, (i + 1) * bs)).collect();
+        self.stored(req, hashes[..num_cached].to_vec(), None, 0, num_cached as i128 * bs, bs, group,
+                    &chunks);
+        Ok(())
+    }
+
+    pub fn take_events(&mut self) -> Vec<Json> {
+        std::mem::take(&mut self.events)
+    }
+
+    pub fn get_cached_block(&self, hash: &[u8], groups: &[i128]) -> Outcome<Option<Vec<usize>>> {
+        let groups: Vec<u32> = groups.iter().map(|&g| check_group(g)).collect::<Outcome<_>>()?;
+        let mut found = Vec::new();
+        for g in groups {
+            match self.index.get(&self.key(hash, g)) {
+                Some(blocks) if !blocks.is_empty() => found.push(blocks[0]),
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(found))
+    }
+
+    pub fn is_block_writable(&self, b: i128) -> Outcome<bool> {
+        let b = self.id(b)?;
+        Ok(b != NULL && self.ref_cnt[b] == 1 && self.primary[b].is_none())
+    }
+
+    pub fn get_num_free_blocks(&self) -> usize {
+        self.free.len
+    }
+
+    pub fn get_usage(&self) -> f64 {
+        let real = self.num_blocks - 1;
+        if real == 0 { 0.0 } else { 1.0 - self.free.len as f64 / real as f64 }
+    }
+
+    /// The whole pool, as a trace's `observation` (secondary keys sorted, as the model shows them).
+    pub fn observation(&self) -> Json {
+        let ints = |v: Vec<usize>| Json::Arr(v.into_iter().map(|b| Json::Int(b as i128)).collect());
+        let primary = self.primary.iter().map(|p| match p {
+            None => Json::Null,
+            Some((k, n)) => Json::Arr(vec![Json::Str(k.concrete_hex()), Json::Int(*n)]),
+        }).collect();
+        let secondary = self.secondary.iter().map(|keys| {
+            let mut keys: Vec<&Key> = keys.iter().collect();
+            keys.sort();
+            Json::Arr(keys.into_iter().map(|k| Json::Str(k.concrete_hex())).collect())
+        }).collect();
+        let mut index: Vec<(&Key, &Vec<usize>)> = self.index.iter().collect();
+        index.sort();
+        Json::Obj(vec![
+            ("ref".into(), Json::Arr(self.ref_cnt.iter().map(|&r| Json::Int(r)).collect())),
+            ("free".into(), ints(self.free.ids())),
+            ("primary".into(), Json::Arr(primary)),
+            ("secondary".into(), Json::Arr(secondary)),
+            ("index".into(), Json::Arr(index.into_iter().map(|(k, blocks)| {
+                Json::Arr(vec![Json::Str(k.concrete_hex()), ints(blocks.clone())])
+            }).collect())),
+            ("watched".into(), ints(self.watchers.iter().map(|(b, _)| *b).collect())),
+            ("num_free".into(), Json::Int(self.free.len as i128)),
+        ])
+    }
+}

@@ -1,0 +1,132 @@
+"""The oracle's :class:`~kvpool.oracle.adapter.Adapter` for a pool in another process.
+
+``construct`` sends a header to one of (at most) two copies of the command
+and returns a :class:`~.facade.DrivenPool` over it: the workloads use two pools
+at once (blocks of a second pool freed through the first), and each pool is a
+process of its own.  The copy used is the one constructed least recently, so a
+run's first and second pool are always its two latest constructs; a process is
+reused (a new header makes a fresh pool) until it fails, then started anew.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..abstraction import names_refusal
+from ..trace.read import Header
+from ..trace.schema import DEFAULT_REFERENCE
+from . import protocol
+from .facade import DrivenPool, DrivenRefusal, Session
+from .process import PoolProcess, Verdict
+
+PROCESSES = 2
+"""Copies of the command kept running: the workloads use at most two pools at once."""
+DEFAULT_TIMEOUT = 10.0
+"""Seconds a process may take over one answer."""
+
+
+@dataclass
+class _Slot:
+    process: PoolProcess
+    used: int = -1
+    session: Session | None = None
+
+
+@dataclass
+class DriveAdapter:
+    """The pool behind ``command``: reference API through the drive protocol (``DRIVE_PROTOCOL.md``).
+
+    ``misuse``: whether the process refuses deliberately wrong calls with the
+    model's error names (kvpool's names: ``NotEnoughFreeBlocksError``, ...);
+    ``vllm_errors``: ``ValueError`` also counts for running out of blocks.
+    """
+
+    command: Sequence[str]
+    timeout: float = DEFAULT_TIMEOUT
+    reference: str = DEFAULT_REFERENCE
+    misuse: bool = True
+    vllm_errors: bool = False
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    slots: list[_Slot] = field(default_factory=list, repr=False)
+    constructed: int = 0
+    recent: list[DrivenPool] = field(default_factory=list, repr=False)
+    """The latest pools constructed (newest last): where a failure's trace is found."""
+
+    @classmethod
+    def from_command(cls, command: str, **kwargs: Any) -> DriveAdapter:
+        """The adapter for a command line, split as a POSIX shell splits it."""
+        argv = shlex.split(command)
+        if not argv:
+            raise ValueError("empty command")
+        return cls(argv, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return f"exec:{shlex.join(self.command)}"
+
+    @property
+    def supports_misuse(self) -> bool:
+        return self.misuse
+
+    def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
+                  events: bool) -> DrivenPool:
+        """A fresh pool in the least recently used process (started if it is not running)."""
+        pool = protocol.pool_fields(num_blocks, caching, hash_block_size, events,
+                                    reference=self.reference)
+        header = Header(num_blocks, caching, hash_block_size, events, "GPU", self.reference)
+        slot = self._take()
+        session = slot.session = Session(slot.process, pool, header, None, None)
+        session.open()
+        driven = DrivenPool(session)
+        self.recent = [*self.recent[-(PROCESSES - 1):], driven]
+        return driven
+
+    def borrow(self) -> PoolProcess:
+        """A copy of the command for replays of one's own (shrinking a failure): the least
+        recently used one, whose pool is then no longer current; started on first use."""
+        return self._take().process
+
+    def _take(self) -> _Slot:
+        """The least recently used copy (a new one while there are fewer than :data:`PROCESSES`);
+        the pool it held is no longer current."""
+        if len(self.slots) < PROCESSES:
+            self.slots.append(_Slot(PoolProcess(self.command, self.timeout, cwd=self.cwd,
+                                                env=self.env)))
+        slot = min(self.slots, key=lambda s: s.used)
+        self.constructed += 1
+        slot.used = self.constructed
+        if slot.session is not None:
+            slot.session.current = False
+            slot.session = None
+        return slot
+
+    def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
+        """The process named the model's refusal (as ``check-trace`` compares error names)."""
+        if not isinstance(pool_error, DrivenRefusal):
+            return False
+        return names_refusal(type(pool_error).__name__, model_error, vllm_errors=self.vllm_errors)
+
+    def close(self) -> list[Verdict]:
+        """End every process (stdin closed, then killed if it lingers); what they did wrong then."""
+        verdicts = []
+        for slot in self.slots:
+            if slot.session is not None:
+                slot.session.current = False
+            verdict = slot.process.close()
+            if verdict is not None:
+                verdicts.append(verdict)
+        self.slots.clear()
+        return verdicts
+
+    def __enter__(self) -> DriveAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["DEFAULT_TIMEOUT", "PROCESSES", "DriveAdapter"]

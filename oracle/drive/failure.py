@@ -1,0 +1,387 @@
+"""A failure of a driven pool as a short trace file that ``kvpool check-trace`` replays.
+
+The pool's calls were kept as trace lines as they were answered
+(:class:`~.facade.Session`); the failing run's pool is the newest one whose
+lines ``check-trace`` finds a difference in.  Those lines are then shrunk
+against the process itself: the calls are replayed on a fresh pool, without
+the queries the observation made (they change nothing), then without ever
+smaller chunks of calls (delta debugging), keeping each cut after which the
+replayed answers still differ from the model at the same operation.  Every
+candidate is judged by ``check-trace`` on the answers the process gave to
+exactly those calls, so the file written is a witness on its own: the
+pool's author can replay it in their own test.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvpool.model import QUERIES
+
+from ..conform import Failure, Options, PhaseResult
+from ..trace.check import CheckReport, check_trace
+from ..trace.read import Header
+from ..trace.schema import Json
+from . import protocol
+from .adapter import DriveAdapter
+from .facade import FAILED_CALL_ERRORS, Session
+from .process import PoolProcess, ProcessFailure, ProcessHung
+
+Call = tuple[str, dict[str, Json]]
+Phase = Callable[[Any, Options], PhaseResult]
+
+MAX_REPLAYS = 400
+"""Most replays one shrink makes (each a fresh pool and a run of calls)."""
+MAX_REPLAYED_CALLS = 400_000
+"""Most calls one shrink sends in all."""
+
+
+@dataclass
+class Capture:
+    """One pool's calls, as answered: its header's pool fields and its trace lines."""
+
+    pool: dict[str, Json]
+    header: Header
+    lines: list[dict[str, Json]]
+    hung: bool = False
+
+    @classmethod
+    def of(cls, session: Session) -> Capture:
+        lines = [*session.log, *([session.failed] if session.failed is not None else [])]
+        hung = session.failed is not None and session.failed["error"] == FAILED_CALL_ERRORS["hang"]
+        return cls(dict(session.pool), session.header, lines, hung)
+
+
+def write_trace(path: str | Path, pool: dict[str, Json], lines: Sequence[dict[str, Json]],
+                meta: dict[str, Json] | None = None) -> None:
+    """A trace file: the header of ``pool`` (with ``meta``), then ``lines``."""
+    with open(path, "w", encoding="utf-8") as out:
+        for obj in [protocol.trace_header(pool, meta), *lines]:
+            out.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+
+
+def check_lines(pool: dict[str, Json], lines: Sequence[dict[str, Json]], vllm_errors: bool) -> CheckReport:
+    """``check-trace`` on these lines (written to a temporary file, as an author would have them)."""
+    with tempfile.TemporaryDirectory(prefix="kvpool-drive-") as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        write_trace(path, pool, lines)
+        return check_trace(path, vllm_errors=vllm_errors)
+
+
+def replay(process: PoolProcess, pool: dict[str, Json], header: Header,
+           calls: Sequence[Call]) -> list[dict[str, Json]]:
+    """``calls`` on a fresh pool of ``process``, all in flight at once; the trace lines answered.
+
+    A process that fails on the way ends the lines with the call it failed
+    at (its error ``ProcessCrashed``, ...); it is started again next time.
+    """
+    session = Session(process, pool, header, None, None)
+    try:
+        session.open()
+        if calls:
+            session.calls(list(calls))
+    except (ProcessFailure, ProcessHung):
+        pass
+    return [*session.log, *([session.failed] if session.failed is not None else [])]
+
+
+@dataclass
+class Shrunk:
+    """The shrink of one capture: its lines now, what they came from, and the check's verdict."""
+
+    lines: list[dict[str, Json]]
+    before: int
+    report: CheckReport
+    replays: int = 0
+    note: str = ""
+
+
+@dataclass
+class Shrinker:
+    """Shrinks captured calls against one of the adapter's copies of the command, on fresh pools
+    (see the module docstring)."""
+
+    adapter: DriveAdapter
+    replays: int = 0
+    sent: int = 0
+    process: PoolProcess | None = field(default=None, repr=False)
+
+    def _budgeted(self, calls: int) -> PoolProcess | None:
+        """The process for one more replay of ``calls`` calls, or None when the budget is spent."""
+        if self.replays >= MAX_REPLAYS or self.sent + calls > MAX_REPLAYED_CALLS:
+            return None
+        if self.process is None:
+            self.process = self.adapter.borrow()
+        self.replays += 1
+        self.sent += calls
+        return self.process
+
+    def _replay(self, cap: Capture, calls: Sequence[Call]) -> list[dict[str, Json]] | None:
+        process = self._budgeted(len(calls))
+        return None if process is None else replay(process, cap.pool, cap.header, calls)
+
+    def close(self) -> None:
+        """Give the process back (the adapter ends it with the others)."""
+        self.process = None
+
+    def _remapped(self, cap: Capture, base: list[dict[str, Json]],
+                  kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
+        """``kept`` (lines of ``base``) replayed one at a time, each block id they name replaced
+        by the one the call that handed it out hands out now.
+
+        Without a call, the blocks handed out after it shift; this keeps a later
+        call on "the second block that allocation returned" rather than on an id
+        that now means another block, or none.
+        """
+        process = self._budgeted(len(kept))
+        if process is None:
+            return None
+        at = {id(line): i for i, line in enumerate(base)}
+        sources = _sources(base)
+        handed: dict[int, list[int]] = {}
+        session = Session(process, cap.pool, cap.header, None, None)
+        try:
+            session.open()
+            for line in kept:
+                i = at[id(line)]
+                op = str(line["op"])
+                args = _renamed(dict(line["args"]), sources[i], handed, droppable=op in LISTS_OF_HELD)
+                (step,) = session.calls([(op, args)])
+                if op in HANDS_OUT and step.error is None and isinstance(step.result, list):
+                    handed[i] = step.result
+        except (ProcessFailure, ProcessHung):
+            pass
+        return [*session.log, *([session.failed] if session.failed is not None else [])]
+
+    def shrink(self, cap: Capture) -> Shrunk:
+        """The shortest calls found that still differ from the model where ``cap`` does."""
+        vllm = self.adapter.vllm_errors
+        report = check_lines(cap.pool, cap.lines, vllm)
+        if report.divergence is None:
+            return Shrunk(cap.lines, len(cap.lines), report, note="check-trace finds no difference "
+                          "in this pool's calls alone")
+        target = report.divergence.op
+        lines = cap.lines[:report.divergence.step]
+        if cap.hung:
+            return Shrunk(lines, len(cap.lines), report, note="not shrunk: the process hangs")
+
+        def judged(answered: list[dict[str, Json]] | None) -> list[dict[str, Json]] | None:
+            if answered is None:
+                return None
+            got = check_lines(cap.pool, answered, vllm)
+            if got.divergence is None or got.divergence.op != target:
+                return None
+            return answered[:got.divergence.step]
+
+        def as_sent(kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
+            return judged(self._replay(cap, [_call(line) for line in kept]))
+
+        fewer = [line for line in lines[:-1] if line["op"] not in QUERIES] + lines[-1:]
+        lines = (as_sent(fewer) if len(fewer) < len(lines) else None) or lines
+        lines = _ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
+        if len(lines) > 2:  # then one call at a time, each block id followed to its source
+            base = [lines]
+            lines = _ddmin(lines, lambda kept: judged(self._remapped(cap, base[0], kept)), base)
+        final = check_lines(cap.pool, lines, vllm)
+        return Shrunk(lines, len(cap.lines), final, self.replays)
+
+
+HANDS_OUT = ("get_new_blocks", "get_cached_block")
+"""The operations whose result names blocks a later call may name."""
+BLOCK_ARGS = ("block_ids", "block_id", "src_id", "dst_id")
+LISTS_OF_HELD = ("free_blocks", "touch", "unpin_blocks", "evict_blocks")
+"""Operations whose block list a shrink may cut: blocks the caller holds or names, in any number."""
+
+
+def _call(line: dict[str, Json]) -> Call:
+    return str(line["op"]), dict(line["args"])
+
+
+def _sources(lines: Sequence[dict[str, Json]]) -> list[dict[tuple[str, int], tuple[int, int]]]:
+    """Per line, per block argument (name, position in the list; 0 for one id): the call whose
+    result last handed out that id, and the position there."""
+    latest: dict[int, tuple[int, int]] = {}
+    out = []
+    for i, line in enumerate(lines):
+        args = line["args"] if isinstance(line["args"], dict) else {}
+        here: dict[tuple[str, int], tuple[int, int]] = {}
+        for name in BLOCK_ARGS:
+            value = args.get(name)
+            for k, b in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(b, int) and b in latest:
+                    here[name, k] = latest[b]
+        out.append(here)
+        result = line.get("result")
+        if line["op"] in HANDS_OUT and line.get("error") is None and isinstance(result, list):
+            for k, b in enumerate(result):
+                latest[b] = (i, k)
+    return out
+
+
+def _renamed(args: dict[str, Json], sources: dict[tuple[str, int], tuple[int, int]],
+             handed: dict[int, list[int]], droppable: bool = False) -> dict[str, Json]:
+    """``args`` with each block id that came from a replayed call replaced by what it gave now.
+
+    With ``droppable`` (a list of blocks the caller holds), an id whose call
+    was left out is left out too: the caller never got that block.
+    """
+    gone = object()
+
+    def now(name: str, k: int, b: Json) -> Json:
+        src = sources.get((name, k))
+        if src is None:
+            return b
+        if src[0] not in handed:
+            return gone if droppable else b
+        return handed[src[0]][src[1]] if src[1] < len(handed[src[0]]) else b
+
+    for name in BLOCK_ARGS:
+        value = args.get(name)
+        if isinstance(value, list):
+            args[name] = [v for k, b in enumerate(value) if (v := now(name, k, b)) is not gone]
+        elif name in args:
+            args[name] = now(name, 0, value)
+    return args
+
+
+Lines = list[dict[str, Json]]
+
+
+def _ddmin(lines: Lines, differs: Callable[[Lines], Lines | None], track: list[Lines] | None = None) -> Lines:
+    """Delta debugging by complements: drop ever smaller chunks while the difference stays.
+
+    ``differs`` replays a candidate and returns the lines answered (the new
+    current list) or None; ``track[0]``, when given, follows the current list.
+    """
+    chunks = 2
+    while len(lines) >= 2:
+        size = -(-len(lines) // chunks)
+        for start in range(0, len(lines), size):
+            got = differs(lines[:start] + lines[start + size:])
+            if got is not None:
+                lines, chunks = got, max(chunks - 1, 2)
+                if track is not None:
+                    track[0] = lines
+                break
+        else:
+            if size == 1:
+                break
+            chunks = min(2 * chunks, len(lines))
+    return lines
+
+
+# ------------------------------------------------------------------- a run
+
+
+@dataclass
+class DriveRun:
+    """Both phases against a driven pool; each failure kept as a (shrunk) trace file.
+
+    :meth:`phase` wraps a phase function: a hang (which passes through the
+    lockstep and Hypothesis unshrunk, :class:`~.process.ProcessHung`) becomes
+    the phase's failure, and a failed phase's pools are captured before the
+    next phase makes its own.
+    """
+
+    adapter: DriveAdapter
+    trace_dir: Path = Path(".")
+    shrink: bool = True
+    captured: dict[str, list[Capture]] = field(default_factory=dict)
+    written: dict[str, tuple[Path, Shrunk]] = field(default_factory=dict)
+
+    def phase(self, run: Phase) -> Phase:
+        def guarded(adapter: Any, opts: Options) -> PhaseResult:
+            try:
+                result = run(adapter, opts)
+            except ProcessHung as exc:
+                verdict = exc.verdict
+                name = "campaign" if "campaign" in run.__name__ else "machine"
+                calls = [f"call {i}: {line['op']}" for i, line in enumerate(self._log(), start=1)]
+                details = "\n".join([verdict.format(), "calls answered before it:", *calls[-12:]])
+                result = PhaseResult(name, False, 0.0, 0, Failure(
+                    "hang", verdict.format().splitlines()[0], details, calls[-12:], opts.seed,
+                    cause=ProcessFailure(verdict)))
+            if not result.ok:
+                self.captured[result.name] = [Capture.of(p.session) for p in reversed(self.adapter.recent)]
+            return result
+
+        guarded.__name__ = run.__name__
+        return guarded
+
+    def _log(self) -> list[dict[str, Json]]:
+        recent = self.adapter.recent
+        return list(recent[-1].session.log) if recent else []
+
+    def traces(self, meta: dict[str, Json]) -> dict[str, tuple[Path, Shrunk]]:
+        """Write each failed phase's trace (shrunk unless asked not to); path and shrink by phase."""
+        for name, captures in self.captured.items():
+            shrinker = Shrinker(self.adapter)
+            try:
+                chosen = self._choose(captures, shrinker)
+            finally:
+                shrinker.close()
+            if chosen is None:
+                continue
+            cap, shrunk = chosen
+            path = self.trace_dir / f"kvpool-drive-{name}.jsonl"
+            write_trace(path, cap.pool, shrunk.lines, {**meta, "phase": name,
+                                                       "calls_before_shrinking": shrunk.before})
+            shrunk.report = check_trace(path, vllm_errors=self.adapter.vllm_errors)  # as written
+            self.written[name] = (path, shrunk)
+        return self.written
+
+    def _choose(self, captures: list[Capture], shrinker: Shrinker) -> tuple[Capture, Shrunk] | None:
+        """The newest capture check-trace finds a difference in, shrunk; else the newest as it is."""
+        vllm = self.adapter.vllm_errors
+        for cap in captures:
+            if not cap.lines or check_lines(cap.pool, cap.lines, vllm).divergence is None:
+                continue
+            if not self.shrink:
+                report = check_lines(cap.pool, cap.lines, vllm)
+                step = report.divergence.step if report.divergence else len(cap.lines)
+                return cap, Shrunk(cap.lines[:step], len(cap.lines), report, note="not shrunk (--no-shrink)")
+            return cap, shrinker.shrink(cap)
+        if captures and captures[0].lines:
+            cap = captures[0]
+            return cap, Shrunk(cap.lines, len(cap.lines), check_lines(cap.pool, cap.lines, vllm),
+                               note="check-trace finds no difference in one pool's calls alone (the "
+                                    "lockstep compared two pools at once)")
+        return None
+
+
+def short_line(number: int, line: dict[str, Json]) -> str:
+    """One trace line in one short line: ``3 free_blocks(block_ids=[2, 1]) -> null``."""
+    args = ", ".join(f"{k}={_short(v)}" for k, v in dict(line["args"]).items())
+    outcome = f"raised {line['error']}" if line.get("error") else _short(line.get("result"))
+    events = [e.get("type") for e in line.get("events") or () if isinstance(e, dict)]
+    fired = line.get("fired") or []
+    tail = f" -> {outcome}"
+    if events:
+        tail += f"; events {', '.join(str(e) for e in events)}"
+    if fired:
+        tail += f"; fired {_short(fired)}"
+    room = max(40, 150 - len(tail))  # the arguments give way: what came of the call stays
+    return f"{number:>3} {line['op']}({args if len(args) <= room else args[:room - 3] + '...'}){tail}"
+
+
+def _short(value: Json) -> str:
+    if isinstance(value, dict) and "request_id" in value:
+        tokens, hashes = value.get("all_token_ids") or [], value.get("block_hashes") or []
+        extra = [k for k in ("lora", "mm", "cache_salt", "session_id") if value.get(k)]
+        return (f"<request {value['request_id']}: {len(tokens)} tokens, {len(hashes)} hashes"
+                + (f", {'+'.join(extra)}" if extra else "") + ">")
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return "[" + ", ".join(str(v.get("type")) for v in value) + "]"
+    if isinstance(value, str) and len(value) > 16:
+        return f"…{value[-10:]}"
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+__all__ = ["MAX_REPLAYED_CALLS", "MAX_REPLAYS", "Capture", "DriveRun", "Shrinker", "Shrunk", "check_lines",
+           "replay", "short_line", "write_trace"]

@@ -1,0 +1,84 @@
+"""A pool process that misbehaves on purpose, for ``tests/test_drive.py``.
+
+It answers as kvpool's own pool does (``kvpool.oracle.drive.serve``) until
+call ``--at N`` of a pool (counted from each header, so the process is as
+deterministic as a real one), then does what ``MODE`` says.  ``--pids FILE``
+writes its pid (and a child's, for ``spawn``) so that the test can check that
+nothing outlives kvpool.
+
+    python tests/drive_misbehaving.py MODE [--at N] [--pids FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from kvpool.impl import BlockPool
+from kvpool.oracle.drive import protocol
+from kvpool.oracle.drive.serve import Server
+
+MODES = ("crash", "hang", "garbage", "version", "extra", "log", "linger", "spawn", "refuse", "wrong")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=MODES)
+    parser.add_argument("--at", type=int, default=5, help="the call that misbehaves (from 1)")
+    parser.add_argument("--pids", help="write this process's pid (and its child's) here")
+    parser.add_argument("--observe", action="store_true", help="answer with observations (no batches)")
+    args = parser.parse_args()
+    pids = [str(os.getpid())]
+    if args.mode == "spawn":  # a grandchild that would outlive a careless parent
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        pids.append(str(child.pid))
+    if args.pids:
+        with open(args.pids, "w") as out:
+            out.write(" ".join(pids))
+    if args.mode == "log":
+        print("INFO pool starting", flush=True)  # logging on stdout: not an answer
+    server = Server(BlockPool, observe=args.observe)
+    calls = 0
+    out = sys.stdout.buffer
+    for raw in sys.stdin.buffer:
+        value = protocol.decode(raw)
+        header = isinstance(value, dict) and protocol.KEY in value
+        if header and args.mode == "version":
+            out.write(protocol.encode({"kvpool_drive": 2, "ok": True}))
+            out.flush()
+            continue
+        if header and args.mode == "refuse":
+            out.write(protocol.encode({"ok": False, "error": "no pools today"}))
+            out.flush()
+            continue
+        answer = server.answer(raw)
+        calls = 0 if header else calls + 1
+        if calls == args.at and not header:
+            print(f"misbehaving at call {calls} as asked: {args.mode}", file=sys.stderr, flush=True)
+            if args.mode == "crash":
+                print("thread 'main' panicked at src/pool.rs:42:7: index out of bounds",
+                      file=sys.stderr, flush=True)
+                return 101
+            if args.mode in ("hang", "spawn"):
+                time.sleep(600)
+            if args.mode == "garbage":
+                out.write(b"{\"result\": [1, 2\n")
+                out.flush()
+                continue
+            if args.mode == "extra":
+                out.write(protocol.encode(answer))
+        result = answer.get("result")
+        if args.mode == "wrong" and calls >= args.at and type(result) is int:  # no protocol fault
+            answer["result"] = result + 1
+        out.write(protocol.encode(answer))
+        out.flush()
+    if args.mode == "linger":
+        time.sleep(600)  # does not exit at the end of stdin
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
