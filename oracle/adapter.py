@@ -52,17 +52,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from kvpool.model import PUBLIC_OPERATIONS
+
 from .abstraction import same_refusal, vllm_refusal
 
 ErrorMatcher = Callable[[Exception, Exception | None], bool]
 
-#: Operations (and the attributes the observation reads) every pool must have.
-REQUIRED_API: tuple[str, ...] = (
-    "get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks",
-    "reset_prefix_cache", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
-    "emit_cached_block_events", "take_events", "get_cached_block", "is_block_writable",
-    "get_num_free_blocks", "get_usage",
-)
+#: Operations every pool must have: the model's public ones, as declared.
+REQUIRED_API: tuple[str, ...] = PUBLIC_OPERATIONS
 
 
 @runtime_checkable
