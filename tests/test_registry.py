@@ -35,6 +35,8 @@ import kvpool.model.split as model_split
 from kvpool.bugs import BUGS, SHARED_CODE
 from kvpool.bugs import pools as bug_pools
 from kvpool.impl import BlockPool
+from kvpool.impl.hashing import get_request_block_hasher
+from kvpool.impl.request import Request
 from kvpool.model import (
     ACTIONS,
     CALLER_ACTIONS,
@@ -353,6 +355,22 @@ def test_the_seeded_pool_mutants_wrap_every_pool_operation() -> None:
         assert form is not None
         wrapped = {op for op in POOL_OPERATIONS if op in vars(form)}
         assert wrapped == set(POOL_OPERATIONS), (name, set(POOL_OPERATIONS) - wrapped)
+
+
+def test_a_shared_code_mutant_is_on_along_the_private_eviction_path() -> None:
+    """The drift issue 21 found: the wrong group bytes in ``BlockRemoved`` showed through
+    ``evict_blocks`` but not through ``_maybe_evict_cached_block``, which the table left out."""
+    r = Request("r", [1, 2], block_hasher=get_request_block_hasher(1))
+    groups = {}
+    for cls in (BlockPool, bug_pools.RemovedGroupFromWrongBytes):
+        pool = cls(4, True, 1, enable_kv_cache_events=True)
+        (block,) = pool.get_new_blocks(1)
+        pool.cache_full_blocks(r, [block], 0, 1, 1, 1)
+        pool.take_events()
+        assert pool._maybe_evict_cached_block(block) is True
+        (removed,) = pool.take_events()
+        groups[cls] = removed.group_idx
+    assert groups[BlockPool] == 1 and groups[bug_pools.RemovedGroupFromWrongBytes] == 1 << 24
 
 
 def test_the_fuzzer_mutates_op_into_every_operation() -> None:
