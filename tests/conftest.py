@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 from hypothesis import HealthCheck, settings
+
+# Tests are no package: the helpers shared by several test files (impl_helpers.py) are
+# imported by name from this folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from kvpool.oracle.database import example_database, from_env
 
