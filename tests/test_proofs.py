@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -216,21 +217,8 @@ def _on_copy(name: str) -> Any:
     return call
 
 
-class A:
-    """The model's operations, each on a copy of the state it is given."""
-
-    get_new_blocks = staticmethod(_on_copy("get_new_blocks"))
-    free_blocks = staticmethod(_on_copy("free_blocks"))
-    touch = staticmethod(_on_copy("touch"))
-    unpin_blocks = staticmethod(_on_copy("unpin_blocks"))
-    evict_blocks = staticmethod(_on_copy("evict_blocks"))
-    reset_prefix_cache = staticmethod(_on_copy("reset_prefix_cache"))
-    move_block_hashes = staticmethod(_on_copy("move_block_hashes"))
-    take_events = staticmethod(_on_copy("take_events"))
-    write_block = staticmethod(_on_copy("write_block"))
-    insert_block_hash = staticmethod(_on_copy("_insert_block_hash"))
-    cache_full_blocks = staticmethod(_on_copy("cache_full_blocks"))
-    cache_partial_block = staticmethod(_on_copy("cache_partial_block"))
+A = SimpleNamespace(**{name.lstrip("_"): _on_copy(name) for name in (*ACTIONS, *CALLER_ACTIONS)})
+"""The model's operations by name (``A.insert_block_hash`` is ``_insert_block_hash``), each on a copy."""
 
 STATE_REFUSALS = (RefusalKind.NOT_ENOUGH_FREE_BLOCKS, RefusalKind.NOT_IN_USE, RefusalKind.HASH_CONFLICT,
                   RefusalKind.NULL_BLOCK, RefusalKind.CACHING_DISABLED)
