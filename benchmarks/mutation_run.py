@@ -30,14 +30,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # The killers of each target: fast tests only, run with the ``ci`` Hypothesis profile.  The
-# mutation killers live in the component files (test_hashing, test_impl_unit, test_impl_events,
+# mutation killers live in the component files (test_hashing, test_impl_pool, test_impl_block,
+# test_impl_free_queue, test_impl_hash_index, test_impl_events,
 # test_model_scenarios); test_refusal_messages.py runs every misuse on the pool and the model.
 # Some of the pool's killers (group ids, a masked range's parent hash) also run the model, and
 # the lockstep compares the model's events with the pool's, so those files kill model/ mutants
 # too.
 KILLERS: dict[str, list[str]] = {
     "impl": [
-        "tests/test_impl_unit.py",
+        "tests/test_impl_pool.py",
+        "tests/test_impl_block.py",
+        "tests/test_impl_free_queue.py",
+        "tests/test_impl_hash_index.py",
         "tests/test_impl_events.py",
         "tests/test_misuse.py",
         "tests/test_callbacks.py",
@@ -50,7 +54,7 @@ KILLERS: dict[str, list[str]] = {
         "tests/test_proofs.py",
         "tests/test_bmc.py",
         "tests/test_refusal_messages.py",
-        "tests/test_impl_unit.py",
+        "tests/test_impl_pool.py",
         "tests/test_impl_events.py",
         "tests/test_lockstep.py",
     ],

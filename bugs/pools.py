@@ -21,13 +21,11 @@ from typing import Any
 import kvpool.impl
 from kvpool.impl import BlockPool, NotEnoughFreeBlocksError, UnknownBlockError
 from kvpool.impl.block import KVCacheBlock
+from kvpool.model import POOL_OPERATIONS
 
-OPERATIONS = (
-    "get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks", "reset_prefix_cache",
-    "cache_full_blocks", "cache_partial_block", "move_block_hashes", "emit_cached_block_events",
-    "take_events", "get_cached_block", "is_block_writable", "get_num_free_blocks", "get_usage",
-)
-"""The pool's operations: a mutant is active while any of them runs."""
+OPERATIONS: tuple[str, ...] = POOL_OPERATIONS
+"""The pool's operations, the private ones vLLM's engine calls included (as the model declares
+them): a mutant is active while any of them runs."""
 
 
 @contextlib.contextmanager

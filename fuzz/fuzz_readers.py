@@ -117,10 +117,17 @@ _ADVERSARIAL: list[Any] = [
     [], [[]], {}, {"": None}, [None], [True], [-1], [2**64], ["00"], "GPU", "BlockStored",
     "get_new_blocks", "ValueError", "not an identifier",
 ]
-_OPS = ["get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks", "reset_prefix_cache",
-        "cache_full_blocks", "cache_partial_block", "move_block_hashes", "emit_cached_block_events",
-        "take_events", "get_cached_block", "is_block_writable", "get_num_free_blocks", "get_usage",
-        "no_such_op"]
+
+
+def _ops() -> list[str]:
+    """Every operation a trace may name (as the model declares them), and one no pool has."""
+    # Imported here, not at the top: under atheris, kvpool must first be imported inside
+    # load_readers' instrumentation, or its coverage is not seen.
+    from kvpool.model import POOL_OPERATIONS
+
+    return [*POOL_OPERATIONS, "no_such_op"]
+
+
 _TYPES = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "Other"]
 _KEYS = ["op", "args", "result", "error", "events", "fired", "observation", "type", "block_hashes",
          "parent_block_hash", "token_ids", "block_size", "kvpool_trace", "num_blocks", "reference",
@@ -166,7 +173,7 @@ def _mutate_value(obj: Any, rng: random.Random) -> str:
         deep = rng.choice([10, 1000, 100_000])
         parent[key] = "\x00DEEP\x00"
     elif what == 5 and key in ("op", "type"):
-        parent[key] = rng.choice(_OPS if key == "op" else _TYPES)
+        parent[key] = rng.choice(_ops() if key == "op" else _TYPES)
     elif what == 6 and isinstance(parent[key], int) and not isinstance(parent[key], bool):
         parent[key] += rng.choice([-1, 1, 1 << 32, -(1 << 63), 1 << 64])
     elif what == 7 and isinstance(parent[key], str) and parent[key]:

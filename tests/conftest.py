@@ -12,10 +12,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from kvpool.oracle.database import example_database, from_env
+
+# Tests are no package: the helpers shared by several test files (impl_helpers.py) are
+# imported by name from this folder, their asserts rewritten as a test module's are (so they
+# report what they compared and still run under python -O).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+pytest.register_assert_rewrite("impl_helpers")
 
 _db = from_env()
 _common = {"database": example_database(_db)} if _db else {}

@@ -3,7 +3,8 @@
 Each contract the proofs assume (:data:`kvpool.model.CONTRACTS`) is checked
 by the model, which raises :class:`ContractBroken` (a verdict about the
 caller, not the pool) and leaves the state as it was; a call that keeps them
-is accepted.
+is accepted.  Actions update a state in place: :func:`_call` applies each to a copy, so a
+state can be the start of several calls.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, CALLER_ACTIONS, CONTRACTS, ContractBroken, initial_state, violated
-from kvpool.model.contracts import compatible, extends
+from kvpool.model.request import EMPTY, compatible, extends
 from kvpool.model.state import PoolState
 
 
@@ -24,18 +25,22 @@ def _request(rid: str, tokens: list[int], hbs: int = 1) -> Request:
 
 
 def _call(s: PoolState, op: str, *args: Any) -> PoolState:
+    """``op`` on a copy of ``s`` (``s`` stays as it was), which keeps every invariant."""
     fn = ACTIONS.get(op) or CALLER_ACTIONS[op]
-    nxt, _ = fn(s, *args)
+    nxt, _ = fn(s.copy(), *args)
     assert violated(nxt) == []
     return nxt
 
 
 def _broken(s: PoolState, contract: str, op: str, *args: Any) -> None:
+    """``op`` on ``s`` breaks ``contract`` and changes nothing."""
     fn = ACTIONS.get(op) or CALLER_ACTIONS[op]
+    before = s.copy()
     with pytest.raises(ContractBroken) as caught:
         fn(s, *args)
     assert caught.value.contract == contract
     assert str(caught.value).startswith(f"caller broke {contract}: ")
+    assert s == before
 
 
 A = _request("a", [1, 2, 3, 4])
@@ -67,7 +72,7 @@ def test_a_hashed_block_takes_only_extensions_of_what_it_holds() -> None:
     s = _call(_held(), "cache_partial_block", A, 1, 2, 0, 4)
     s = _call(s, "cache_partial_block", A, 1, 3, 0, 4)  # the same request, further: fine
     s = _call(s, "write_block", 1, A, 4)  # the owner keeps writing its own tokens
-    assert len(s.holds[1]) == 4 and s.holds[1][:3] == s.names[(A.block_hashes[2], 0)]
+    assert len(s.holds[1]) == 4 and s.holds[1].up_to(3) is s.names[(A.block_hashes[2], 0)]
     _broken(s, "writes_extend_unless_writable", "write_block", 1, B, 2)
 
 
@@ -75,7 +80,7 @@ def test_a_writable_block_takes_any_write_from_its_owner() -> None:
     s = _call(_held(), "write_block", 1, A, 3)
     s = _call(s, "write_block", 1, B, 2)  # unhashed, one owner: rewriting is its right
     s = _call(s, "cache_partial_block", B, 1, 2, 0, 4)
-    assert s.holds[1] == s.names[(B.block_hashes[1], 0)]
+    assert s.holds[1] is s.names[(B.block_hashes[1], 0)]
 
 
 def test_writes_need_a_holder() -> None:
@@ -137,10 +142,12 @@ def test_refusals_come_before_contracts() -> None:
 
 
 def test_prefix_relations() -> None:
-    a, b = ((1,), (2,)), ((1,),)
+    b = EMPTY.then(((1,), None))
+    a = b.then(((2,), None))
     assert extends(a, b) and not extends(b, a)
-    assert compatible(a, b) and compatible(b, a) and compatible((), a)
-    assert not compatible(a, ((2,),))
+    assert compatible(a, b) and compatible(b, a) and compatible(EMPTY, a)
+    assert not compatible(a, EMPTY.then(((2,), None)))
+    assert EMPTY.then(((1,), None)).then(((2,), None)) is a  # interned: equal prefixes are one object
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Each conformance phase alone reaches every branch of the model's actions it can.
 
-A branch of the model's operations that a phase never takes is one on which no
-pool is compared with the model by that phase.  So, measured with
+A branch of the model's operations (their updates ``model/pool.py``, guards
+``model/guards.py`` and contracts ``model/contracts.py``) that a phase never
+takes is one on which no pool is compared with the model by that phase.  So, measured with
 :mod:`kvpool.oracle.coverage` (what ``kvpool conform --coverage`` prints):
 
 * without misuse (how vLLM's pool and third-party pools are checked), each
@@ -95,7 +96,7 @@ def test_vllm_033_reaches_the_null_block_branches(run_phase: object) -> None:
 
 
 def test_a_measurement_is_plain_data() -> None:
-    """One call measured: few branches taken, the others named by line, text and target."""
+    """One call measured: few branches taken, the others named by file, line, text and target."""
     state = initial_state(4, True, 1)
     _, measured = measure(lambda: ACTIONS["get_new_blocks"](state, 1), "one call", False)
     assert 0 < measured.covered < measured.total == measured.covered + len(measured.missed)
@@ -104,6 +105,7 @@ def test_a_measurement_is_plain_data() -> None:
     refusal = next(b for b in measured.missed if b.refusal)
     assert "refused (" in str(refusal)
     assert str(refusal).startswith(f"{refusal.file}:{refusal.line} -> {refusal.to}: ")
+    assert {b.file for b in measured.missed} == {"pool.py", "guards.py", "contracts.py"}
     doc = json.loads(json.dumps(measured.to_json()))
     assert doc["phase"] == "one call" and doc["covered"] == measured.covered
     assert {"file", "line", "to", "source", "into", "refusal", "contract", "caller"} == set(doc["missed"][0])

@@ -135,6 +135,15 @@ def test_env_flag_unset_gives_the_default(default: bool, monkeypatch: pytest.Mon
     assert _env_flag("KVPOOL_TEST_FLAG", default) is default
 
 
+def test_keys_pack_the_group_as_four_big_endian_bytes() -> None:
+    block_hash = bytes(range(32))
+    packed = make_block_hash_with_group_id(block_hash, 2**32 - 1)
+    assert packed == block_hash + b"\xff\xff\xff\xff"
+    assert get_block_hash(packed) == block_hash
+    assert get_group_id(packed) == 2**32 - 1
+    assert get_group_id(make_block_hash_with_group_id(block_hash, 258)) == 258
+
+
 # ------------------------------------------------------------ multimodal windows
 
 

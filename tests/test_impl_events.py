@@ -1,6 +1,7 @@
 """Events of ``kvpool.impl``: ``event_fields``/``from_fields``, switching the event classes
-(``use_event_classes``, ``use_vllm_event_classes``), and what the pool's stored events carry
-(per-block extra keys, partial entries and their parents, the parent hash of a masked range).
+(``use_event_classes``, ``use_vllm_event_classes``), what the pool's stored events carry
+(per-block extra keys, partial entries and their parents, the parent hash of a masked range),
+the event classes' fields and how an event names a hash (its low 64 bits) and a group.
 """
 
 from __future__ import annotations
@@ -10,10 +11,21 @@ import types
 from typing import Any, cast
 
 import pytest
+from impl_helpers import LOW_64, TOKENS, cache_blocks, key, make_pool, make_request, removed, taken
 
-from kvpool.impl import BlockPool, LoRARequest, Request, get_request_block_hasher
+from kvpool.impl import (
+    MEDIUM_CPU,
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    LoRARequest,
+    Request,
+    get_request_block_hasher,
+)
 from kvpool.impl import events as ev
 from kvpool.impl.errors import InvalidArgumentError
+from kvpool.impl.events import event_fields
 from kvpool.impl.keys import maybe_convert_block_hash
 from kvpool.impl.request import MultiModalFeature, PlaceholderRange
 from kvpool.model import ACTIONS, Refusal, initial_state
@@ -186,3 +198,40 @@ def test_stored_event_extra_keys_are_per_block_keys() -> None:
     assert first.extra_keys == [want(0), want(1)]
     assert second.extra_keys == [want(2), want(4)]
     assert hits.extra_keys == [want(i) for i in range(n)]
+
+
+# ----------------------------------------------------------- event hashes and fields
+
+
+def test_event_hashes_are_the_low_64_bits_as_int() -> None:
+    high = bytes([0xFF] * 24 + [1, 2, 3, 4, 5, 6, 7, 8])
+    assert maybe_convert_block_hash(high) == 0x0102030405060708
+    pool = make_pool(4)
+    req = make_request(TOKENS)
+    cache_blocks(pool, req, 1)
+    (event,) = pool.take_events()
+    assert isinstance(event, BlockStored)
+    (h,) = event.block_hashes
+    assert isinstance(h, int) and 0 <= h <= LOW_64
+    assert h == int.from_bytes(req.block_hashes[1], "big") & LOW_64
+
+
+def test_event_classes_have_the_reference_fields_exactly() -> None:
+    stored_event = BlockStored([1], None, [1, 2], 2, None, "GPU", None)
+    assert list(event_fields(stored_event)) == [
+        "type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+        "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window", "locality", "ownership", "session_id"]
+    assert event_fields(BlockRemoved([1], "GPU")) == {
+        "type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": None,
+        "locality": None, "ownership": None}
+    assert event_fields(AllBlocksCleared()) == {"type": "AllBlocksCleared"}
+
+
+def test_removed_event_names_hash_and_group_of_the_key() -> None:
+    pool = make_pool(4, medium=MEDIUM_CPU)
+    req = make_request(TOKENS)
+    block = cache_blocks(pool, req, 1, group=9)[0]
+    taken(pool)
+    pool.evict_blocks({block.block_id})
+    assert taken(pool) == [removed(key(req, 1, group=9), medium=MEDIUM_CPU)]

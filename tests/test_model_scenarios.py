@@ -1,14 +1,15 @@
-"""Scenario tests pinning the model (``kvpool.model.actions``) on vLLM 0.31.0's BlockPool.
+"""Scenario tests pinning the model (``kvpool.model.OPERATIONS``) on vLLM 0.31.0's BlockPool.
 
 Each test builds a small pool, applies actions one by one (checking every invariant after
 each through :func:`step`) and asserts exact results, free-queue order, reference counts,
-index contents and events.  "ref L<n>" points into
-``/work/shared/reference/vllm_block_pool.txt``.
+index contents and events.  Actions update a state in place: :func:`step` applies each to a
+copy, so the state before a call stays comparable with the one after it.  What a call told
+besides its result (reuse notices, metrics notices, its events) is that call's ``out``.
+"ref L<n>" points into ``/work/shared/reference/vllm_block_pool.txt``.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -20,23 +21,16 @@ from kvpool.impl import events as ev
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.keys import make_block_hash_with_group_id
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import ACTIONS, INVARIANTS, NULL, PoolState, Primary, initial_state, violated
-from kvpool.model.actions import (
-    cache_full_blocks,
-    cache_partial_block,
-    emit_cached_block_events,
-    evict_blocks,
-    free_blocks,
-    get_cached_block,
-    get_new_blocks,
-    get_num_free_blocks,
-    get_usage,
-    is_block_writable,
-    move_block_hashes,
-    reset_prefix_cache,
-    take_events,
-    touch,
-    unpin_blocks,
+from kvpool.model import (
+    ACTIONS,
+    INVARIANTS,
+    NULL,
+    QUERIES,
+    Output,
+    PoolState,
+    Primary,
+    initial_state,
+    violated,
 )
 from kvpool.model.events import Cleared, Event, Removed, Stored
 from kvpool.model.refusals import Refusal, RefusalKind
@@ -49,16 +43,40 @@ HBS = 4
 
 Step = tuple[PoolState, Any]
 
+cache_full_blocks = ACTIONS["cache_full_blocks"]
+cache_partial_block = ACTIONS["cache_partial_block"]
+emit_cached_block_events = ACTIONS["emit_cached_block_events"]
+evict_blocks = ACTIONS["evict_blocks"]
+free_blocks = ACTIONS["free_blocks"]
+get_new_blocks = ACTIONS["get_new_blocks"]
+move_block_hashes = ACTIONS["move_block_hashes"]
+reset_prefix_cache = ACTIONS["reset_prefix_cache"]
+take_events = ACTIONS["take_events"]
+touch = ACTIONS["touch"]
+unpin_blocks = ACTIONS["unpin_blocks"]
+get_cached_block = QUERIES["get_cached_block"]
+get_num_free_blocks = QUERIES["get_num_free_blocks"]
+get_usage = QUERIES["get_usage"]
+is_block_writable = QUERIES["is_block_writable"]
+
 
 # --------------------------------------------------------------------------
 # Helpers.
 
 
 def step(fn: Callable[..., Step], s: PoolState, *args: Any, **kwargs: Any) -> Step:
-    """Apply one action and check that the next state keeps every invariant."""
-    nxt, result = fn(s, *args, **kwargs)
+    """Apply one action to a copy of ``s`` (``s`` stays as it was) and check that the next
+    state keeps every invariant; the action updates the copy in place and returns it."""
+    work = s.copy()
+    nxt, result = fn(work, *args, **kwargs)
+    assert nxt is work
     assert violated(nxt) == []
     return nxt, result
+
+
+def unchanged(nxt: PoolState, s: PoolState) -> bool:
+    """``nxt`` is ``s``'s state and its call told nothing: no event, notice or metrics notice."""
+    return nxt == s and nxt.out == Output()
 
 
 def pool(num_blocks: int = 5, hbs: int = HBS, events: bool = True, caching: bool = True) -> PoolState:
@@ -132,7 +150,7 @@ def make_watcher() -> Callable[[Any], None]:
 
 def assert_refused(kind: RefusalKind, fn: Callable[..., Any], s: PoolState, *args: Any) -> str:
     """``fn(s, *args)`` is refused for ``kind`` and leaves ``s`` exactly as it was."""
-    before = copy.deepcopy(s)
+    before = s.copy()
     with pytest.raises(Refusal) as info:
         fn(s, *args)
     assert info.value.kind is kind
@@ -147,14 +165,14 @@ def assert_refused(kind: RefusalKind, fn: Callable[..., Any], s: PoolState, *arg
 def test_fresh_free_queue_holds_every_real_block_in_id_order() -> None:
     s = pool(5)
     assert s.free == (1, 2, 3, 4)
-    assert s.ref == (0, 0, 0, 0, 0)
+    assert s.ref == [0, 0, 0, 0, 0]
 
 
 def test_get_new_blocks_takes_from_the_head() -> None:
     s, ids = step(get_new_blocks, pool(5), 2)
     assert ids == [1, 2]
     assert s.free == (3, 4)
-    assert s.ref == (0, 1, 1, 0, 0)
+    assert s.ref == [0, 1, 1, 0, 0]
 
 
 def test_freed_unhashed_blocks_go_to_the_head_in_the_given_order() -> None:
@@ -185,7 +203,7 @@ def test_block_listed_twice_drops_two_references_and_rejoins_at_its_last_listing
     s, _ = step(get_new_blocks, pool(5), 2)
     s, _ = step(touch, s, [1])
     s, _ = step(free_blocks, s, [1, 2, 1])
-    assert s.ref[1:3] == (0, 0)
+    assert s.ref[1:3] == [0, 0]
     assert s.free == (2, 1, 3, 4)
 
 
@@ -222,14 +240,14 @@ def test_reallocating_one_duplicate_removes_only_that_copy() -> None:
     s, ids = step(get_new_blocks, s, 1)
     assert ids == [2]
     assert dict(s.index) == {key(bh[0]): (1, 3), key(bh[1]): (4,)}
-    assert s.events == (removed(bh[1]),)
+    assert s.events == [removed(bh[1])]
 
 
 def test_evicting_the_first_duplicate_serves_the_second() -> None:
     s, bh = two_requests_with_one_prefix()
     s, _ = step(evict_blocks, s, [1])
     assert get_cached_block(s, bh[0], [0]) == [3]
-    assert s.events == (removed(bh[0]),)
+    assert s.events == [removed(bh[0])]
 
 
 # --------------------------------------------------------------------------
@@ -263,11 +281,11 @@ def test_hash_is_dropped_only_when_the_block_is_handed_out_again() -> None:
     s, h = one_cached_then_freed_block()
     s, ids = step(get_new_blocks, s, 2)
     assert ids == [2, 3]
-    assert s.events == ()
+    assert s.events == []
     assert dict(s.index) == {key(h): (1,)}
     s, ids = step(get_new_blocks, s, 1)
     assert ids == [1]
-    assert s.events == (removed(h),)
+    assert s.events == [removed(h)]
     assert dict(s.index) == {}
     assert s.primary[1] is None
 
@@ -280,7 +298,7 @@ def test_evicting_a_block_in_use_drops_its_hash_but_keeps_its_reference() -> Non
     assert s.ref[1] == 1
     assert s.free == (2, 3)
     assert dict(s.index) == {}
-    assert s.events == (removed(r.block_hashes[0]),)
+    assert s.events == [removed(r.block_hashes[0])]
 
 
 def test_evicting_an_idle_block_keeps_its_place_in_the_free_queue() -> None:
@@ -288,7 +306,7 @@ def test_evicting_an_idle_block_keeps_its_place_in_the_free_queue() -> None:
     s, _ = step(evict_blocks, s, [1])
     assert s.free == (2, 3, 1)
     assert s.primary[1] is None
-    assert s.events == (removed(h),)
+    assert s.events == [removed(h)]
 
 
 # --------------------------------------------------------------------------
@@ -316,13 +334,13 @@ def test_partial_entry_makes_a_block_reachable_inside_it() -> None:
     assert s.primary[2] == Primary(key(bh[2]), 6)
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[2]): (2,)}
     assert get_cached_block(s, bh[2], [0]) == [2]
-    assert s.events == (stored([bh[2]], bh[1], [104, 105], 2, [None]),)
+    assert s.events == [stored([bh[2]], bh[1], [104, 105], 2, [None])]
 
 
 def test_first_chunk_partial_entry_has_no_parent() -> None:
     s, r = block_with_partial_entries()
     s, _ = step(cache_partial_block, s, r, 1, 2, 0, 8)
-    assert s.events == (stored([r.block_hashes[0]], None, [100, 101], 2, [None]),)
+    assert s.events == [stored([r.block_hashes[0]], None, [100, 101], 2, [None])]
 
 
 def test_partial_entry_over_a_longer_prefix_replaces_the_shorter_entry() -> None:
@@ -332,7 +350,7 @@ def test_partial_entry_over_a_longer_prefix_replaces_the_shorter_entry() -> None
     assert s.primary[1] == Primary(key(bh[1]), 4)
     assert s.secondary[1] == ()
     assert dict(s.index) == {key(bh[1]): (1,)}
-    assert s.events == (removed(bh[0]), stored([bh[1]], bh[0], [102, 103], 2, [None]))
+    assert s.events == [removed(bh[0]), stored([bh[1]], bh[0], [102, 103], 2, [None])]
 
 
 def test_partial_entry_over_a_shorter_prefix_becomes_secondary() -> None:
@@ -342,7 +360,7 @@ def test_partial_entry_over_a_shorter_prefix_becomes_secondary() -> None:
     assert s.primary[1] == Primary(key(bh[1]), 4)
     assert s.secondary[1] == (key(bh[0]),)
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[0]): (1,)}
-    assert s.events == (stored([bh[0]], None, [100, 101], 2, [None]),)
+    assert s.events == [stored([bh[0]], None, [100, 101], 2, [None])]
 
 
 @pytest.mark.parametrize("num_tokens", [4, 2], ids=["primary", "secondary"])
@@ -350,8 +368,8 @@ def test_repeating_a_partial_entry_changes_nothing_and_emits_nothing(num_tokens:
     s, r = block_with_partial_entries(4, 2)
     nxt, result = step(cache_partial_block, s, r, 1, num_tokens, 0, 8)
     assert result == key(r.block_hashes[num_tokens // 2 - 1])
-    assert nxt == s
-    assert nxt.events == ()
+    assert unchanged(nxt, s)
+    assert nxt.events == []
 
 
 def test_promotion_to_a_full_block_removes_every_partial_entry() -> None:
@@ -361,7 +379,7 @@ def test_promotion_to_a_full_block_removes_every_partial_entry() -> None:
     assert s.primary[1] == Primary(key(bh[3]), 8)
     assert s.secondary[1] == ()
     assert dict(s.index) == {key(bh[3]): (1,)}
-    assert s.events == (removed(bh[1]), removed(bh[0]), stored([bh[3]], None, tokens(8), 8, [None]))
+    assert s.events == [removed(bh[1]), removed(bh[0]), stored([bh[3]], None, tokens(8), 8, [None])]
 
 
 def test_replace_existing_hashes_drops_every_entry_first() -> None:
@@ -372,11 +390,11 @@ def test_replace_existing_hashes_drops_every_entry_first() -> None:
     assert result == key(oh[0])
     assert s.primary[1] == Primary(key(oh[0]), 2)
     assert dict(s.index) == {key(oh[0]): (1,)}
-    assert s.events == (
+    assert s.events == [
         removed(r.block_hashes[1]),
         removed(r.block_hashes[0]),
         stored([oh[0]], None, [200, 201], 2, [None]),
-    )
+    ]
 
 
 @pytest.mark.parametrize(
@@ -395,7 +413,7 @@ def test_partial_entry_on_the_null_block_returns_none_and_changes_nothing() -> N
     s = pool(3, hbs=2)
     nxt, result = step(cache_partial_block, s, request("r", tokens(4), hbs=2), NULL, 2, 0, 8)
     assert result is None
-    assert nxt == s
+    assert unchanged(nxt, s)
 
 
 # --------------------------------------------------------------------------
@@ -412,7 +430,7 @@ def test_move_block_hashes_repoints_every_entry_without_events() -> None:
     assert s.secondary[2] == (key(bh[0]),)
     assert s.primary[1] is None and s.secondary[1] == ()
     assert dict(s.index) == {key(bh[1]): (2,), key(bh[0]): (2,)}
-    assert s.events == ()
+    assert s.events == []
     assert is_block_writable(s, 1)
 
 
@@ -435,11 +453,12 @@ def test_move_onto_the_null_block_is_refused() -> None:
 def test_unpin_releases_idle_blocks_to_the_tail_and_registers_the_watcher() -> None:
     w = make_watcher()
     s, _ = step(get_new_blocks, pool(5), 3)
+    assert s.out.fired == []
     s, _ = step(unpin_blocks, s, [1, 2], w)
-    assert s.ref[1:4] == (0, 0, 1)
+    assert s.ref[1:4] == [0, 0, 1]
     assert s.free == (4, 1, 2)
     assert dict(s.watchers) == {1: w, 2: w}
-    assert s.fired == ()
+    assert s.out.fired == []
 
 
 def test_unpin_of_a_shared_block_keeps_it_in_use_but_registers_the_watcher() -> None:
@@ -458,23 +477,27 @@ def test_handing_out_an_unpinned_block_fires_its_watcher_once() -> None:
     s, _ = step(unpin_blocks, s, [1, 2], w)
     s, ids = step(get_new_blocks, s, 2)
     assert ids == [4, 1]
-    assert s.fired == ((w, 1),)
+    assert s.out.fired == [(w, 1)]
     assert dict(s.watchers) == {2: w}
     s, _ = step(free_blocks, s, [1])
+    assert s.out.fired == []
     s, ids = step(get_new_blocks, s, 1)
     assert ids == [1]
-    assert s.fired == ((w, 1),)
+    assert s.out.fired == []  # fired once: handing block 1 out again tells nobody
 
 
 def test_reset_fires_remaining_watchers_in_registration_order() -> None:
     w1, w2 = make_watcher(), make_watcher()
     s, _ = step(get_new_blocks, pool(4), 3)
     s, _ = step(unpin_blocks, s, [3], w2)
+    assert s.out.fired == []
     s, _ = step(unpin_blocks, s, [1], w1)
+    assert s.out.fired == []
     s, _ = step(free_blocks, s, [2])
+    assert s.out.fired == []
     s, ok = step(reset_prefix_cache, s)
     assert ok is True
-    assert s.fired == ((w2, 3), (w1, 1))
+    assert s.out.fired == [(w2, 3), (w1, 1)]
     assert dict(s.watchers) == {}
 
 
@@ -486,9 +509,10 @@ def test_reregistering_a_watcher_replaces_it_in_its_first_place() -> None:
     s, _ = step(unpin_blocks, s, [2], w2)
     s, _ = step(unpin_blocks, s, [1], w3)
     assert list(s.watchers.items()) == [(1, w3), (2, w2)]
+    assert s.out.fired == []  # the replaced watcher w1 is not told
     s, ok = step(reset_prefix_cache, s)
     assert ok is True
-    assert s.fired == ((w3, 1), (w2, 2))
+    assert s.out.fired == [(w3, 1), (w2, 2)]
 
 
 def test_unpinning_the_null_block_is_refused() -> None:
@@ -509,7 +533,7 @@ def test_unpinned_hashed_block_keeps_its_hash_and_stays_hittable() -> None:
     s, _ = step(touch, s, [1])
     assert s.ref[1] == 1
     assert dict(s.watchers) == {1: w}
-    assert s.events == ()
+    assert s.events == []
 
 
 # --------------------------------------------------------------------------
@@ -521,8 +545,8 @@ def test_reset_is_refused_while_a_real_block_is_in_use() -> None:
     s, _ = drain(s)
     nxt, ok = step(reset_prefix_cache, s)
     assert ok is False
-    assert nxt is s
-    assert nxt.events == ()
+    assert unchanged(nxt, s)
+    assert nxt.events == []
 
 
 def test_reset_clears_every_hash_and_emits_all_blocks_cleared() -> None:
@@ -533,10 +557,10 @@ def test_reset_clears_every_hash_and_emits_all_blocks_cleared() -> None:
     s, ok = step(reset_prefix_cache, s)
     assert ok is True
     assert dict(s.index) == {}
-    assert s.primary == (None,) * 4
-    assert s.secondary == ((),) * 4
+    assert s.primary == [None] * 4
+    assert s.secondary == [()] * 4
     assert s.free == (3, 2, 1)
-    assert s.events == (Cleared(),)
+    assert s.events == [Cleared()]
     assert get_cached_block(s, r.block_hashes[0], [0]) is None
 
 
@@ -555,10 +579,10 @@ def test_events_off_never_records_events() -> None:
         (free_blocks, ([1, 2, 3],)),
         (reset_prefix_cache, ()),
     ]
-    assert s.events == ()
+    assert s.events == []
     for fn, args in actions:
         s, _ = step(fn, s, *args)
-        assert s.events == ()
+        assert s.events == [] and s.out.events == []
     s, taken = step(take_events, s)
     assert taken == []
 
@@ -568,7 +592,7 @@ def test_take_events_hands_over_the_log_and_clears_it() -> None:
     s, _ = allocate_and_cache(pool(3), r, 1)
     s, taken = step(take_events, s)
     assert taken == [stored([r.block_hashes[0]], None, tokens(4), 4, [None])]
-    assert s.events == ()
+    assert s.events == []
     _, taken = step(take_events, s)
     assert taken == []
 
@@ -578,7 +602,7 @@ def test_cache_full_blocks_emits_one_block_stored_for_the_range() -> None:
     s, ids = step(get_new_blocks, pool(4), 2)
     s, _ = step(cache_full_blocks, s, r, ids, 0, 2, HBS, 0)
     bh = r.block_hashes
-    assert s.events == (stored([bh[0], bh[1]], None, tokens(8), 4, [None, None]),)
+    assert s.events == [stored([bh[0], bh[1]], None, tokens(8), 4, [None, None])]
 
 
 def test_cache_full_blocks_parent_is_the_last_already_cached_block() -> None:
@@ -588,7 +612,7 @@ def test_cache_full_blocks_parent_is_the_last_already_cached_block() -> None:
     s, _ = drain(s)
     s, _ = step(cache_full_blocks, s, r, ids, 2, 3, HBS, 0)
     bh = r.block_hashes
-    assert s.events == (stored([bh[2]], bh[1], tokens(4, start=108), 4, [None]),)
+    assert s.events == [stored([bh[2]], bh[1], tokens(4, start=108), 4, [None])]
 
 
 def test_cache_full_blocks_parent_uses_block_size_granularity() -> None:
@@ -599,7 +623,7 @@ def test_cache_full_blocks_parent_uses_block_size_granularity() -> None:
     s, _ = step(cache_full_blocks, s, r, ids, 1, 2, 4, 0)
     bh = r.block_hashes
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[3]): (2,)}
-    assert s.events == (stored([bh[3]], bh[1], [104, 105, 106, 107], 4, [None]),)
+    assert s.events == [stored([bh[3]], bh[1], [104, 105, 106, 107], 4, [None])]
 
 
 @pytest.mark.parametrize(
@@ -624,10 +648,10 @@ def test_block_stored_carries_request_metadata_per_block(
     r = request("r", tokens(8), **features)
     s, _ = allocate_and_cache(pool(4), r, 2)
     bh = r.block_hashes
-    assert s.events == (
+    assert s.events == [
         stored([bh[0], bh[1]], None, tokens(8), 4, extra_keys,
                lora_id=lora_id, lora_name=lora_name, session_id=session_id),
-    )
+    ]
 
 
 def test_block_stored_reports_the_kv_cache_group() -> None:
@@ -635,7 +659,7 @@ def test_block_stored_reports_the_kv_cache_group() -> None:
     s, _ = allocate_and_cache(pool(3), r, 1, group=3)
     h = r.block_hashes[0]
     assert dict(s.index) == {key(h, 3): (1,)}
-    assert s.events == (stored([h], None, tokens(4), 4, [None], group=3),)
+    assert s.events == [stored([h], None, tokens(4), 4, [None], group=3)]
 
 
 def test_block_mask_skips_masked_blocks_in_index_and_event() -> None:
@@ -649,9 +673,9 @@ def test_block_mask_skips_masked_blocks_in_index_and_event() -> None:
     bh = r.block_hashes
     assert dict(s.index) == {key(bh[0]): (1,), key(bh[2]): (3,)}
     assert s.primary[2] is None
-    assert s.events == (
+    assert s.events == [
         stored([bh[0], bh[2]], None, tokens(12), 4, [(("A", 0),), (("B", 0),)]),
-    )
+    ]
 
 
 def test_null_blocks_are_skipped_in_index_and_event() -> None:
@@ -660,7 +684,7 @@ def test_null_blocks_are_skipped_in_index_and_event() -> None:
     s, _ = step(cache_full_blocks, s, r, [NULL, *ids], 0, 3, HBS, 0)
     bh = r.block_hashes
     assert dict(s.index) == {key(bh[1]): (1,), key(bh[2]): (2,)}
-    assert s.events == (stored([bh[1], bh[2]], None, tokens(12), 4, [None, None]),)
+    assert s.events == [stored([bh[1], bh[2]], None, tokens(12), 4, [None, None])]
 
 
 def test_fully_masked_range_still_emits_an_empty_block_stored() -> None:
@@ -668,17 +692,18 @@ def test_fully_masked_range_still_emits_an_empty_block_stored() -> None:
     s, ids = step(get_new_blocks, pool(4), 2)
     s, _ = step(cache_full_blocks, s, r, ids, 0, 2, HBS, 0, [False, False])
     assert dict(s.index) == {}
-    assert s.events == (stored([], None, tokens(8), 4, None),)
+    assert s.events == [stored([], None, tokens(8), 4, None)]
 
 
 def test_emit_cached_block_events_announces_hits_without_changing_the_pool() -> None:
     s, bh = two_requests_with_one_prefix()
     hit = request("hit", tokens(8), session_id="s2")
     nxt, _ = step(emit_cached_block_events, s, hit, 2, HBS, 0)
-    assert nxt.events == (
+    assert nxt.events == [
         stored([bh[0], bh[1]], None, tokens(8), 4, [None, None], session_id="s2"),
-    )
-    assert replace(nxt, events=()) == s
+    ]
+    assert nxt.out == Output(events=nxt.events)  # its events are the pending ones (s was drained)
+    assert replace(nxt, events=[]) == s
 
 
 @pytest.mark.parametrize(("events", "num_cached"), [(False, 1), (True, 0)], ids=["events-off", "no-hits"])
@@ -687,7 +712,7 @@ def test_emit_cached_block_events_is_silent_without_events_or_hits(events: bool,
     s, _ = allocate_and_cache(pool(3, events=events), r, 1)
     s, _ = drain(s)
     nxt, _ = step(emit_cached_block_events, s, r, num_cached, HBS, 0)
-    assert nxt is s
+    assert unchanged(nxt, s)
 
 
 # --------------------------------------------------------------------------
@@ -714,7 +739,7 @@ def test_cache_full_blocks_with_more_cached_than_full_does_nothing() -> None:
     # As vLLM (L261-262): its sparse-attention coordinator may ask for fewer ready blocks.
     s = initial_state(4, True, HBS, True)
     nxt, _ = step(cache_full_blocks, s, FRESH, [3], 1, 0, HBS, 0)
-    assert nxt is s
+    assert unchanged(nxt, s)
 
 
 REFUSALS: list[tuple[str, RefusalKind, Callable[[PoolState, Request], Any]]] = [
@@ -801,8 +826,8 @@ def test_evicting_the_null_block_changes_nothing_but_tells_the_metrics_collector
     s, _ = allocate_and_cache(pool(3), request("r", tokens(4)), 1)
     s, _ = drain(s)
     nxt, _ = step(evict_blocks, s, [NULL])
-    assert replace(nxt, told=s.told) == s
-    assert nxt.told[len(s.told):] == (("evicted", NULL),)  # as vLLM's evict_blocks does
+    assert nxt == s
+    assert nxt.out == Output(told=[("evicted", NULL)])  # as vLLM's evict_blocks does
 
 
 def test_reset_succeeds_while_only_the_null_block_is_referenced() -> None:
@@ -913,7 +938,7 @@ def test_invariant_decorator_registers_and_returns_the_predicate(monkeypatch: py
 
     monkeypatch.setattr(invariants, "INVARIANTS", dict(invariants.INVARIANTS))
 
-    def never_holds(s: PoolState) -> bool:
+    def never_holds(s: PoolState, at: invariants.Around = invariants.EVERYWHERE) -> bool:
         return False
 
     assert invariants.invariant(never_holds) is never_holds
@@ -965,9 +990,9 @@ def test_model_null_block_counter_per_reference_version() -> None:
     for null_counted in (True, False):
         s, _ = ACTIONS["get_new_blocks"](initial_state(5, True, 2, null_counted=null_counted), 3)
         s, _ = ACTIONS["touch"](s, [0, 1, 0, 2])
-        assert s.ref == ((2 if null_counted else 0), 2, 2, 1, 0)
+        assert s.ref == [(2 if null_counted else 0), 2, 2, 1, 0]
         s, _ = ACTIONS["free_blocks"](s, [0, 3, 1, 0, 2])
-        assert s.ref == (0, 1, 1, 0, 0) and s.free == (3, 4)
+        assert s.ref == [0, 1, 1, 0, 0] and s.free == (3, 4)
 
 
 def test_model_keeps_every_reuse_notification() -> None:
@@ -977,14 +1002,17 @@ def test_model_keeps_every_reuse_notification() -> None:
     def second(b: Any) -> None:
         pass
 
+    # Each call tells its own notices (``out``); none is lost between calls.
     s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2), 2)
     s, _ = ACTIONS["unpin_blocks"](s, [1], first)
     s, _ = ACTIONS["get_new_blocks"](s, 2)  # 3 then 1: block 1 is reused
-    assert s.fired == ((first, 1),)
+    assert s.out.fired == [(first, 1)]
     s, _ = ACTIONS["unpin_blocks"](s, [2], second)
+    assert s.out.fired == []
     s, _ = ACTIONS["free_blocks"](s, [1, 3])
+    assert s.out.fired == []
     s, ok = ACTIONS["reset_prefix_cache"](s)
-    assert ok and s.fired == ((first, 1), (second, 2)) and s.watchers == {}
+    assert ok and s.out.fired == [(second, 2)] and s.watchers == {}
 
 
 @pytest.mark.parametrize("caching", [True, False])
@@ -1000,7 +1028,9 @@ def test_cache_full_blocks_with_nothing_new_does_nothing(
     pool.cache_full_blocks(req, blocks, num_cached, num_full, 4, 0)
     assert snapshot(pool) == before and pool.take_events() == []
     state, _ = ACTIONS["get_new_blocks"](initial_state(4, caching, 2, events_on=True), 1)
-    assert ACTIONS["cache_full_blocks"](state, req, [1], num_cached, num_full, 4, 0) == (state, None)
+    before = state.copy()
+    after, result = ACTIONS["cache_full_blocks"](state, req, [1], num_cached, num_full, 4, 0)
+    assert result is None and after == before and after.out == Output()
 
 
 def test_stored_events_carry_the_range_tokens_like_the_model() -> None:
@@ -1029,11 +1059,12 @@ def test_model_ghost_content_is_what_the_hashes_cover() -> None:
     for i, b in enumerate((1, 2, 3)):
         primary = state.primary[b]
         assert primary is not None
-        assert state.names[primary.key] == chunks[: 2 * (i + 1)] == state.holds[b]
+        assert tuple(state.names[primary.key]) == chunks[: 2 * (i + 1)]
+        assert state.holds[b] is state.names[primary.key]  # interned: one prefix, one object
 
 
 def test_model_initial_state_defaults_are_the_pools() -> None:
     pool = BlockPool(4, True, 2)
     state = initial_state(4, True, 2)
     assert (state.events_on, state.medium) == (pool.enable_kv_cache_events, pool.medium) == (False, "GPU")
-    assert state.null_counted is True and state.free == (1, 2, 3) and state.ref == (0, 0, 0, 0)
+    assert state.null_counted is True and state.free == (1, 2, 3) and state.ref == [0, 0, 0, 0]

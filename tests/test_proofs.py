@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,10 +24,9 @@ from kvpool.model import (
     initial_state,
     violated,
 )
-from kvpool.model import actions as A
 from kvpool.model.properties import STEP_PROPERTIES
 from kvpool.model.refusals import Refusal, RefusalKind
-from kvpool.model.request import content, hashes_at
+from kvpool.model.request import Prefix, content, hashes_at
 from kvpool.proofs import order
 from kvpool.proofs import transitions as T
 from kvpool.proofs.concrete import Universe, compare, compare_batch
@@ -204,6 +204,22 @@ def test_every_invariant_and_step_property_refutes_some_seeded_bug() -> None:
 # --------------------------------------------------------------------------
 # Agreement: on random reachable states the steps compute what the model computes.
 
+
+def _on_copy(name: str) -> Any:
+    """The model's operation ``name`` applied to a copy: the state before the call stays as it was
+    (the model's actions update a state in place; comparing a state with the next needs both)."""
+    fn = ACTIONS.get(name) or CALLER_ACTIONS[name]
+
+    def call(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+        return fn(s.copy(), *args)
+
+    call.__name__ = name
+    return call
+
+
+A = SimpleNamespace(**{name.lstrip("_"): _on_copy(name) for name in (*ACTIONS, *CALLER_ACTIONS)})
+"""The model's operations by name (``A.insert_block_hash`` is ``_insert_block_hash``), each on a copy."""
+
 STATE_REFUSALS = (RefusalKind.NOT_ENOUGH_FREE_BLOCKS, RefusalKind.NOT_IN_USE, RefusalKind.HASH_CONFLICT,
                   RefusalKind.NULL_BLOCK, RefusalKind.CACHING_DISABLED)
 """Refusals that depend on the state: the step's precondition must be false there."""
@@ -233,7 +249,7 @@ def _call(rng: random.Random, s: PoolState) -> tuple[str, list[Any], Any, tuple[
                        "cache_full", "cache_partial", "cache_partial", "move", "identity",
                        "write", "insert"])
     if kind == "alloc":
-        return "alloc", [s.free[0] if s.free else None], A.get_new_blocks, (1,)
+        return "alloc", [s.free.first(1)[0] if s.free else None], A.get_new_blocks, (1,)
     if kind == "release":
         return "release", [b], A.free_blocks, ([b],)
     if kind == "touch":
@@ -316,7 +332,7 @@ def test_steps_agree_with_model_on_random_reachable_states() -> None:
             if step == "identity" and nxt is None:
                 continue  # e.g. cache_full_blocks of NULL without caching: refused before any block
             keys = [v for v in vals if _is_key(v)]
-            contents = [v for v in vals if isinstance(v, tuple) and not _is_key(v)]
+            contents = [v for v in vals if isinstance(v, Prefix)]
             u = Universe.of([s] + ([nxt] if nxt else []), keys, contents)
             if step == "alloc" and vals[0] is None:  # nothing free: no block may be allocated
                 assert nxt is None
@@ -344,7 +360,7 @@ def _batch(rng: random.Random, s: PoolState) -> tuple[list[tuple[str, list[Any]]
     kind = rng.choice(["alloc", "release", "touch", "unpin", "evict", "cache_full", "cache_full"])
     if kind == "alloc":
         k = rng.randint(0, min(3, len(s.free)))
-        return [("alloc", [b]) for b in s.free[:k]], A.get_new_blocks, (k,)
+        return [("alloc", [b]) for b in s.free.first(k)], A.get_new_blocks, (k,)
     if kind == "unpin":
         return [("unpin", [b]) for b in ids], A.unpin_blocks, (ids, _watcher)
     if kind in ("release", "touch", "evict"):
@@ -385,7 +401,7 @@ def test_batches_agree_with_their_per_block_decomposition() -> None:
             vals = [v for _step, args in calls for v in args]
             u = Universe.of([s] + ([nxt] if nxt else []),
                             [v for v in vals if _is_key(v)],
-                            [v for v in vals if isinstance(v, tuple) and not _is_key(v)])
+                            [v for v in vals if isinstance(v, Prefix)])
             z = [(step, _z3_args(u, step, args)) for step, args in calls]
             v = compare_batch(u, s, nxt, z)
             assert v.enabled == (nxt is not None), (fn.__name__, margs)
@@ -427,7 +443,7 @@ def _queue_call(rng: random.Random, s: PoolState) -> tuple[Any, tuple[Any, ...],
                        "reset"])
     if kind == "alloc":
         k = rng.randint(0, len(s.free))
-        return A.get_new_blocks, (k,), [("alloc", [b]) for b in s.free[:k]]
+        return A.get_new_blocks, (k,), [("alloc", [b]) for b in s.free.first(k)]
     if kind == "free":
         return A.free_blocks, (ids,), [("open_batch", [len(ids)])] + [("release", [b]) for b in ids]
     if kind == "unpin":
@@ -471,7 +487,7 @@ def test_queue_steps_agree_with_model_order() -> None:
             assert agrees, (fn.__name__, margs, s.free, nxt.free if nxt else None)
             if nxt is not None:
                 done[fn.__name__] = done.get(fn.__name__, 0) + 1
-                if fn is A.free_blocks and nxt.free[len(nxt.free) - 1:] != s.free[len(s.free) - 1:]:
+                if fn is A.free_blocks and tuple(nxt.free)[-1:] != tuple(s.free)[-1:]:
                     done["free_blocks to the tail"] = done.get("free_blocks to the tail", 0) + 1
                 s = nxt
     print("queue agreement", done)
