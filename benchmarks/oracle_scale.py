@@ -112,7 +112,7 @@ class Serving:
     def finish(self) -> None:
         if not self.running:
             return
-        req, table = self.running.pop(self.rng.randrange(len(self.running)))
+        _req, table = self.running.pop(self.rng.randrange(len(self.running)))
         self.call("free_blocks", table[::-1])
 
 

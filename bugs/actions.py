@@ -286,7 +286,8 @@ def unpin_keeps_reference(s: PoolState, ids: Sequence[int], on_reuse: Any) -> tu
 def alloc_refuses_last_block(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
     """``if num_blocks >= free: refuse`` (off by one): the last free block is never handed out."""
     if isinstance(num_blocks, int) and 0 < num_blocks == len(s.free):
-        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, f"Cannot get {num_blocks} free blocks from the pool")
+        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
+                      f"Cannot get {num_blocks} free blocks from the pool")
     return _act("get_new_blocks", s, num_blocks)
 
 
@@ -322,7 +323,8 @@ def insert_indexes_null(s: PoolState, request: Any, prefix_tokens: int, group: i
     if block_id != NULL:
         return _act("_insert_block_hash", s, request, prefix_tokens, group, block_id, num_tokens)
     key = (request.block_hashes[prefix_tokens // s.hash_block_size - 1], group)
-    P.add_key(s, key, NULL, num_tokens or s.hash_block_size, content(request, prefix_tokens, s.hash_block_size))
+    prefix = content(request, prefix_tokens, s.hash_block_size)
+    P.add_key(s, key, NULL, num_tokens or s.hash_block_size, prefix)
     return s, None
 
 

@@ -114,7 +114,8 @@ def cache_partial_block(
 def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> None:
     if s.ref[dst_id] != 1:
         raise ContractBroken("moves_onto_the_callers_copy",
-                             f"block {dst_id} has {s.ref[dst_id]} references: it is not the caller's own copy")
+                             f"block {dst_id} has {s.ref[dst_id]} references: "
+                             "it is not the caller's own copy")
 
 
 def insert_block_hash(

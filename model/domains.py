@@ -39,8 +39,7 @@ def _token_counts(s: PoolState, request: Any) -> range:
 
 
 def get_new_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
-    for n in range(1, s.num_blocks):
-        yield (n,)
+    yield from ((n,) for n in range(1, s.num_blocks))
 
 
 def free_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
@@ -72,8 +71,7 @@ def no_arguments(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def move_block_hashes(s: PoolState, scope: Scope) -> Iterator[Args]:
-    for src, dst in itertools.product(_ids(s), repeat=2):
-        yield (src, dst)
+    yield from itertools.product(_ids(s), repeat=2)
 
 
 def write_block(s: PoolState, scope: Scope) -> Iterator[Args]:

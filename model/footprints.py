@@ -87,7 +87,8 @@ def insert_block_hash(
     s: PoolState, request: Any, prefix_tokens: int, kv_cache_group_id: int, block_id: BlockId,
     num_tokens: int | None,
 ) -> Footprint:
-    return of_blocks(s, [block_id], [prefix_key(request, prefix_tokens, s.hash_block_size, kv_cache_group_id)])
+    key = prefix_key(request, prefix_tokens, s.hash_block_size, kv_cache_group_id)
+    return of_blocks(s, [block_id], [key])
 
 
 def write_block(s: PoolState, block_id: BlockId, request: Any, num_tokens: int) -> Footprint:
@@ -123,7 +124,8 @@ def changed_outside(before: PoolState, after: PoolState, fp: Footprint) -> list[
             if before.names.get(k) is not after.names.get(k):
                 out.append(f"the name of key …{k[0][-3:].hex()}/g{k[1]}")
     if before.announced != after.announced:
-        moved = {e for e in before.announced ^ after.announced if e[0] not in fp.keys and e[1] not in fp.blocks}
+        moved = {e for e in before.announced ^ after.announced
+                 if e[0] not in fp.keys and e[1] not in fp.blocks}
         if moved:
             out.append(f"{len(moved)} announcement(s) of untouched entries")
     return out

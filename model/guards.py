@@ -131,7 +131,8 @@ def check_conflicts(s: PoolState, new_ids: Sequence[BlockId], picked: Sequence[t
 def get_new_blocks(s: PoolState, num_blocks: int) -> Verdict:
     check_count("num_blocks", num_blocks)
     if num_blocks > len(s.free):
-        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS, f"Cannot get {num_blocks} free blocks from the pool")
+        raise Refusal(RefusalKind.NOT_ENOUGH_FREE_BLOCKS,
+                      f"Cannot get {num_blocks} free blocks from the pool")
     return None
 
 
@@ -177,7 +178,8 @@ def cache_full_blocks(
         return Noop()
     check_caching(s, "cache_full_blocks")
     if num_full_blocks > len(block_ids):
-        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"num_full_blocks {num_full_blocks} > {len(block_ids)} blocks")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"num_full_blocks {num_full_blocks} > {len(block_ids)} blocks")
     new_ids = block_ids[num_cached_blocks:num_full_blocks]
     check_ids(s, new_ids)
     if block_mask is not None and len(block_mask) != len(new_ids):
@@ -204,7 +206,8 @@ def cache_partial_block(
             or (block_size > s.hash_block_size and num_tokens % block_size)):
         raise Refusal(RefusalKind.INVALID_ARGUMENT, "a partial entry must end inside a block")
     if num_tokens // s.hash_block_size > len(request.block_hashes):
-        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"request has only {len(request.block_hashes)} block hashes")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT,
+                      f"request has only {len(request.block_hashes)} block hashes")
     check_caching(s, "cache_partial_block")
     return None
 

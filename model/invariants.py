@@ -41,7 +41,9 @@ class Around:
         return (b for b in self.blocks if 1 <= b < s.num_blocks)
 
     def all_blocks(self, s: PoolState) -> Iterable[BlockId]:
-        return range(s.num_blocks) if self.blocks is None else (b for b in self.blocks if 0 <= b < s.num_blocks)
+        if self.blocks is None:
+            return range(s.num_blocks)
+        return (b for b in self.blocks if 0 <= b < s.num_blocks)
 
     def index_keys(self, s: PoolState) -> Iterable[Key]:
         return s.index.keys() if self.keys is None else (k for k in self.keys if k in s.index)

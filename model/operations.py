@@ -167,13 +167,20 @@ class Operation:
 # --------------------------------------------------------------------------
 # The declarations.
 
-COUNT, BLOCK, BLOCKS, REQUEST, GROUP, SIZE, TOKENS = "count", "block", "blocks", "request", "group", "size", "tokens"
+COUNT: ArgKind = "count"
+BLOCK: ArgKind = "block"
+BLOCKS: ArgKind = "blocks"
+REQUEST: ArgKind = "request"
+GROUP: ArgKind = "group"
+SIZE: ArgKind = "size"
+TOKENS: ArgKind = "tokens"
 UNSPLIT = ("identity",)
 
 
 def _insert_pool_call(a: Mapping[str, Any], to: Translate) -> tuple[Any, ...]:
     """vLLM's offload pool passes the key it copied, not the request that names it."""
-    return to.key(a["request"], a["prefix_tokens"], a["kv_cache_group_id"]), to.block(a["block_id"]), a["num_tokens"]
+    key = to.key(a["request"], a["prefix_tokens"], a["kv_cache_group_id"])
+    return key, to.block(a["block_id"]), a["num_tokens"]
 
 
 def _declare(*ops: Operation) -> dict[str, Operation]:
@@ -198,7 +205,7 @@ OPERATIONS: dict[str, Operation] = _declare(
               ("evict",), split.evict_blocks, domains.single_lists),
     Operation("reset_prefix_cache", "action", (), "bool",
               guards.reset_prefix_cache, contracts.nothing, pool.reset_prefix_cache,
-              footprints.reset_prefix_cache, ("reset", "identity"), split.reset_prefix_cache,
+              footprints.reset_prefix_cache, ("reset",), split.reset_prefix_cache,
               domains.no_arguments),
     Operation("cache_full_blocks", "action",
               (Arg("request", REQUEST), Arg("block_ids", BLOCKS), Arg("num_cached_blocks", COUNT),
@@ -247,7 +254,8 @@ OPERATIONS: dict[str, Operation] = _declare(
     Operation("get_usage", "query", (), "fraction",
               guards.get_usage, contracts.nothing, pool.get_usage, footprints.nothing,
               UNSPLIT, split.unchanged, domains.none),
-    Operation("write_block", "caller", (Arg("block_id", BLOCK), Arg("request", REQUEST), Arg("num_tokens", TOKENS)),
+    Operation("write_block", "caller",
+              (Arg("block_id", BLOCK), Arg("request", REQUEST), Arg("num_tokens", TOKENS)),
               "none", guards.write_block, contracts.write_block, pool.write_block, footprints.write_block,
               ("write",), split.write_block, domains.write_block),
 )

@@ -347,7 +347,9 @@ def write_block(s: PoolState, block_id: BlockId, request: Any, num_tokens: int) 
 # The queries (they change nothing).
 
 
-def get_cached_block(s: PoolState, block_hash: Hash, kv_cache_group_ids: Sequence[int]) -> list[BlockId] | None:
+def get_cached_block(
+    s: PoolState, block_hash: Hash, kv_cache_group_ids: Sequence[int],
+) -> list[BlockId] | None:
     """The first block indexed under the hash in every group, or ``None``."""
     found = []
     for g in kv_cache_group_ids:

@@ -40,7 +40,6 @@ class Prefix:
     """
 
     __slots__ = ("__weakref__", "chunk", "depth", "parent")
-    _made: weakref.WeakValueDictionary[tuple[int, Chunk], Prefix] = weakref.WeakValueDictionary()
 
     def __init__(self, parent: Prefix | None, chunk: Chunk | None) -> None:
         self.parent, self.chunk = parent, chunk
@@ -48,9 +47,9 @@ class Prefix:
 
     def then(self, chunk: Chunk) -> Prefix:
         """This prefix followed by ``chunk``."""
-        made = Prefix._made.get((id(self), chunk))
+        made = _MADE.get((id(self), chunk))
         if made is None:
-            made = Prefix._made[(id(self), chunk)] = Prefix(self, chunk)
+            made = _MADE[(id(self), chunk)] = Prefix(self, chunk)
         return made
 
     def __len__(self) -> int:
@@ -76,6 +75,8 @@ class Prefix:
         return repr(tuple(self))
 
 
+_MADE: weakref.WeakValueDictionary[tuple[int, Chunk], Prefix] = weakref.WeakValueDictionary()
+"""Every live prefix, by (its parent's identity, its last chunk): how equal prefixes are one object."""
 Content = Prefix
 EMPTY = Prefix(None, None)
 """The empty prefix: what a block handed out holds."""
@@ -104,7 +105,8 @@ def hashes_at(request: Any, hash_block_size: int, block_size: int) -> list[Hash]
 
 def block_hash(request: Any, hash_block_size: int, block_size: int, i: int) -> Hash:
     """The request's hash of its ``i``-th whole ``block_size`` block (the last chunk's inside it)."""
-    return request.block_hashes[(i + 1) * (block_size // hash_block_size) - 1]
+    found: Hash = request.block_hashes[(i + 1) * (block_size // hash_block_size) - 1]
+    return found
 
 
 def num_blocks_hashed(request: Any, hash_block_size: int, block_size: int) -> int:

@@ -70,7 +70,8 @@ def touch(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId])
     return per_block("touch", block_ids, accept)
 
 
-def unpin_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId], on_reuse: Any) -> Split:
+def unpin_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId],
+                 on_reuse: Any) -> Split:
     return per_block("unpin", block_ids, accept)
 
 
@@ -123,10 +124,12 @@ def insert_block_hash(
 ) -> Split:
     hbs = s.hash_block_size
     key = prefix_key(request, prefix_tokens, hbs, kv_cache_group_id)
-    return Split((("insert", (block_id, key, num_tokens or 0, content(request, prefix_tokens, hbs))),), accept)
+    prefix = content(request, prefix_tokens, hbs)
+    return Split((("insert", (block_id, key, num_tokens or 0, prefix)),), accept)
 
 
-def write_block(s: PoolState, accept: bool, result: Any, block_id: BlockId, request: Any, num_tokens: int) -> Split:
+def write_block(s: PoolState, accept: bool, result: Any, block_id: BlockId, request: Any,
+                num_tokens: int) -> Split:
     return Split((("write", (block_id, content(request, num_tokens, s.hash_block_size))),), accept)
 
 

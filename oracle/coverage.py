@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-MEASURED: tuple[str, ...] = tuple(os.path.realpath(m.__file__) for m in (model_pool, model_guards, model_contracts))
+MEASURED: tuple[str, ...] = tuple(os.path.realpath(str(m.__file__))
+                                  for m in (model_pool, model_guards, model_contracts))
 """The files measured: the operations' updates, guards and contracts."""
 
 

@@ -50,7 +50,15 @@ from .abstraction import (
     refusal_name,
     same_refusal,
 )
-from .observe import WHITE_BOX, Observation, Observer, comparable, model_block_view, model_entries, observe_model
+from .observe import (
+    WHITE_BOX,
+    Observation,
+    Observer,
+    comparable,
+    model_block_view,
+    model_entries,
+    observe_model,
+)
 
 BLOCKS_PER_CALL = 2
 """How many blocks' worth of whole-pool checking each call pays for, amortized: by default the
@@ -521,7 +529,6 @@ class Lockstep(Translate):
     def _diverged(self, where: str, what: str, parts: list[str],
                   crash: BaseException | None = None, contract: str | None = None,
                   window: tuple[int, int] | None = None) -> Divergence:
-        first = max(0, self.steps - PICTURED)
         shown = list(self.trace)[-PICTURED:]
         lines = [f"step {i}: {s.op}{short_args(s.args)} -> {s.outcome}"
                  for i, s in enumerate(shown, start=self.steps - len(shown) + 1)]

@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from kvpool.model import (
     ACTIONS,
@@ -59,7 +59,7 @@ from kvpool.model import (
 from kvpool.model.events import Event, Removed, Stored
 from kvpool.model.request import content
 from kvpool.model.split import Split
-from kvpool.model.state import NULL, Key, PoolState, Primary
+from kvpool.model.state import NULL, Key, PoolState, Primary, Queue
 
 from . import bmc
 from .evaluate import (
@@ -77,6 +77,8 @@ from .invariants import SYM_INVARIANTS, SYM_LEMMAS, SymInvariant
 from .symbolic import Block, Content
 from .symbolic import Key as KeySort
 from .transitions import STEPS, StepSpec
+
+T = TypeVar("T")
 
 STATE_REFUSALS = (RefusalKind.NOT_ENOUGH_FREE_BLOCKS, RefusalKind.NOT_IN_USE,
                   RefusalKind.HASH_CONFLICT, RefusalKind.NULL_BLOCK, RefusalKind.CACHING_DISABLED)
@@ -313,11 +315,11 @@ def perturbations(s: PoolState, d: Domain, turn: int) -> Iterator[tuple[str, Poo
                 s, announced=s.announced | {(k, x)})
     if s.free:
         head = list(s.free)[turn % len(s.free)]
-        yield "a free block dropped from the queue", replace(s, free=tuple(x for x in s.free if x != head))
+        yield "a free block dropped from the queue", replace(s, free=Queue(x for x in s.free if x != head))
     busy = [x for x in range(n) if x not in s.free]
     if busy:
         x = busy[turn % len(busy)]
-        yield f"block {x} (ref {s.ref[x]}) queued", replace(s, free=(*s.free, x))
+        yield f"block {x} (ref {s.ref[x]}) queued", replace(s, free=Queue([*s.free, x]))
     for delta in (+1, -1):
         yield f"block {b}'s count {delta:+d}", replace(s, ref=_set(s.ref, b, s.ref[b] + delta))
         yield f"block {b}'s holders {delta:+d}", replace(s, holders=_set(s.holders, b, s.holders[b] + delta))
@@ -326,7 +328,7 @@ def perturbations(s: PoolState, d: Domain, turn: int) -> Iterator[tuple[str, Poo
     if idle:
         x = idle[turn % len(idle)]
         yield f"idle hashed block {x} left out of the queue", replace(
-            s, free=tuple(y for y in s.free if y != x))
+            s, free=Queue(y for y in s.free if y != x))
     inuse = [x for x in hashed if x != NULL and s.ref[x] > 0]
     if inuse:
         x = inuse[turn % len(inuse)]
@@ -381,8 +383,9 @@ def perturbations(s: PoolState, d: Domain, turn: int) -> Iterator[tuple[str, Poo
         "events on", replace(s, events_on=True))
 
 
-def _set(t: tuple[Any, ...], i: int, v: Any) -> tuple[Any, ...]:
-    return (*t[:i], v, *t[i + 1:])
+def _set(t: Sequence[T], i: int, v: T) -> list[T]:
+    """A copy of ``t`` with item ``i`` replaced."""
+    return [*t[:i], v, *t[i + 1:]]
 
 
 # --------------------------------------------------------------------------

@@ -35,6 +35,7 @@ The BMC checks the same order on the executable model itself
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -345,7 +346,7 @@ def _expected(blocks: list[Expr], m: PoolState, s: QState) -> list[Expr]:
     for i, b in enumerate(blocks):
         out += [s.ref[b] == m.ref[i], s.free[b] == (i in queued),
                 s.cached[b] == (m.caching and m.primary[i] is not None)]
-    out += [s.pos[blocks[a]] < s.pos[blocks[c]] for a, c in zip(m.free, m.free[1:], strict=False)]
+    out += [s.pos[blocks[a]] < s.pos[blocks[c]] for a, c in itertools.pairwise(m.free)]
     return out
 
 

@@ -105,6 +105,11 @@ NOT_ENCODED_STEPS: dict[str, str] = {
     "queue_follows_eviction_policy": "proven on the free queue with places (proofs/order.py)",
     "fired_watchers_were_registered": (
         "the callbacks are opaque (watched is a flag); checked by the BMC and the lockstep"),
+    "changes_stay_in_footprint": (
+        "each z3 step states its frame itself: it updates only the cells of the blocks and keys "
+        "it is given (Store and per-block Lambdas), so no step can change another; the model's "
+        "declared footprints are checked by the BMC on every transition and by the lockstep's "
+        "debug mode"),
     "refused_call_changes_nothing": (
         "a refused call is not a step (its precondition fails, so no post-state exists); "
         "checked by the BMC and the lockstep"),

@@ -45,4 +45,5 @@ def test_every_module_is_listed_and_every_listed_file_exists() -> None:
     for folder in FOLDERS:
         files, listed = _files(folder), tables[folder]
         assert not files - listed, f"{folder}/ files not on {PAGE.name}: {sorted(files - listed)}"
-        assert not listed - files, f"{PAGE.name} lists {folder}/ files that do not exist: {sorted(listed - files)}"
+        gone = sorted(listed - files)
+        assert not gone, f"{PAGE.name} lists {folder}/ files that do not exist: {gone}"

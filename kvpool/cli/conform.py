@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="leave out deliberately wrong calls (always off for pools that do "
                              "not refuse misuse, like vLLM's)")
     parser.add_argument("--coverage", action="store_true",
-                        help="measure the branches of the model's operations (model/pool.py, guards.py, contracts.py) each "
+                        help="measure the branches of the model's operations (model/pool.py, guards.py, "
+                             "contracts.py) each "
                              "phase reaches alone, and list those it misses (needs coverage.py)")
     drive.add_options(parser)
     return parser

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpool.model import QUERIES
+from kvpool.model import OPERATIONS, QUERIES
 
 from ..conform import Failure, Options, PhaseResult
 from ..trace.check import CheckReport, check_trace
@@ -191,10 +191,13 @@ class Shrinker:
         return Shrunk(lines, len(cap.lines), final, self.replays)
 
 
-HANDS_OUT = ("get_new_blocks", "get_cached_block")
+HANDS_OUT = tuple(n for n, op in OPERATIONS.items() if op.result in ("blocks", "blocks?"))
 """The operations whose result names blocks a later call may name."""
-BLOCK_ARGS = ("block_ids", "block_id", "src_id", "dst_id")
-LISTS_OF_HELD = ("free_blocks", "touch", "unpin_blocks", "evict_blocks")
+BLOCK_ARGS = tuple(dict.fromkeys(a.name for op in OPERATIONS.values() for a in op.args
+                                 if a.kind in ("block", "blocks", "block_ids")))
+"""Every argument that names blocks by id."""
+LISTS_OF_HELD = tuple(n for n, op in OPERATIONS.items()
+                      if op.role == "action" and op.args and op.args[0].kind in ("blocks", "block_ids"))
 """Operations whose block list a shrink may cut: blocks the caller holds or names, in any number."""
 
 

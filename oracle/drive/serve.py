@@ -20,14 +20,15 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
+from kvpool.model import OPERATIONS
+from kvpool.model.operations import Translate
 from kvpool.model.request import prefix_key
 
 from ..abstraction import concrete_key
 from ..adapter import LoadError, load_object
-from ..lockstep import BLOCK_ARGS
 from ..observe import Observer
 from ..trace.read import Header, TraceStep, json_lines, parse_header
-from ..trace.schema import ARG_KINDS, FieldError, Json, TraceError
+from ..trace.schema import FieldError, Json, TraceError
 from ..trace.write import encode_result, event_to_json, observation_to_json
 from . import protocol
 
@@ -49,7 +50,7 @@ class _Stranger:
         self.block_id, self.ref_cnt, self.block_hash, self.is_null = block_id, 0, None, False
 
 
-class Server:
+class Server(Translate):
     """One pool at a time, made by each header, called by each call line."""
 
     def __init__(self, pool_class: Any, observe: bool) -> None:
@@ -101,7 +102,7 @@ class Server:
 
     # --------------------------------------------------------------- calls
 
-    def _block(self, block_id: Any) -> Any:
+    def block(self, block_id: Any) -> Any:
         blocks = self.pool.blocks
         if isinstance(block_id, int) and 0 <= block_id < len(blocks):
             return blocks[block_id]
@@ -110,23 +111,21 @@ class Server:
         except Exception:
             return _Stranger(block_id)
 
+    def key(self, request: Any, prefix_tokens: Any, group: int) -> bytes:
+        """The key ``_insert_block_hash`` receives: the one the request names (b"" for none)."""
+        hbs = self.pool.hash_block_size
+        ok = 0 < prefix_tokens <= hbs * len(request.block_hashes) and not prefix_tokens % hbs
+        return concrete_key(prefix_key(request, prefix_tokens, hbs, group)) if ok else b""
+
     def _args(self, step: TraceStep) -> list[Any]:
-        """The trace's arguments as the pool takes them (blocks for ids, callables for names)."""
-        op, named = step.op, step.args
-        values = [named[name] for name in ARG_KINDS[op] if name in named]
-        if op == "_insert_block_hash":  # the pool receives the key the request names
-            request, prefix, group, block_id, num_tokens = values
-            hbs = self.pool.hash_block_size
-            ok = 0 < prefix <= hbs * len(request.block_hashes) and not prefix % hbs
-            key = concrete_key(prefix_key(request, prefix, hbs, group)) if ok else b""
-            return [key, self._block(block_id), num_tokens]
-        if op == "unpin_blocks":
+        """The trace's arguments as the pool takes them (blocks for ids, callables for names),
+        as the operation's declaration says."""
+        decl = OPERATIONS[step.op]
+        values = [step.args[a.name] for a in decl.args if a.name in step.args]
+        if step.op == "unpin_blocks":
             name = str(values[1])
             values[1] = self.watchers.setdefault(name, _Named(name, self.fired))
-        for pos, kind in BLOCK_ARGS.get(op, {}).items():
-            values[pos] = (self._block(values[pos]) if kind == "one"
-                           else [self._block(b) for b in values[pos]])
-        return values
+        return list(decl.pool_args(values, self))
 
     def _call(self, step: TraceStep) -> dict[str, Json]:
         pool, op = self.pool, step.op

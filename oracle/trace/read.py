@@ -7,6 +7,7 @@ Nothing else is raised on bad input (the fuzz harness in ``fuzz/`` holds it to t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,6 @@ from .schema import (
     is_int,
     show,
 )
-
 
 T = TypeVar("T")
 
@@ -120,7 +120,7 @@ def _kind_ok(kind: str, v: Any, where: str) -> None:
 
 def _plain_ints(v: list[Any]) -> bool:
     """Every item an int (not a bool) within 64 bits."""
-    return all(type(x) is int for x in v) and (not v or (INT_MIN <= min(v) and max(v) <= INT_MAX))
+    return all(type(x) is int for x in v) and (not v or (min(v) >= INT_MIN and max(v) <= INT_MAX))
 
 
 def _hex(v: Any, where: str) -> bytes:
@@ -347,7 +347,7 @@ def json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
     """Each non-blank line's JSON value with its 1-based number; errors as :class:`TraceError`."""
     name = str(path)
     try:
-        handle = Path(path).open("rb")
+        handle = Path(path).open("rb")  # noqa: SIM115 (closed below: a generator cannot open it in a with)
     except OSError as exc:
         raise TraceError(name, 0, f"cannot read: {exc.strerror or exc}") from None
     with handle:
@@ -403,7 +403,7 @@ def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
 
     def steps() -> Iterator[TraceStep]:
         for number, value in values:
-            yield _guarded(name, number, lambda: parse_step(value, number, header))
+            yield _guarded(name, number, functools.partial(parse_step, value, number, header))
 
     return header, steps()
 

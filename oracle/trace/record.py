@@ -195,7 +195,10 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
         if path is not None:
             out = stack.enter_context(open(path, "w", encoding="utf-8"))
             out.write(_line(header))
-            pair.sink = lambda line: out.write(_line(line))
+            def sink(line: dict[str, Json]) -> None:
+                out.write(_line(line))
+
+            pair.sink = sink
         try:
             for _ in range(steps):
                 work.step()

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpool.model import OPERATIONS, violated
-from kvpool.model.properties import Transition
 from kvpool.model.events import Cleared, Stored
+from kvpool.model.properties import Transition
 from kvpool.model.state import Key, PoolState
 
 from .domains import DEFAULT, Config, Request
