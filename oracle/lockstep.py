@@ -257,7 +257,9 @@ class Lockstep(Translate):
         # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.
         self.observer = Observer(getattr(self.pool, "wrapped", self.pool))
         if self.full_every is None:
-            self.full_every = max(1, self.model.num_blocks // BLOCKS_PER_CALL)
+            # a pool seen only through its calls shows no block on its own: it is compared
+            # whole (a few calls, pipelined by a process behind the drive protocol) every call
+            self.full_every = 1 if self.observer.api_only else max(1, self.model.num_blocks // BLOCKS_PER_CALL)
 
     @property
     def known_limit(self) -> int:

@@ -77,7 +77,7 @@ LORA_IDS = {"lora1": 1, "lora2": 2}
 MISUSES = (
     "free_idle", "over_free", "unpin_idle", "unpin_null", "touch_unknown", "too_many",
     "negative_count", "mask_length", "evict_unknown", "move_onto_hashed", "move_onto_null",
-    "partial_bad_tokens", "cache_disabled", "insert_bad",
+    "partial_bad_tokens", "cache_disabled", "insert_null", "insert_unnamed", "insert_no_tokens",
 )
 """Deliberately wrong calls; the model refuses each with a typed error."""
 ARGUMENT_MISUSES = (
@@ -693,11 +693,12 @@ class PoolMachine(RuleBasedStateMachine):
             call("cache_partial_block", req, block, self.cfg.hash_block_size, 0, 2 * self.cfg.hash_block_size)
             if self.lock.supports("_insert_block_hash"):
                 call("_insert_block_hash", req, self.cfg.hash_block_size, 0, block, self.cfg.hash_block_size)
-        elif kind == "insert_bad" and self.cfg.caching and self.lock.supports("_insert_block_hash"):
+        elif kind.startswith("insert_") and self.cfg.caching and self.lock.supports("_insert_block_hash"):
             hbs = self.cfg.hash_block_size
             unhashed = [b for b in range(1, m.num_blocks) if m.primary[b] is None] or [NULL]
-            target, upto, tokens = ((NULL, hbs, hbs), (unhashed[pick % len(unhashed)], hbs, None),
-                                    (block, 0, hbs))[pick % 3]
+            target, upto, tokens = {  # onto the null block; a primary with no token count; no key
+                "insert_null": (NULL, hbs, hbs), "insert_no_tokens": (unhashed[pick % len(unhashed)], hbs, None),
+                "insert_unnamed": (block, 0, hbs)}[kind]
             call("_insert_block_hash", self._request(Prompt(0, 8)), upto, 0, target, tokens)
 
     @precondition(lambda self: self.MISUSE)
