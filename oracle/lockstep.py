@@ -41,6 +41,7 @@ from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
 from .abstraction import (
+    GROUP_BYTES,
     concrete_key,
     event_differences,
     key_of,
@@ -365,9 +366,12 @@ class Lockstep(Translate):
         if bound is None or decl.role == "query":
             return NOTHING
         try:
-            return decl.footprint(self.model, *bound)
+            fp = decl.footprint(self.model, *bound)
         except Exception:  # arguments too malformed to say
             return NOTHING
+        # a key no pool can spell (a group id outside 32 bits, the call's fault) cannot be looked at
+        return Footprint(fp.blocks, frozenset(k for k in fp.keys if isinstance(k[1], int)
+                                              and 0 <= k[1] < 1 << 8 * GROUP_BYTES))
 
     def _pool_args(self, decl: Operation, args: Sequence[Any]) -> tuple[Any, ...]:
         try:

@@ -767,7 +767,16 @@ class Workload:
              ("take", 6), ("misuse", 3))
 
     def step(self) -> str:
+        """One step, drawn by :attr:`STEPS`' weights.
+
+        On a pool larger than :data:`SCAN_LIMIT` a reset is rarer in proportion: it
+        costs the pool (and the model's footprint) every block it indexes, so
+        that a call costs the same on average on any pool size.
+        """
         steps = self.STEPS if self.misuse_on else [x for x in self.STEPS if x[0] != "misuse"]
+        scale = min(1.0, SCAN_LIMIT / self.pair.model.num_blocks)
+        if scale < 1:
+            steps = [(n, w * scale if n == "reset" else w) for n, w in steps]
         names, weights = zip(*steps, strict=True)
         name: str = self.rng.choices(names, weights)[0]
         getattr(self, name)()
