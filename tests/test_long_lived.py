@@ -26,7 +26,7 @@ from kvpool.model import OPERATIONS, initial_state
 from kvpool.oracle import observe
 from kvpool.oracle.adapter import adapter_for_class, kvpool_adapter
 from kvpool.oracle.campaign import run_one
-from kvpool.oracle.lockstep import Divergence, Lockstep
+from kvpool.oracle.lockstep import Lockstep
 from kvpool.oracle.long_lived import LONG_LIVED_BLOCKS, LongLived, pool_blocks
 from kvpool.oracle.trace import check_trace, record_adapter
 from kvpool.oracle.workload import MAX_RUNNING, SCAN_LIMIT, Config, Workload, second_pool
@@ -152,7 +152,7 @@ def test_a_step_on_a_million_blocks_looks_at_what_it_touches(monkeypatch: pytest
     the workload picks among at most :data:`SCAN_LIMIT`; whole-pool checks come every
     ``num_blocks // 16`` calls, so none runs in this bounded run (besides the final one)."""
     looked: Counter[str] = Counter()
-    original_view, original_model_view = observe.Observer.block_view, observe.model_block_view
+    original_view = observe.Observer.block_view
 
     def counted_view(self: observe.Observer, b: int) -> Any:
         looked["pool"] += 1
