@@ -52,7 +52,7 @@ from .lockstep import CallerBrokeContract, CallRecord, Divergence, Watcher, shor
 from .observe import Observer
 from .trace.record import RecordingLockstep
 from .trace.schema import VERSION, Json
-from .trace.write import observation_to_json
+from .trace.write import model_event_to_json, observation_to_json
 
 ENV_DIR = "KVPOOL_SHADOW_DIR"
 """Where a diverging pool's trace is written (default: the temporary directory's ``kvpool-shadow``)."""
@@ -334,7 +334,7 @@ class Shadow:
         if not self.active or self.depth:
             return real(*args, **kwargs)
         # An iterator is read once: the pool gets it as a list (before anything else can fail).
-        if any(isinstance(a, Iterator) for a in args) or any(isinstance(a, Iterator) for a in kwargs.values()):
+        if any(isinstance(a, Iterator) for a in (*args, *kwargs.values())):
             args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
             kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
         try:
@@ -355,12 +355,15 @@ class Shadow:
             result, error = None, exc
         finally:
             self.depth -= 1
+        self.depth += 1  # the observation's lookups are the shadow's, not the engine's
         try:
             self._check(op, model_args, result, error, queue, queued)
         except ShadowDivergence:
             raise
         except Exception as exc:
             self._failed(exc)
+        finally:
+            self.depth -= 1
         if error is not None:
             raise error
         return result
@@ -373,7 +376,7 @@ class Shadow:
                queue: list[Any] | None, queued: int) -> None:
         self._taken_elsewhere(queue)
         shown = result
-        if op == "take_events" and error is None and isinstance(result, list):
+        if op == "take_events" and error is None and isinstance(result, list) and queue is not None:
             mine = {id(e) for e in self.own}
             shown = [e for e in result if id(e) in mine]
         fired = self._fired
@@ -400,21 +403,24 @@ class Shadow:
 
     def _taken_elsewhere(self, queue: list[Any] | None) -> None:
         """Events this pool queued that another pool's ``take_events`` took (a shared queue): the
-        model takes them too, written in the trace as this pool's ``take_events``."""
+        model takes them too, written in the trace as this pool's ``take_events``.
+
+        They were compared when they were queued; the engine may have changed them since
+        (vLLM's manager sets ``kv_cache_spec_kind`` on the events it takes), so the line
+        carries them as the model has them.
+        """
         if not self.own or queue is None or queue is self._queue:
             return
+        self._queue = queue
         left = {id(e) for e in queue}
         if any(id(e) in left for e in self.own):
-            self._queue = queue
             return
-        taken = list(self.own)
-        self.replay.load("take_events", (taken, None), self.own.clear)
+        self.own.clear()
+        taken = OPERATIONS["take_events"].run(self.pair.model, ())
         self.calls += 1
-        try:
-            self.pair.call("take_events")
-        except Divergence as found:
-            self._diverged(found)
-        self._queue = queue
+        self.pair.steps += 1
+        self.sink({"op": "take_events", "args": {}, "result": [model_event_to_json(e) for e in taken],
+                   "error": None, "events": [], "fired": []})
 
     # ------------------------------------------------------------ what the model receives
 
@@ -424,7 +430,8 @@ class Shadow:
                 sig: inspect.Signature | None = inspect.signature(real)
             except (TypeError, ValueError):
                 sig = None
-            if sig is not None and any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+            varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            if sig is not None and any(p.kind in varying for p in sig.parameters.values()):
                 sig = None
             self._signatures[op] = sig
         return self._signatures[op]
@@ -467,7 +474,7 @@ class Shadow:
                 model.append(None if v is None else list(v))
             else:
                 model.append(v)
-        if pool_values != values:
+        if any(a is not b for a, b in zip(pool_values, values, strict=True)):
             args, kwargs = _rebuilt(names, pool_values, args, kwargs)
         return args, kwargs, tuple(model)
 
@@ -550,7 +557,8 @@ class Shadow:
             TOTALS.stopped += 1
             TOTALS.findings.append({"pool": self.name, "kind": "stopped", "call": self.calls, "first": why,
                                     "trace": None, "test": os.environ.get("PYTEST_CURRENT_TEST")})
-        self.log.warning("kvpool shadow: %s is no longer shadowed after %d calls: %s", self.name, self.calls, why)
+        self.log.warning("kvpool shadow: %s is no longer shadowed after %d calls: %s", self.name,
+                         self.calls, why)
 
     def _failed(self, exc: Exception) -> None:
         if self.strict:
@@ -568,7 +576,7 @@ def _close(out: TextIO, part: Path, final: Path, keep: bool, sink: _Sink) -> Pat
     """Close a pool's trace: kept as ``final``, or removed (idempotent)."""
     if out.closed:
         return final if final.exists() else None
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, TypeError):
         sink.flush()
     out.close()
     if not keep:
@@ -654,7 +662,8 @@ def shadowed_class(base: type, **options: Any) -> type:
     Only calls from outside the pool are shadowed (a pool calling its own
     operations is its own business); ``options`` go to :class:`Shadow`.
     """
-    namespace: dict[str, Any] = {"__module__": __name__, "__doc__": f"{base.__qualname__}, shadowed by the model."}
+    namespace: dict[str, Any] = {"__module__": __name__,
+                                 "__doc__": f"{base.__qualname__}, shadowed by the model."}
     for op in POOL_OPERATIONS:
         real = getattr(base, op, None)
         if callable(real):
