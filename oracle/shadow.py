@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpool.model import OPERATIONS, POOL_OPERATIONS, REFERENCES, initial_state
+from kvpool.model import OPERATIONS, POOL_OPERATIONS, REFERENCES, initial_state, violated
 from kvpool.model.request import Prefix
 from kvpool.model.state import Key
 
@@ -60,6 +60,8 @@ ENV_STRICT = "KVPOOL_SHADOW_STRICT"
 """``1``: a divergence raises :class:`ShadowDivergence` from the call instead of being logged."""
 ENV_KEEP = "KVPOOL_SHADOW_KEEP"
 """``1``: keep every pool's trace when the pool goes, not only a diverging one's (to build corpora)."""
+ENV_FULL_EVERY = "KVPOOL_SHADOW_FULL_EVERY"
+"""Compare the whole pool every this many calls (default: the lockstep's, ``num_blocks // 16``)."""
 ENV_REFERENCE = "KVPOOL_SHADOW_REFERENCE"
 """The vLLM behaviour the model reproduces (default ``0.31``)."""
 FIRST_LINE = 400
@@ -185,6 +187,12 @@ class _Sink:
             self.out.write(json.dumps(self.held, separators=(",", ":"), allow_nan=False) + "\n")
             self.lines += 1
             self.held = None
+
+
+def _whole_invariants(s: Any, around: Any = None) -> list[str]:
+    """The model's invariants at whole-pool checks only: they are proved for every legal call
+    sequence (``kvpool prove``); what a shadow pays for each call is the comparison with the pool."""
+    return [] if around is not None else violated(s)
 
 
 class _ShadowLockstep(RecordingLockstep):
@@ -314,9 +322,11 @@ class Shadow:
         self.replay = _Replay(pool)
         model = initial_state(num_blocks, caching, int(pool.hash_block_size), events, medium,
                               **REFERENCES[self.reference])
+        if full_every is None and os.environ.get(ENV_FULL_EVERY, "").strip().isdigit():
+            full_every = max(1, int(os.environ[ENV_FULL_EVERY]))
         self.pair = _ShadowLockstep(pool=self.replay, model=model, full_every=full_every,
                                     errors_match=same_refusal if kvpool_pool else vllm_refusal,
-                                    keep_observations=False, sink=self.sink)
+                                    keep_observations=False, sink=self.sink, invariants=_whole_invariants)
         self.pair.observer = _Observed(pool, self.own)
         self._queue = getattr(pool, "kv_event_queue", None)
         self.active = True
@@ -715,6 +725,6 @@ def shadowed(pools: Iterable[Any]) -> Iterator[Shadow]:
             yield found
 
 
-__all__ = ["ENV_DIR", "ENV_KEEP", "ENV_REFERENCE", "ENV_STRICT", "TOTALS", "CopiedKey", "Shadow",
+__all__ = ["ENV_DIR", "ENV_FULL_EVERY", "ENV_KEEP", "ENV_REFERENCE", "ENV_STRICT", "TOTALS", "CopiedKey", "Shadow",
            "ShadowDivergence", "ShadowPool", "Totals", "shadow_dir", "shadow_of", "shadowed",
            "shadowed_class"]
