@@ -326,7 +326,8 @@ class Shadow:
             full_every = max(1, int(os.environ[ENV_FULL_EVERY]))
         self.pair = _ShadowLockstep(pool=self.replay, model=model, full_every=full_every,
                                     errors_match=same_refusal if kvpool_pool else vllm_refusal,
-                                    keep_observations=False, sink=self.sink, invariants=_whole_invariants)
+                                    keep_observations=False, sink=self.sink,
+                                    invariants=_whole_invariants)
         self.pair.observer = _Observed(pool, self.own)
         self._queue = getattr(pool, "kv_event_queue", None)
         self.active = True
@@ -648,9 +649,8 @@ def _rebuilt(names: list[str], values: list[Any], args: tuple[Any, ...],
 
 def shadow_of(pool: Any) -> Shadow | None:
     """The shadow watching ``pool`` (a pool of a :func:`shadowed_class` or a :class:`ShadowPool`)."""
-    if isinstance(pool, ShadowPool):
-        return pool._kvpool_shadow
-    found = getattr(pool, "_kvpool_shadow", None)
+    found = (object.__getattribute__(pool, "_kvpool_shadow") if isinstance(pool, ShadowPool)
+             else getattr(pool, "_kvpool_shadow", None))
     return found if isinstance(found, Shadow) else None
 
 
@@ -680,7 +680,7 @@ def shadowed_class(base: type, **options: Any) -> type:
             namespace[op] = _method(op, real)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        base.__init__(self, *args, **kwargs)
+        base.__init__(self, *args, **kwargs)  # type: ignore[misc]
         try:
             self.__dict__["_kvpool_shadow"] = Shadow(self, **options)
         except Exception as exc:  # never the engine's failure
@@ -725,6 +725,6 @@ def shadowed(pools: Iterable[Any]) -> Iterator[Shadow]:
             yield found
 
 
-__all__ = ["ENV_DIR", "ENV_FULL_EVERY", "ENV_KEEP", "ENV_REFERENCE", "ENV_STRICT", "TOTALS", "CopiedKey", "Shadow",
-           "ShadowDivergence", "ShadowPool", "Totals", "shadow_dir", "shadow_of", "shadowed",
+__all__ = ["ENV_DIR", "ENV_FULL_EVERY", "ENV_KEEP", "ENV_REFERENCE", "ENV_STRICT", "TOTALS", "CopiedKey",
+           "Shadow", "ShadowDivergence", "ShadowPool", "Totals", "shadow_dir", "shadow_of", "shadowed",
            "shadowed_class"]

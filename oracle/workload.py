@@ -761,7 +761,7 @@ class Workload:
         bs = self.cfg.block_sizes[0]
         self.pair.call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
 
-    STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
+    STEPS: tuple[tuple[str, float], ...] = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
              ("placeholders", 1), ("other_pool", 1), ("offload", 1), ("evict", 1), ("reset", 1), ("query", 2),
              ("take", 6), ("misuse", 3))
@@ -773,7 +773,7 @@ class Workload:
         costs the pool (and the model's footprint) every block it indexes, so
         that a call costs the same on average on any pool size.
         """
-        steps = self.STEPS if self.misuse_on else [x for x in self.STEPS if x[0] != "misuse"]
+        steps: list[tuple[str, float]] = [x for x in self.STEPS if self.misuse_on or x[0] != "misuse"]
         scale = min(1.0, SCAN_LIMIT / self.pair.model.num_blocks)
         if scale < 1:
             steps = [(n, w * scale if n == "reset" else w) for n, w in steps]
