@@ -761,7 +761,8 @@ class Workload:
         bs = self.cfg.block_sizes[0]
         self.pair.call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
 
-    STEPS: tuple[tuple[str, float], ...] = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
+    STEPS: tuple[tuple[str, float], ...] = (
+             ("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
              ("placeholders", 1), ("other_pool", 1), ("offload", 1), ("evict", 1), ("reset", 1), ("query", 2),
              ("take", 6), ("misuse", 3))
