@@ -210,7 +210,8 @@ class LongLived(Workload):
         self.long.clear()
         super().reset()
 
-    STEPS: tuple[tuple[str, float], ...] = (("admit", 4), ("decode", 8), ("finish", 3), ("revisit", 6), ("hit_storm", 3),
+    STEPS: tuple[tuple[str, float], ...] = (
+             ("admit", 4), ("decode", 8), ("finish", 3), ("revisit", 6), ("hit_storm", 3),
              ("evict_recache", 2), ("burst", 2), ("slide", 1), ("move", 1), ("drop_copies", 1),
              ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1), ("placeholders", 1),
              ("other_pool", 1), ("offload", 1), ("evict", 1), ("reset", 0.2), ("query", 2), ("take", 4),
