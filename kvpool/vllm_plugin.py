@@ -8,12 +8,19 @@ re-parents vLLM's own subclasses of the pool onto kvpool's, and makes kvpool emi
 vLLM's event classes (``vllm.distributed.kv_events``), which vLLM's KV-cache
 manager recognises.  On a vLLM release whose pool API kvpool does not follow it
 logs one line and changes nothing.  Details: ``docs/vllm.md``.
+
+``KVPOOL_PLUGIN`` says what it does: ``replace`` (the default) as above;
+``shadow`` keeps vLLM's own pool and shadows every pool vLLM builds with the
+model (:mod:`kvpool.oracle.shadow`: a divergence is logged with a trace, the
+engine's behaviour never changes); ``replace,shadow`` both, kvpool's pool
+shadowed.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -26,6 +33,20 @@ logger = logging.getLogger("vllm.plugins.kvpool")
 _POOL_MODULE = "vllm.v1.core.block_pool"
 _installed: dict[str, Any] = {}
 """While installed: the original class, and what was rebound, for :func:`uninstall`."""
+ENV_MODE = "KVPOOL_PLUGIN"
+MODES = ("replace", "shadow")
+"""What ``KVPOOL_PLUGIN`` may name, comma-separated (default ``replace``)."""
+
+
+def modes(value: str | None = None) -> tuple[str, ...]:
+    """The plugin's modes from ``KVPOOL_PLUGIN`` (or ``value``); ``ValueError`` on an unknown one."""
+    raw = os.environ.get(ENV_MODE, "") if value is None else value
+    named = tuple(dict.fromkeys(m.strip() for m in raw.split(",") if m.strip())) or ("replace",)
+    unknown = [m for m in named if m not in MODES]
+    if unknown:
+        raise ValueError(f"{ENV_MODE}={raw!r}: unknown mode(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(MODES)}, comma-separated")
+    return named
 
 
 def supported(version: str) -> bool:
@@ -42,9 +63,45 @@ def register() -> None:
             "kvpool plugin not loaded: vLLM %s's BlockPool API is not the one kvpool follows "
             "(vLLM %s); vLLM's own pool stays in place", version, "x, ".join(SUPPORTED) + "x")
         return
-    rebound = install()
-    logger.info("kvpool plugin: kvpool.impl.BlockPool replaces vLLM's BlockPool in %d modules",
-                len(rebound))
+    try:
+        chosen = modes()
+    except ValueError as exc:
+        logger.warning("kvpool plugin not loaded: %s; vLLM's own pool stays in place", exc)
+        return
+    if "replace" in chosen:
+        rebound = install()
+        logger.info("kvpool plugin: kvpool.impl.BlockPool replaces vLLM's BlockPool in %d modules",
+                    len(rebound))
+    if "shadow" in chosen:
+        rebound = install_shadow()
+        logger.info("kvpool plugin: every block pool vLLM builds is shadowed by the model (%d modules); "
+                    "divergences are logged with a trace in %s", len(rebound), _shadow_dir())
+
+
+def _shadow_dir() -> str:
+    from kvpool.oracle.shadow import shadow_dir
+
+    return str(shadow_dir())
+
+
+def _rebind(original: type, replacement: type) -> tuple[list[str], list[type]]:
+    """Put ``replacement`` wherever a loaded vLLM module bound ``original``, and re-parent vLLM's own
+    subclasses of ``original`` onto it; the names changed, and the classes re-parented."""
+    rebound: list[str] = []
+    reparented: list[type] = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "vllm" or name.startswith("vllm.")):
+            continue
+        for attr, value in list(vars(mod).items()):
+            if value is original:
+                setattr(mod, attr, replacement)
+                rebound.append(f"{name}.{attr}")
+            elif (isinstance(value, type) and original in value.__bases__ and value is not replacement
+                  and value.__module__ == name and value not in reparented):
+                value.__bases__ = tuple(replacement if b is original else b for b in value.__bases__)
+                reparented.append(value)
+                rebound.append(f"{name}.{attr} (now a subclass of {replacement.__qualname__})")
+    return rebound, reparented
 
 
 def install() -> list[str]:
@@ -62,29 +119,47 @@ def install() -> list[str]:
     original = module.BlockPool
     if original is BlockPool:
         return []
-    rebound: list[str] = []
-    reparented: list[type] = []
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not (name == "vllm" or name.startswith("vllm.")):
-            continue
-        for attr, value in list(vars(mod).items()):
-            if value is original:
-                setattr(mod, attr, BlockPool)
-                rebound.append(f"{name}.{attr}")
-            elif (isinstance(value, type) and original in value.__bases__
-                  and value.__module__ == name and value not in reparented):
-                value.__bases__ = tuple(BlockPool if b is original else b for b in value.__bases__)
-                reparented.append(value)
-                rebound.append(f"{name}.{attr} (now a subclass of kvpool's pool)")
+    rebound, reparented = _rebind(original, BlockPool)
     events = use_vllm_event_classes()
     _installed.update(original=original, rebound=rebound, reparented=reparented, events=events)
     return rebound
 
 
+def install_shadow() -> list[str]:
+    """Shadow every pool vLLM builds from now on: the pool class in place (vLLM's, or kvpool's
+    after :func:`install`) becomes a subclass whose pools the model shadows.
+
+    The KV-cache coordinator builds every pool vLLM 0.31 has through that name
+    (the GPU pool, the CPU offload manager's through its own coordinator), and
+    hisparse's ``SharedEventQueueBlockPool`` is re-parented onto the shadowed
+    class.  Idempotent; :func:`uninstall` undoes it.
+    """
+    from kvpool.oracle.shadow import shadowed_class
+
+    module = importlib.import_module(_POOL_MODULE)
+    if "shadowed" in _installed:
+        return list(_installed["shadow_rebound"])
+    base = module.BlockPool
+    shadowed = shadowed_class(base, log=logging.getLogger("vllm.plugins.kvpool.shadow"))
+    rebound, reparented = _rebind(base, shadowed)
+    _installed.update(shadowed=shadowed, shadowed_base=base, shadow_rebound=rebound,
+                      shadow_reparented=reparented)
+    return rebound
+
+
 def uninstall() -> None:
-    """Undo :func:`install` (for tests): vLLM's pool and kvpool's own event classes again."""
+    """Undo :func:`install` and :func:`install_shadow` (for tests): vLLM's pool and kvpool's own
+    event classes again."""
     if not _installed:
         return
+    if "shadowed" in _installed:
+        shadowed, base = _installed.pop("shadowed"), _installed.pop("shadowed_base")
+        _installed.pop("shadow_rebound")
+        _rebind(shadowed, base)
+        for cls in _installed.pop("shadow_reparented"):
+            cls.__bases__ = tuple(base if b is shadowed else b for b in cls.__bases__)
+        if "original" not in _installed:
+            return
     from kvpool.impl import BlockPool
     from kvpool.impl.events import use_event_classes
 
@@ -101,4 +176,5 @@ def uninstall() -> None:
     _installed.clear()
 
 
-__all__ = ["SUPPORTED", "install", "register", "supported", "uninstall"]
+__all__ = ["ENV_MODE", "MODES", "SUPPORTED", "install", "install_shadow", "modes", "register", "supported",
+           "uninstall"]

@@ -42,7 +42,9 @@ def of_blocks(s: PoolState, blocks: Iterable[BlockId], keys: Iterable[Key] = ())
 
 
 def get_new_blocks(s: PoolState, num_blocks: int) -> Footprint:
-    return of_blocks(s, s.free.first(num_blocks) if isinstance(num_blocks, int) else ())
+    """The blocks handed out; none when there are too few (the call is refused, at no cost)."""
+    return of_blocks(s, s.free.first(num_blocks) if isinstance(num_blocks, int) and num_blocks <= len(s.free)
+                     else ())
 
 
 def listed(s: PoolState, block_ids: Sequence[BlockId], *_rest: Any) -> Footprint:

@@ -9,28 +9,33 @@ from typing import Any, TextIO
 
 from .abstraction import same_refusal
 from .lockstep import Divergence, Lockstep
-from .workload import Config, Workload, second_pool
+from .long_lived import pool_blocks, workload_class
+from .workload import Config, second_pool
 
 
 def run_one(
     pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31", observe: Callable[..., Any] | None = None,
+    blocks: int | None = None, long_lived: bool = False,
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
     ``misuse=False`` leaves out deliberately wrong calls (for pools, like
     vLLM's, that do not refuse them); ``errors_match`` pairs refusals;
-    ``observe`` is an adapter's own observation, if it has one.
+    ``observe`` is an adapter's own observation, if it has one; ``blocks``
+    is the pool's size (None: drawn, or for a long-lived run one of
+    :data:`~.long_lived.LONG_LIVED_BLOCKS`); ``long_lived`` plays the run
+    with :class:`~.long_lived.LongLived`'s churn.
     """
     rng = random.Random(seed)
-    cfg = Config.draw(rng, seed)
+    cfg = Config.draw(rng, seed, pool_blocks(seed, blocks, long_lived))
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
                           cfg.events, reference, metrics=cfg.metrics)
     pair.errors_match = errors_match
     pair.observe = observe
-    work = Workload(rng, cfg, pair, misuse_on=misuse,
-                    second=second_pool(pool_factory, cfg, reference, errors_match))
+    work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse,
+                                      second=second_pool(pool_factory, cfg, reference, errors_match))
     for _ in range(steps):
         work.step()
     pair.check()  # the whole pool once more at the end
@@ -41,7 +46,7 @@ def run_campaign(
     pool_factory: Callable[..., Any], steps: int, runs: int, seed: int, out: TextIO, *,
     misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
-    reference: str = "0.31",
+    reference: str = "0.31", blocks: int | None = None, long_lived: bool = False,
 ) -> int:
     """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""
     failures = 0
@@ -50,9 +55,11 @@ def run_campaign(
     for run in range(runs):
         try:
             pair = run_one(pool_factory, seed + run, steps, misuse=misuse,
-                           errors_match=errors_match, reference=reference)
+                           errors_match=errors_match, reference=reference, blocks=blocks,
+                           long_lived=long_lived)
             total_calls += pair.steps
-            print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls)", file=out)
+            print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls, "
+                  f"{pair.model.num_blocks} blocks)", file=out)
         except Divergence as exc:
             failures += 1
             print(f"run {run + 1}/{runs} seed {seed + run}: DIVERGED\n{exc}", file=out)

@@ -137,13 +137,18 @@ class Options:
     """This run's part: ``(index from 0, count)``."""
     database: str | None = None
     """Hypothesis' example database (a directory or ``redis://HOST:PORT/N``); ``None``: none."""
+    blocks: int | None = None
+    """The campaign's pool size (``None``: drawn; the state machine keeps its own shapes)."""
+    long_lived: bool = False
+    """Whether the campaign's runs are long-lived (:mod:`.long_lived`)."""
 
     def settings_json(self) -> dict[str, Any]:
         """The options as a result document shows them (the database without its password)."""
         return {"steps": self.steps, "runs": self.runs, "examples": self.examples,
                 "machine_steps": self.machine_steps, "seed": self.seed, "misuse": self.misuse,
                 "reference": self.reference, "shard": [self.shard[0] + 1, self.shard[1]],
-                "database": None if self.database is None else describe(self.database)}
+                "database": None if self.database is None else describe(self.database),
+                "blocks": self.blocks, "long_lived": self.long_lived}
 
     def machine_examples(self) -> int:
         """This shard's share of the state machine's examples."""
@@ -191,7 +196,8 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
         try:
             pair = run_one(factory, seed, opts.steps, misuse=misuse,
                            errors_match=adapter.errors_match, reference=opts.reference,
-                           observe=getattr(adapter, "observe", None))
+                           observe=getattr(adapter, "observe", None), blocks=opts.blocks,
+                           long_lived=opts.long_lived)
         except Exception as exc:
             return PhaseResult("campaign", False, time.perf_counter() - started, calls,
                                _failure(exc, None, seed), dict(operations), dict(refusals))

@@ -42,6 +42,7 @@ from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
 from .abstraction import (
+    GROUP_BYTES,
     concrete_key,
     event_differences,
     key_of,

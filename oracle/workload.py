@@ -23,7 +23,8 @@ only by its sole owner), so a correct pool never diverges.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,17 @@ from kvpool.model.state import NULL
 
 from .abstraction import refusal_name
 from .lockstep import CallRecord, Lockstep
+
+SCAN_LIMIT = 256
+"""Pools up to this size are scanned whole when a step picks blocks; on a larger pool a step
+picks among the blocks the workload handled lately (:meth:`Workload.scope`), so that it costs
+the same however large the pool is."""
+MAX_RUNNING = 24
+"""Requests in flight at most (an engine's ``max_num_seqs``).  A pool of the default shapes (at
+most 24 blocks) never holds this many, each request holding a block it allocated itself; an
+engine-sized one would otherwise admit requests without end."""
+SECOND_POOL_BLOCKS = 64
+"""The second pool's size at most: blocks of another pool need not be as many as this pool's."""
 
 
 @dataclass
@@ -60,8 +72,10 @@ class Config:
     """Whether the pool is built with a metrics collector, compared call by call."""
 
     @classmethod
-    def draw(cls, rng: random.Random, run: int | None = None) -> Config:
+    def draw(cls, rng: random.Random, run: int | None = None, blocks: int | None = None) -> Config:
         """A random shape; runs with events on always carry extra keys, which the events publish.
+
+        ``blocks`` is the pool's size (the rest is drawn as without it, from the same dice).
 
         ``run`` (a campaign's seed) fixes what decides which branches of the
         pool run at all, so that any four runs in a row see all of it: every
@@ -86,6 +100,8 @@ class Config:
             sizes[0] = hbs * (3, 2, 1, 3)[run % 4]
             if run % 4 == 0 and len(sizes) == 1:
                 sizes[1] = hbs * rng.choice([1, 2, 3])
+        if blocks is not None:
+            num_blocks = blocks
         return cls(num_blocks=num_blocks, caching=caching, hash_block_size=hbs, block_sizes=sizes,
                    events=events, extra_keys=events or extra_keys, metrics=metrics)
 
@@ -95,8 +111,8 @@ def second_pool(pool_factory: Callable[..., Any], cfg: Config, reference: str,
     """How a run builds its second pool: the same class and shape, with its own model."""
 
     def build() -> Lockstep:
-        pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                              cfg.events, reference, metrics=cfg.metrics)
+        pair = Lockstep.fresh(pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS), cfg.caching,
+                              cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics)
         pair.errors_match = errors_match
         return pair
 
@@ -111,10 +127,13 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     checked here: the first model frees the first pool's ids, the second
     model the second's (each in listed order); a refusal by either model (a
     double free) must be the pool's refusal with neither pool changed.
-    Then both pools are compared with their models.
+    Then each pool is compared with its model as after any call (the footprint; the whole
+    pool when due).
     """
     free = OPERATIONS["free_blocks"]
     mine, theirs = [b for p, b in listed if p is first], [b for p, b in listed if p is second]
+    footprints = [(pair, free.footprint(pair.model, ids)) for pair, ids in ((first, mine), (second, theirs))]
+    noted = [(pair, fp, pair._note(fp)) for pair, fp in footprints]
     m_error: Exception | None = None
     try:  # both guards first: a refusal by either changes neither model
         free.prepare(first.model, (mine,))
@@ -138,8 +157,11 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     if m_error is None:
         free.next(first.model, mine)
         free.next(second.model, theirs)
-    first.check()
-    second.check()
+    for pair, fp, before in noted:  # as after any call: the footprint, the whole pool when due
+        if pair.steps - pair.last_full >= (pair.full_every or 1):
+            pair.check()
+        else:
+            pair._check_footprint("free_blocks", fp, before)
 
 
 def partial_offsets(block_size: int, hash_block_size: int, boundary: bool) -> list[int]:
@@ -217,6 +239,8 @@ class Workload:
     other: Lockstep | None = None
     theirs: list[int] = field(default_factory=list)
     """Blocks of the second pool held for a free through the first, as they will be listed."""
+    seen: deque[int] = field(default_factory=lambda: deque(maxlen=SCAN_LIMIT))
+    """The blocks handed out, hit and released lately: where a step on a large pool picks."""
 
     def __post_init__(self) -> None:
         self.documents = [[self.rng.randrange(50) for _ in range(48)] for _ in range(3)]
@@ -317,26 +341,45 @@ class Workload:
         if isinstance(got, Refusal):
             return False
         run.tables[group].extend(got)
+        self.seen.extend(got)
         return True
 
+    def scope(self) -> Sequence[int]:
+        """The blocks a step picks among, in id order: every block of a pool of at most
+        :data:`SCAN_LIMIT` blocks; of a larger one, those handed out, hit or released lately."""
+        n = self.pair.model.num_blocks
+        return range(n) if n <= SCAN_LIMIT else sorted(set(self.seen))
+
     def _held(self) -> list[int]:
-        """Real blocks in use (ref > 0)."""
+        """Real blocks in use (ref > 0), in :meth:`scope`."""
         m = self.pair.model
-        return [b for b in range(1, m.num_blocks) if m.ref[b] > 0]
+        return [b for b in self.scope() if b != NULL and m.ref[b] > 0]
 
     # ---------------------------------------------------------------- steps
 
-    def admit(self) -> None:
-        req = self._new_request()
+    def lookup(self, req: Request, group: int) -> list[int]:
+        """The prefix-cache hits of ``req`` in ``group``, as vLLM's manager looks them up: block
+        by block until a miss, short of the last token (which is always computed)."""
+        bs = self.cfg.block_sizes[group]
+        hits: list[int] = []
+        if self.cfg.caching:
+            for block_hash in self._hashes(req, group):
+                found = self.pair.call("get_cached_block", block_hash, [group])
+                if found is None or (len(hits) + 1) * bs >= req.num_tokens:
+                    break
+                hits.extend(found)
+        self.seen.extend(hits)
+        return hits
+
+    def admit(self, req: Request | None = None) -> Running | None:
+        """A new request (``req``, or a random one): looked up, touched, allocated, cached; None
+        when the pool ran dry (it is then released) or :data:`MAX_RUNNING` are in flight."""
+        if len(self.running) >= MAX_RUNNING:
+            return None
+        req = req or self._new_request()
         run = Running(req, {}, {})
         for group, bs in self.cfg.block_sizes.items():
-            hits: list[int] = []
-            if self.cfg.caching:
-                for block_hash in self._hashes(req, group):
-                    found = self.pair.call("get_cached_block", block_hash, [group])
-                    if found is None or (len(hits) + 1) * bs >= req.num_tokens:
-                        break
-                    hits.extend(found)
+            hits = self.lookup(req, group)
             window = min(self.rng.choice([0, 0, 0, 1, 2]), max(len(hits) - 1, 0))
             hits[:window] = [NULL] * window  # a sliding-window hit: blocks out of the window are null
             self.pair.call("touch", hits)
@@ -346,14 +389,18 @@ class Workload:
                 self.pair.call("emit_cached_block_events", req, len(hits), bs, group)
             if not self._grow(run, group):
                 self._release(run, unpin=False)
-                return
+                return None
             self._cache(run, group)
         self.running[req.request_id] = run
+        return run
 
     def decode(self) -> None:
         if not self.running:
             return
-        run = self.running[self.rng.choice(list(self.running))]
+        self._decode(self.running[self.rng.choice(list(self.running))])
+
+    def _decode(self, run: Running) -> None:
+        """One decode step of ``run``: new tokens, new blocks, caching; preempted when the pool is dry."""
         run.request.append_output_token_ids(
             [self.rng.randrange(50) for _ in range(self.rng.randint(1, 3))])
         for group in run.tables:
@@ -372,6 +419,7 @@ class Workload:
     def _release(self, run: Running, unpin: bool) -> None:
         for _group, table in run.tables.items():
             blocks = list(reversed(table))  # the tail of a prefix is evicted first
+            self.seen.extend(blocks)
             if unpin:  # a reader keeps the real blocks; null placeholders are not pinned
                 self.pair.call("unpin_blocks", [b for b in blocks if b != NULL],
                                self.pair.watcher(run.request.request_id))
@@ -418,6 +466,7 @@ class Workload:
             return
         self.pair.call("move_block_hashes", source, got[0])
         self.copies.append(got[0])
+        self.seen.append(got[0])
 
     def offload(self) -> None:
         """vLLM's CPU offload pool: a fresh block receives a copy of KV that another pool cached.
@@ -443,6 +492,7 @@ class Workload:
             again = hbs * self.rng.randint(1, upto // hbs)
             self.pair.call("_insert_block_hash", run.request, again, group, got[0], None)
         self.copies.append(got[0])
+        self.seen.append(got[0])
 
     def drop_copies(self) -> None:
         self.pair.call("free_blocks", self.copies)
@@ -464,7 +514,7 @@ class Workload:
             self.shared = []
             return
         m = self.pair.model
-        pick = [b for b in range(1, m.num_blocks) if m.ref[b] > 0 or m.primary[b] is not None]
+        pick = [b for b in self.scope() if b != NULL and (m.ref[b] > 0 or m.primary[b] is not None)]
         if pick:
             b = self.rng.choice(pick)
             self.shared = [b] * self.rng.choice([2, 2, 3])
@@ -570,7 +620,7 @@ class Workload:
 
     def evict(self) -> None:
         m = self.pair.model
-        hashed = [b for b in range(m.num_blocks) if m.primary[b] is not None]
+        hashed = [b for b in self.scope() if m.primary[b] is not None]
         if hashed and self.rng.random() < 0.5:
             ids = self.rng.sample(hashed, k=min(len(hashed), self.rng.randint(1, 2)))
         else:
@@ -609,11 +659,12 @@ class Workload:
         misplaced cache entries.
         """
         m = self.pair.model
-        idle = [b for b in range(1, m.num_blocks) if m.ref[b] == 0]
+        scope = self.scope()
+        idle = [b for b in scope if b != NULL and m.ref[b] == 0]
         used = self._held()
-        unhashed = [b for b in range(1, m.num_blocks) if m.primary[b] is None] or [NULL]
+        unhashed = [b for b in scope if b != NULL and m.primary[b] is None] or [NULL]
         bs = self.cfg.block_sizes[0]
-        cached_whole = [b for b, p in enumerate(m.primary) if p is not None and p.num_tokens >= bs]
+        cached_whole = [b for b in scope if (p := m.primary[b]) is not None and p.num_tokens >= bs]
         req = self._new_request()
         hbs = self.cfg.hash_block_size
         kind = self.rng.choice(self.MISUSES)
@@ -636,13 +687,13 @@ class Workload:
         elif kind == "evict_unknown":
             call("evict_blocks", [self.rng.choice([-1, m.num_blocks])])
         elif kind == "move_onto_hashed" and used:
-            hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
+            hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
             if hashed:
                 call("move_block_hashes", self.rng.choice(used), self.rng.choice(hashed))
         elif kind == "partial_bad_tokens" and used:
             call("cache_partial_block", req, self.rng.choice(used), self.rng.choice([0, -hbs]), 0, bs * 2)
         elif kind == "move_onto_null":
-            hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
+            hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
             if hashed:
                 call("move_block_hashes", self.rng.choice(hashed), NULL)
         elif kind == "bad_group":
@@ -710,13 +761,23 @@ class Workload:
         bs = self.cfg.block_sizes[0]
         self.pair.call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
 
-    STEPS = (("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
+    STEPS: tuple[tuple[str, float], ...] = (
+             ("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
              ("placeholders", 1), ("other_pool", 1), ("offload", 1), ("evict", 1), ("reset", 1), ("query", 2),
              ("take", 6), ("misuse", 3))
 
     def step(self) -> str:
-        steps = self.STEPS if self.misuse_on else [x for x in self.STEPS if x[0] != "misuse"]
+        """One step, drawn by :attr:`STEPS`' weights.
+
+        On a pool larger than :data:`SCAN_LIMIT` a reset is rarer in proportion: it
+        costs the pool (and the model's footprint) every block it indexes, so
+        that a call costs the same on average on any pool size.
+        """
+        steps: list[tuple[str, float]] = [x for x in self.STEPS if self.misuse_on or x[0] != "misuse"]
+        scale = min(1.0, SCAN_LIMIT / self.pair.model.num_blocks)
+        if scale < 1:
+            steps = [(n, w * scale if n == "reset" else w) for n, w in steps]
         names, weights = zip(*steps, strict=True)
         name: str = self.rng.choices(names, weights)[0]
         getattr(self, name)()

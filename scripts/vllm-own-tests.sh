@@ -2,7 +2,7 @@
 # vLLM's own tests of the block pool, prefix caching, KV-cache utils, single-type
 # managers and the scheduler (tests/v1/core of vLLM's source distribution), run on
 # CPU twice in a vLLM venv where kvpool is installed: once with vLLM's own pool
-# (VLLM_PLUGINS names no plugin) and once with kvpool's pool, which vLLM's own
+# under kvpool's shadow (VLLM_PLUGINS=kvpool KVPOOL_PLUGIN=shadow) and once with kvpool's pool, which vLLM's own
 # plugin loader puts in place (VLLM_PLUGINS=kvpool). Prints both pass counts and
 # fails if a test passing with vLLM's pool does not pass with kvpool's, unless it
 # is a deliberate difference listed in oracle/REFERENCE_DIFFERENCES.md.
@@ -11,7 +11,8 @@
 #
 # The sdist (43 MB; the wheel has no tests) is fetched from PyPI once, checked
 # against its pinned sha256, and kept in KVPOOL_CACHE (default ~/.cache/kvpool).
-# Results: reports/vllm-own-tests/{vllm,kvpool}.xml and .log.
+# Results: reports/vllm-own-tests/{vllm,kvpool}.xml and .log; the shadow's traces and totals in
+# reports/vllm-own-tests/shadow/ (scripts/vllm_own_tests/shadow_report.py reads them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:?usage: bash scripts/vllm-own-tests.sh VLLM_VENV [VLLM_VERSION]}"
@@ -56,9 +57,10 @@ out="$PWD/reports/vllm-own-tests"
 mkdir -p "$out"
 # tests/conftest.py needs vLLM's whole dependency closure (a GPU engine, model downloads):
 # --noconftest. The hybrid hit-rate test starts an OpenAI server on a real model.
-run() {  # NAME VLLM_PLUGINS EXPECTED_POOL
+run() {  # NAME VLLM_PLUGINS EXPECTED_POOL [KVPOOL_PLUGIN]
     (cd "$tests" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 \
-        VLLM_PLUGINS="$2" KVPOOL_EXPECT_POOL="$3" PYTHONPATH="$root/scripts/vllm_own_tests" \
+        VLLM_PLUGINS="$2" KVPOOL_EXPECT_POOL="$3" KVPOOL_PLUGIN="${4:-replace}" \
+        KVPOOL_SHADOW_DIR="$out/shadow" PYTHONPATH="$root/scripts/vllm_own_tests" \
         "$py" -m pytest -p kvpool_vllm_loader -p no:cacheprovider -p no:warnings \
         --noconftest -q tests/v1/core \
         --ignore=tests/v1/core/prefix_cache/test_hybrid_prefix_cache_hit_rate.py \
@@ -66,7 +68,22 @@ run() {  # NAME VLLM_PLUGINS EXPECTED_POOL
     tail -n 1 "$out/$1.log" | sed "s/^/    $1: /"
 }
 # One after the other: run side by side on 2 cores they took longer (5 min against 3.5).
+# vLLM's pool runs under the shadow (KVPOOL_PLUGIN=shadow: every pool vLLM builds is compared
+# with the model call by call; the engine's behaviour does not change), so that run is also the
+# vLLM-pool baseline; KVPOOL_VLLM_PLAIN=1 adds a run without the shadow and checks that every
+# test's outcome is the same. KVPOOL_SHADOW_KEEP=1 keeps every pool's trace (make_corpus.py).
 echo "==> vLLM $version tests/v1/core with each pool (logs in $out)"
-run vllm "none" "vllm.v1.core.block_pool.BlockPool"
+rm -rf "$out/shadow"
+run vllm "kvpool" "kvpool.oracle.shadow.ShadowedBlockPool" shadow
+plain=()
+if [ "${KVPOOL_VLLM_PLAIN:-0}" = 1 ]; then
+    run plain "none" "vllm.v1.core.block_pool.BlockPool"
+    plain=("$out/plain.xml")
+fi
 run kvpool "kvpool" "kvpool.impl.pool.BlockPool"
-"$py" scripts/vllm_own_tests/compare.py "$out/vllm.xml" "$out/kvpool.xml" oracle/REFERENCE_DIFFERENCES.md
+status=0
+"$py" scripts/vllm_own_tests/compare.py "$out/vllm.xml" "$out/kvpool.xml" oracle/REFERENCE_DIFFERENCES.md \
+    || status=1
+"$py" scripts/vllm_own_tests/shadow_report.py "$out/vllm.xml" "$out/shadow" docs/vllm.md "${plain[@]}" \
+    || status=1
+exit "$status"

@@ -74,7 +74,7 @@ def test_kvpool_impl_conforms_with_json_and_junit(tmp_path: Path, monkeypatch: p
     assert doc["schema"] == conform.SCHEMA and doc["ok"] is True and doc["exit_code"] == 0
     assert doc["settings"] == {"steps": 300, "runs": 2, "examples": 60, "machine_steps": 20,
                                "seed": 0, "misuse": True, "reference": "0.31", "shard": [1, 1],
-                               "database": None}
+                               "database": None, "blocks": None, "long_lived": False}
     assert [p["name"] for p in doc["phases"]] == ["campaign", "machine"]
     assert all(p["ok"] and p["failure"] is None and p["executed"] > 0 for p in doc["phases"])
     suite = ET.parse(junit_path).getroot().find("testsuite")

@@ -12,6 +12,10 @@ import argparse
 import sys
 from typing import Any
 
+from kvpool.oracle.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
+
+from .usage import add_scale_options, check_blocks
+
 HELP = "run kvpool.impl and the model in lockstep on a random workload"
 
 
@@ -25,11 +29,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
             "every result, error and observation after each step, and check every model\n"
             "invariant. Exits 0 when all agree, 1 on the first divergence."
         ),
-        epilog="example:\n  kvpool check --steps 20000 --seed 1",
+        epilog="examples:\n  kvpool check --steps 20000 --seed 1\n"
+               "  kvpool check --long-lived --blocks 65536",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_argument("--steps", type=int, default=5000, help="operations per run (default 5000)")
-    check.add_argument("--runs", type=int, default=4, help="independent runs (default 4)")
+    check.add_argument("--steps", type=int, default=None,
+                       help=f"workload steps per run (default 5000; {LONG_LIVED_STEPS} with --long-lived)")
+    check.add_argument("--runs", type=int, default=None,
+                       help=f"independent runs, one pool each (default 4; {LONG_LIVED_RUNS} with "
+                            "--long-lived)")
+    add_scale_options(check)
     check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
     target = check.add_mutually_exclusive_group()
     target.add_argument(
@@ -54,11 +63,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the campaign the parsed ``args`` ask for; ``parser`` reports a usage error (exit 2)."""
-    if args.steps <= 0 or args.runs <= 0:
+    steps = args.steps if args.steps is not None else LONG_LIVED_STEPS if args.long_lived else 5000
+    runs = args.runs if args.runs is not None else LONG_LIVED_RUNS if args.long_lived else 4
+    if steps <= 0 or runs <= 0:
         parser.error("--steps and --runs must be positive")
+    blocks_error = check_blocks(args.blocks)
+    if blocks_error:
+        parser.error(blocks_error)
     if args.exec is not None:
         from .drive import check_exec
 
+        args.steps, args.runs = steps, runs
         return check_exec(args)
     from kvpool.oracle.adapter import adapter_for_class, misuse_setting
     from kvpool.oracle.campaign import run_campaign
@@ -68,9 +83,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
     misuse, why = misuse_setting(adapter, not args.no_misuse)
     print(f"kvpool check: {adapter.name}; {why}")
-    return run_campaign(adapter.factory(), steps=args.steps, runs=args.runs, seed=args.seed,
+    return run_campaign(adapter.factory(), steps=steps, runs=runs, seed=args.seed,
                         out=sys.stdout, misuse=misuse, errors_match=adapter.errors_match,
-                        reference=args.reference)
+                        reference=args.reference, blocks=args.blocks, long_lived=args.long_lived)
 
 
 __all__ = ["HELP", "add_parser", "run"]

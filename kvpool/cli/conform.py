@@ -25,7 +25,8 @@ as one line without a traceback.
       "merged": null | [[1, 2], [2, 2]],      # kvpool merge: the shards joined
       "settings": {"steps": 1000, "runs": 4, "examples": 200, "machine_steps": 25,
                    "seed": 0, "misuse": true, "reference": "0.31", "shard": [1, 1],
-                   "database": null | "redis://HOST:PORT/N" | "DIR"},  # KVPOOL_EXAMPLE_DB
+                   "database": null | "redis://HOST:PORT/N" | "DIR",  # KVPOOL_EXAMPLE_DB
+                   "blocks": null | 65536, "long_lived": false},  # the campaign's pools
       "phases": [
         {"name": "campaign",                  # then "machine"
          "ok": false,
@@ -96,11 +97,20 @@ from kvpool.oracle.conform import (
 from kvpool.oracle.coverage import PhaseCoverage, measure_phase
 from kvpool.oracle.database import describe
 from kvpool.oracle.drive.adapter import DriveAdapter
+from kvpool.oracle.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 from kvpool.pictures import pictured_steps
 from kvpool.shard import Shard, ShardError
 
 from . import drive
-from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
+from .usage import (
+    UsageError,
+    UsageParser,
+    add_scale_options,
+    check_blocks,
+    check_writable,
+    example_db_option,
+    load_adapter,
+)
 
 SCHEMA = "kvpool.conform/1"
 
@@ -127,8 +137,11 @@ def _parser() -> argparse.ArgumentParser:
                              "stdout in the drive protocol (oracle/DRIVE_PROTOCOL.md)")
     parser.add_argument("--traceback", action="store_true",
                         help="on a failure, show where in the pool its own exception was raised")
-    parser.add_argument("--steps", type=int, default=1000, help="calls per campaign run (1000)")
-    parser.add_argument("--runs", type=int, default=4, help="campaign runs (4)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"workload steps per campaign run (1000; {LONG_LIVED_STEPS} with --long-lived)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help=f"campaign runs (4; {LONG_LIVED_RUNS} with --long-lived)")
+    add_scale_options(parser)
     parser.add_argument("--examples", type=int, default=200, help="state-machine examples (200)")
     parser.add_argument("--machine-steps", type=int, default=25,
                         help="rules per state-machine example (25)")
@@ -301,6 +314,13 @@ class _Args:
 
 def _parse(argv: Sequence[str] | None) -> _Args:
     ns = _parser().parse_args(argv)
+    if ns.steps is None:
+        ns.steps = LONG_LIVED_STEPS if ns.long_lived else Options.steps
+    if ns.runs is None:
+        ns.runs = LONG_LIVED_RUNS if ns.long_lived else Options.runs
+    blocks_error = check_blocks(ns.blocks)
+    if blocks_error:
+        raise UsageError(blocks_error)
     for flag in ("steps", "runs", "examples", "machine_steps"):
         if getattr(ns, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive")
@@ -308,7 +328,7 @@ def _parse(argv: Sequence[str] | None) -> _Args:
         raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")
     opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
                    machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
-                   reference=ns.reference)
+                   reference=ns.reference, blocks=ns.blocks, long_lived=ns.long_lived)
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
     if ns.shard is not None:

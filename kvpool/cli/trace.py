@@ -15,11 +15,12 @@ from collections.abc import Sequence
 
 from kvpool.model import REFERENCES
 from kvpool.oracle.adapter import adapter_for_class, misuse_setting
+from kvpool.oracle.long_lived import LONG_LIVED_STEPS
 from kvpool.oracle.routers import check_trace_routers, profile_factory
 from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record_adapter
 
 from .events import router_name
-from .usage import import_or_exit
+from .usage import add_scale_options, check_blocks, import_or_exit
 
 
 def record_main(argv: Sequence[str] | None = None) -> int:
@@ -33,21 +34,29 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", help="trace file to write")
     parser.add_argument("--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1000, help="workload steps (default 1000)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"workload steps (default 1000; {LONG_LIVED_STEPS} with --long-lived)")
+    add_scale_options(parser)
     parser.add_argument("--no-misuse", action="store_true", help="leave out deliberately wrong calls")
     parser.add_argument("--reference", choices=sorted(REFERENCES), default=DEFAULT_REFERENCE,
                         help="the vLLM version whose behaviour the model reproduces")
     parser.add_argument("--no-observe", action="store_true",
                         help="leave the observation out of each line (smaller traces)")
     args = parser.parse_args(argv)
+    if args.steps is None:
+        args.steps = LONG_LIVED_STEPS if args.long_lived else 1000
     if args.steps <= 0:
         parser.error("--steps must be positive")
+    blocks_error = check_blocks(args.blocks)
+    if blocks_error:
+        parser.error(blocks_error)
     adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
     misuse, why = misuse_setting(adapter, not args.no_misuse)
     print(f"kvpool record: {adapter.name}; {why}")
     try:
         rec = record_adapter(adapter, args.seed, args.steps, observe=not args.no_observe,
-                             reference=args.reference, misuse=misuse, path=args.out)
+                             reference=args.reference, misuse=misuse, path=args.out,
+                             blocks=args.blocks, long_lived=args.long_lived)
     except OSError as exc:
         print(f"kvpool record: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -85,3 +85,23 @@ def example_db_option() -> str | None:
     except ExampleDatabaseError as exc:
         raise UsageError(f"{ENV} {exc}") from None
     return spec
+
+
+def add_scale_options(parser: argparse.ArgumentParser) -> None:
+    """``--blocks`` and ``--long-lived``: the pool's size and life (``check``, ``conform``, ``record``)."""
+    parser.add_argument("--blocks", type=int, default=None, metavar="N",
+                        help="the pool's size, null block included (default: the drawn shapes, "
+                             "2 to 24 blocks; a long-lived run: 256, 1024 or 64 by seed)")
+    parser.add_argument("--long-lived", action="store_true",
+                        help="one pool per run under heavy churn: many hits on idle cached blocks "
+                             "between allocations, long-running requests, repeated eviction and "
+                             "re-caching of the same blocks, bursts that drain the free queue")
+
+
+def check_blocks(blocks: int | None) -> str | None:
+    """Why ``--blocks`` is wrong, or None."""
+    from kvpool.oracle.trace.schema import MAX_NUM_BLOCKS  # a trace's limit: record writes them
+
+    if blocks is not None and not 2 <= blocks <= MAX_NUM_BLOCKS:
+        return f"--blocks must be between 2 and {MAX_NUM_BLOCKS}, got {blocks}"
+    return None

@@ -16,8 +16,9 @@ from typing import Any, cast
 
 from ..abstraction import same_refusal, vllm_refusal
 from ..lockstep import Divergence, Lockstep, Watcher
+from ..long_lived import pool_blocks, workload_class
 from ..observe import Observation
-from ..workload import Config, Workload
+from ..workload import Config
 from .schema import DEFAULT_REFERENCE, VERSION, Json
 from .write import encode_args, encode_result, event_to_json, observation_to_json
 
@@ -168,28 +169,31 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
            errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
            reference: str = DEFAULT_REFERENCE,
            observe_pool: Callable[..., Observation] | None = None,
-           vllm_errors: bool = False, path: str | Path | None = None) -> Recording:
+           vllm_errors: bool = False, path: str | Path | None = None,
+           blocks: int | None = None, long_lived: bool = False) -> Recording:
     """Run the seeded workload (as ``campaign.run_one``) and keep every call as a trace line.
 
     A divergence stops the run; the trace then ends with the call that
     diverged, so ``check_trace`` on it names the same step.  ``observe_pool``
     replaces the default observation of the pool (an adapter's).  With
     ``path`` each line is written there as it is made (memory independent of
-    the run's length) and the recording keeps none.
+    the run's length) and the recording keeps none.  ``blocks`` and ``long_lived`` are the
+    pool's size and life, as in ``campaign.run_one``.
     """
     rng = random.Random(seed)
-    cfg = Config.draw(rng)
+    cfg = Config.draw(rng, blocks=pool_blocks(seed, blocks, long_lived))
     pair, header = recording_pair(
         pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size, cfg.events,
         reference=reference, block_sizes=cfg.block_sizes,
-        meta={"seed": seed, "steps": steps, "pool": _name(pool_factory), "misuse": misuse})
+        meta={"seed": seed, "steps": steps, "pool": _name(pool_factory), "misuse": misuse,
+              **({"long_lived": True} if long_lived else {})})
     pair.errors_match = errors_match
     if vllm_errors or errors_match is vllm_refusal:  # check-trace reads it: checks as recorded
         header["vllm_errors"] = True
     pair.keep_observations = observe
     if observe_pool is not None:
         pair.observe = observe_pool
-    work = Workload(rng, cfg, pair, misuse_on=misuse)
+    work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse)
     divergence = None
     with contextlib.ExitStack() as stack:
         if path is not None:
@@ -210,7 +214,8 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
 
 def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
                    reference: str = DEFAULT_REFERENCE, misuse: bool | None = None,
-                   path: str | Path | None = None) -> Recording:
+                   path: str | Path | None = None, blocks: int | None = None,
+                   long_lived: bool = False) -> Recording:
     """:func:`record` through an ``oracle.adapter.Adapter``: its constructor, observation,
     error pairing and misuse setting (``misuse`` None: whatever the adapter supports)."""
 
@@ -223,7 +228,8 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
     return record(factory, seed, steps, misuse=supported if misuse is None else misuse and supported,
                   observe=observe, errors_match=adapter.errors_match, reference=reference,
                   observe_pool=getattr(adapter, "observe", None),
-                  vllm_errors=getattr(adapter, "matcher", None) is vllm_refusal, path=path)
+                  vllm_errors=getattr(adapter, "matcher", None) is vllm_refusal, path=path,
+                  blocks=blocks, long_lived=long_lived)
 
 
 def _name(obj: Any) -> str:
