@@ -42,7 +42,6 @@ from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
 from .abstraction import (
-    GROUP_BYTES,
     concrete_key,
     event_differences,
     key_of,
@@ -260,7 +259,8 @@ class Lockstep(Translate):
         if self.full_every is None:
             # a pool seen only through its calls shows no block on its own: it is compared
             # whole (a few calls, pipelined by a process behind the drive protocol) every call
-            self.full_every = 1 if self.observer.api_only else max(1, self.model.num_blocks // BLOCKS_PER_CALL)
+            spacing = max(1, self.model.num_blocks // BLOCKS_PER_CALL)
+            self.full_every = 1 if self.observer.api_only else spacing
 
     @property
     def known_limit(self) -> int:

@@ -697,7 +697,8 @@ class PoolMachine(RuleBasedStateMachine):
             hbs = self.cfg.hash_block_size
             unhashed = [b for b in range(1, m.num_blocks) if m.primary[b] is None] or [NULL]
             target, upto, tokens = {  # onto the null block; a primary with no token count; no key
-                "insert_null": (NULL, hbs, hbs), "insert_no_tokens": (unhashed[pick % len(unhashed)], hbs, None),
+                "insert_null": (NULL, hbs, hbs),
+                "insert_no_tokens": (unhashed[pick % len(unhashed)], hbs, None),
                 "insert_unnamed": (block, 0, hbs)}[kind]
             call("_insert_block_hash", self._request(Prompt(0, 8)), upto, 0, target, tokens)
 
