@@ -133,9 +133,15 @@ def model_event(event: Event) -> dict[str, Any]:
     }
 
 
+_SCALARS = frozenset((int, str, bytes, bool, float, type(None)))
+
+
 def _plain(value: Any) -> Any:
     """Sequences as lists, recursively, so that tuples and lists compare equal."""
-    if isinstance(value, (list, tuple)):
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
 
@@ -147,13 +153,15 @@ def removals_in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     iteration order: within a run of removals the order is no promise (and
     means nothing to a consumer, who counts copies per key).
     """
+    if sum(1 for e in events if e.get("type") == "BlockRemoved") < 2:
+        return list(events)  # no run to put in order
     out: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []
     for e in [*events, {"type": None}]:
         if e.get("type") == "BlockRemoved":
             run.append(e)
             continue
-        out += sorted(run, key=repr)
+        out += sorted(run, key=repr) if len(run) > 1 else run
         run = []
         if e.get("type") is not None:
             out.append(e)

@@ -38,21 +38,31 @@ import os
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvpool.model import OPERATIONS, POOL_OPERATIONS, REFERENCES, initial_state, violated
+from kvpool.model import OPERATIONS, POOL_OPERATIONS, REFERENCES, Operation, initial_state
 from kvpool.model.request import Prefix
 from kvpool.model.state import Key
 
-from .abstraction import key_of, same_refusal, vllm_refusal
-from .lockstep import CallerBrokeContract, CallRecord, Divergence, Watcher, short_args
+from .abstraction import key_of, refusal_name, same_refusal, vllm_refusal
+from .lockstep import CallerBrokeContract, CallRecord, Divergence, Lockstep, Watcher, short_args
 from .observe import Observer
+from .trace.check import model_call
+from .trace.read import TraceStep, parse_call, parse_header
 from .trace.record import RecordingLockstep
-from .trace.schema import VERSION, Json
-from .trace.write import model_event_to_json, observation_to_json
+from .trace.schema import ARG_KINDS, VERSION, Json
+from .trace.write import (
+    encode_args,
+    encode_model_result,
+    encode_result,
+    event_to_json,
+    model_event_to_json,
+    observation_to_json,
+    request_to_json,
+)
 
 ENV_DIR = "KVPOOL_SHADOW_DIR"
 """Where a diverging pool's trace is written (default: the temporary directory's ``kvpool-shadow``)."""
@@ -61,7 +71,7 @@ ENV_STRICT = "KVPOOL_SHADOW_STRICT"
 ENV_KEEP = "KVPOOL_SHADOW_KEEP"
 """``1``: keep every pool's trace when the pool goes, not only a diverging one's (to build corpora)."""
 ENV_FULL_EVERY = "KVPOOL_SHADOW_FULL_EVERY"
-"""Compare the whole pool every this many calls (default: the lockstep's, ``num_blocks // 16``)."""
+"""Compare the whole pool every this many calls (default: the pool's number of blocks)."""
 ENV_REFERENCE = "KVPOOL_SHADOW_REFERENCE"
 """The vLLM behaviour the model reproduces (default ``0.31``)."""
 FIRST_LINE = 400
@@ -184,23 +194,150 @@ class _Sink:
 
     def flush(self) -> None:
         if self.held is not None:
-            self.out.write(json.dumps(self.held, separators=(",", ":"), allow_nan=False) + "\n")
+            self.out.write(_ENCODE(self.held) + "\n")
             self.lines += 1
             self.held = None
 
 
-def _whole_invariants(s: Any, around: Any = None) -> list[str]:
-    """The model's invariants at whole-pool checks only: they are proved for every legal call
-    sequence (``kvpool prove``); what a shadow pays for each call is the comparison with the pool."""
-    return [] if around is not None else violated(s)
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""One line's JSON (one encoder for every line: ``json.dumps`` with options makes one a call)."""
+
+REQUEST_LINE = "kvpool_request"
+"""The field naming a request record in a shadow's working file (never in a kept trace)."""
+
+
+class _Requests:
+    """Requests written once into a pool's working file, then by reference.
+
+    A call line of the trace format carries its request whole (every token
+    and hash so far); an engine calls the pool many times per request, so the
+    working file holds each request's tokens and hashes once, as records
+    that add what is new (:func:`expand` writes the trace format from it when
+    the file is kept).  A call line names the request and how many tokens and
+    hashes it had then.
+    """
+
+    def __init__(self, sink: Callable[[dict[str, Json]], None]) -> None:
+        self.sink = sink
+        self.known: dict[int, tuple[Any, int, int, int]] = {}
+        """Per live request (by id, checked by a weak reference): (reference, number, tokens, hashes)."""
+        self.numbers = itertools.count(1)
+
+    def __call__(self, req: Any) -> Json:
+        key = id(req)
+        kept = self.known.get(key)
+        if kept is None or kept[0]() is not req:
+            whole = request_to_json(req)  # the first time: checks it can be written at all
+            number = next(self.numbers)
+            try:
+                ref = weakref.ref(req, lambda _r: self.known.pop(key, None))
+            except TypeError:  # a request that cannot be referred to weakly is written whole
+                return whole
+            self.sink({REQUEST_LINE: number, **whole})
+            self.known[key] = (ref, number, len(whole["all_token_ids"]), len(whole["block_hashes"]))
+            return {REQUEST_LINE: number, "tokens": len(whole["all_token_ids"]),
+                    "hashes": len(whole["block_hashes"])}
+        ref, number, tokens, hashes = kept
+        now_tokens, now_hashes = len(req.all_token_ids), len(req.block_hashes)
+        if now_tokens > tokens or now_hashes > hashes:  # a request only grows
+            self.sink({REQUEST_LINE: number, "more_tokens": list(req.all_token_ids[tokens:]),
+                       "more_hashes": [bytes(h).hex() for h in req.block_hashes[hashes:]]})
+            self.known[key] = (ref, number, now_tokens, now_hashes)
+        return {REQUEST_LINE: number, "tokens": now_tokens, "hashes": now_hashes}
+
+
+def rebuild(working: Path, final: Path) -> None:
+    """Write the trace format from a shadow's working file.
+
+    The working file holds each call's operation and arguments only (requests
+    by reference, :class:`_Requests`), and the last call's whole line: every
+    call before it agreed with the model, so its result, events and watcher
+    firings are the model's, computed here by running the calls again on a
+    fresh model.
+    """
+    requests: dict[int, dict[str, Json]] = {}
+    with working.open(encoding="utf-8") as src, final.open("w", encoding="utf-8") as dst:
+        header_line = src.readline()
+        dst.write(header_line)
+        header = parse_header(json.loads(header_line))
+        state = initial_state(header.num_blocks, header.enable_caching, header.hash_block_size,
+                              header.enable_kv_cache_events, header.medium, **REFERENCES[header.reference])
+        watchers: dict[str, Watcher] = {}
+        fired: list[tuple[str, int]] = []
+        for number, raw in enumerate(src, start=2):
+            line = json.loads(raw)
+            if REQUEST_LINE in line:
+                ref = line.pop(REQUEST_LINE)
+                if "more_tokens" in line:
+                    requests[ref]["all_token_ids"] += line["more_tokens"]  # type: ignore[operator]
+                    requests[ref]["block_hashes"] += line["more_hashes"]  # type: ignore[operator]
+                else:
+                    requests[ref] = line
+                continue
+            for name, kind in ARG_KINDS.get(line.get("op"), {}).items():
+                value = line["args"].get(name)
+                if kind == "request" and isinstance(value, dict) and REQUEST_LINE in value:
+                    whole = requests[value[REQUEST_LINE]]
+                    line["args"][name] = {**whole, "all_token_ids": whole["all_token_ids"][:value["tokens"]],
+                                          "block_hashes": whole["block_hashes"][:value["hashes"]]}
+            if "result" not in line:  # an agreeing call: what came of it is the model's
+                op, args = parse_call(line)
+                step = TraceStep(number, op, args, None, None, [], None, None)
+                new, result, error = model_call(state, step, watchers, fired)
+                line.update(_model_outcome(step.op, new, result, error, fired))
+                state = new
+            dst.write(_ENCODE(line) + "\n")
+
+
+def _model_outcome(op: str, state: Any, result: Any, error: BaseException | None,
+                   fired: list[tuple[str, int]]) -> dict[str, Json]:
+    """A call line's outcome fields as the model gives them."""
+    if error is not None:
+        return {"result": None, "error": refusal_name(error), "events": [], "fired": []}
+    out = state.out
+    events = [] if op == "take_events" else [model_event_to_json(e) for e in out.events]
+    return {"result": encode_model_result(op, result), "error": None, "events": events,
+            "fired": [[w.name, b] for w, b in out.fired]}
 
 
 class _ShadowLockstep(RecordingLockstep):
-    """The recorder, keeping no copy of the model per call (there are no pictures to draw)."""
+    """The recorder, writing each call's operation and arguments only (what came of it is the
+    model's, until a call differs: that one is written whole, :func:`rebuild`), and keeping no
+    copy of the model per call (there are no pictures to draw)."""
+
+    def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        line: dict[str, Json] = {"op": op, "args": encode_args(op, args, kwargs, self.request_form)}
+        pending = self.observer.pending_events()
+        queued = len(pending) if pending is not None else 0
+        self.fired_now.clear()
+        try:
+            result = Lockstep.call(self, op, *args, **kwargs)
+        except Divergence:
+            self._whole(op, line, queued)
+            raise
+        self.written += 1
+        if self.sink is not None:
+            self.sink(line)
+        return result
+
+    def _whole(self, op: str, line: dict[str, Json], queued: int) -> None:
+        """The differing call's line: the pool's outcome, as it was."""
+        result, error = self.pool.outcome
+        line["result"] = None if error else encode_result(op, result)
+        line["error"] = type(error).__name__ if error else None
+        pending = self.observer.pending_events()
+        line["events"] = None if pending is None else [] if op == "take_events" else [
+            event_to_json(e) for e in pending[queued:]]
+        line["fired"] = [[n, b] for n, b in self.fired_now]
+        self.written += 1
+        if self.sink is not None:
+            self.sink(line)
 
     def _record(self, op: str, args: Any, outcome: str, error: str | None) -> None:
-        shown = tuple(list(a) if isinstance(a, list) else a for a in args)
-        self.trace.append(CallRecord(op, shown, outcome, error, None))
+        self.trace.append(CallRecord(op, tuple(args), outcome, error, None))
+
+    def _pool_args(self, decl: Operation, args: Sequence[Any]) -> tuple[Any, ...]:
+        return ()  # the stand-in replays what the pool did with the engine's own arguments
 
 
 @dataclass
@@ -324,10 +461,12 @@ class Shadow:
                               **REFERENCES[self.reference])
         if full_every is None and os.environ.get(ENV_FULL_EVERY, "").strip().isdigit():
             full_every = max(1, int(os.environ[ENV_FULL_EVERY]))
+        if full_every is None:  # an engine's pool lives long: one block's worth of whole checking a call
+            full_every = max(1, num_blocks)
         self.pair = _ShadowLockstep(pool=self.replay, model=model, full_every=full_every,
                                     errors_match=same_refusal if kvpool_pool else vllm_refusal,
                                     keep_observations=False, sink=self.sink,
-                                    invariants=_whole_invariants)
+                                    local_invariants=False, request_form=_Requests(self.sink))
         self.pair.observer = _Observed(pool, self.own)
         self._queue = getattr(pool, "kv_event_queue", None)
         self.active = True
@@ -345,7 +484,7 @@ class Shadow:
         if not self.active or self.depth:
             return real(*args, **kwargs)
         # An iterator is read once: the pool gets it as a list (before anything else can fail).
-        if any(isinstance(a, Iterator) for a in (*args, *kwargs.values())):
+        if any(hasattr(a, "__next__") and isinstance(a, Iterator) for a in (*args, *kwargs.values())):
             args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
             kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
         try:
@@ -395,13 +534,12 @@ class Shadow:
         def effects() -> None:
             for watcher, block in fired:
                 watcher(block)
+            after = self._events_list()
             if op == "take_events":
                 self.own.clear()
-            else:
-                after = self._events_list()
-                if after is not None:
-                    self.own.extend(after[queued:] if after is queue else after)
-            self._queue = self._events_list()
+            elif after is not None:
+                self.own.extend(after[queued:] if after is queue else after)
+            self._queue = after
 
         self.replay.load(op, (shown, error), effects)
         self.calls += 1
@@ -454,13 +592,16 @@ class Shadow:
         sig = self._signature(op, real)
         if sig is None:
             raise Unmodelled(f"the pool's {op} takes arbitrary arguments")
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise Unmodelled(f"{op} called as its signature does not allow: {exc}") from None
-        bound.apply_defaults()
-        names = list(bound.arguments)
-        values = list(bound.arguments.values())
+        names = list(sig.parameters)
+        if not kwargs and len(args) == len(names):  # the common call: every argument by position
+            values = list(args)
+        else:
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise Unmodelled(f"{op} called as its signature does not allow: {exc}") from None
+            bound.apply_defaults()
+            names, values = list(bound.arguments), list(bound.arguments.values())
         decl = OPERATIONS[op]
         if op == "_insert_block_hash":
             return args, kwargs, self._insert_args(values)
@@ -594,10 +735,14 @@ def _close(out: TextIO, part: Path, final: Path, keep: bool, sink: _Sink) -> Pat
         with contextlib.suppress(OSError):
             part.unlink()
         return None
-    with contextlib.suppress(OSError):
-        part.replace(final)
-        with _lock:
-            TOTALS.traces.append(str(final))
+    try:
+        rebuild(part, final)
+        part.unlink()
+    except Exception as exc:  # the shadow's own failure: the working file is kept beside
+        logger.warning("kvpool shadow: cannot write %s (%r); the calls are in %s", final, exc, part)
+        return None
+    with _lock:
+        TOTALS.traces.append(str(final))
     return final
 
 

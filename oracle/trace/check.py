@@ -156,8 +156,10 @@ def _observation_diffs(recorded: dict[str, Json], model: dict[str, Json]) -> lis
     return out
 
 
-def _model_call(state: PoolState, step: TraceStep, watchers: dict[str, Watcher],
-                log: list[tuple[str, int]]) -> tuple[PoolState, Any, BaseException | None]:
+def model_call(state: PoolState, step: TraceStep, watchers: dict[str, Watcher],
+               log: list[tuple[str, int]]) -> tuple[PoolState, Any, BaseException | None]:
+    """One trace line's call on the model (in place); watchers by name.  The model's refusal is
+    returned as the error, like the pool's."""
     args = dict(step.args)
     if "on_reuse" in args:
         name = args["on_reuse"]
@@ -224,7 +226,7 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False,
     log: list[tuple[str, int]] = []
     number = 0
     for number, step in enumerate(steps, start=1):
-        new, result, error = _model_call(state, step, watchers, log)
+        new, result, error = model_call(state, step, watchers, log)
         if isinstance(error, ContractBroken):
             return CheckReport(str(path), number, contract=StepContract(
                 step.line, number, step.op, error.contract, str(error).split(": ", 1)[-1]))
@@ -241,4 +243,4 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False,
 
 
 __all__ = ["CheckReport", "StepContract", "StepDivergence", "canonical_event", "canonical_hash",
-           "check_trace", "compare_step"]
+           "check_trace", "compare_step", "model_call"]

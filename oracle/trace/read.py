@@ -279,6 +279,12 @@ def parse_header(v: Any) -> Header:
 def parse_step(v: Any, line: int, header: Header) -> TraceStep:
     """Validate one call line and decode its arguments for the model."""
     obj = _object(v, "step", STEP_FIELDS, ("op", "args", "result", "error", "events"))
+    op, args = parse_call(obj)
+    return parse_outcome(obj, op, args, line, header)
+
+
+def parse_call(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A call line's operation and its arguments, decoded for the model."""
     op = obj["op"]
     if not isinstance(op, str) or op not in ARG_KINDS:
         raise FieldError(f"op: unknown operation {show(op)}")
@@ -298,7 +304,7 @@ def parse_step(v: Any, line: int, header: Header) -> TraceStep:
         else:
             _kind_ok(kind, value, where)
             args[name] = value
-    return parse_outcome(obj, op, args, line, header)
+    return op, args
 
 
 def parse_outcome(obj: dict[str, Any], op: str, args: dict[str, Any], line: int,
@@ -417,5 +423,16 @@ def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
         raise TraceError(name, number, "value nested too deeply") from None
 
 
-__all__ = ["Header", "Trace", "TraceStep", "iter_trace", "json_lines", "parse_event", "parse_header",
-           "parse_outcome", "parse_step", "read_trace"]
+__all__ = [
+    "Header",
+    "Trace",
+    "TraceStep",
+    "iter_trace",
+    "json_lines",
+    "parse_call",
+    "parse_event",
+    "parse_header",
+    "parse_outcome",
+    "parse_step",
+    "read_trace",
+]

@@ -80,13 +80,15 @@ class RecordingLockstep(Lockstep):
     sink: Callable[[dict[str, Json]], None] | None = None
     """Where each line goes as it is made (None: kept in ``lines``)."""
     written: int = 0
+    request_form: Callable[[Any], Json] | None = None
+    """How a request argument is written (None: whole, as the trace format has it)."""
 
     def watcher(self, name: str) -> Watcher:
         return Watcher(name, _Tee(self.fired, self.fired_now))
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         tap: _Tap = self.pool
-        line: dict[str, Json] = {"op": op, "args": encode_args(op, args, kwargs)}
+        line: dict[str, Json] = {"op": op, "args": encode_args(op, args, kwargs, self.request_form)}
         pending = self.observer.pending_events()
         queued = len(pending) if pending is not None else 0
         self.fired_now.clear()
@@ -134,7 +136,11 @@ class Recording:
 
 
 def _line(obj: dict[str, Json]) -> str:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+    return _ENCODE(obj) + "\n"
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+"""One encoder for every line (``json.dumps`` with options makes one per call)."""
 
 
 def recording_pair(

@@ -7,7 +7,7 @@ same as one written by a pool in another language.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpool.model import OPERATIONS, Event
@@ -17,9 +17,13 @@ from ..lockstep import Watcher
 from ..observe import Observation
 from .schema import ARG_KINDS, RESULT_KINDS, Json
 
+_SCALARS = frozenset((int, str, bool, float, type(None)))
+
 
 def to_json(value: Any) -> Json:
     """Plain JSON form: bytes as lowercase hex, tuples as lists."""
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, (list, tuple)):
@@ -30,8 +34,15 @@ def to_json(value: Any) -> Json:
 
 
 def event_to_json(event: Any) -> dict[str, Json]:
-    """One event of a pool (any classes named like vLLM's) as a trace/event-stream object."""
-    return {k: to_json(v) for k, v in abstraction.pool_event(event).items()}
+    """One event of a pool (any classes named like vLLM's) as a trace/event-stream object:
+    :func:`kvpool.oracle.abstraction.pool_event`'s fields in their JSON form, in one pass."""
+    kind = abstraction.event_type(event)
+    if kind is None:
+        return {"type": type(event).__name__}
+    out: dict[str, Json] = {"type": kind}
+    for name in abstraction.EVENT_FIELDS[kind]:
+        out[name] = to_json(getattr(event, name, None))
+    return out
 
 
 def model_event_to_json(event: Event) -> dict[str, Json]:
@@ -75,8 +86,10 @@ def observation_to_json(obs: Observation) -> dict[str, Json]:
     return out
 
 
-def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
-    """Name each argument after the model's parameter and encode it by its kind."""
+def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any],
+                request: Callable[[Any], Json] | None = None) -> dict[str, Json]:
+    """Name each argument after the model's parameter and encode it by its kind (a request by
+    ``request``, :func:`request_to_json` unless given)."""
     params = [a.name for a in OPERATIONS[op].args]
     named = dict(zip(params, args, strict=False))
     named.update(kwargs)
@@ -84,7 +97,7 @@ def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[st
     for name, value in named.items():
         kind = ARG_KINDS[op][name]
         if kind == "request":
-            out[name] = request_to_json(value)
+            out[name] = (request or request_to_json)(value)
         elif kind == "watcher":
             out[name] = value.name if isinstance(value, Watcher) else repr(value)
         elif kind == "ints":
