@@ -52,7 +52,7 @@ def test_hash_is_stable_across_processes() -> None:
         "print(h(None, [1, 2, 3], (('lora', 'a', '/p'), ('cache_salt', 's'))).hex())"
     )
     outs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "PYTHONHASHSEED": seed}).stdout
         for seed in ("0", "1", "random")
     }

@@ -126,6 +126,7 @@ USAGE_ERRORS = {
     "json not writable": (["--json", "a-file/out.json"], "--json 'a-file': is a file"),
     "junit not writable": (["--junit", "a-file/out.xml"], "--junit 'a-file': is a file"),
     "bad budget": (["--steps", "0"], "--steps must be positive"),
+    "bad time budget": (["--refinement-seconds", "0"], "--refinement-seconds must be positive"),
     "bad profile": (["--profile", "huge"], "invalid choice: 'huge'"),
     "bad reference": (["--reference", "0.5"], "--reference '0.5'"),
 }
@@ -189,6 +190,52 @@ def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.Monke
     assert trace and all(step["picture"]["blocks"] for step in trace)
     assert any(b["ref"] < 0 for b in trace[-1]["picture"]["blocks"])
     assert "free_blocks" in trace[-1]["call"]
+
+
+CUT = {
+    "bmc": (verify.run_bmc, verify.Budget(bmc_pools=((4, 1),), bmc_seconds=0.0),
+            "bmc/4-blocks-hbs-1", "BMC 4 blocks, hash_block_size 1"),
+    "agreement": (verify.run_agreement, verify.Budget(agreement_pools=((4, 1),), agreement_seconds=0.0,
+                                                      agreement_samples=1),
+                  "agreement/pool/4-blocks-hbs-1", "agreement on 4 blocks, hbs 1"),
+    "refinement": (verify.run_refinement, verify.Budget(refinement_pools=((4, 2, True, True, 1),),
+                                                        refinement_seconds=0.0),
+                   "refinement/4-blocks-hbs-2",
+                   "refinement 4 blocks, hash_block_size 2, caching on, events on"),
+}
+"""Each searching phase with its time budget spent before it starts: 0 s."""
+
+
+@pytest.mark.parametrize("name", sorted(CUT))
+def test_a_search_cut_by_its_time_budget_fails(name: str) -> None:
+    """A run its time budget stops before its depth is not verified to that depth: it fails
+    (the budgets are safety nets, so that a verdict never depends on the machine's load)."""
+    run, budget, case_id, what = CUT[name]
+    phase = run(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
+    case = next(c for c in phase.cases if c.id == case_id)
+    assert not phase.ok and not case.ok and case.failure is not None
+    assert case.failure["kind"] == "incomplete"
+    assert case.failure["message"].startswith(f"{what}: cut by the time budget (0 s): not verified to depth ")
+
+
+def test_a_seeded_bug_search_cut_by_its_time_budget_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvpool.bugs
+
+    name = next(n for n, b in BUGS.items() if b.action is not None)
+    monkeypatch.setattr(kvpool.bugs, "BUGS", {name: BUGS[name]})
+    phase = verify.run_seeded_bugs(verify.Budget(bmc_seconds=0.0),
+                                   verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
+    case = next(c for c in phase.cases if c.id == f"seeded-bugs/bmc/{name}")
+    assert not case.ok and case.failure is not None
+    assert case.failure["message"] == (f"seeded bug {name} is not found by the BMC (its search was cut "
+                                       "by the time budget, 0 s, after depth 0: a busy machine?)")
+
+
+def test_the_ci_time_budgets_are_safety_nets() -> None:
+    """Far above what the ci profile's searches take on a loaded 2-core machine (at most 90 s
+    measured, docs/verification.md): a ci run is judged by its depths, not by the load."""
+    ci = verify.PROFILES["ci"]
+    assert min(ci.bmc_seconds, ci.agreement_seconds, ci.refinement_seconds) >= 600
 
 
 def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:

@@ -296,7 +296,7 @@ def _probe(plugins: str | None, version: str = "-", modules: tuple[str, ...] = (
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     if plugins is not None:
         env["VLLM_PLUGINS"] = plugins
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _PROBE, version, *modules],
+    done = subprocess.run([sys.executable, "-P", "-W", "ignore", "-c", _PROBE, version, *modules],
                           env=env, capture_output=True, text=True, timeout=300, check=True)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -359,7 +359,7 @@ print(json.dumps([type(e).__module__ + "." + type(e).__name__ for e in pool.take
                  + [type(pool).__module__]))
 """
     env = {**os.environ, "VLLM_PLUGINS": "kvpool"}
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
+    done = subprocess.run([sys.executable, "-P", "-W", "ignore", "-c", code], env=env,
                           capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == ["vllm.distributed.kv_events.BlockStored", "vllm.distributed.kv_events.BlockRemoved",

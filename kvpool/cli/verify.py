@@ -71,9 +71,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", metavar="I/N",
                    help="run shard I of N (1 <= I <= N) of the work; kvpool merge joins the shards' --json")
     budget = p.add_argument_group("budget (overrides the profile)")
-    for name, kind, what in (("bmc-depth", int, "BMC depth"), ("bmc-seconds", float, "BMC time per run"),
+    for name, kind, what in (("bmc-depth", int, "BMC depth"),
+                             ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
                              ("agreement-depth", int, "depth of the encoding-against-model check"),
+                             ("agreement-seconds", float, "agreement time per pool (a cut pool fails)"),
                              ("refinement-depth", int, "refinement depth, for every pool"),
+                             ("refinement-seconds", float, "time per refinement run (a cut run fails)"),
                              ("steps", int, "calls per lockstep/campaign run"),
                              ("runs", int, "lockstep/campaign runs"),
                              ("examples", int, "state-machine examples per implementation"),
@@ -96,9 +99,8 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]
     custom = {}
-    for name in ("bmc_depth", "bmc_seconds", "agreement_depth", "refinement_depth", "steps", "runs",
-                 "examples",
-                 "machine_steps", "timeout_ms", "seed"):
+    for name in ("bmc_depth", "bmc_seconds", "agreement_depth", "agreement_seconds", "refinement_depth",
+                 "refinement_seconds", "steps", "runs", "examples", "machine_steps", "timeout_ms", "seed"):
         value = getattr(ns, name)
         if value is None:
             continue

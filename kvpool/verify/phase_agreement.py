@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .budget import Budget
-from .phases import Case, Phase, failure
+from .phases import Case, Phase, cut_failure, failure
 from .progress import Progress
 
 if TYPE_CHECKING:  # the proofs (and z3) are imported when the phase runs
@@ -76,7 +76,7 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
         for job in jobs:
             results.append(_one_pool(*job))
             progress.advance(_pool_note(results[-1][0]))
-    phase.cases = _cases(results, progress)
+    phase.cases = _pool_cases(results, budget) + _cases(results, progress)
     phase.seconds = time.perf_counter() - start
     phase.extra = _figures(results, budget)
     return phase
@@ -87,6 +87,19 @@ def _pool_note(r: Report) -> str:
     return (f"{r.blocks} blocks, hbs {r.hash_block_size}: depth {r.depth}/{r.depth_target} ({done}), "
             f"{r.states:,} states, {r.perturbed:,} perturbed, {r.transitions:,} calls, "
             f"{sum(r.disagreements.values())} disagreements, {r.seconds:.1f}s")
+
+
+def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[Case]:
+    """One case per pool: its states and calls were all checked to the depth (a cut pool fails)."""
+    cases = []
+    for r, _s in results:
+        name = f"{r.blocks} blocks, hbs {r.hash_block_size}"
+        fail = None if r.complete else cut_failure(f"agreement on {name}", budget.agreement_seconds,
+                                                   r.depth_target, r.depth, "--agreement-seconds")
+        cases.append(Case(f"agreement/pool/{r.blocks}-blocks-hbs-{r.hash_block_size}",
+                          f"the encoding is checked on {name} to depth {r.depth_target}", fail is None,
+                          r.seconds, fail))
+    return cases
 
 
 def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Case]:

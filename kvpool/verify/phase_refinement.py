@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from kvpool.shard import Shard
 
 from .budget import Budget
-from .phases import Case, Phase, divergence_failure, failure
+from .phases import Case, Phase, cut_failure, divergence_failure, failure
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -139,8 +139,11 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
             continue
         runs.append(figures(out))
         operations.update(out.operations)
-        phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", out.ok,
-                                out.seconds, None if out.ok else refinement_failure(out)))
+        fail = (refinement_failure(out) if not out.ok else None if out.complete else
+                cut_failure(f"refinement {shape.name}", budget.refinement_seconds, depth, out.depth,
+                            "--refinement-seconds"))
+        phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", fail is None,
+                                out.seconds, fail))
         progress.advance(f"{shape.name}: depth {out.depth}/{depth}"
                          f"{'' if out.complete or not out.ok else ' (out of time)'}, {out.states:,} "
                          f"states, {out.transitions:,} sequences, {out.cpu_seconds:.1f}s CPU"

@@ -1,21 +1,32 @@
+# crosshair: max_iterations=200
 """Contract-annotated wrappers around kvpool.impl, for ``crosshair check``.
 
-impl must not depend on CrossHair or carry test code, so the contracts live
-here: each wrapper builds a small structure from its (bounded) arguments,
-runs one operation and returns what the postconditions need.  The
-contracts are PEP 316 docstrings (``pre:``/``post:``), which CrossHair reads
-out of the box; CrossHair then searches the argument space for a case
-where a precondition holds and a postcondition fails (or anything raises).
+impl must not depend on CrossHair or carry test code, and the oracle compares
+pools through its own abstraction, so the contracts live with the tests
+(``tests/test_crosshair.py`` runs them): each wrapper builds a small structure
+from its (bounded) arguments, runs one operation and returns what the
+postconditions need.  The contracts are PEP 316 docstrings
+(``pre:``/``post:``), which CrossHair reads out of the box; CrossHair then
+searches the argument space for a case where a precondition holds and a
+postcondition fails (or anything raises).
 
-    crosshair check --analysis_kind=PEP316 kvpool.oracle.contracts
+    PYTHONHASHSEED=0 crosshair check --analysis_kind=PEP316 \
+        --per_condition_timeout 1e6 --per_path_timeout 1e5 tests/crosshair_contracts.py
+
+The directive on the first line bounds the search by work: at most 200 paths
+per postcondition (crosshair-tool has no command-line flag for
+``max_iterations``).  CrossHair's time limits are CPU seconds (z3's, wall-clock
+seconds), so a search they cut would depend on the machine's load; the
+command above sets them where they never bind, and the search, seeded and
+deterministic, explores the same paths on every run.
 
 Wrappers return plain tuples of ints so the postconditions stay readable
 and cheap to evaluate on symbolic values.  Each pool wrapper has a single
-postcondition: CrossHair gives every condition its own time budget, so one
-conjunction explores deeper than several conjuncts in the same total time.  Refusals are caught inside the
-wrapper (an escaping exception would be reported as a counterexample) and
-returned as a flag, so "a refused call leaves the pool unchanged" is a
-postcondition like any other.
+postcondition: CrossHair gives every condition its own budget of paths, so
+one conjunction explores deeper than several conjuncts in the same total
+work.  Refusals are caught inside the wrapper (an escaping exception would be
+reported as a counterexample) and returned as a flag, so "a refused call
+leaves the pool unchanged" is a postcondition like any other.
 """
 
 from __future__ import annotations
@@ -31,11 +42,10 @@ from kvpool.impl.pool import BlockPool
 from kvpool.model import ACTIONS, OPERATIONS, ContractBroken, Refusal, initial_state
 from kvpool.model.operations import Translate
 from kvpool.model.state import PoolState
-
-from .abstraction import event_differences, refusal_kind
-from .lockstep import MetricsRecorder
-from .observe import Observation, observe_model, observe_pool
-from .refinement import model_watcher, requests_for
+from kvpool.oracle.abstraction import event_differences, refusal_kind
+from kvpool.oracle.lockstep import MetricsRecorder
+from kvpool.oracle.observe import Observation, observe_model, observe_pool
+from kvpool.oracle.refinement import model_watcher, requests_for
 
 QueueView = tuple[int, tuple[int, ...]]
 """(num_free_blocks, ids walked head to tail), or (-1, ()) when the links are broken."""
