@@ -9,7 +9,8 @@ and as a ratio against a baseline measured in the same run:
 * ``lockstep``: kvpool's pool against the model (``oracle.lockstep``), the same sizes;
 * ``check-trace``: a recorded trace of the same workload replayed on the model,
   the same sizes, and against merely parsing the trace's JSON lines (target: within 15x);
-* ``length``: ``check-trace`` on one 64-block pool over 10^4, 10^5 and 10^6 calls, with
+* ``check-events``: the same traces read as a router would (``kvpool check-events``);
+* ``length``: ``check-trace`` and ``check-events`` on one 64-block pool over 10^4, 10^5 and 10^6 calls, with
   the process's peak memory (target: flat).
 
 Targets (issue 22): largest over smallest at most 2x for the sizes and the lengths.
@@ -35,6 +36,8 @@ from kvpool.impl import BlockPool
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import OPERATIONS, Refusal, initial_state
+from kvpool.oracle.events_check import check_stream, load_events
+from kvpool.oracle.events_warnings import add_warnings
 from kvpool.oracle.lockstep import Lockstep
 from kvpool.oracle.trace import check_trace
 from kvpool.oracle.trace.write import encode_args, encode_model_result, model_event_to_json
@@ -231,6 +234,17 @@ def per_call_check(path: Path, calls: int) -> tuple[float, float]:
     return checked / calls, parsed / calls
 
 
+def per_call_events(path: Path, calls: int) -> float:
+    """``kvpool check-events`` (the router's reading, its warnings with the trace's replay)
+    CPU seconds per call on the trace at ``path``."""
+    start = time.process_time()
+    stream = load_events(path)
+    report = add_warnings(check_stream(stream, str(path)), stream, path, stream.is_trace)
+    if not report.ok:
+        raise SystemExit(f"{path}: the model's own events broke a rule: {report.violations[:1]}")
+    return (time.process_time() - start) / calls
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -258,25 +272,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} / the pool alone: "
                   + ", ".join(f"{n:,}: {costs[n] / bare[n]:.1f}x" for n in sizes))
         if "check-trace" in only:
-            costs, parse = {}, {}
+            costs, parse, events = {}, {}, {}
             for n in sizes:
                 path = Path(scratch) / f"size-{n}.jsonl"
                 got = write_trace(path, n, args.calls)
                 costs[n], parse[n] = per_call_check(path, got)
+                events[n] = per_call_events(path, got)
             _rows("check-trace", costs)
+            _rows("check-events", events)
             worst = max(costs[n] / parse[n] for n in sizes)
             print(f"  check-trace / parsing the same lines: at most {worst:.1f}x (target <= 15x)")
         if "length" in only:
-            costs, memory = {}, {}
+            costs, memory, events = {}, {}, {}
             for calls in lengths:
                 path = Path(scratch) / f"length-{calls}.jsonl"
                 got = write_trace(path, 64, calls)
                 before = peak_mb()
                 costs[calls], _ = per_call_check(path, got)
+                events[calls] = per_call_events(path, got)
                 memory[calls] = max(peak_mb() - before, 0.0)
                 path.unlink()
-            _rows("length (64 blocks, calls)", costs)
-            print("  peak memory growth while checking: "
+            _rows("length (64 blocks, calls): check-trace", costs)
+            _rows("length (64 blocks, calls): check-events", events)
+            print("  peak memory growth while checking (check-trace, then check-events): "
                   + ", ".join(f"{c:,} calls +{m:.1f} MB" for c, m in memory.items()))
     return 0
 

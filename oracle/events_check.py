@@ -46,14 +46,15 @@ index to be empty before it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvpool.model.request import prefix_key
 
-from .trace import FieldError, TraceError, canonical_hash, json_lines, parse_event, read_trace
+from .trace import FieldError, TraceError, TraceStep, canonical_hash, json_lines, parse_event
+from .trace.read import iter_trace
 
 Key = tuple[Any, Any]  # (hash in int form, group_idx)
 _LOW_64 = (1 << 64) - 1
@@ -254,9 +255,9 @@ Snapshots = dict[int, dict[Key, int]]
 class Stream:
     """What a file gives the checker: events with positions, declared sizes, pool snapshots."""
 
-    events: list[tuple[Position, dict[str, Any]]]
+    events: Iterable[tuple[Position, dict[str, Any]]]
     block_sizes: dict[int, int] = field(default_factory=dict)
-    snapshots: Snapshots = field(default_factory=dict)
+    snapshots: Iterable[tuple[int, dict[Key, int]]] = ()
     is_trace: bool = False
 
 
@@ -279,39 +280,79 @@ def _callers_announcement(args: dict[str, Any], hash_block_size: int) -> dict[st
             "group_idx": group}
 
 
-def load_events(path: str | Path) -> Stream:
-    """The validated events of a trace file (emission order) or of a JSONL event stream.
+def step_events(step: TraceStep, hash_block_size: int, events_on: bool
+                ) -> list[tuple[Position, dict[str, Any]]]:
+    """The events a router reads from one call, positioned: the call's own, then (for
+    ``_insert_block_hash``) the offload caller's announcement of the key it copied.
 
-    From a trace with events on, also the declared block sizes and, for each
-    line with an observation, the pool's index as copies per key.
+    A pool that does not show each call's events (``events: null``) hands them
+    over in ``take_events``: there they are read, when the router would receive them.
     """
+    own = step.events
+    if own is None and step.op == "take_events" and step.error is None:
+        own = step.result
+    events = [(Position(step.line, i), e) for i, e in enumerate(own or ())]
+    if step.op == "_insert_block_hash" and step.error is None and events_on:
+        events.append((Position(step.line, len(events)), _callers_announcement(step.args, hash_block_size)))
+    return events
+
+
+Item = tuple[Position, dict[str, Any] | None, dict[Key, int] | None]
+"""One thing a reader meets in a file, in order: an event, or the pool's copies after a line."""
+
+
+class _Reread:
+    """A file's items, read again on each pass: a pass holds one line, never the file."""
+
+    def __init__(self, path: str | Path, items: Callable[[str | Path], Iterator[Item]], pool: bool):
+        self.path, self.items, self.pool = path, items, pool
+
+    def __iter__(self) -> Iterator[Any]:
+        for pos, event, copies in self.items(self.path):
+            if self.pool:
+                if copies is not None:
+                    yield pos.line, copies
+            elif event is not None:
+                yield pos, event
+
+
+def _trace_items(path: str | Path) -> Iterator[Item]:
+    header, steps = iter_trace(path)
+    events_on = header.enable_kv_cache_events
+    for step in steps:
+        for pos, event in step_events(step, header.hash_block_size, events_on):
+            yield pos, event, None
+        if events_on and step.observation is not None and "index" in step.observation:
+            yield Position(step.line), None, _index_copies(step.observation["index"])
+
+
+def _bare_items(path: str | Path) -> Iterator[Item]:
     name = str(path)
-    lines = json_lines(path)
-    first = next(lines, None)
-    if first is None:
-        return Stream([])
-    if isinstance(first[1], dict) and "kvpool_trace" in first[1]:
-        trace = read_trace(path)
-        events = []
-        for step in trace.steps:
-            events += [(Position(step.line, i), event) for i, event in enumerate(step.events)]
-            if step.op == "_insert_block_hash" and step.error is None and trace.header.enable_kv_cache_events:
-                events.append((Position(step.line, len(step.events)),
-                               _callers_announcement(step.args, trace.header.hash_block_size)))
-        snapshots: Snapshots = {}
-        if trace.header.enable_kv_cache_events:
-            snapshots = {step.line: _index_copies(step.observation["index"])
-                         for step in trace.steps if step.observation is not None}
-        return Stream(events, dict(trace.header.block_sizes or {}), snapshots, is_trace=True)
-    out = []
-    for number, value in (first, *lines):
+    for number, value in json_lines(path):
         try:
-            out.append((Position(number), parse_event(value, "event")))
+            yield Position(number), parse_event(value, "event"), None
         except FieldError as exc:
             raise TraceError(name, number, str(exc)) from None
         except RecursionError:
             raise TraceError(name, number, "value nested too deeply") from None
-    return Stream(out)
+
+
+def load_events(path: str | Path) -> Stream:
+    """The validated events of a trace file (emission order) or of a JSONL event stream.
+
+    From a trace with events on, also the declared block sizes and, for each
+    line with an observation, the pool's index as copies per key.  Nothing is
+    held: ``events`` and ``snapshots`` read the file again on each pass (a bad
+    line raises :class:`TraceError` when a pass reaches it).
+    """
+    first = next(json_lines(path), None)
+    if first is None:
+        return Stream([])
+    if isinstance(first[1], dict) and "kvpool_trace" in first[1]:
+        header, _ = iter_trace(path)
+        return Stream(_Reread(path, _trace_items, False), dict(header.block_sizes or {}),
+                      _Reread(path, _trace_items, True), is_trace=True)
+    return Stream(_Reread(path, _bare_items, False))
 
 
 def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) -> EventsReport:
@@ -323,10 +364,12 @@ def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) ->
 
 
 def check_stream(stream: Stream, name: str, block_sizes: dict[int, int] | None = None) -> EventsReport:
-    """:func:`check_events` on a stream already loaded (:func:`load_events`)."""
-    return check_event_list([e for _, e in stream.events], name,
-                            {**stream.block_sizes, **(block_sizes or {})},
-                            [p for p, _ in stream.events], stream.snapshots)
+    """:func:`check_events` on a stream already loaded (:func:`load_events`), in one pass."""
+    sizes = {**stream.block_sizes, **(block_sizes or {})}
+    if isinstance(stream.events, _Reread):
+        return _check_items(stream.events.items(stream.events.path), name, sizes)
+    return check_event_list([e for _, e in stream.events], name, sizes,
+                            [p for p, _ in stream.events], dict(stream.snapshots))
 
 
 def check_event_list(
@@ -339,15 +382,26 @@ def check_event_list(
     With ``snapshots`` (trace lines -> the pool's copies per key), the
     router's counts are also compared with the pool after each such line.
     """
-    report = EventsReport(name)
-    router = Router(block_sizes=dict(block_sizes or {}))
     pending = sorted((snapshots or {}).items())
+    items: list[Item] = []
     for i, event in enumerate(events):
         pos = positions[i] if positions else Position(i + 1)
         while pending and pending[0][0] < pos.line:
-            router.compare(*pending.pop(0), report)
-        router.feed(event, pos, report)
-    for line, copies in pending:
-        router.compare(line, copies, report)
+            line, copies = pending.pop(0)
+            items.append((Position(line), None, copies))
+        items.append((pos, event, None))
+    items += [(Position(line), None, copies) for line, copies in pending]
+    return _check_items(iter(items), name, block_sizes)
+
+
+def _check_items(items: Iterator[Item], name: str, block_sizes: dict[int, int] | None) -> EventsReport:
+    """The router's reading of events and pool copies in file order."""
+    report = EventsReport(name)
+    router = Router(block_sizes=dict(block_sizes or {}))
+    for pos, event, copies in items:
+        if event is not None:
+            router.feed(event, pos, report)
+        elif copies is not None:
+            router.compare(pos.line, copies, report)
     router.finish(report)
     return report

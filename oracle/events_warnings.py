@@ -36,8 +36,7 @@ shows each with its trace.  Each warning is named by kvpool's own reading:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +48,12 @@ from .events_check import (
     Router,
     Stream,
     Violation,
-    _callers_announcement,
     _index_copies,
     _key,
+    step_events,
 )
-from .trace import TraceError, TraceStep, canonical_hash, check_trace
+from .trace import TraceError, TraceStep, canonical_hash
+from .trace.check import agreeing_steps
 
 WARNINGS: dict[str, str] = {
     "stored-again": "a store of a key the stream holds: a re-announced hit or a second copy",
@@ -80,30 +80,31 @@ def pool_copies(step: TraceStep, state: PoolState) -> Copies:
     return {(int.from_bytes(h, "big") & _LOW_64, g): len(ids) for (h, g), ids in state.index.items()}
 
 
-def step_events(step: TraceStep, hash_block_size: int, events_on: bool
-                ) -> list[tuple[Position, dict[str, Any]]]:
-    """The events a router reads from one call, positioned: the call's own, then (for
-    ``_insert_block_hash``) the offload caller's announcement of the key it copied.
-
-    A pool that does not show each call's events (``events: null``) hands them
-    over in ``take_events``: there they are read, when the router would receive them.
-    """
-    own = step.events
-    if own is None and step.op == "take_events" and step.error is None:
-        own = step.result
-    events = [(Position(step.line, i), e) for i, e in enumerate(own or ())]
-    if step.op == "_insert_block_hash" and step.error is None and events_on:
-        events.append((Position(step.line, len(events)), _callers_announcement(step.args, hash_block_size)))
-    return events
-
-
-@dataclass
 class PoolFacts:
-    """What a trace's replay says of each call: its op, and the pool's copies of the keys it stores."""
+    """What a trace's replay says of each call, read as the stream advances: the pool's copies,
+    before and after the call, of the keys its stores name.
 
-    ops: dict[int, str] = field(default_factory=dict)
-    before: dict[int, Copies] = field(default_factory=dict)
-    after: dict[int, Copies] = field(default_factory=dict)
+    The replay runs at most one call ahead of the reader, and follows the
+    index by each call's footprint: memory and cost per call are the pool's
+    and the call's, never the trace's.  Lines after a call the model does
+    not agree with (or an unreadable line) are not covered.
+    """
+
+    def __init__(self, path: str | Path):
+        self._facts = _replay(path)
+        self._next: tuple[int, Copies, Copies] | None = None
+        self._done = False
+
+    def at(self, line: int) -> tuple[Copies, Copies] | None:
+        """Before and after ``line``'s call, for the keys its stores name; lines only increase."""
+        while not self._done and (self._next is None or self._next[0] < line):
+            try:
+                self._next = next(self._facts)
+            except (StopIteration, TraceError):
+                self._done, self._next = True, None
+        if self._next is not None and self._next[0] == line:
+            return self._next[1], self._next[2]
+        return None
 
 
 def _named(step: TraceStep, state: PoolState) -> set[Key]:
@@ -118,26 +119,27 @@ def _named(step: TraceStep, state: PoolState) -> set[Key]:
     return keys
 
 
-def pool_facts(path: str | Path) -> PoolFacts:
-    """Replay a trace on the model; per call, the pool's copies of the keys its stores name.
+def _replay(path: str | Path) -> Iterator[tuple[int, Copies, Copies]]:
+    """Per call whose stores name keys: its line, and the pool's copies of them before and after.
 
-    The observation's index where a line has one, else the model's.  Lines
-    after a call the model does not agree with are not covered.
+    The observation's index where a line has one, else the model's, kept per
+    key as each call's declared footprint changes it.
     """
-    facts = PoolFacts()
-    prev: list[Copies] = [{}]
-
-    def on_step(step: TraceStep, state: PoolState) -> None:
-        facts.ops[step.line] = step.op
-        after = pool_copies(step, state)
-        keys = _named(step, state)
-        if keys:
-            facts.before[step.line] = {k: prev[0].get(k, 0) for k in keys}
-            facts.after[step.line] = {k: after.get(k, 0) for k in keys}
-        prev[0] = after
-
-    check_trace(path, on_step=on_step)
-    return facts
+    copies: Copies = {}
+    for step, state, keys in agreeing_steps(path, footprints=True):
+        named = _named(step, state)
+        before = {k: copies.get(k, 0) for k in named}
+        if step.observation is not None and "index" in step.observation:
+            copies = _index_copies(step.observation["index"])
+        else:
+            for h, g in keys:
+                key, held = (int.from_bytes(h, "big") & _LOW_64, g), len(state.index.get((h, g), ()))
+                if held:
+                    copies[key] = held
+                else:
+                    copies.pop(key, None)
+        if named:
+            yield step.line, before, {k: copies.get(k, 0) for k in named}
 
 
 class _Finder:
@@ -175,8 +177,8 @@ class _Finder:
             self.warn("tokens-not-filling", pos, f"BlockStored of {len(hashes)} hash(es) of block_size "
                       f"{size} carries {len(tokens)} token_ids, not {size * len(hashes)}: null or masked "
                       "blocks are skipped in the hashes, not in the tokens")
-        before = self.facts.before.get(pos.line) if self.facts else None
-        after = self.facts.after.get(pos.line) if self.facts else None
+        facts = self.facts.at(pos.line) if self.facts else None
+        before, after = facts if facts is not None else (None, None)
         parent = event.get("parent_block_hash")
         if parent is not None and hashes:
             self._parent((canonical_hash(parent), group), pos, event, before)
@@ -231,11 +233,6 @@ def find_warnings(events: Sequence[tuple[Position, dict[str, Any]]],
 
 def add_warnings(report: EventsReport, stream: Stream, path: str | Path, is_trace: bool) -> EventsReport:
     """Fill ``report.warnings`` for ``stream``, read from ``path`` (a trace is replayed on the model)."""
-    facts = None
-    if is_trace:
-        try:
-            facts = pool_facts(path)
-        except TraceError:
-            facts = None
+    facts = PoolFacts(path) if is_trace else None
     report.warnings = find_warnings(stream.events, facts)
     return report

@@ -349,3 +349,23 @@ def test_random_bytes_never_crash(tmp_path_factory: pytest.TempPathFactory, data
         check_events(path)
     except TraceError as exc:
         assert exc.line >= 1
+
+
+def test_a_trace_whose_calls_hide_their_events_is_read_at_take_events(tmp_path: Path) -> None:
+    """A pool that shows no per-call events (``events: null``) hands them over in take_events."""
+    seed = _event_seeds(1, start=40)[0]
+    rec = record(BlockPool, seed, 300)
+    full = tmp_path / "full.jsonl"
+    rec.write(full)
+    lines = [json.loads(raw) for raw in full.read_text().splitlines()]
+    taken = sum(len(line["result"] or ()) for line in lines[1:]
+                if line.get("op") == "take_events" and line.get("error") is None)
+    assert taken > 0
+    hidden = tmp_path / "hidden.jsonl"
+    hidden.write_text("".join(json.dumps({**line, "events": None} if "op" in line else line) + "\n"
+                              for line in lines))
+    report = check_events(hidden)
+    assert report.ok, report.format()
+    assert report.events == taken + sum(line.get("op") == "_insert_block_hash" and line.get("error") is None
+                                        for line in lines[1:])
+    assert check_events_main([str(hidden)]) == 0

@@ -9,13 +9,13 @@ and event hashes (compared in their 64-bit integer form).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpool.model import ACTIONS, QUERIES, REFERENCES, ContractBroken, initial_state
-from kvpool.model.state import PoolState
+from kvpool.model import ACTIONS, OPERATIONS, QUERIES, REFERENCES, ContractBroken, initial_state
+from kvpool.model.state import Key, PoolState
 
 from ..abstraction import names_refusal, refusal_name, removals_in_order
 from ..lockstep import Watcher
@@ -217,6 +217,26 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False,
     then), in order, up to the first difference.  Raises :class:`TraceError`
     on a bad file.
     """
+    steps = agreeing_steps(path, vllm_errors=vllm_errors)
+    while True:
+        try:
+            step, state, _keys = next(steps)
+        except StopIteration as done:
+            report: CheckReport = done.value
+            return report
+        if on_step is not None:
+            on_step(step, state)
+
+
+def agreeing_steps(path: str | Path, *, vllm_errors: bool = False, footprints: bool = False,
+                   ) -> Generator[tuple[TraceStep, PoolState, frozenset[Key]], None, CheckReport]:
+    """The trace's calls that agree with the model, each with the model's state after it, as
+    they are read; the generator's value is the :func:`check_trace` report.
+
+    With ``footprints``, each comes with the keys its declaration says it may
+    change (computed before the call, at its cost), so that a reader of the
+    pool's index follows it without walking the index.
+    """
     h, steps = iter_trace(path)
     vllm_errors = vllm_errors or h.vllm_errors
     state = initial_state(h.num_blocks, h.enable_caching, h.hash_block_size,
@@ -226,6 +246,7 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False,
     log: list[tuple[str, int]] = []
     number = 0
     for number, step in enumerate(steps, start=1):
+        keys = _footprint_keys(state, step) if footprints else frozenset()
         new, result, error = model_call(state, step, watchers, log)
         if isinstance(error, ContractBroken):
             return CheckReport(str(path), number, contract=StepContract(
@@ -236,11 +257,22 @@ def check_trace(path: str | Path, *, vllm_errors: bool = False,
             diffs = ["value nested too deeply to compare"]
         if diffs:
             return CheckReport(str(path), number, StepDivergence(step.line, number, step.op, diffs))
-        if on_step is not None:
-            on_step(step, new)
+        yield step, new, keys
         state = new
     return CheckReport(str(path), number)
 
 
-__all__ = ["CheckReport", "StepContract", "StepDivergence", "canonical_event", "canonical_hash",
-           "check_trace", "compare_step", "model_call"]
+def _footprint_keys(state: PoolState, step: TraceStep) -> frozenset[Key]:
+    """The keys a call may change, by its declaration; none for a query or a call it cannot bind."""
+    decl = OPERATIONS.get(step.op)
+    if decl is None or decl.role == "query":
+        return frozenset()
+    try:
+        args = {k: (None if k == "on_reuse" else v) for k, v in step.args.items()}
+        return decl.footprint(state, *decl.bind((), args)).keys
+    except Exception:  # a call the model refuses changes nothing
+        return frozenset()
+
+
+__all__ = ["CheckReport", "StepContract", "StepDivergence", "agreeing_steps", "canonical_event",
+           "canonical_hash", "check_trace", "compare_step", "model_call"]
