@@ -4,8 +4,8 @@
 
 The seeded workload (misuse off, no key copies: a pool alone) plays vLLM's own
 ``BlockPool`` twice, bare and under the shadow (``oracle/shadow.py``: the model,
-the footprint comparison, the whole pool every ``num_blocks // 16`` calls, the
-trace streamed to a file).  Only the time spent inside the pool's methods is
+the footprint comparison, the whole pool every ``num_blocks`` calls, each call's
+operation and arguments written to a file).  Only the time spent inside the pool's methods is
 counted, so the workload's own cost is left out; both runs make the same calls.
 Printed: per-call CPU times and ``added / bare``, the median over the seeds of each seed's
 ratio, bare and shadowed run back to back (target at most 15).  Pools of the

@@ -7,6 +7,7 @@ converting them with :func:`from_fields`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -133,7 +134,6 @@ def use_event_classes(stored: Any, removed: Any, cleared: Any) -> tuple[Any, Any
 
 def use_vllm_event_classes() -> tuple[Any, Any, Any]:
     """Emit ``vllm.distributed.kv_events`` classes (for use inside a vLLM engine)."""
-    import importlib
 
     kv_events = importlib.import_module("vllm.distributed.kv_events")
     return use_event_classes(kv_events.BlockStored, kv_events.BlockRemoved,

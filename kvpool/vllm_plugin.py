@@ -79,6 +79,7 @@ def register() -> None:
 
 
 def _shadow_dir() -> str:
+    # lazy: runs inside every vLLM process; loads only what the chosen mode needs
     from kvpool.oracle.shadow import shadow_dir
 
     return str(shadow_dir())
@@ -110,6 +111,7 @@ def install() -> list[str]:
     Idempotent.  Modules imported later get kvpool's pool from
     ``vllm.v1.core.block_pool`` itself, and classes defined later subclass it.
     """
+    # lazy: runs inside every vLLM process; loads only what the chosen mode needs
     from kvpool.impl import BlockPool
     from kvpool.impl.events import use_vllm_event_classes
 
@@ -134,6 +136,7 @@ def install_shadow() -> list[str]:
     hisparse's ``SharedEventQueueBlockPool`` is re-parented onto the shadowed
     class.  Idempotent; :func:`uninstall` undoes it.
     """
+    # lazy: runs inside every vLLM process; loads only what the chosen mode needs
     from kvpool.oracle.shadow import shadowed_class
 
     module = importlib.import_module(_POOL_MODULE)
@@ -160,6 +163,7 @@ def uninstall() -> None:
             cls.__bases__ = tuple(base if b is shadowed else b for b in cls.__bases__)
         if "original" not in _installed:
             return
+    # lazy: runs inside every vLLM process; loads only what the chosen mode needs
     from kvpool.impl import BlockPool
     from kvpool.impl.events import use_event_classes
 

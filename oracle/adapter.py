@@ -178,6 +178,7 @@ def _takes(fn: Callable[..., Any], keyword: str) -> bool:
 
 def kvpool_adapter(pool_class: type[Any] | None = None) -> ClassAdapter:
     """kvpool.impl's pool (or a subclass): typed errors, strict matching, misuse on."""
+    # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
     from kvpool.impl import BlockPool
 
     cls = pool_class or BlockPool
@@ -201,6 +202,7 @@ def vllm_adapter() -> ClassAdapter:
 
 def adapter_for_class(pool_class: Any) -> ClassAdapter:
     """The right adapter for a pool class: strict for kvpool's, lenient for others."""
+    # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
     from kvpool.impl import BlockPool
 
     if isinstance(pool_class, type) and issubclass(pool_class, BlockPool):

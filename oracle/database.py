@@ -64,6 +64,7 @@ def example_database(spec: str, *, check: bool = False) -> ExampleDatabase:
     if not parts.hostname or not path.isdigit():
         raise ExampleDatabaseError(f"{describe(spec)!r}: expected redis://HOST:PORT/N")
     try:
+        # lazy: the redis extra, only for a redis:// database
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError:

@@ -36,7 +36,7 @@ shows each with its trace.  Each warning is named by kvpool's own reading:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +222,7 @@ class _Finder:
                       f"{_key(key)}, stored with LoRA {lora_name!r}")
 
 
-def find_warnings(events: Sequence[tuple[Position, dict[str, Any]]],
+def find_warnings(events: Iterable[tuple[Position, dict[str, Any]]],
                   facts: PoolFacts | None = None) -> list[Violation]:
     """The warnings of a validated stream, in stream order; ``facts`` tell copies apart (traces)."""
     finder = _Finder(facts)

@@ -269,8 +269,8 @@ def rebuild(working: Path, final: Path) -> None:
             if REQUEST_LINE in line:
                 ref = line.pop(REQUEST_LINE)
                 if "more_tokens" in line:
-                    requests[ref]["all_token_ids"] += line["more_tokens"]  # type: ignore[operator]
-                    requests[ref]["block_hashes"] += line["more_hashes"]  # type: ignore[operator]
+                    requests[ref]["all_token_ids"] += line["more_tokens"]
+                    requests[ref]["block_hashes"] += line["more_hashes"]
                 else:
                     requests[ref] = line
                 continue
@@ -748,6 +748,7 @@ def _close(out: TextIO, part: Path, final: Path, keep: bool, sink: _Sink) -> Pat
 
 def _is_kvpool_pool(pool: Any) -> bool:
     try:
+        # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
         from kvpool.impl import BlockPool
     except ImportError:  # pragma: no cover - kvpool.impl ships with kvpool
         return False

@@ -41,7 +41,8 @@ from kvpool.model.request import extends
 from kvpool.model.state import Key as ModelKey
 from kvpool.model.state import PoolState
 
-from .concrete import mentioned
+from .concrete import Universe, _sat, encode, mentioned
+from .finite import ground
 from .symbolic import EMPTY, FIELDS, NULL, Block, Content, Expr, Key, SymState
 from .transitions import StepSpec
 
@@ -789,7 +790,6 @@ def compile_step(d: Domain, spec: StepSpec) -> Compiled:
 
 def _z3_value(facts: list[Expr], formula: Expr) -> bool | None:
     """What z3 makes of ``formula`` given ``facts``: True, False, or ``None`` (not determined)."""
-    from .concrete import _sat
 
     if not _sat([*facts, z3.Not(formula)]):
         return True
@@ -810,8 +810,6 @@ def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Seq
     :func:`kvpool.proofs.concrete.encode` (grounded over the domain), the
     compiled form through :func:`abstract`: the two encodings are checked too.
     """
-    from .concrete import Universe, encode
-    from .finite import ground
 
     u = Universe(
         blocks=Universe.of([s]).blocks,
@@ -883,7 +881,6 @@ def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Seq
                 expect.append(z == (pair in rel))
     for f in ("events", "caching", "hbs"):
         expect.append(getattr(st.post, f) == getattr(post, f))
-    from .concrete import _sat
 
     if _sat([*facts, pre, z3.Not(ground(z3.And(*expect), dom, memo))]):
         out.append(f"{spec.name} post: z3 does not give the compiled result")

@@ -71,10 +71,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if blocks_error:
         parser.error(blocks_error)
     if args.exec is not None:
-        from .drive import check_exec
+        from .drive import check_exec  # lazy: the drive protocol only for --exec
 
         args.steps, args.runs = steps, runs
         return check_exec(args)
+    # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
     from kvpool.oracle.adapter import adapter_for_class, misuse_setting
     from kvpool.oracle.campaign import run_campaign
 

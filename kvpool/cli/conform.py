@@ -373,6 +373,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, out: TextIO) -> int:
     """``--exec``: the phases against the process, each failure kept as a trace (:mod:`.drive`)."""
+    # lazy: the drive protocol only for --exec
     from kvpool.oracle.drive.failure import DriveRun
 
     run = DriveRun(adapter, Path(ns.trace_dir), shrink=not ns.no_shrink)

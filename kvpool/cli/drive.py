@@ -75,6 +75,7 @@ class NoPool(Exception):
 
 def report(run: DriveRun, out: TextIO, meta: dict[str, Any]) -> None:
     """Write each failed phase's trace and print it short, with what check-trace says of it."""
+    # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
     from kvpool.oracle.drive.failure import short_line
 
     for name, (path, shrunk) in run.traces(meta).items():
@@ -114,6 +115,7 @@ def meta_of(command: Sequence[str], tool: str, seed: int) -> dict[str, Any]:
 
 def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     """``kvpool check --exec``: the seeded campaign against the process, as for a Python pool."""
+    # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
     from kvpool.oracle.adapter import misuse_setting
     from kvpool.oracle.conform import Options, run_campaign_phase
     from kvpool.oracle.drive.failure import DriveRun

@@ -129,6 +129,7 @@ def print_refuted(check: Check, r: Result, timeout_ms: int) -> None:
     what = f"{check.part} {check.kind} {check.step or ''} {check.name or ''}".split()
     print(f"\n✗ {' '.join(what)}: {r.status}" + (f" ({r.detail})" if r.status != COUNTEREXAMPLE else ""))
     if check.kind in ("preserve", "holds") and check.part != "order" and check.step and check.name:
+        # lazy: pictures only for a counterexample
         from kvpool.proof_pictures import counterexample_steps, counterexample_text
 
         steps = counterexample_steps(check.step, check.name, timeout_ms=timeout_ms)

@@ -75,6 +75,7 @@ def check_writable(flag: str, path: str | None) -> None:
 def example_db_option() -> str | None:
     """``KVPOOL_EXAMPLE_DB``, checked before the run: a directory that can be created or a
     ``redis://`` server that answers; anything else raises :class:`UsageError`."""
+    # lazy: Hypothesis' database only when a command needs one
     from kvpool.oracle.database import ENV, ExampleDatabaseError, example_database, from_env
 
     spec = from_env()

@@ -94,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_from(argv: Sequence[str] | None) -> Settings:
     """Parse and check everything that can be checked before the run; raise UsageError."""
+    # lazy: the oracle only to check --traces/--events files before the run
     from kvpool.model import REFERENCES
 
     ns = parser().parse_args(argv)
@@ -138,6 +139,7 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
 
 def _check_readable(flag: str, path: str) -> None:
     """A trace or event file must exist and be JSON lines before an expensive run starts."""
+    # lazy: the oracle only to check --traces/--events files before the run
     from kvpool.oracle.trace import TraceError, json_lines
 
     try:

@@ -22,6 +22,7 @@ refused with :class:`MergeError`.
 from __future__ import annotations
 
 import itertools
+import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -212,6 +213,7 @@ def _merge_refinement(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
 
 
 def _merge_bmc(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    # lazy: the BMC (z3) only to join BMC parts
     from kvpool.proofs.bmc import merge_parts
 
     cases, runs = [], []
@@ -287,7 +289,7 @@ def _seconds(doc: dict[str, Any]) -> float:
 
 def conform_junit(doc: dict[str, Any]) -> bytes:
     """JUnit XML of a merged ``kvpool conform`` document, as ``kvpool conform --junit`` writes it."""
-    import xml.etree.ElementTree as ET
+    # lazy: the BMC (z3) only to join BMC parts
 
     suites = ET.Element("testsuites")
     suite = ET.SubElement(suites, "testsuite", name="kvpool.conform", tests=str(len(doc["phases"])),

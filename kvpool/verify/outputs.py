@@ -29,6 +29,7 @@ def invariants_table() -> list[dict[str, Any]]:
 
     A lemma lists the invariants it follows from (``derived_from``); z3 proves it from them.
     """
+    # lazy: the proofs' tables (z3) and the report only when written
     from kvpool.model import INVARIANTS, LEMMAS
     from kvpool.model.invariants import DERIVED_FROM
     from kvpool.proofs.invariants import SYM_INVARIANTS, SYM_LEMMAS
@@ -171,6 +172,7 @@ def write_outputs(doc: dict[str, Any], *, json_path: str | None = None, junit: s
         Path(junit).write_bytes(junit_xml(doc))
         written.append(junit)
     if report:
+        # lazy: the proofs' tables (z3) and the report only when written
         from kvpool.report import write_report
 
         written += [str(p) for p in write_report(doc, Path(report))]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the proofs (and z3) are imported when the phase runs
 def _one_pool(blocks: int, hbs: int, depth: int, seconds: float, perturb: int,
               samples: int, seed: int) -> tuple[Report, Sampled]:
     """One pool's check and its z3 sample (run in a worker process)."""
+    # lazy: z3 and the proofs load when the phase runs
     from kvpool.proofs import bmc
     from kvpool.proofs.agreement import check, z3_sample
 
@@ -52,6 +53,7 @@ def scope_text(budget: Budget) -> str:
 
 def run_agreement(budget: Budget, progress: Progress) -> Phase:
     """The encoding against the model on every state and call of the small pools."""
+    # lazy: z3 and the proofs load when the phase runs
     from kvpool.proofs.agreement import CHECKED
     from kvpool.proofs.transitions import STEPS
 
@@ -103,6 +105,7 @@ def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[C
 
 
 def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Case]:
+    # lazy: z3 and the proofs load when the phase runs
     from kvpool.proofs.agreement import CHECKED
     from kvpool.proofs.transitions import STEPS
 
@@ -158,6 +161,7 @@ def _examples(results: list[tuple[Report, Sampled]], case: str) -> list[tuple[Re
 
 def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, Any]:
     """The first disagreements: the model state (pictured), the call or perturbation, the field."""
+    # lazy: z3 and the proofs load when the phase runs
     from kvpool.pictures import labeller, picture_of_state
     from kvpool.proofs import bmc
     from kvpool.proofs.agreement import show_state

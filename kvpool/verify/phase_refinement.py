@@ -42,6 +42,7 @@ def bmc_domain(shape: Shape, symmetry: bool = True
     (:func:`kvpool.oracle.refinement.exact_key`), so a pool that treats group 1
     or block 2 differently is explored in every state it can be in.
     """
+    # lazy: the oracle, the BMC and the pool load when the phase runs
     from kvpool.oracle.refinement import exact_key, requests_for
     from kvpool.proofs import bmc
 
@@ -71,6 +72,7 @@ def bmc_domain(shape: Shape, symmetry: bool = True
 def refine(factory: Callable[..., Any], shape: Shape, depth: int, seconds: float = 600.0,
            symmetry: bool = True, **options: Any) -> Refinement:
     """Explore ``factory``'s pools of ``shape`` to ``depth`` over the BMC's domain plus misuse."""
+    # lazy: the oracle, the BMC and the pool load when the phase runs
     from kvpool.oracle.refinement import explore
 
     calls, requests, key = bmc_domain(shape, symmetry)
@@ -95,6 +97,7 @@ def figures(out: Refinement) -> dict[str, Any]:
 
 def refinement_failure(out: Refinement) -> dict[str, Any]:
     """A divergence as a Failure: the lockstep's message and pictures, and the whole sequence."""
+    # lazy: the oracle, the BMC and the pool load when the phase runs
     from kvpool.oracle.refinement import show_call
 
     exc = out.divergence
@@ -112,6 +115,7 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
                    name: str = "kvpool.impl:BlockPool", shard: Shard | None = None) -> Phase:
     """kvpool.impl (or ``factory``'s pools) against the model on every call sequence of small
     pools, up to each one's depth.  A shard takes the pools ``j`` with ``j mod N == I - 1``."""
+    # lazy: the oracle, the BMC and the pool load when the phase runs
     from kvpool.oracle.refinement import Shape
 
     if factory is None:

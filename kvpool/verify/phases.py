@@ -10,7 +10,10 @@ skipped phase costs nothing.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -70,6 +73,7 @@ def failure(kind: str, message: str, details: str = "",
 
 def run_proofs(budget: Budget, progress: Progress) -> Phase:
     """Initial states, preservation of every invariant by every step, non-vacuity; the eviction order."""
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.proofs.inductive import PROVEN, Result
     from kvpool.proofs.invariants import NOT_ENCODED
     from kvpool.proofs.order import ORDER_PROPERTIES, QSTEPS
@@ -149,6 +153,7 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
 
     A shard takes the catalogue's bugs ``i`` with ``i mod N == I - 1``, each with all its forms.
     """
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.bugs import BUGS, forms
     from kvpool.bugs.check import every_check
 
@@ -195,6 +200,7 @@ def cut_failure(what: str, seconds: float, target: int, depth: int, flag: str) -
 
 def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
     """A BMC violation as a Failure with a picture of the pool after each call."""
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.pictures import labeller, picture_of_state
     from kvpool.proofs import bmc
 
@@ -217,6 +223,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     A shard explores its part of each pool's search (:func:`kvpool.proofs.bmc.explore`'s
     ``part``); its run carries the figures :mod:`.merge` needs to count each state once.
     """
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
@@ -251,8 +258,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
 
 def part_json(part: Any) -> dict[str, Any]:
     """A BMC part's figures; ``beyond`` packed as base64 of zlib'd (8-byte digest, 4-byte calls) rows."""
-    import base64
-    import zlib
+    # lazy: a phase's modules load when it runs (module docstring)
 
     rows = b"".join(d + made.to_bytes(4, "big") for d, made in sorted(part.beyond.items()))
     return {"index": part.index + 1, "count": part.count, "split_depth": part.split_depth,
@@ -263,10 +269,7 @@ def part_json(part: Any) -> dict[str, Any]:
 
 def part_from_json(data: dict[str, Any]) -> Any:
     """:func:`part_json` read back (a ``ValueError`` if it is not one)."""
-    import base64
-    import binascii
-    import zlib
-
+    # lazy: the BMC (z3) only to read a BMC part
     from kvpool.proofs.bmc import PartFigures
 
     try:
@@ -283,6 +286,7 @@ def part_from_json(data: dict[str, Any]) -> Any:
 
 def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str, Any]:
     """A lockstep divergence (or a crash of the pool) as a Failure with pictures."""
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.oracle.lockstep import CallerBrokeContract, Divergence
 
     text = str(exc) if isinstance(exc, Divergence) else f"{type(exc).__name__}: {exc}"
@@ -301,6 +305,7 @@ def run_lockstep(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -
 
     A shard takes the runs ``r`` (seed ``seed + r``) with ``r mod N == I - 1``.
     """
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.impl import BlockPool
     from kvpool.oracle.campaign import run_one
 
@@ -354,6 +359,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
     A shard runs its part of both (:class:`kvpool.oracle.conform.Options`); ``database``
     is Hypothesis' example database (``KVPOOL_EXAMPLE_DB``).
     """
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.oracle.adapter import misuse_setting
     from kvpool.oracle.conform import (
         Options,
@@ -409,6 +415,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
 def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
                progress: Progress) -> Phase:
     """Recorded traces replayed on the model; event streams read as a router reads them."""
+    # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.oracle.events_check import check_events
     from kvpool.oracle.trace import TraceError, check_trace
 

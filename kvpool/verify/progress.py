@@ -34,6 +34,7 @@ class RichProgress(Progress):
 
     def __init__(self, out: TextIO) -> None:
         super().__init__(out)
+        # lazy: rich only when a terminal shows progress
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bars

@@ -29,8 +29,8 @@ from typing import Any
 from kvpool.model.request import hashes_at
 from kvpool.model.state import PoolState
 
-from ..events_check import Position
-from ..events_warnings import find_warnings, pool_copies, step_events
+from ..events_check import Position, step_events
+from ..events_warnings import find_warnings, pool_copies
 from ..trace import CheckReport, TraceStep, check_trace, json_lines
 from ..trace.read import parse_header
 from ..trace.schema import FieldError
