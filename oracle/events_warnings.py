@@ -44,6 +44,7 @@ from kvpool.model.state import PoolState
 
 from .events_check import (
     EventsReport,
+    Key,
     Position,
     Router,
     Stream,
@@ -69,7 +70,6 @@ WARNINGS: dict[str, str] = {
 """Every warning, by name: what it marks."""
 
 _LOW_64 = (1 << 64) - 1
-Key = tuple[Any, Any]
 Copies = dict[Key, int]
 
 

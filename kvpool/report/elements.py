@@ -306,7 +306,7 @@ class Picture:
 
 
 @dataclass(frozen=True)
-class Step:
+class StepView:
     """One step of a counterexample: the call, its outcome, what changed, the pool afterwards.
 
     ``actual`` is the implementation's pool on the step where it diverges from the
@@ -340,7 +340,7 @@ class Failure:
     seconds: str
     message: str
     details: str | None
-    steps: tuple[Step, ...]
+    steps: tuple[StepView, ...]
     no_trace: str
     """What stands in for the trace when there is none."""
 

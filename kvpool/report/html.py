@@ -40,7 +40,7 @@ from kvpool.report.elements import (
     Section,
     Stats,
     Status,
-    Step,
+    StepView,
     Strong,
     Swatch,
     Table,
@@ -227,7 +227,7 @@ def _failure(failure: Failure) -> str:
             f'<p class="message">{escape(failure.message)}</p>{details}{steps}</article>')
 
 
-def _step(step: Step) -> str:
+def _step(step: StepView) -> str:
     """One trace step; the diverging one draws model and implementation side by side."""
     diverging = step.actual is not None
     changes = "".join(f"<li>{code(c)}</li>" for c in step.changes)

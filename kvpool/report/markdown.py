@@ -39,7 +39,7 @@ from kvpool.report.elements import (
     Section,
     Stats,
     Status,
-    Step,
+    StepView,
     Strong,
     Swatch,
     Table,
@@ -245,7 +245,7 @@ def _failure(failure: Failure) -> str:
     return "\n\n".join(parts)
 
 
-def _step(step: Step) -> str:
+def _step(step: StepView) -> str:
     """One trace step: the call, its outcome, what changed, and the pool afterwards."""
     lines = [f"**Step {_text(step.index)}.** {_code(step.call, False)} → {_code(step.outcome, False)}"]
     if step.changes:

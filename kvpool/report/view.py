@@ -49,7 +49,7 @@ from kvpool.report.elements import (
     Section,
     Stats,
     Status,
-    Step,
+    StepView,
     Strong,
     Swatch,
     Table,
@@ -522,14 +522,14 @@ def _unchanged(trace: Sequence[Mapping[str, Any]]) -> list[bool]:
     return out
 
 
-def _step(step: Mapping[str, Any], unchanged: bool) -> Step:
+def _step(step: Mapping[str, Any], unchanged: bool) -> StepView:
     """One trace step; on the diverging one, the model's pool and the implementation's."""
     differs = tuple(str(d) for d in step.get("differs") or [])
     fields, parts = _split_differs(differs)
     picture, actual = step.get("picture"), step.get("pool_picture")
     if actual is not None:
         picture = picture or {}
-    return Step(str(step.get("index")), str(step.get("call")), str(step.get("outcome")),
+    return StepView(str(step.get("index")), str(step.get("call")), str(step.get("outcome")),
                 tuple(str(c) for c in step.get("changes") or []),
                 None if picture is None else _picture(picture, fields, parts),
                 None if actual is None else _picture(actual, fields, parts), differs, unchanged)

@@ -14,10 +14,8 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from ..events_check import Position
+from ..events_check import Key, Position
 from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Rule, event_group, event_hashes
-
-Key = tuple[int, int]
 
 
 def _rules(*rules: Rule) -> dict[str, Rule]:
