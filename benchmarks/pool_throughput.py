@@ -1,147 +1,151 @@
 """Throughput and memory of kvpool's two builds against vLLM's BlockPool, in one process.
 
-One realistic mixed workload — requests sharing system prompts, so lookups
-hit and miss; allocation with evictions once the pool is full of cached
-blocks; caching of full blocks; touching hits; freeing; KV events on — is
-played against each pool with the same seed.  Both pools behave identically,
-so both see exactly the same sequence of calls (the script checks that).
+A workload (``benchmarks/workloads.py``: ``mixed`` or ``serving``) is played live on every
+pool once, recording each call, its arguments and its result: the pools must make the
+same calls and return the same results and events (else the script stops).  The
+recorded calls are then replayed on a fresh pool of each kind, in interleaved rounds
+(kvpool, vLLM, then vLLM, kvpool, ...), with the clock read around each run of
+consecutive calls of one operation class (a run of several calls made from C), so the
+driver's own work is not timed and a lookup run of 30 calls reads the clock twice, not 60
+times.  Reported per class and
+for the whole mix: the median over rounds of each round's vLLM/kvpool time ratio
+(with the lowest and highest), and the median ns per call.  The collector is off while a
+round runs (as timeit does; ``--gc`` leaves it on), and on between rounds.  The events
+``take_events`` returns are freed after the clock is read, as a caller frees them once
+published (``event_cost.py`` times building and freeing events).
 
-Prints per-operation throughput (blocks/s), each kvpool build's ratio to vLLM
-per operation class and for the whole mix, and bytes per block.  The pools: the
-installed ``kvpool.impl`` and, when that is the compiled build (``KVPOOL_COMPILE=1
-pip install .``), the plain build loaded from this checkout's ``impl/`` (the same
-source, interpreted); vLLM when it is importable (see scripts/install-vllm.sh),
-configured as a running engine configures it (environment-variable cache on).
-``--no-events`` turns KV events off, to show what they cost.
+The pools: the installed ``kvpool.impl`` and, when that is the compiled build
+(``KVPOOL_COMPILE=1 pip install .``), the plain build loaded from this checkout's
+``impl/`` (the same source, interpreted); vLLM when it is importable (see
+scripts/install-vllm.sh), configured as a running engine configures it
+(environment-variable cache on).  ``--no-events`` turns KV events off in every pool;
+``--vllm-events`` makes kvpool emit vLLM's event classes, as it does under its vLLM
+plugin.
+Memory is ``tracemalloc`` over an empty pool, and over the pool after the workload
+(its index full of cached blocks), per block.
 
-    python benchmarks/pool_throughput.py [--requests 4000] [--blocks 8192] [--repeat 3]
+    python benchmarks/pool_throughput.py [--workload mixed|serving|all] [--repeat 7] [--no-events]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import importlib
 import importlib.util
-import random
+import statistics
 import sys
 import time
 import tracemalloc
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from itertools import starmap
 from pathlib import Path
 from typing import Any
 
-BLOCK_SIZE = 16
-
 if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import BLOCK_SIZE, WORKLOADS, Workload
+
+OPS = ["lookup", "touch", "allocate", "cache", "free", "emit", "events"]
 
 
-@dataclass
-class Req:
-    """The request attributes a block pool reads (vLLM's Request has the same)."""
-
-    request_id: str
-    all_token_ids: list[int]
-    block_hashes: list[bytes]
-    lora_request: Any = None
-    mm_features: list[Any] = field(default_factory=list)
-    cache_salt: str | None = None
-    session_id: str | None = None
-    prompt_embeds: Any = None
-    _prompt_embeds_per_block_hashes: dict[Any, Any] = field(default_factory=dict)
+class Blocks(tuple[int, ...]):
+    """A list of blocks in a recorded call, by id (each pool replays it with its own blocks)."""
 
 
-def _chain(tokens: list[int]) -> list[bytes]:
-    out: list[bytes] = []
-    parent = b"root"
-    for i in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = hashlib.sha256(parent + repr(tokens[i:i + BLOCK_SIZE]).encode()).digest()
-        out.append(parent)
-    return out
+def encode(value: Any, event_fields: Callable[[Any], dict[str, Any]]) -> Any:
+    """A call's argument or result, comparable across pools: blocks by id, events by field."""
+    if isinstance(value, list) and value and all(hasattr(v, "block_id") for v in value):
+        return Blocks(v.block_id for v in value)
+    if isinstance(value, list) and value and type(value[0]).__name__ in (
+            "BlockStored", "BlockRemoved", "AllBlocksCleared"):
+        return [event_fields(e) for e in value]
+    if isinstance(value, list):
+        return list(value)
+    return value
 
 
-def make_requests(n: int, seed: int) -> list[Req]:
-    """Requests = one of a few long system prompts + a user turn of its own."""
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(32000) for _ in range(rng.randint(256, 1024))] for _ in range(12)]
-    reqs = []
-    for i in range(n):
-        tokens = rng.choice(prompts) + [rng.randrange(32000) for _ in range(rng.randint(16, 400))]
-        reqs.append(Req(f"r{i}", tokens, _chain(tokens)))
-    return reqs
+Trace = list[tuple[str, int, str, tuple[Any, ...]]]
+"""(operation class, blocks moved, method name, encoded arguments) per call."""
 
 
-class Timers:
-    """Wall time and counts per operation class."""
+def record(pool: Any, workload: Workload, data: Any, seed: int) -> tuple[Trace, list[Any]]:
+    """Play ``workload`` live on ``pool``: its calls and their encoded results."""
+    from kvpool.impl.events import event_fields
 
-    def __init__(self) -> None:
-        self.ns: dict[str, int] = defaultdict(int)
-        self.calls: dict[str, int] = defaultdict(int)
-        self.blocks: dict[str, int] = defaultdict(int)
-        self.trace: list[tuple[str, int]] = []
+    trace: Trace = []
+    results: list[Any] = []
 
-    def timed(self, op: str, nblocks: int, fn: Callable[..., Any], *args: Any) -> Any:
-        t0 = time.perf_counter_ns()
-        out = fn(*args)
-        self.ns[op] += time.perf_counter_ns() - t0
-        self.calls[op] += 1
-        self.blocks[op] += nblocks
-        self.trace.append((op, nblocks))
+    def call(op: str, nblocks: int, method: Callable[..., Any], *args: Any) -> Any:
+        out = method(*args)
+        trace.append((op, nblocks, method.__name__, tuple(encode(a, event_fields) for a in args)))
+        results.append(encode(out, event_fields))
         return out
 
-
-def play(pool: Any, reqs: list[Req], seed: int, max_running: int) -> Timers:
-    """Admit, decode and finish requests like a scheduler; time every pool call."""
-    rng = random.Random(seed)
-    t = Timers()
-    running: list[tuple[Req, list[Any], int]] = []
-    for req in reqs:
-        hits: list[Any] = []
-        for h in req.block_hashes:
-            found = t.timed("lookup", 1, pool.get_cached_block, h, [0])
-            if found is None:
-                break
-            hits.append(found[0])
-        if hits:
-            t.timed("touch", len(hits), pool.touch, hits)
-        need = -(-len(req.all_token_ids) // BLOCK_SIZE) - len(hits)
-        while need > pool.get_num_free_blocks() and running:
-            _, blocks, _ = running.pop(0)
-            t.timed("free", len(blocks), pool.free_blocks, list(reversed(blocks)))
-        if need > pool.get_num_free_blocks():
-            if hits:
-                t.timed("free", len(hits), pool.free_blocks, hits)
-            continue
-        new = t.timed("allocate", need, pool.get_new_blocks, need)
-        blocks = hits + new
-        full = len(req.block_hashes)
-        t.timed("cache", full - len(hits), pool.cache_full_blocks,
-                req, blocks, len(hits), full, BLOCK_SIZE, 0)
-        running.append((req, blocks, full))
-        if len(running) > max_running or rng.random() < 0.3:
-            _, blocks, _ = running.pop(rng.randrange(len(running)))
-            t.timed("free", len(blocks), pool.free_blocks, list(reversed(blocks)))
-        if rng.random() < 0.05:
-            pool.take_events()
-    for _, blocks, _ in running:
-        t.timed("free", len(blocks), pool.free_blocks, list(reversed(blocks)))
-    pool.take_events()
-    return t
+    workload.drive(pool, data, seed, call)
+    return trace, results
 
 
-def bytes_per_block(factory: Callable[[], Any], num_blocks: int) -> float:
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    pool = factory()
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    del pool
-    return (after - before) / num_blocks
+Runs = list[tuple[str, Callable[..., Any], list[tuple[Any, ...]]]]
+"""Runs of consecutive calls of one class: the class, its method (bound), each call's arguments."""
+
+
+def bind(trace: Trace, pool: Any) -> Runs:
+    """The recorded calls as ``pool``'s bound methods and arguments, in runs of one method."""
+    runs: Runs = []
+    blocks = pool.blocks
+    for op, _n, name, args in trace:
+        real = tuple([blocks[i] for i in a] if type(a) is Blocks else
+                     list(a) if type(a) is list else a for a in args)
+        if runs and runs[-1][0] == op and runs[-1][1].__name__ == name:
+            runs[-1][2].append(real)
+        else:
+            runs.append((op, getattr(pool, name), [real]))
+    return runs
+
+
+def replay(runs: Runs) -> dict[str, int]:
+    """Nanoseconds per operation class, the clock read around each run of calls.
+
+    A run of several calls is made from C (``itertools.starmap`` drained by a ``deque``),
+    a single call directly, so what is timed is the pool's calls, not a driver loop.  The
+    events ``take_events`` hands over are freed after the clock is read, as a caller frees
+    them once published (``event_cost.py`` times building and freeing events).
+    """
+    ns: dict[str, int] = defaultdict(int)
+    clock = time.perf_counter_ns
+    for op, method, arglist in runs:
+        if op == "events":
+            for args in arglist:
+                start = clock()
+                taken = method(*args)
+                ns[op] += clock() - start
+                del taken
+        elif len(arglist) == 1:
+            args = arglist[0]
+            start = clock()
+            method(*args)
+            ns[op] += clock() - start
+        else:
+            start = clock()
+            deque(starmap(method, arglist), maxlen=0)
+            ns[op] += clock() - start
+    return ns
+
+
+def clock_floor(samples: int = 2001) -> float:
+    """What timing one call of nothing costs, median ns: every timed run includes about this."""
+    clock = time.perf_counter_ns
+    spans = []
+    method, args = int, ()
+    for _ in range(samples):
+        start = clock()
+        method(*args)
+        spans.append(clock() - start)
+    return statistics.median(spans)
 
 
 def _vllm_pool() -> Callable[..., Any] | None:
@@ -157,7 +161,7 @@ def _vllm_pool() -> Callable[..., Any] | None:
     return pool_mod.BlockPool  # type: ignore[no-any-return]
 
 
-def _kvpool_pools() -> dict[str, Callable[..., Any]]:
+def kvpool_pools() -> dict[str, Callable[..., Any]]:
     """The installed build of kvpool.impl, and the plain one beside a compiled one."""
     impl = importlib.import_module("kvpool.impl")
     if not getattr(impl, "COMPILED", False):
@@ -173,71 +177,146 @@ def _kvpool_pools() -> dict[str, Callable[..., Any]]:
     return {"plain": pure.BlockPool, "compiled": impl.BlockPool}
 
 
+def bytes_per_block(make: Callable[[], Any], num_blocks: int) -> float:
+    """Memory of a new pool, per block."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        pool = make()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del pool
+    return (after - before) / num_blocks
+
+
+def bytes_added(pool: Any, trace: Trace) -> float:
+    """Memory the calls of ``trace`` leave in ``pool`` (its index, keys, hashes), per block."""
+    runs = bind(trace, pool)  # before tracing: the arguments belong to the trace
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        replay(runs)
+        pool.take_events()
+        del runs
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return (after - before) / len(pool.blocks)
+
+
+def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Callable[..., Any]]) -> int:
+    nreq = args.requests or workload.default_requests
+    nblocks = args.blocks or workload.default_blocks
+    events = not args.no_events
+    data = workload.make(nreq, args.seed)
+
+    def fresh(cls: Callable[..., Any]) -> Any:
+        return cls(nblocks, True, BLOCK_SIZE, enable_kv_cache_events=events)
+
+    trace: Trace | None = None
+    expected: list[Any] = []
+    for name, cls in pools.items():
+        got, results = record(fresh(cls), workload, data, args.seed)
+        if trace is None:
+            trace, expected = got, results
+        elif got != trace or results != expected:
+            where = next(i for i, (a, b) in enumerate(zip([*got, None], [*trace, None], strict=False))
+                         if a != b or results[i] != expected[i])
+            print(f"{workload.name}: {name} differs from {next(iter(pools))} at call {where}: "
+                  "the pools do not behave alike", file=sys.stderr)
+            return 1
+    assert trace is not None
+
+    names = list(pools)
+    rounds: list[dict[str, dict[str, int]]] = []
+    floors: list[float] = []
+    for r in range(args.repeat):
+        floors.append(clock_floor())
+        this: dict[str, dict[str, int]] = {}
+        for name in (names if r % 2 == 0 else names[::-1]):
+            pool = fresh(pools[name])
+            runs = bind(trace, pool)
+            gc.collect()
+            if not args.gc:
+                gc.disable()  # as timeit does: collector pauses would land on random calls
+            try:
+                this[name] = replay(runs)
+            finally:
+                gc.enable()
+            del pool, runs
+        rounds.append(this)
+
+    calls: dict[str, int] = defaultdict(int)
+    blocks: dict[str, int] = defaultdict(int)
+    for op, n, _name, _args in trace:
+        calls[op] += 1
+        blocks[op] += n
+    ops = [op for op in OPS if calls[op]]
+    runs_of: dict[str, int] = defaultdict(int)
+    for op, _method, _arglist in bind(trace, pools[names[0]](nblocks, True, BLOCK_SIZE)):
+        runs_of[op] += 1
+    print(f"\nworkload {workload.name}: {nreq} requests, {nblocks} blocks of {BLOCK_SIZE} tokens, "
+          f"{len(trace)} pool calls, events {'off' if args.no_events else 'on'}"
+          f"{' (kvpool emits vLLM classes)' if args.vllm_events and not args.no_events else ''}, "
+          f"collector {'on' if args.gc else 'off'}; median of {args.repeat} interleaved rounds; "
+          f"clock floor {statistics.median(floors):.0f} ns per timed run (included)")
+    header = (f"{'operation':<10}{'calls':>8}{'runs':>8}{'blocks':>9}"
+              + "".join(f"{n + ' ns/call':>18}" for n in names))
+    builds = [n for n in names if n != "vllm"]
+    if "vllm" in pools:
+        header += "".join(f"{n + '/vLLM (range)':>28}" for n in builds)
+    print(header)
+    for op in [*ops, "mix"]:
+        def total(rnd: dict[str, dict[str, int]], name: str, op: str = op) -> int:
+            return sum(rnd[name].values()) if op == "mix" else rnd[name][op]
+        ncalls = len(trace) if op == "mix" else calls[op]
+        nblk = sum(blocks.values()) if op == "mix" else blocks[op]
+        nruns = sum(runs_of.values()) if op == "mix" else runs_of[op]
+        line = f"{op:<10}{ncalls:>8}{nruns:>8}{nblk:>9}"
+        for n in names:
+            line += f"{statistics.median(total(rnd, n) for rnd in rounds) / ncalls:>18,.1f}"
+        if "vllm" in pools:
+            for n in builds:
+                ratios = [total(rnd, "vllm") / total(rnd, n) for rnd in rounds]
+                line += f"{statistics.median(ratios):>13.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        print(line)
+    for name, cls in pools.items():
+        empty = bytes_per_block(lambda cls=cls: cls(nblocks, True, BLOCK_SIZE), nblocks)
+        full = empty + bytes_added(fresh(cls), trace)
+        print(f"memory {name}: {empty:.0f} bytes per block empty, {full:.0f} after the workload "
+              f"({nblocks} blocks)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=3000)
-    ap.add_argument("--blocks", type=int, default=8192)
-    ap.add_argument("--repeat", type=int, default=3, help="best of N runs per pool")
+    ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="mixed")
+    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
+    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
+    ap.add_argument("--repeat", type=int, default=7, help="interleaved rounds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
+    ap.add_argument("--vllm-events", action="store_true",
+                    help="kvpool emits vLLM's event classes, as under its vLLM plugin")
+    ap.add_argument("--gc", action="store_true", help="leave the garbage collector on while timing")
     args = ap.parse_args(argv)
 
-    pools = _kvpool_pools()
+    pools = kvpool_pools()
+    if args.vllm_events:
+        for cls in pools.values():
+            events = importlib.import_module(cls.__module__.rsplit(".", 1)[0] + ".events")
+            events.use_vllm_event_classes()
     vllm = _vllm_pool()
     if vllm is not None:
         pools["vllm"] = vllm
-    reqs = make_requests(args.requests, args.seed)
-
-    # Per operation class, the fastest of the repeats (the least disturbed run);
-    # the mix is the fastest whole run.  Pools alternate so drift hits both alike.
-    best: dict[str, Timers] = {}
-    best_mix: dict[str, int] = {}
-    for _ in range(args.repeat):
-        for name, cls in pools.items():
-            pool = cls(args.blocks, True, BLOCK_SIZE, enable_kv_cache_events=not args.no_events)
-            gc.collect()
-            gc.disable()  # as timeit does: collector pauses would land on random calls
-            try:
-                timers = play(pool, reqs, args.seed, max_running=64)
-            finally:
-                gc.enable()
-            best_mix[name] = min(best_mix.get(name, 1 << 62), sum(timers.ns.values()))
-            if name not in best:
-                best[name] = timers
-            else:
-                for op, ns in timers.ns.items():
-                    best[name].ns[op] = min(best[name].ns[op], ns)
-            if timers.trace != best["plain"].trace:
-                print("the pools made different calls: they do not behave alike", file=sys.stderr)
-                return 1
-
-    k = best["plain"]
-    builds = [n for n in pools if n != "vllm"]
-    print(f"workload: {args.requests} requests, {args.blocks} blocks of {BLOCK_SIZE} tokens, "
-          f"{sum(k.calls.values())} pool calls, events {'off' if args.no_events else 'on'}; "
-          f"best of {args.repeat}")
-    header = f"{'operation':<10}{'calls':>9}{'blocks':>10}"
-    for name in pools:
-        header += f"{name + ' blk/s':>17}"
-    if "vllm" in pools:
-        for name in builds:
-            header += f"{name + '/vLLM':>14}"
-    print(header)
-    ops = ["lookup", "touch", "allocate", "cache", "free"]
-    for op in [*ops, "mix"]:
-        row_ns = {n: (best_mix[n] if op == "mix" else t.ns[op]) for n, t in best.items()}
-        nblk = sum(k.blocks.values()) if op == "mix" else k.blocks[op]
-        ncalls = sum(k.calls.values()) if op == "mix" else k.calls[op]
-        line = f"{op:<10}{ncalls:>9}{nblk:>10}"
-        for n in pools:
-            line += f"{nblk / (row_ns[n] / 1e9):>17,.0f}"
-        if "vllm" in pools:
-            for n in builds:
-                line += f"{row_ns['vllm'] / row_ns[n]:>13.2f}x"
-        print(line)
-    for name, cls in pools.items():
-        bpb = bytes_per_block(lambda cls=cls: cls(args.blocks, True, BLOCK_SIZE), args.blocks)
-        print(f"memory {name}: {bpb:.0f} bytes per block (empty pool of {args.blocks})")
+    chosen = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[args.workload]]
+    for workload in chosen:
+        if measure(workload, args, pools):
+            return 1
     return 0
 
 

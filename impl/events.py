@@ -1,6 +1,6 @@
 """KV-cache events, field for field as vLLM publishes them.
 
-Plain dataclasses rather than msgspec structs so that the pool has no runtime
+Dataclasses rather than msgspec structs so that the pool has no runtime
 dependency; equality is by value, so events from vLLM can be compared after
 converting them with :func:`from_fields`.
 """
@@ -8,9 +8,9 @@ converting them with :func:`from_fields`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from .hashing import generate_block_hash_extra_keys, get_mm_features_in_window, to_event_extra_keys
 from .keys import ExternalBlockHash
@@ -21,47 +21,87 @@ MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 
 
-# Events are plain Python values in either build: compared, pickled, converted.
-@mypyc_attr(native_class=False)
+_T = TypeVar("_T")
+# A field's type as events carry it, or anything else: events keep what they are given
+# (a request's token sequence need not be a list), and a compiled field typed ``T``
+# would refuse other values with TypeError.
+Kept: TypeAlias = _T | Any
+
+
+# Dataclasses in either build: compared by value, pickled, copied, ``dataclasses.fields``.
+# Compiled, they are native classes whose hand-written ``__init__`` is compiled too (the one
+# ``dataclass`` generates stays Python, and the pool builds one event per evicted key), and
+# ``acyclic``: like vLLM's msgspec events (``gc=False``), the collector does not track them
+# (an event holds lists of numbers and strings, never itself).
+@mypyc_attr(allow_interpreted_subclasses=True, acyclic=True)
 @dataclass(slots=True)
 class KVCacheEvent:
     """Base of every event the pool emits."""
 
 
-@mypyc_attr(native_class=False)
+@mypyc_attr(allow_interpreted_subclasses=True, acyclic=True)
 @dataclass(slots=True)
 class BlockStored(KVCacheEvent):
     """Blocks became reachable under ``block_hashes`` (a chain, parent first)."""
 
-    block_hashes: list[ExternalBlockHash]
-    parent_block_hash: ExternalBlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
+    block_hashes: Kept[list[ExternalBlockHash]]
+    parent_block_hash: Kept[ExternalBlockHash | None]
+    token_ids: Kept[list[int]]
+    block_size: Kept[int]
+    lora_id: Kept[int | None]
+    medium: Kept[str | None]
+    lora_name: Kept[str | None]
+    extra_keys: Kept[list[tuple[Any, ...] | None] | None] = None
+    group_idx: Kept[int | None] = None
+    kv_cache_spec_kind: Kept[str | None] = None
+    kv_cache_spec_sliding_window: Kept[int | None] = None
+    locality: Kept[str | None] = None
+    ownership: Kept[str | None] = None
+    session_id: Kept[str | None] = None
+
+    def __init__(
+        self, block_hashes: Any, parent_block_hash: Any, token_ids: Any, block_size: Any,
+        lora_id: Any, medium: Any, lora_name: Any, extra_keys: Any = None, group_idx: Any = None,
+        kv_cache_spec_kind: Any = None, kv_cache_spec_sliding_window: Any = None,
+        locality: Any = None, ownership: Any = None, session_id: Any = None,
+    ) -> None:
+        self.block_hashes = block_hashes
+        self.parent_block_hash = parent_block_hash
+        self.token_ids = token_ids
+        self.block_size = block_size
+        self.lora_id = lora_id
+        self.medium = medium
+        self.lora_name = lora_name
+        self.extra_keys = extra_keys
+        self.group_idx = group_idx
+        self.kv_cache_spec_kind = kv_cache_spec_kind
+        self.kv_cache_spec_sliding_window = kv_cache_spec_sliding_window
+        self.locality = locality
+        self.ownership = ownership
+        self.session_id = session_id
 
 
-@mypyc_attr(native_class=False)
+@mypyc_attr(allow_interpreted_subclasses=True, acyclic=True)
 @dataclass(slots=True)
 class BlockRemoved(KVCacheEvent):
     """One index entry went away."""
 
-    block_hashes: list[ExternalBlockHash]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
+    block_hashes: Kept[list[ExternalBlockHash]]
+    medium: Kept[str | None]
+    group_idx: Kept[int | None] = None
+    locality: Kept[str | None] = None
+    ownership: Kept[str | None] = None
+
+    def __init__(self, block_hashes: Any, medium: Any, group_idx: Any = None, locality: Any = None,
+                 ownership: Any = None) -> None:
+        self.block_hashes = block_hashes
+        self.medium = medium
+        self.group_idx = group_idx
+        self.locality = locality
+        self.ownership = ownership
 
 
-@mypyc_attr(native_class=False)
+@mypyc_attr(allow_interpreted_subclasses=True, acyclic=True)
 @dataclass(slots=True)
 class AllBlocksCleared(KVCacheEvent):
     """The whole prefix cache was dropped."""
@@ -160,24 +200,39 @@ def block_stored(
 ) -> Any:
     """The ``BlockStored`` (of the classes in use) announcing ``request``'s tokens ``[start, end)``."""
     lora = request.lora_request
-    return EventClasses.stored(
-        block_hashes=block_hashes, parent_block_hash=parent,
-        token_ids=request.all_token_ids[start:end], block_size=block_size,
-        lora_id=lora.adapter_id if lora else None, medium=medium,
-        lora_name=lora.name if lora else None, extra_keys=to_event_extra_keys(extra_keys),
-        group_idx=group_id, session_id=request.session_id)
+    token_ids = request.all_token_ids[start:end]
+    lora_id = lora.adapter_id if lora else None
+    lora_name = lora.name if lora else None
+    keys = to_event_extra_keys(extra_keys)
+    session_id = request.session_id
+    cls = EventClasses.stored
+    if cls is BlockStored:  # positional, in field order: compiled, a direct call of its __init__
+        return BlockStored(block_hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
+                           keys, group_id, None, None, None, None, session_id)
+    return cls(
+        block_hashes=block_hashes, parent_block_hash=parent, token_ids=token_ids,
+        block_size=block_size, lora_id=lora_id, medium=medium, lora_name=lora_name,
+        extra_keys=keys, group_idx=group_id, session_id=session_id)
 
 
 def extra_keys_of_blocks(
-    request: Any, block_indices: Iterable[int], block_size: int
+    request: Any, block_indices: Sequence[int], block_size: int
 ) -> list[tuple[Any, ...] | None]:
     """Extra keys of the given blocks, scanning multimodal items from the first."""
-    if (not request.mm_features and not request.lora_request
-            and getattr(request, "prompt_embeds", None) is None):
-        # Most requests: only the cache salt can enter, on the first chunk (as in the general case below).
+    if not request.mm_features and getattr(request, "prompt_embeds", None) is None:
+        # Most requests: the same keys for every block (the LoRA adapter, if any), and the
+        # cache salt on the first chunk, as generate_block_hash_extra_keys gives them.
+        lora = request.lora_request
         salt = request.cache_salt
-        first = (("cache_salt", salt),) if salt else None
-        return [first if i == 0 else None for i in block_indices]
+        rest: tuple[Any, ...] = (("lora", lora.lora_name, lora.lora_path),) if lora else ()
+        later = rest or None
+        shared = [later] * len(block_indices)  # made at its size: one event per caching call
+        if salt:
+            first = (*rest, ("cache_salt", salt))
+            for j, i in enumerate(block_indices):
+                if i == 0:
+                    shared[j] = first
+        return shared
     out: list[tuple[Any, ...] | None] = []
     mm_idx = 0
     for i in block_indices:

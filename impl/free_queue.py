@@ -51,15 +51,15 @@ class FreeKVCacheBlockQueue:
         """Take the first ``n`` blocks, in order."""
         if n > self.num_free_blocks or n < 0:
             raise NotEnoughFreeBlocksError(f"Cannot get {n} free blocks from the pool")
-        out: list[KVCacheBlock] = []
         if n == 0:
-            return out
+            return []
         head = self.fake_free_list_head
         # Inside the sentinels every link is a block: typed so, the compiled build reads them natively.
         block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
+        out = [block] * n  # made at its size, filled in place: no append per block
         owner = self.owner
-        for _ in range(n):
-            out.append(block)
+        for i in range(n):
+            out[i] = block
             nxt: KVCacheBlock = block.next_free_block  # type: ignore[assignment]
             block.prev_free_block = block.next_free_block = None
             block._holder = owner

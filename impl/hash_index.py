@@ -17,6 +17,13 @@ from .native import mypyc_attr
 Entry = KVCacheBlock | dict[int, KVCacheBlock]
 
 
+def earliest(blocks: dict[int, KVCacheBlock]) -> KVCacheBlock:
+    """The first block of a several-block entry (an entry is never empty)."""
+    for block in blocks.values():  # compiled: a native walk, no iterator object looked up by name
+        return block
+    raise LookupError("an empty index entry")
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # pickled with its pool
 class BlockHashToBlockMap:
     """Key -> blocks, in insertion order; a lookup returns the earliest."""
@@ -31,7 +38,7 @@ class BlockHashToBlockMap:
         entry = self._cache.get(key)
         if entry is None or type(entry) is KVCacheBlock:
             return entry
-        return next(iter(entry.values()))  # type: ignore[union-attr]
+        return earliest(entry)  # type: ignore[arg-type]
 
     def contain(self, key: BlockHashWithGroupId, block_id: int) -> bool:
         """Whether ``key`` maps to the block with ``block_id``."""

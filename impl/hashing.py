@@ -160,11 +160,23 @@ def to_event_extra_keys(
     """Per-block extra keys in the untagged shape KV-event consumers parse."""
     if not extra_keys:
         return None
-    out: list[tuple[Any, ...] | None] = [
-        None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
-        for keys in extra_keys
-    ]
-    return out or None
+    # A list, walked natively when compiled; the result made at its size and filled in place.
+    given: list[Any] = extra_keys if type(extra_keys) is list else list(extra_keys)
+    if not given:
+        return None
+    out: list[tuple[Any, ...] | None] = [None] * len(given)
+    last: tuple[Any, ...] | None = None
+    untagged: tuple[Any, ...] | None = None
+    for i, keys in enumerate(given):
+        if keys is None:
+            continue
+        if keys is not last:  # blocks of one request often share one tuple of keys: convert it once
+            parts: list[Any] = []
+            for k in keys:
+                parts.append(k[1:] if k[0] == "mm" else k[1])
+            last, untagged = keys, tuple(parts)
+        out[i] = untagged
+    return out
 
 
 def get_request_block_hasher(

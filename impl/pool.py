@@ -41,14 +41,15 @@ from .events import (
     extra_keys_of_chunk,
 )
 from .free_queue import FreeKVCacheBlockQueue
-from .hash_index import BlockHashToBlockMap
+from .hash_index import BlockHashToBlockMap, earliest
 from .hashing import resolve_block_hashes
 from .keys import (
     MAX_GROUP_ID,
     BlockHash,
     BlockHashWithGroupId,
-    get_block_hash,
+    ExternalBlockHash,
     get_group_id,
+    key_event_hash,
     maybe_convert_block_hash,
 )
 from .metrics import KVCacheMetricsCollector
@@ -70,8 +71,10 @@ Checked: TypeAlias = _T | Any
 
 def _group_suffix(group_id: Checked[int]) -> bytes:
     """The 4 bytes a group id adds to a key; refuses ids that do not fit."""
-    if type(group_id) is int and 0 <= group_id < 64:
-        return _SUFFIXES[group_id]
+    if type(group_id) is int:
+        small: int = group_id  # typed: compiled, compared and indexed as a machine integer
+        if 0 <= small < 64:
+            return _SUFFIXES[small]
     if not isinstance(group_id, int) or not 0 <= group_id <= MAX_GROUP_ID:
         raise InvalidArgumentError(f"kv_cache_group_id {group_id!r} is not a 32-bit id")
     return group_id.to_bytes(4, "big")
@@ -205,7 +208,8 @@ class BlockPool:
             return []
         index = self.cached_block_hash_to_block
         removed = [primary] if index.pop(primary, block.block_id) is not None else []
-        extra = self.cached_block_hashes_by_block.pop(block.block_id, None)
+        secondary = self.cached_block_hashes_by_block
+        extra = secondary.pop(block.block_id, None) if secondary else None  # mostly empty: skip the pop
         if extra:
             for key in extra:
                 if index.pop(key, block.block_id) is not None:
@@ -219,7 +223,7 @@ class BlockPool:
             return
         for key in removed:
             self.kv_event_queue.append(block_removed(
-                maybe_convert_block_hash(get_block_hash(key)), self.medium, get_group_id(key)))
+                key_event_hash(key), self.medium, get_group_id(key)))
 
     def _add_key(self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None) -> None:
         """Index ``block`` under ``key``: as its primary key if it has none."""
@@ -239,14 +243,22 @@ class BlockPool:
     ) -> list[KVCacheBlock] | None:
         """The first block cached under ``block_hash`` in each group, or None on any miss."""
         cache = self.cached_block_hash_to_block._cache
+        # Typed as a list, so that the compiled build walks it natively (one call per block looked up).
+        group_ids: list[Any] = (
+            kv_cache_group_ids if type(kv_cache_group_ids) is list else list(kv_cache_group_ids))
+        if len(group_ids) == 1:  # the usual call: the result list made at its size, no append
+            entry = cache.get(block_hash + _group_suffix(group_ids[0]))
+            if entry is None:
+                return None
+            return [entry if type(entry) is KVCacheBlock else earliest(entry)]  # type: ignore[arg-type]
         out: list[KVCacheBlock] = []
-        for group_id in kv_cache_group_ids:
+        for group_id in group_ids:
             entry = cache.get(block_hash + _group_suffix(group_id))
             if entry is None:
-                for later in kv_cache_group_ids:  # a miss does not excuse a bad id further on
+                for later in group_ids:  # a miss does not excuse a bad id further on
                     _group_suffix(later)
                 return None
-            out.append(entry if type(entry) is KVCacheBlock else next(iter(entry.values())))  # type: ignore[union-attr]
+            out.append(entry if type(entry) is KVCacheBlock else earliest(entry))  # type: ignore[arg-type]
         return out
 
     def cache_full_blocks(
@@ -276,11 +288,13 @@ class BlockPool:
         if num_full_blocks > len(blocks):
             raise InvalidArgumentError(f"num_full_blocks {num_full_blocks} > {len(blocks)} blocks")
         # The refusals in the model's order: unknown blocks, the mask, the hashes, conflicts.
-        new_blocks = [self._own(blk) for blk in blocks[num_cached_blocks:num_full_blocks]]
+        listed: list[Any] = blocks if type(blocks) is list else list(blocks)  # a list: sliced natively
+        new_blocks = [self._own(blk) for blk in listed[num_cached_blocks:num_full_blocks]]
         if block_mask is not None and len(block_mask) != len(new_blocks):
             raise InvalidArgumentError(
                 f"block_mask has {len(block_mask)} entries, want {len(new_blocks)}")
         hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        hash_list: list[BlockHash] | None = hashes if type(hashes) is list else None  # indexed natively
         needed = num_cached_blocks if self.enable_kv_cache_events else 0
         end_tokens = num_cached_blocks * block_size
         conflict: KVCacheBlock | None = None
@@ -309,7 +323,7 @@ class BlockPool:
             if blk.is_null or (block_mask is not None and not block_mask[i]):
                 pos += 1
                 continue
-            block_hash = hashes[pos]
+            block_hash = hash_list[pos] if hash_list is not None else hashes[pos]
             pos += 1
             if blk._block_hash is not None:
                 self._emit_removed(self._drop_hashes(blk))
@@ -317,23 +331,25 @@ class BlockPool:
             # An unhashed block has no secondary keys, so this is a plain insert.
             blk._block_hash = key
             blk._block_hash_num_tokens = num_tokens
-            entry = cache.get(key)
-            if entry is None:
-                cache[key] = blk
-            elif type(entry) is KVCacheBlock:
-                cache[key] = {entry.block_id: entry, blk.block_id: blk}
-            else:
-                entry[blk.block_id] = blk  # type: ignore[index]
+            entry = cache.setdefault(key, blk)  # one probe when the key is new, as it mostly is
+            if entry is not blk:  # the key was there: its blocks, then this one
+                if type(entry) is KVCacheBlock:
+                    cache[key] = {entry.block_id: entry, blk.block_id: blk}
+                else:
+                    entry[blk.block_id] = blk  # type: ignore[index]
             if events:
                 stored.append(maybe_convert_block_hash(block_hash))
         if events:
             parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
                       if num_cached_blocks else None)
-            indices = [
-                i for i in range(num_cached_blocks, num_full_blocks)
-                if not new_blocks[i - num_cached_blocks].is_null
-                and (block_mask is None or block_mask[i - num_cached_blocks])
-            ]
+            # The blocks announced: all of them unless some were null or masked out.
+            indices: Sequence[int] = range(num_cached_blocks, num_full_blocks)
+            if len(stored) != len(new_blocks):
+                indices = [
+                    i for i in indices
+                    if not new_blocks[i - num_cached_blocks].is_null
+                    and (block_mask is None or block_mask[i - num_cached_blocks])
+                ]
             self.kv_event_queue.append(block_stored(
                 request, stored, parent, num_cached_blocks * block_size,
                 num_full_blocks * block_size, block_size, kv_cache_group_id, self.medium,
@@ -353,8 +369,11 @@ class BlockPool:
         if num_cached_blocks > len(hashes):
             raise InvalidArgumentError(
                 f"request has {len(hashes)} block hashes, want {num_cached_blocks}")
+        published: list[ExternalBlockHash] = []
+        for i in range(num_cached_blocks):
+            published.append(maybe_convert_block_hash(hashes[i]))
         self.kv_event_queue.append(block_stored(
-            request, list(map(maybe_convert_block_hash, hashes[:num_cached_blocks])), None,
+            request, published, None,
             0, num_cached_blocks * block_size, block_size, kv_cache_group_id, self.medium,
             extra_keys_of_blocks(request, range(num_cached_blocks), block_size)))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+from types import FunctionType
 
 import pytest
 
@@ -101,3 +102,12 @@ def test_wrongly_typed_arguments_get_the_pools_typed_refusal(call: object) -> No
     pool = BlockPool(4, True, 4)
     with pytest.raises(kvpool.impl.BlockPoolError):
         call(pool)  # type: ignore[operator]
+
+
+def test_event_classes_are_built_by_compiled_code_in_the_compiled_build() -> None:
+    """One event per evicted key: compiled, the classes' ``__init__`` is compiled too (the
+    one ``dataclass`` generates would stay Python); interpreted, it is a Python function."""
+    from kvpool.impl.events import BlockRemoved, BlockStored
+
+    for cls in (BlockRemoved, BlockStored):
+        assert isinstance(cls.__init__, FunctionType) is not kvpool.impl.COMPILED

@@ -31,7 +31,16 @@ from kvpool.impl.hashing import (
     resolve_block_hashes,
     to_event_extra_keys,
 )
-from kvpool.impl.keys import _env_flag, get_block_hash, get_group_id, make_block_hash_with_group_id
+from kvpool.impl.keys import (
+    USE_INT_BLOCK_HASHES,
+    _env_flag,
+    get_block_hash,
+    get_group_id,
+    key_event_hash,
+    low_64_at,
+    make_block_hash_with_group_id,
+    maybe_convert_block_hash,
+)
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 
 tokens = st.lists(st.integers(min_value=0, max_value=2**40), max_size=8)
@@ -115,6 +124,31 @@ def test_coarser_block_size_uses_the_last_fine_hash() -> None:
 def test_keys_pack_and_unpack(block_hash: bytes, group: int) -> None:
     key = make_block_hash_with_group_id(block_hash, group)
     assert get_block_hash(key) == block_hash and get_group_id(key) == group
+
+
+@given(st.binary(max_size=44))
+def test_group_id_and_event_hash_are_the_key_bytes_big_endian(raw: bytes) -> None:
+    """Both are read without ``int.from_bytes`` on the hot path: the same numbers, any length."""
+    assert get_group_id(raw) == int.from_bytes(raw[-4:], "big")
+    want = int.from_bytes(raw[-8:], "big") if USE_INT_BLOCK_HASHES else raw
+    assert maybe_convert_block_hash(raw) == want
+    assert key_event_hash(raw) == maybe_convert_block_hash(get_block_hash(raw))
+
+
+_EDGES = [bytes(8), b"\xff" * 8, b"\x80" + bytes(7), b"\x7f" + b"\xff" * 7,
+          bytes(4) + b"\x80" + bytes(3), bytes(4) + b"\x7f\xff\xff\xff", b"\xff" * 4 + bytes(4)]
+
+
+@pytest.mark.parametrize("low", _EDGES)
+@given(st.binary(max_size=36), st.binary(max_size=4))
+def test_low_64_bits_read_byte_by_byte_are_int_from_bytes(low: bytes, before: bytes, after: bytes) -> None:
+    """What the compiled build publishes (``low_64_at``, machine integers, the top bit added on
+    as a Python int) against ``int.from_bytes``, on either side of each 32-bit and the 64-bit
+    sign boundary; in either build (interpreted, ``low_64_at`` is only slower)."""
+    data = before + low + after
+    end = len(before) + 8
+    assert low_64_at(data, end) == int.from_bytes(low, "big") == int.from_bytes(data[end - 8:end], "big")
+    assert type(low_64_at(data, end)) is int
 
 
 # --------------------------------------------------------------------------- keys

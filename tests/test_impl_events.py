@@ -1,11 +1,15 @@
 """Events of ``kvpool.impl``: ``event_fields``/``from_fields``, switching the event classes
 (``use_event_classes``, ``use_vllm_event_classes``), what the pool's stored events carry
 (per-block extra keys, partial entries and their parents, the parent hash of a masked range),
-the event classes' fields and how an event names a hash (its low 64 bits) and a group.
+the event classes' fields and how an event names a hash (its low 64 bits) and a group, and the
+event classes as values in either build.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import pickle
 import sys
 import types
 from typing import Any, cast
@@ -26,6 +30,7 @@ from kvpool.impl import (
 from kvpool.impl import events as ev
 from kvpool.impl.errors import InvalidArgumentError
 from kvpool.impl.events import event_fields
+from kvpool.impl.hashing import generate_block_hash_extra_keys, to_event_extra_keys
 from kvpool.impl.keys import maybe_convert_block_hash
 from kvpool.impl.request import MultiModalFeature, PlaceholderRange
 from kvpool.model import ACTIONS, Refusal, initial_state
@@ -198,6 +203,51 @@ def test_stored_event_extra_keys_are_per_block_keys() -> None:
     assert first.extra_keys == [want(0), want(1)]
     assert second.extra_keys == [want(2), want(4)]
     assert hits.extra_keys == [want(i) for i in range(n)]
+
+
+@pytest.mark.parametrize("lora", [None, LoRARequest("ad", 7, "/p")])
+@pytest.mark.parametrize("salt", [None, "", "s"])
+@pytest.mark.parametrize("indices", [[0, 1, 3], [2, 3], []])
+def test_extra_keys_of_blocks_without_items_are_the_chunk_keys(
+        lora: LoRARequest | None, salt: str | None, indices: list[int]) -> None:
+    """Without multimodal items or prompt embeddings every block gets the same keys (the
+    LoRA adapter) and the first chunk the salt too: what each chunk's own keys say."""
+    req = Request("r", list(range(16)), lora_request=lora, cache_salt=salt)
+    assert ev.extra_keys_of_blocks(req, indices, 4) == [
+        generate_block_hash_extra_keys(req, 4 * i, 4 * (i + 1), 0)[0] for i in indices]
+
+
+def test_event_extra_keys_of_blocks_sharing_keys_are_converted_for_each() -> None:
+    lora = (("lora", "ad", "/p"), ("mm", "img", 2))
+    salt = (("cache_salt", "s"),)
+    assert to_event_extra_keys([lora, lora, None, salt, lora, (("lora", "ad", "/p"),)]) == [
+        ("ad", ("img", 2)), ("ad", ("img", 2)), None, ("s",), ("ad", ("img", 2)), ("ad",)]
+
+
+# ------------------------------------------------------- events as values, in either build
+
+
+def test_events_are_dataclasses_that_keep_what_they_are_given() -> None:
+    """Compiled, the event classes are native classes with a compiled ``__init__``: still
+    dataclasses, equal by value, pickled and copied, and keeping any value (a request's
+    token sequence need not be a list), as the classes ``dataclass`` makes do."""
+    stored = ev.BlockStored((1, 2), None, range(3), 4, None, "GPU", None, group_idx="g")
+    gone = ev.BlockRemoved(block_hashes=[5], medium=None)
+    for event in (stored, gone, ev.AllBlocksCleared()):
+        assert dataclasses.is_dataclass(event) and dataclasses.replace(event) == event
+        assert pickle.loads(pickle.dumps(event)) == event == copy.deepcopy(event)
+    assert (stored.block_hashes, stored.token_ids, stored.group_idx, stored.session_id) == (
+        (1, 2), range(3), "g", None)
+    assert dataclasses.asdict(gone) == {
+        "block_hashes": [5], "medium": None, "group_idx": None, "locality": None, "ownership": None}
+    assert gone != ev.BlockRemoved([5], None, 0) and gone != ev.AllBlocksCleared()
+    assert [f.name for f in dataclasses.fields(ev.BlockStored)] == [
+        "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+        "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+        "locality", "ownership", "session_id"]
+    gone.group_idx = None  # a field can be set, as the seeded bugs of events do
+    with pytest.raises(TypeError):
+        ev.BlockRemoved([5])  # type: ignore[call-arg]
 
 
 # ----------------------------------------------------------- event hashes and fields
