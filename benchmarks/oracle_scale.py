@@ -141,7 +141,11 @@ def per_call_model(num_blocks: int, calls: int) -> float:
         counted[0] += 1
         return call(op, *args)
 
-    work = Serving(0, counting, num_blocks, lookup)
+    return _per_call(Serving(0, counting, num_blocks, lookup), counted, calls)
+
+
+def _per_call(work: Serving, counted: list[int], calls: int) -> float:
+    """CPU seconds per call of ``work`` over at least ``calls`` calls (``counted`` counts them)."""
     counted[0] = 0
     start = time.process_time()
     while counted[0] < calls:
@@ -167,12 +171,7 @@ def per_call_pool(num_blocks: int, calls: int) -> float:
         hit = pool.get_cached_block(h, [0])
         return hit[0].block_id if hit else None
 
-    work = Serving(0, call, num_blocks, lookup)
-    counted[0] = 0
-    start = time.process_time()
-    while counted[0] < calls:
-        work.step()
-    return (time.process_time() - start) / counted[0]
+    return _per_call(Serving(0, call, num_blocks, lookup), counted, calls)
 
 
 def per_call_lockstep(num_blocks: int, calls: int) -> float:
