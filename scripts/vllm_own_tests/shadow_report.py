@@ -22,6 +22,9 @@ from pathlib import Path
 
 from compare import counts, outcomes
 
+OPTIONAL = "not every run"
+"""A row saying this may find nothing: its divergence shows only if the test touches the block again
+or reaches a whole-pool check, and vLLM's test runs differ in their calls from run to run."""
 ROW = re.compile(r"^\|\s*`(tests/v1/core/[^`]+::[^`\[]+)`\s*\|\s*([^|]+)\|", re.MULTILINE)
 
 
@@ -58,8 +61,10 @@ def main(shadow_xml: str, shadow_dir: str, doc: str, plain_xml: str | None = Non
         print(f"      trace: {found[0]['trace']}")
         status |= why is None
     for test in sorted(set(known) - set(by_test)):
-        print(f"  explained in {doc} but found nothing: {test}")
-        status = 1
+        optional = OPTIONAL in known[test]
+        print(f"  explained in {doc} but found nothing{' (allowed: ' + OPTIONAL + ')' if optional else ''}: "
+              f"{test}")
+        status |= not optional
     if plain_xml is not None:
         plain = outcomes(plain_xml)
         changed = sorted(t for t in plain.keys() | results.keys() if plain.get(t) != results.get(t))
