@@ -65,8 +65,10 @@ for t in "${targets[@]}"; do
     # mutmut's live progress line is long; keep the log, show its tail.
     if [ "$mode" = full ] || [ "${#names[@]}" -gt 0 ]; then
         # A mutant that loops while appending can eat all memory before its CPU limit: cap it.
+        # Tests start subprocesses with python -P (no current folder on the path): they find the
+        # mutated package through PYTHONPATH.
         (cd "$stage" && ulimit -v "${MUTATION_MEM_KB:-6000000}" \
-            && "$venv/bin/mutmut" run --max-children 1 "${names[@]}") > "$stage/mutmut-$mode.log" 2>&1 \
+            && PYTHONPATH="$stage/mutants${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/mutmut" run --max-children 1 "${names[@]}") > "$stage/mutmut-$mode.log" 2>&1 \
             || { tail -n 40 "$stage/mutmut-$mode.log"; echo "mutmut failed on $t (log: $stage/mutmut-$mode.log)" >&2
                  exit 1; }
         tr '\r' '\n' < "$stage/mutmut-$mode.log" | grep -v '^\s*$' | tail -n 2
