@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--split-depth", type=int, default=2)
     p.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8, 32])
     args = p.parse_args()
-    cfg = bmc.Config(blocks=args.blocks, hash_block_size=args.hbs)
+    cfg = bmc.Bounds(blocks=args.blocks, hash_block_size=args.hbs)
     began = time.process_time()
     whole = bmc.explore(cfg, args.depth, 1e9)
     cpu = time.process_time() - began

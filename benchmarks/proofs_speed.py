@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, r in sorted(results.items(), key=lambda kv: -kv[1].seconds)[:5]:
         print(f"  {r.seconds:7.3f}s  {label}  ({r.status})")
 
-    cfg = bmc.Config(blocks=args.blocks, symmetry=not args.no_symmetry)
+    cfg = bmc.Bounds(blocks=args.blocks, symmetry=not args.no_symmetry)
     out = bmc.explore(cfg, depth=100, seconds=args.bmc_seconds)
     print(f"bmc ({cfg.blocks} blocks, hbs {cfg.hash_block_size}, "
           f"{'symmetry reduced' if cfg.symmetry else 'no symmetry reduction'}, "

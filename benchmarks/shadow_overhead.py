@@ -27,7 +27,7 @@ from typing import Any
 from kvpool.oracle.adapter import vllm_adapter
 from kvpool.oracle.lockstep import Lockstep
 from kvpool.oracle.shadow import shadow_of, shadowed_class
-from kvpool.oracle.workload import Config, Workload
+from kvpool.oracle.workload import RunConfig, Workload
 
 TARGET = 15.0
 
@@ -67,7 +67,7 @@ class Timed:
 
 def run(pool_class: type, seed: int, steps: int, blocks: int | None) -> tuple[float, int]:
     rng = random.Random(seed)
-    cfg = Config.draw(rng, seed, blocks)
+    cfg = RunConfig.draw(rng, seed, blocks)
     made: list[Timed] = []
     ops = frozenset(("get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks",
                      "reset_prefix_cache", "cache_full_blocks", "cache_partial_block", "move_block_hashes",

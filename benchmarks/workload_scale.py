@@ -19,13 +19,13 @@ import time
 from kvpool.oracle.adapter import kvpool_adapter
 from kvpool.oracle.lockstep import Lockstep
 from kvpool.oracle.long_lived import workload_class
-from kvpool.oracle.workload import Config, second_pool
+from kvpool.oracle.workload import RunConfig, second_pool
 
 
 def per_call(blocks: int, steps: int, long_lived: bool, seed: int = 0) -> float:
     adapter = kvpool_adapter()
     rng = random.Random(seed)
-    cfg = Config.draw(rng, seed, blocks)
+    cfg = RunConfig.draw(rng, seed, blocks)
     pair = Lockstep.fresh(adapter.factory(), cfg.num_blocks, cfg.caching, cfg.hash_block_size, cfg.events,
                           metrics=cfg.metrics)
     second = second_pool(adapter.factory(), cfg, "0.31", adapter.errors_match)

@@ -256,7 +256,7 @@ def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any
     """cache_full_blocks emits BlockStored without checking that events are enabled.
 
     Nobody takes events from such a pool, so the queue grows with every
-    cached block for the life of the engine.  Needs ``Config(events_on=False)``
+    cached block for the life of the engine.  Needs ``Bounds(events_on=False)``
     (see the catalogue's ``bmc`` overrides).
     """
     on, s.events_on = s.events_on, True

@@ -68,9 +68,9 @@ def refute_queue(name: str, scope: int = 4) -> Caught:
     return Caught("order", by, time.perf_counter() - started)
 
 
-def bmc_config(bug: SeededBug, cfg: bmc.Config | None = None) -> bmc.Config:
+def bmc_config(bug: SeededBug, cfg: bmc.Bounds | None = None) -> bmc.Bounds:
     """The pool in which the BMC looks for ``bug``: ``cfg`` with the bug's overrides."""
-    return replace(cfg or bmc.Config(), **dict(bug.bmc))
+    return replace(cfg or bmc.Bounds(), **dict(bug.bmc))
 
 
 def with_bug(name: str) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def with_bug(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def find_with_bmc(name: str, cfg: bmc.Config | None = None, depth: int = 6,
+def find_with_bmc(name: str, cfg: bmc.Bounds | None = None, depth: int = 6,
                   seconds: float = 60.0) -> Caught:
     """Explore every call sequence with the broken action until a property breaks."""
     out = bmc.explore(bmc_config(BUGS[name], cfg), depth, seconds, with_bug(name))

@@ -15,11 +15,11 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.proofs import transitions as t
 from kvpool.proofs.order import QSTEPS, QSpec, QState, QStep, release, touch, unpin
-from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, Key, SymState
-from kvpool.proofs.transitions import Step, StepSpec
+from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, KeySort, SymState
+from kvpool.proofs.transitions import StepSpec, SymStep
 
 _qx = z3.Const("bound.qx", Block)
-_qk = z3.Const("bound.qk", Key)
+_qk = z3.Const("bound.qk", KeySort)
 
 
 def _without(pre: Expr, *dropped: Expr) -> Expr:
@@ -29,124 +29,124 @@ def _without(pre: Expr, *dropped: Expr) -> Expr:
     return z3.And(*kept)
 
 
-def free_without_refcount_check(s: SymState, b: Expr) -> Step:
+def free_without_refcount_check(s: SymState, b: Expr) -> SymStep:
     """Release with no ``ref > 0`` check: a double free drives the count to -1."""
-    return Step(pre=z3.BoolVal(True), post=t.release(s, b).post)
+    return SymStep(pre=z3.BoolVal(True), post=t.release(s, b).post)
 
 
-def free_same_block_twice(s: SymState, b: Expr) -> Step:
+def free_same_block_twice(s: SymState, b: Expr) -> SymStep:
     """``free_blocks([b, b])`` checked once per distinct block against the state before the call.
 
     The loop invariant of a batch checks each listing against the running
     state; this variant checks ``ref > 0`` once, before both releases.
     """
-    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0), post=t.release(t.release(s, b).post, b).post)
+    return SymStep(pre=z3.Or(b == NULL, s.ref[b] > 0), post=t.release(t.release(s, b).post, b).post)
 
 
-def evict_forgets_index(s: SymState, b: Expr) -> Step:
+def evict_forgets_index(s: SymState, b: Expr) -> SymStep:
     """Eviction clears the block's hash fields but leaves its index entries behind."""
     d = t.drop_hashes(s, b)
-    return Step(pre=z3.BoolVal(True), post=replace(d, idx=s.idx))
+    return SymStep(pre=z3.BoolVal(True), post=replace(d, idx=s.idx))
 
 
-def evict_keeps_secondaries(s: SymState, b: Expr) -> Step:
+def evict_keeps_secondaries(s: SymState, b: Expr) -> SymStep:
     """Eviction removes only the primary key; partial entries outlive it."""
     k = s.pkey[b]
-    return Step(pre=z3.BoolVal(True), post=replace(
+    return SymStep(pre=z3.BoolVal(True), post=replace(
         s, prim=z3.Store(s.prim, b, False),
         idx=z3.If(s.prim[b], z3.Store(s.idx, k, b, False), s.idx)))
 
 
-def touch_leaves_block_free(s: SymState, b: Expr) -> Step:
+def touch_leaves_block_free(s: SymState, b: Expr) -> SymStep:
     """A prefix hit takes a reference but leaves the idle block in the free queue."""
-    return Step(pre=z3.BoolVal(True), post=replace(s, ref=z3.Store(s.ref, b, s.ref[b] + 1)))
+    return SymStep(pre=z3.BoolVal(True), post=replace(s, ref=z3.Store(s.ref, b, s.ref[b] + 1)))
 
 
-def free_null_into_queue(s: SymState, b: Expr) -> Step:
+def free_null_into_queue(s: SymState, b: Expr) -> SymStep:
     """Freeing the null block puts it in the free queue (later handed out)."""
     r = s.ref[b] - 1
-    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0),
+    return SymStep(pre=z3.Or(b == NULL, s.ref[b] > 0),
                 post=replace(s, ref=z3.Store(s.ref, b, r),
                              free=z3.Store(s.free, b, z3.Or(s.free[b], r <= 0))))
 
 
-def cache_full_hashes_null(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+def cache_full_hashes_null(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> SymStep:
     """cache_full_blocks indexes the null block (no skip for NULL)."""
     st = t.cache_full(s, b, k, n, c)
-    return Step(pre=_without(st.pre, b != NULL), post=st.post)
+    return SymStep(pre=_without(st.pre, b != NULL), post=st.post)
 
 
-def unpin_null(s: SymState, b: Expr) -> Step:
+def unpin_null(s: SymState, b: Expr) -> SymStep:
     """unpin_blocks accepts the null block and registers a watcher on it."""
     st = t.unpin(s, b)
-    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0), post=st.post)
+    return SymStep(pre=z3.Or(b == NULL, s.ref[b] > 0), post=st.post)
 
 
-def free_hashed_not_queued(s: SymState, b: Expr) -> Step:
+def free_hashed_not_queued(s: SymState, b: Expr) -> SymStep:
     """A hashed block reaching count 0 is parked outside the queue: never evictable."""
     r = s.ref[b] - 1
-    return Step(pre=z3.Or(b == NULL, s.ref[b] > 0),
+    return SymStep(pre=z3.Or(b == NULL, s.ref[b] > 0),
                 post=replace(s, ref=z3.Store(s.ref, b, r),
                              free=z3.Store(s.free, b, z3.Or(
                                  s.free[b], z3.And(b != NULL, r == 0, z3.Not(s.prim[b]))))))
 
 
-def partial_kept_after_promotion(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+def partial_kept_after_promotion(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> SymStep:
     """Promoting a partial entry to a full hash keeps the stale partial entry."""
     st = t.cache_full(s, b, k, n, c)
     wrote = replace(s, holds=z3.Store(s.holds, b, t.written(s.holds[b], c)))
-    return Step(pre=st.pre, post=t.add_key(wrote, k, b, n, c))
+    return SymStep(pre=st.pre, post=t.add_key(wrote, k, b, n, c))
 
 
 def partial_not_whole_chunks(
     s: SymState, b: Expr, k: Expr, n: Expr, c: Expr, rep: Expr,
-) -> Step:
+) -> SymStep:
     """cache_partial_block accepts a token count that is not a multiple of hbs."""
     st = t.cache_partial(s, b, k, n, c, rep)
-    return Step(pre=_without(st.pre, n % s.hbs == 0), post=st.post)
+    return SymStep(pre=_without(st.pre, n % s.hbs == 0), post=st.post)
 
 
-def cache_without_caching(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+def cache_without_caching(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> SymStep:
     """cache_full_blocks on a pool built without prefix caching indexes anyway."""
     st = t.cache_full(s, b, k, n, c)
-    return Step(pre=_without(st.pre, s.caching), post=st.post)
+    return SymStep(pre=_without(st.pre, s.caching), post=st.post)
 
 
-def reset_requeues_everything(s: SymState) -> Step:
+def reset_requeues_everything(s: SymState) -> SymStep:
     """Reset with no in-use guard that rebuilds the free queue from every real block."""
     x = z3.Const("lam.x", s.free.domain())
     st = t.reset(s)
-    return Step(pre=z3.BoolVal(True), post=replace(st.post, free=z3.Lambda([x], x != NULL)))
+    return SymStep(pre=z3.BoolVal(True), post=replace(st.post, free=z3.Lambda([x], x != NULL)))
 
 
-def alloc_keeps_old_hash(s: SymState, b: Expr) -> Step:
+def alloc_keeps_old_hash(s: SymState, b: Expr) -> SymStep:
     """Allocation without lazy eviction: the new owner's block stays indexed (stale hit)."""
-    return Step(pre=z3.And(b != NULL, s.free[b]), post=replace(
+    return SymStep(pre=z3.And(b != NULL, s.free[b]), post=replace(
         s, ref=z3.Store(s.ref, b, 1), free=z3.Store(s.free, b, False),
         watched=z3.Store(s.watched, b, False), holds=z3.Store(s.holds, b, EMPTY)))
 
 
-def alloc_forgets_primary_only(s: SymState, b: Expr) -> Step:
+def alloc_forgets_primary_only(s: SymState, b: Expr) -> SymStep:
     """Allocation resets the block's hash field but not the index: writable yet reachable."""
     st = alloc_keeps_old_hash(s, b)
-    return Step(pre=st.pre, post=replace(st.post, prim=z3.Store(s.prim, b, False),
+    return SymStep(pre=st.pre, post=replace(st.post, prim=z3.Store(s.prim, b, False),
                                          sec=t.drop_hashes(s, b).sec))
 
 
-def move_onto_null(s: SymState, src: Expr, dst: Expr) -> Step:
+def move_onto_null(s: SymState, src: Expr, dst: Expr) -> SymStep:
     """move_block_hashes onto the null block (no NullBlockError)."""
     st = t.move(s, src, dst)
-    return Step(pre=_without(st.pre, z3.Implies(s.prim[src], dst != NULL)), post=st.post)
+    return SymStep(pre=_without(st.pre, z3.Implies(s.prim[src], dst != NULL)), post=st.post)
 
 
 
-def insert_indexes_null(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> Step:
+def insert_indexes_null(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> SymStep:
     """_insert_block_hash without the null-block check (as vLLM's own has none)."""
     st = t.insert(s, b, k, tk, c)
-    return Step(pre=_without(st.pre, b != NULL), post=st.post, removed=st.removed, stored=st.stored)
+    return SymStep(pre=_without(st.pre, b != NULL), post=st.post, removed=st.removed, stored=st.stored)
 
 
-def insert_overwrites_primary(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> Step:
+def insert_overwrites_primary(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> SymStep:
     """_insert_block_hash makes the key the block's primary even when it has one: the old
     primary stays in the index, naming a block that no longer owns it."""
     st = t.insert(s, b, k, tk, c)
@@ -154,39 +154,39 @@ def insert_overwrites_primary(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) 
     post = replace(st.post, pkey=z3.If(already, st.post.pkey, z3.Store(s.pkey, b, k)),
                    ptok=z3.If(already, st.post.ptok, z3.Store(s.ptok, b, tk)),
                    sec=z3.If(already, st.post.sec, s.sec))
-    return Step(pre=st.pre, post=post, removed=st.removed, stored=st.stored)
+    return SymStep(pre=st.pre, post=post, removed=st.removed, stored=st.stored)
 
 
-def unpin_keeps_reference(s: SymState, b: Expr) -> Step:
+def unpin_keeps_reference(s: SymState, b: Expr) -> SymStep:
     """unpin_blocks registers the watcher but keeps the reference: the block leaks."""
     st = t.unpin(s, b)
-    return Step(pre=st.pre, post=replace(st.post, ref=s.ref, free=s.free))
+    return SymStep(pre=st.pre, post=replace(st.post, ref=s.ref, free=s.free))
 
 
-def alloc_refuses_last_block(s: SymState, b: Expr) -> Step:
+def alloc_refuses_last_block(s: SymState, b: Expr) -> SymStep:
     """Allocation checks ``n >= free`` (off by one): the last free block is never handed out."""
     st = t.alloc(s, b)
     other = z3.Exists([_qx], z3.And(_qx != NULL, _qx != b, s.free[_qx]))
     return replace(st, pre=z3.And(st.pre, other))
 
 
-def cache_full_without_conflict_check(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+def cache_full_without_conflict_check(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> SymStep:
     """cache_full_blocks re-caches a block already cached at a prefix as long."""
     st = t.cache_full(s, b, k, n, c)
     return replace(st, pre=_without(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] < n)))
 
 
-def reset_while_in_use(s: SymState) -> Step:
+def reset_while_in_use(s: SymState) -> SymStep:
     """Reset with no in-use guard: hashes and watchers of blocks in use are forgotten."""
     return replace(t.reset(s), pre=z3.BoolVal(True))
 
 
-def evict_without_events(s: SymState, b: Expr) -> Step:
+def evict_without_events(s: SymState, b: Expr) -> SymStep:
     """Eviction publishes no BlockRemoved: a router keeps counting the evicted entries."""
-    return Step(pre=z3.BoolVal(True), post=t.drop_hashes(s, b))
+    return SymStep(pre=z3.BoolVal(True), post=t.drop_hashes(s, b))
 
 
-def evict_removes_stale_key(s: SymState, b: Expr) -> Step:
+def evict_removes_stale_key(s: SymState, b: Expr) -> SymStep:
     """Eviction publishes a BlockRemoved for the key the block's stale hash field names, hashed or not."""
     st = t.evict(s, b)
     stale = z3.Lambda([_qk, _qx], z3.And(_qx == b, _qk == s.pkey[b]))
@@ -196,20 +196,20 @@ def evict_removes_stale_key(s: SymState, b: Expr) -> Step:
 
 def partial_write_over_hashed_block(
     s: SymState, b: Expr, k: Expr, n: Expr, c: Expr, rep: Expr,
-) -> Step:
+) -> SymStep:
     """cache_partial_block takes another request's prefix into a hashed block and keeps its entries."""
     st = t.cache_partial(s, b, k, n, c, rep)
     kids = st.pre.children()
     return replace(st, pre=z3.And(*kids[:-1], z3.Implies(rep, s.ref[b] == 1)))
 
 
-def owner_overwrites_hashed_block(s: SymState, b: Expr, c: Expr) -> Step:
+def owner_overwrites_hashed_block(s: SymState, b: Expr, c: Expr) -> SymStep:
     """The owner writes new KV into a block the index still names (it trusted its own count)."""
     st = t.write(s, b, c)
     return replace(st, pre=z3.And(b != NULL, s.ref[b] == 1))
 
 
-def collisions_accepted(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Step:
+def collisions_accepted(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> SymStep:
     """A key already naming one prefix is indexed for another: a hit serves the wrong KV."""
     st = t.cache_full(s, b, k, n, c)
     return replace(st, pre=_without(st.pre, t.hashes_name_one_prefix(s, k, c)))

@@ -24,7 +24,7 @@ from kvpool.proofs.symbolic import (
     NULL,
     Block,
     Content,
-    Key,
+    KeySort,
     SymState,
     prefix,
     prefix_axioms,
@@ -87,7 +87,7 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
     model = solver.model()
     dom = domain(scope)
     blocks = _distinct(model, dom[str(Block)], NULL)
-    keys = _distinct(model, dom[str(Key)])
+    keys = _distinct(model, dom[str(KeySort)])
     contents = _distinct(model, dom[str(Content)], EMPTY)
     before = _picture(model, s, blocks, keys)
     after = _picture(model, st.post, blocks, keys)
@@ -98,7 +98,7 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
         if a.sort() == Block:
             return "#" + str(next(i for i, b in enumerate(blocks)
                                   if z3.is_true(model.eval(a == b, model_completion=True))))
-        if a.sort() == Key:
+        if a.sort() == KeySort:
             return _key_label(model, a, keys)
         if a.sort() in (z3.IntSort(), z3.BoolSort()):
             return str(model.eval(a, model_completion=True))

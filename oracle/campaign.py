@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from .abstraction import same_refusal
 from .lockstep import Divergence, Lockstep
 from .long_lived import pool_blocks, workload_class
-from .workload import Config, second_pool
+from .workload import RunConfig, second_pool
 
 
 def run_one(
@@ -29,7 +29,7 @@ def run_one(
     with :class:`~.long_lived.LongLived`'s churn.
     """
     rng = random.Random(seed)
-    cfg = Config.draw(rng, seed, pool_blocks(seed, blocks, long_lived))
+    cfg = RunConfig.draw(rng, seed, pool_blocks(seed, blocks, long_lived))
     pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
                           cfg.events, reference, metrics=cfg.metrics)
     pair.errors_match = errors_match

@@ -16,7 +16,7 @@ how long it is, its LoRA/salt/image, whether to look up the cache, to cache a
 partial block, which block mask), so the shrunk failure reads as a
 scenario.  The bookkeeping that does not involve choices is reused from
 ``Workload`` (its documents, block hasher, hash resolution, growing a block
-table, releasing a request) and from ``Running`` / ``Config``.
+table, releasing a request) and from ``Running`` / ``RunConfig``.
 
 Realistic inputs: prompts take prefixes of two fixed documents, requests
 are served and finished between steps, finished conversations go on with a
@@ -71,7 +71,7 @@ from kvpool.model.state import NULL
 
 from .adapter import Adapter, adapter_factory
 from .lockstep import Lockstep
-from .workload import Config, Running, Workload, free_across, partial_spots, rekey, rewritable
+from .workload import RunConfig, Running, Workload, free_across, partial_spots, rekey, rewritable
 
 LORA_IDS = {"lora1": 1, "lora2": 2}
 MISUSES = (
@@ -124,13 +124,13 @@ class Table:
 
 
 @st.composite
-def configs(draw: st.DrawFn) -> Config:
+def configs(draw: st.DrawFn) -> RunConfig:
     """Pool shapes; they shrink towards one small group with caching on."""
     hbs = draw(st.sampled_from([1, 2, 4]))
     groups = draw(st.integers(1, 2))
     sizes = {g: hbs * draw(st.integers(1, 4)) for g in range(groups)}
     caching = draw(st.integers(0, 4)) < 4  # mostly on: most of the pool is about caching
-    return Config(num_blocks=draw(st.integers(2, 24)), caching=caching,
+    return RunConfig(num_blocks=draw(st.integers(2, 24)), caching=caching,
                   hash_block_size=hbs, block_sizes=sizes, events=draw(st.booleans()),
                   extra_keys=True, metrics=draw(st.booleans()))
 
@@ -180,7 +180,7 @@ class PoolMachine(RuleBasedStateMachine):
     others = Bundle("others")
     """Blocks of the second pool, held to be freed through the first."""
 
-    cfg: Config
+    cfg: RunConfig
     work: Workload
 
     def __init__(self) -> None:
@@ -282,7 +282,7 @@ class PoolMachine(RuleBasedStateMachine):
     # -------------------------------------------------------------- rules
 
     @initialize(cfg=configs())
-    def setup(self, cfg: Config) -> None:
+    def setup(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
                               cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics)

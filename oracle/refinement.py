@@ -55,7 +55,7 @@ from .observe import Observation, observe_pool
 
 Call = tuple[str, tuple[Any, ...]]
 """An operation's name and its arguments, blocks named by id."""
-Domain = Callable[[PoolState], Iterable[Call]]
+CallDomain = Callable[[PoolState], Iterable[Call]]
 """The calls to run from a model state."""
 StateKey = Callable[[PoolState], Hashable]
 """What identifies a model state for deduplication."""
@@ -458,7 +458,7 @@ def show_call(call: Call) -> str:
 
 
 def explore(
-    factory: Callable[..., Any], shape: Shape, depth: int, calls: Domain, requests: Sequence[Any],
+    factory: Callable[..., Any], shape: Shape, depth: int, calls: CallDomain, requests: Sequence[Any],
     *, key: StateKey = exact_key, seconds: float = 600.0, with_misuse: bool = True,
     with_queries: bool = True, progress: Callable[[int, int], None] | None = None,
     keep_going: bool = False, visit: Callable[[PoolState, tuple[Call, ...]], None] | None = None,
@@ -565,6 +565,24 @@ def _diverged(out: Refinement, factory: Callable[..., Any], shape: Shape, path: 
     out.divergence, out.reproduced = seen, False
 
 
-__all__ = ["TOKENS", "Call", "Carried", "Domain", "Memo", "NamedWatcher", "Pair", "Refinement", "Shape",
-           "StateKey", "exact_key", "explore", "fresh_pair", "misuse", "model_watcher", "queries",
-           "replay", "requests_for", "show_call"]
+__all__ = [
+    "TOKENS",
+    "Call",
+    "CallDomain",
+    "Carried",
+    "Memo",
+    "NamedWatcher",
+    "Pair",
+    "Refinement",
+    "Shape",
+    "StateKey",
+    "exact_key",
+    "explore",
+    "fresh_pair",
+    "misuse",
+    "model_watcher",
+    "queries",
+    "replay",
+    "requests_for",
+    "show_call",
+]

@@ -59,7 +59,7 @@ class Running:
 
 
 @dataclass
-class Config:
+class RunConfig:
     """The shape of one run."""
 
     num_blocks: int
@@ -72,7 +72,7 @@ class Config:
     """Whether the pool is built with a metrics collector, compared call by call."""
 
     @classmethod
-    def draw(cls, rng: random.Random, run: int | None = None, blocks: int | None = None) -> Config:
+    def draw(cls, rng: random.Random, run: int | None = None, blocks: int | None = None) -> RunConfig:
         """A random shape; runs with events on always carry extra keys, which the events publish.
 
         ``blocks`` is the pool's size (the rest is drawn as without it, from the same dice).
@@ -106,7 +106,7 @@ class Config:
                    events=events, extra_keys=events or extra_keys, metrics=metrics)
 
 
-def second_pool(pool_factory: Callable[..., Any], cfg: Config, reference: str,
+def second_pool(pool_factory: Callable[..., Any], cfg: RunConfig, reference: str,
                 errors_match: Callable[[Exception, Exception | None], bool]) -> Callable[[], Lockstep]:
     """How a run builds its second pool: the same class and shape, with its own model."""
 
@@ -174,7 +174,7 @@ def partial_offsets(block_size: int, hash_block_size: int, boundary: bool) -> li
     return [*inside, block_size] if boundary else inside
 
 
-def partial_spots(run: Running, group: int, cfg: Config, boundary: bool) -> list[tuple[int, int]]:
+def partial_spots(run: Running, group: int, cfg: RunConfig, boundary: bool) -> list[tuple[int, int]]:
     """Every legal partial entry of a request's blocks in ``group``: (table index, tokens).
 
     At each chunk boundary (:func:`partial_offsets`) of each real block, up
@@ -187,7 +187,7 @@ def partial_spots(run: Running, group: int, cfg: Config, boundary: bool) -> list
             for off in partial_offsets(bs, hbs, boundary) if i * bs + off <= upto]
 
 
-def rewritable(pair: Lockstep, run: Running, group: int, cfg: Config) -> list[tuple[int, int]]:
+def rewritable(pair: Lockstep, run: Running, group: int, cfg: RunConfig) -> list[tuple[int, int]]:
     """The blocks of a request's table in ``group`` it alone holds: (table index, chunks it wrote there).
 
     Only these may be rewritten (re-keyed with ``replace_existing_hashes``):
@@ -199,7 +199,7 @@ def rewritable(pair: Lockstep, run: Running, group: int, cfg: Config) -> list[tu
             if b != NULL and pair.model.ref[b] == 1 and i * bs < upto]
 
 
-def rekey(pair: Lockstep, run: Running, group: int, cfg: Config, i: int, chunks: int) -> None:
+def rekey(pair: Lockstep, run: Running, group: int, cfg: RunConfig, i: int, chunks: int) -> None:
     """The request rewrote block ``i`` of its table up to ``chunks`` chunks in: re-key it.
 
     A block with hashes is not writable (the model's ``is_block_writable``),
@@ -224,7 +224,7 @@ class Workload:
     """Plays random steps against a lockstep pair."""
 
     rng: random.Random
-    cfg: Config
+    cfg: RunConfig
     pair: Lockstep
     running: dict[str, Running] = field(default_factory=dict)
     copies: list[int] = field(default_factory=list)

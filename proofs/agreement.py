@@ -63,8 +63,8 @@ from kvpool.model.state import NULL, Key, PoolState, Primary, Queue
 
 from . import bmc
 from .evaluate import (
+    Carriers,
     Compiled,
-    Domain,
     Interp,
     Predicate,
     Undetermined,
@@ -74,8 +74,7 @@ from .evaluate import (
     cross_check,
 )
 from .invariants import SYM_INVARIANTS, SYM_LEMMAS, SymInvariant
-from .symbolic import Block, Content
-from .symbolic import Key as KeySort
+from .symbolic import Block, Content, KeySort
 from .transitions import STEPS, StepSpec
 
 T = TypeVar("T")
@@ -98,7 +97,7 @@ MODEL_PREDICATES = {**INVARIANTS, **LEMMAS}
 # The scope: a BMC configuration, its finite domain, its compiled terms.
 
 
-def domain_of(cfg: bmc.Config) -> Domain:
+def domain_of(cfg: bmc.Bounds) -> Carriers:
     """Every key and content the BMC's requests can name, at the configuration's hash block size."""
     hbs = cfg.hash_block_size
     keys: set[Key] = set()
@@ -107,14 +106,14 @@ def domain_of(cfg: bmc.Config) -> Domain:
         for i, h in enumerate(r.block_hashes):
             keys |= {(h, g) for g in cfg.groups}
             contents.add(content(r, (i + 1) * hbs, hbs))
-    return Domain.of(cfg.blocks, keys, contents)
+    return Carriers.of(cfg.blocks, keys, contents)
 
 
 @dataclass
 class Compiledset:
     """The z3 steps and predicates compiled for one domain."""
 
-    domain: Domain
+    domain: Carriers
     steps: dict[str, Compiled]
     predicates: dict[str, Predicate]
     specs: dict[str, StepSpec]
@@ -124,7 +123,7 @@ class Compiledset:
         self.converters = {n: _converters(self.domain, sp) for n, sp in self.specs.items()}
 
 
-def compile_all(d: Domain, steps: Mapping[str, StepSpec] | None = None,
+def compile_all(d: Carriers, steps: Mapping[str, StepSpec] | None = None,
                 predicates: Mapping[str, SymInvariant] | None = None) -> Compiledset:
     """Compile every step and predicate; ``steps``/``predicates`` replace some by name (seeded bugs)."""
     specs = {**STEPS, **(steps or {})}
@@ -272,7 +271,7 @@ def _with_index(index: Mapping[Key, tuple[int, ...]], k: Key,
     return out
 
 
-def perturbations(s: PoolState, d: Domain, turn: int) -> Iterator[tuple[str, PoolState]]:
+def perturbations(s: PoolState, d: Carriers, turn: int) -> Iterator[tuple[str, PoolState]]:
     """Small edits of ``s``, each labelled, that break (or keep) some invariant.
 
     ``turn`` rotates the block, key and content each edit picks, so that the
@@ -501,7 +500,7 @@ def show_state(s: PoolState, labels: Mapping[Key, str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _converters(d: Domain, spec: StepSpec) -> tuple[Mapping[Any, int] | None, ...]:
+def _converters(d: Carriers, spec: StepSpec) -> tuple[Mapping[Any, int] | None, ...]:
     """Per argument of ``spec``: the table that turns a model value into the compiled form."""
     return tuple(d.key_id if sort.eq(KeySort) else d.content_id if sort.eq(Content) else None
                  for _n, sort in spec.args)
@@ -540,7 +539,7 @@ def _run_steps(run: _Run, memo: dict[tuple[Any, ...], Outcome], start: Interp,
     return out
 
 
-def _next_interp(d: Domain, before: PoolState, base: Interp, after: PoolState) -> Interp:
+def _next_interp(d: Carriers, before: PoolState, base: Interp, after: PoolState) -> Interp:
     """:func:`abstract` of ``after``, reusing ``base`` (the abstraction of ``before``) where unchanged."""
     if after is before:
         return base
@@ -576,7 +575,7 @@ def _next_interp(d: Domain, before: PoolState, base: Interp, after: PoolState) -
         caching=after.caching, hbs=after.hash_block_size)
 
 
-def differences(z: Interp, m: Interp, d: Domain) -> list[str]:
+def differences(z: Interp, m: Interp, d: Carriers) -> list[str]:
     """The fields where z3's state ``z`` differs from the model's ``m`` (undefined cells excepted)."""
     out = []
     for f in Interp._fields:
@@ -603,13 +602,13 @@ def differences(z: Interp, m: Interp, d: Domain) -> list[str]:
     return out
 
 
-def _content(d: Domain, c: int | None) -> str:
+def _content(d: Carriers, c: int | None) -> str:
     if c is None:
         return "undefined"
     return "".join(str(t) for chunk in d.contents[c] for t in chunk[0]) or "()"
 
 
-def _pairs(d: Domain, f: str, pairs: frozenset[tuple[int, int]]) -> str:
+def _pairs(d: Carriers, f: str, pairs: frozenset[tuple[int, int]]) -> str:
     if f == "sec":
         return "{" + ", ".join(f"block {b}: {_short(d.keys[k])}" for b, k in sorted(pairs)) + "}"
     return "{" + ", ".join(f"({_short(d.keys[k])}, block {b})" for k, b in sorted(pairs)) + "}"
@@ -713,7 +712,7 @@ class _Run:
     turn: int = 0
 
 
-def check(cfg: bmc.Config, depth: int, seconds: float = 3600.0, *, perturb: int = 1,
+def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int = 1,
           steps: Mapping[str, StepSpec] | None = None,
           predicates: Mapping[str, SymInvariant] | None = None,
           start: PoolState | None = None) -> Report:
@@ -808,7 +807,7 @@ class Sampled:
         return sum(self.steps.values()) + sum(self.predicates.values())
 
 
-def _random_args(rng: random.Random, cfg: bmc.Config, requests: Sequence[bmc.Request], d: Domain,
+def _random_args(rng: random.Random, cfg: bmc.Bounds, requests: Sequence[bmc.Request], d: Carriers,
                  spec: StepSpec) -> tuple[Any, ...]:
     """Arguments of ``spec`` from the BMC's domains (a key, its token count and its prefix agree)."""
     hbs = cfg.hash_block_size
@@ -829,7 +828,7 @@ def _random_args(rng: random.Random, cfg: bmc.Config, requests: Sequence[bmc.Req
     return tuple(out)
 
 
-def z3_sample(cfg: bmc.Config, n: int, seed: int = 0) -> Sampled:
+def z3_sample(cfg: bmc.Bounds, n: int, seed: int = 0) -> Sampled:
     """Check the compiled steps and predicates against z3 (:func:`.evaluate.cross_check`) on ``n``
     states of random walks through the BMC's calls: on each, one step (rotating; arguments drawn
     until its precondition holds, if it can) and one predicate on the state or a perturbation."""
@@ -874,7 +873,7 @@ def _safe_pre(step: Compiled, interp: Interp, args: tuple[Any, ...]) -> bool:
         return False
 
 
-def _walk(rng: random.Random, cfg: bmc.Config, requests: Sequence[bmc.Request], s: PoolState,
+def _walk(rng: random.Random, cfg: bmc.Bounds, requests: Sequence[bmc.Request], s: PoolState,
           walked: int) -> tuple[PoolState, int]:
     """One random accepted call from ``s`` (back to the initial state every few calls)."""
     if walked >= 4:

@@ -24,7 +24,7 @@ from kvpool.model.state import Key as ModelKey
 from kvpool.model.state import PoolState
 
 from .finite import ground
-from .symbolic import EMPTY, NULL, Block, Content, Expr, Key, SymState, prefix
+from .symbolic import EMPTY, NULL, Block, Content, Expr, KeySort, SymState, prefix
 from .transitions import STEPS
 
 
@@ -61,14 +61,14 @@ class Universe:
         order_c = sorted(all_contents, key=repr)
         return cls(
             blocks=[NULL, *[z3.Const(f"blk{i}", Block) for i in range(1, n)]],
-            keys={k: z3.Const(f"key{i}", Key) for i, k in enumerate(order_k)},
+            keys={k: z3.Const(f"key{i}", KeySort) for i, k in enumerate(order_k)},
             contents={c: (EMPTY if c is EMPTY_PREFIX else z3.Const(f"cnt{i}", Content))
                       for i, c in enumerate(order_c)},
         )
 
     def domain(self) -> dict[str, list[Expr]]:
         """The carriers by sort name, for :func:`kvpool.proofs.finite.ground`."""
-        return {str(Block): self.blocks, str(Key): list(self.keys.values()),
+        return {str(Block): self.blocks, str(KeySort): list(self.keys.values()),
                 str(Content): list(self.contents.values())}
 
     def axioms(self) -> list[Expr]:

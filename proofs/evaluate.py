@@ -3,11 +3,11 @@
 :mod:`.concrete` asks z3 whether a step computes what the model computes: one
 solver call per state.  Checking every call the BMC makes (millions) that way
 would take days.  Here each z3 term is compiled ONCE, per finite
-:class:`Domain`, into plain Python; evaluating it on a concrete state is then a
+:class:`Carriers`, into plain Python; evaluating it on a concrete state is then a
 function call.  The compiler is small and follows z3's semantics term by term:
 
 * a ``Block`` is an int (``NULL`` is 0), a ``Key`` or a ``Content`` an index
-  into :attr:`Domain.keys` / :attr:`Domain.contents` (``EMPTY`` is ``()``),
+  into :attr:`Carriers.keys` / :attr:`Carriers.contents` (``EMPTY`` is ``()``),
   ``prefix`` the real prefix relation on them;
 * an array over ``Block`` or ``Key`` is a tuple; a two-place Boolean array (a
   relation such as ``idx``) is the frozenset of the index pairs where it is
@@ -43,7 +43,7 @@ from kvpool.model.state import PoolState
 
 from .concrete import Universe, _sat, encode, mentioned
 from .finite import ground
-from .symbolic import EMPTY, FIELDS, NULL, Block, Content, Expr, Key, SymState
+from .symbolic import EMPTY, FIELDS, NULL, Block, Content, Expr, KeySort, SymState
 from .transitions import StepSpec
 
 
@@ -52,7 +52,7 @@ class Undetermined(Exception):
 
 
 @dataclass(frozen=True)
-class Domain:
+class Carriers:
     """The finite carriers: blocks ``0 .. num_blocks-1``, the keys and contents, by index."""
 
     num_blocks: int
@@ -63,7 +63,7 @@ class Domain:
 
     @classmethod
     def of(cls, num_blocks: int, keys: Iterable[ModelKey],
-           contents: Iterable[ModelContent]) -> Domain:
+           contents: Iterable[ModelContent]) -> Carriers:
         """Every key and content given (the empty prefix always among the contents), in a fixed order."""
         ks = tuple(sorted(set(keys)))
         cs = tuple(sorted({EMPTY_PREFIX, *contents}, key=repr))
@@ -72,7 +72,7 @@ class Domain:
 
     @classmethod
     def covering(cls, states: Sequence[PoolState], keys: Iterable[ModelKey] = (),
-                 contents: Iterable[ModelContent] = ()) -> Domain:
+                 contents: Iterable[ModelContent] = ()) -> Carriers:
         """Every key and content the states (and the extra values) mention."""
         all_keys, all_contents = mentioned(states, keys, contents)
         return cls.of(states[0].num_blocks, all_keys, all_contents)
@@ -108,7 +108,7 @@ class Interp(NamedTuple):
 assert Interp._fields == FIELDS, "Interp must list SymState's fields in order"
 
 
-def abstract(d: Domain, s: PoolState) -> Interp:
+def abstract(d: Carriers, s: PoolState) -> Interp:
     """The model state as the encoding sees it (:func:`kvpool.proofs.concrete.encode`'s facts).
 
     The free queue becomes a set, the index and the secondary keys relations:
@@ -225,7 +225,7 @@ def _sort_kind(s: z3.SortRef) -> int:
 
 
 class _Compiler:
-    def __init__(self, names: Mapping[str, str], domain: Domain, kleene: bool = False) -> None:
+    def __init__(self, names: Mapping[str, str], domain: Carriers, kleene: bool = False) -> None:
         self.names = names
         """z3 constant name -> Python parameter name."""
         self.domain = domain
@@ -279,7 +279,7 @@ class _Compiler:
     def carrier(self, sort: z3.SortRef) -> str:
         if sort.eq(Block):
             return "_B"
-        if sort.eq(Key):
+        if sort.eq(KeySort):
             return "_KS"
         if sort.eq(Content):
             return "_CS"
@@ -680,7 +680,7 @@ class _Compiler:
 Predicate = Callable[[Interp], bool]
 
 
-def _namespace(d: Domain) -> dict[str, Any]:
+def _namespace(d: Carriers) -> dict[str, Any]:
     return {"_B": range(d.num_blocks), "_KS": range(len(d.keys)), "_CS": range(len(d.contents)),
             "_PREFIX": d.prefix_table(), "_eq": _eq, "_d": _d, "_mod": _mod,
             "_store1": _store1, "_store2": _store2, "_kleene": _kleene, "_kleene_q": _kleene_q,
@@ -717,7 +717,7 @@ class Compiled:
 
     ``pre(state, *args)`` is the step's ``pre``; ``post(state, *args)`` is
     ``(post-state, removed, stored)``.  Arguments are concrete: a block id,
-    a key or content index (:class:`Domain`), an int, a bool.
+    a key or content index (:class:`Carriers`), an int, a bool.
     """
 
     name: str
@@ -726,7 +726,7 @@ class Compiled:
     source: str = field(repr=False)
 
 
-def compile_predicate(d: Domain, pred: Callable[[SymState], Expr], name: str = "") -> Predicate:
+def compile_predicate(d: Carriers, pred: Callable[[SymState], Expr], name: str = "") -> Predicate:
     """A state predicate (an invariant of :mod:`.invariants`) as a Python function of an :class:`Interp`."""
     s = SymState.fresh("eval")
     term = pred(s)
@@ -745,7 +745,7 @@ def compile_predicate(d: Domain, pred: Callable[[SymState], Expr], name: str = "
     return on
 
 
-def compile_step(d: Domain, spec: StepSpec) -> Compiled:
+def compile_step(d: Carriers, spec: StepSpec) -> Compiled:
     """``spec``'s step as Python functions over :class:`Interp` (compiled once per domain)."""
     s = SymState.fresh("eval")
     names = _state_names(s)
@@ -798,7 +798,7 @@ def _z3_value(facts: list[Expr], formula: Expr) -> bool | None:
     return None
 
 
-def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Sequence[Any] = (),
+def cross_check(d: Carriers, s: PoolState, spec: StepSpec | None = None, args: Sequence[Any] = (),
                 compiled: Compiled | None = None,
                 pred: Callable[[SymState], Expr] | None = None,
                 compiled_pred: Predicate | None = None) -> list[str]:
@@ -813,7 +813,7 @@ def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Seq
 
     u = Universe(
         blocks=Universe.of([s]).blocks,
-        keys={k: z3.Const(f"key{i}", Key) for i, k in enumerate(d.keys)},
+        keys={k: z3.Const(f"key{i}", KeySort) for i, k in enumerate(d.keys)},
         contents={c: (EMPTY if c is EMPTY_PREFIX else z3.Const(f"cnt{i}", Content))
                   for i, c in enumerate(d.contents)})
     dom = u.domain()
@@ -840,7 +840,7 @@ def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Seq
     for (_n, sort), v in zip(spec.args, args, strict=True):
         if sort.eq(Block):
             zargs.append(u.blocks[v])
-        elif sort.eq(Key):
+        elif sort.eq(KeySort):
             zargs.append(list(u.keys.values())[v])
         elif sort.eq(Content):
             zargs.append(list(u.contents.values())[v])
@@ -887,5 +887,15 @@ def cross_check(d: Domain, s: PoolState, spec: StepSpec | None = None, args: Seq
     return out
 
 
-__all__ = ["Compiled", "Domain", "Interp", "Predicate", "Undetermined", "Unsupported", "abstract",
-           "compile_predicate", "compile_step", "cross_check"]
+__all__ = [
+    "Carriers",
+    "Compiled",
+    "Interp",
+    "Predicate",
+    "Undetermined",
+    "Unsupported",
+    "abstract",
+    "compile_predicate",
+    "compile_step",
+    "cross_check",
+]

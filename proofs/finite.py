@@ -17,9 +17,9 @@ import itertools
 
 import z3  # type: ignore[import-untyped]
 
-from .symbolic import EMPTY, NULL, Block, Content, Expr, Key, SymState
+from .symbolic import EMPTY, NULL, Block, Content, Expr, KeySort, SymState
 
-FINITE_SORTS = (Block, Key, Content)
+FINITE_SORTS = (Block, KeySort, Content)
 
 
 def domain(n: int) -> dict[str, list[Expr]]:
@@ -37,7 +37,7 @@ def closure(dom: dict[str, list[Expr]], s: SymState, terms: list[Expr]) -> list[
     This keeps the query quantifier-free (a closure axiom "every Block is one
     of these" would bring MBQI, and its ``unknown``, back).
     """
-    blocks, keys = dom[str(Block)], dom[str(Key)]
+    blocks, keys = dom[str(Block)], dom[str(KeySort)]
     named = [NULL, EMPTY, *terms]
     named += [s.pkey[b] for b in blocks] + [s.holds[b] for b in blocks]
     named += [s.names[k] for k in keys]

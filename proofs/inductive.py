@@ -30,7 +30,7 @@ from .finite import scoped
 from .invariants import SYM_INVARIANTS, SYM_LEMMAS, SymInvariant, inv
 from .step_properties import SYM_STEP_PROPERTIES
 from .symbolic import Expr, SymState, config_ok, initial, prefix_axioms
-from .transitions import STEPS, Step, StepSpec
+from .transitions import STEPS, StepSpec, SymStep
 
 TIMEOUT_MS = 20_000
 """Per-check solver timeout."""
@@ -89,7 +89,7 @@ def _refute(assertions: list[Expr], timeout_ms: int) -> Result:
     return Result(status, took, detail)
 
 
-def instantiate(spec: StepSpec, s: SymState, tag: str = "") -> Step:
+def instantiate(spec: StepSpec, s: SymState, tag: str = "") -> SymStep:
     """Apply a step to fresh arguments."""
     return spec.fn(s, *spec.fresh_args(tag))
 

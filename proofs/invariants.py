@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import z3  # type: ignore[import-untyped]
 
-from .symbolic import NULL, Block, Expr, Key, SymState, prefix
+from .symbolic import NULL, Block, Expr, KeySort, SymState, prefix
 
 SymInvariant = Callable[[SymState], Expr]
 SYM_INVARIANTS: dict[str, SymInvariant] = {}
@@ -35,7 +35,7 @@ def encoded_lemma(pred: SymInvariant) -> SymInvariant:
 
 
 _b = z3.Const("bound.b", Block)
-_k = z3.Const("bound.k", Key)
+_k = z3.Const("bound.k", KeySort)
 
 
 @encoded

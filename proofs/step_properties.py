@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import z3  # type: ignore[import-untyped]
 
-from .symbolic import NULL, Block, Expr, Key, SymState
-from .transitions import Step
+from .symbolic import NULL, Block, Expr, KeySort, SymState
+from .transitions import SymStep
 
 _b = z3.Const("bound.b", Block)
-_k = z3.Const("bound.k", Key)
+_k = z3.Const("bound.k", KeySort)
 
-StepClaim = Callable[[SymState, list[Expr], Step], Expr]
+StepClaim = Callable[[SymState, list[Expr], SymStep], Expr]
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,12 @@ class SymStepProperty:
     claim: StepClaim
 
 
-def _removals_live(s: SymState, _args: list[Expr], st: Step) -> Expr:
+def _removals_live(s: SymState, _args: list[Expr], st: SymStep) -> Expr:
     return z3.Implies(z3.And(st.pre, s.events), z3.ForAll(
         [_k, _b], z3.Implies(st.removed[_k, _b], s.live[_k, _b])))
 
 
-def _announcements_match(s: SymState, _args: list[Expr], st: Step) -> Expr:
+def _announcements_match(s: SymState, _args: list[Expr], st: SymStep) -> Expr:
     fresh = z3.ForAll([_k, _b], z3.Implies(
         st.stored[_k, _b], z3.Not(z3.And(s.live[_k, _b], z3.Not(st.removed[_k, _b])))))
     matches = z3.ForAll([_k, _b], st.post.live[_k, _b] == st.post.idx[_k, _b])
@@ -56,18 +56,18 @@ def _idle(s: SymState) -> Expr:
     return z3.ForAll([_b], z3.Implies(_b != NULL, s.ref[_b] == 0))
 
 
-def _reset_guard(s: SymState, _args: list[Expr], st: Step) -> Expr:
+def _reset_guard(s: SymState, _args: list[Expr], st: SymStep) -> Expr:
     forgets = z3.And(z3.ForAll([_k, _b], z3.Not(st.post.idx[_k, _b])),
                      z3.ForAll([_b], z3.Not(st.post.watched[_b])))
     return z3.And(st.pre == _idle(s), z3.Implies(st.pre, forgets))
 
 
-def _alloc_live(s: SymState, args: list[Expr], st: Step) -> Expr:
+def _alloc_live(s: SymState, args: list[Expr], st: SymStep) -> Expr:
     b = args[0]
     return st.pre == z3.And(b != NULL, s.ref[b] == 0)
 
 
-def _conflicts_refused(s: SymState, args: list[Expr], st: Step) -> Expr:
+def _conflicts_refused(s: SymState, args: list[Expr], st: SymStep) -> Expr:
     b, t = args[0], args[2]
     return z3.Implies(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] < t))
 

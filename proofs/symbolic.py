@@ -23,7 +23,7 @@ it drops (the invariants do not depend on what is dropped):
   ``live(k, b)``, the index entries whose announcement is live (the model's
   ``announced``); a key's count of live announcements is the number of its
   entries there.  Each step names the entries its events remove and
-  announce (:class:`~kvpool.proofs.transitions.Step`).
+  announce (:class:`~kvpool.proofs.transitions.SymStep`).
 * the pending events themselves, ``fired``, ``medium`` and ``num_blocks``
   are not represented.
 """
@@ -43,7 +43,7 @@ Expr = Any
 # ForAll over a constant named like a step argument would capture it.
 
 Block = z3.DeclareSort("Block")
-Key = z3.DeclareSort("Key")
+KeySort = z3.DeclareSort("KeySort")
 Content = z3.DeclareSort("Content")
 
 NULL = z3.Const("NULL", Block)
@@ -110,15 +110,15 @@ class SymState:
             ref=z3.Array(f"{name}.ref", Block, z3.IntSort()),
             free=z3.Array(f"{name}.free", Block, z3.BoolSort()),
             prim=z3.Array(f"{name}.prim", Block, z3.BoolSort()),
-            pkey=z3.Array(f"{name}.pkey", Block, Key),
+            pkey=z3.Array(f"{name}.pkey", Block, KeySort),
             ptok=z3.Array(f"{name}.ptok", Block, z3.IntSort()),
-            sec=z3.Array(f"{name}.sec", Block, Key, z3.BoolSort()),
-            idx=z3.Array(f"{name}.idx", Key, Block, z3.BoolSort()),
+            sec=z3.Array(f"{name}.sec", Block, KeySort, z3.BoolSort()),
+            idx=z3.Array(f"{name}.idx", KeySort, Block, z3.BoolSort()),
             watched=z3.Array(f"{name}.watched", Block, z3.BoolSort()),
             holds=z3.Array(f"{name}.holds", Block, Content),
-            names=z3.Array(f"{name}.names", Key, Content),
+            names=z3.Array(f"{name}.names", KeySort, Content),
             holders=z3.Array(f"{name}.holders", Block, z3.IntSort()),
-            live=z3.Array(f"{name}.live", Key, Block, z3.BoolSort()),
+            live=z3.Array(f"{name}.live", KeySort, Block, z3.BoolSort()),
             events=z3.Bool(f"{name}.events"),
             caching=z3.Bool(f"{name}.caching"),
             hbs=z3.Int(f"{name}.hbs"),
@@ -155,7 +155,7 @@ def initial(name: str = "init") -> SymState:
     ``events``, ``hbs`` and the names of keys are left free.
     """
     x = z3.Const("lam.x", Block)
-    k = z3.Const("lam.k", Key)
+    k = z3.Const("lam.k", KeySort)
     base = SymState.fresh(name)
     return SymState(
         ref=z3.K(Block, z3.IntVal(0)),

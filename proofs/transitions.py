@@ -35,17 +35,17 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.model import OPERATIONS
 
-from .symbolic import EMPTY, NULL, Block, Content, Expr, Key, SymState, ite, prefix, same
+from .symbolic import EMPTY, NULL, Block, Content, Expr, KeySort, SymState, ite, prefix, same
 
 _x = z3.Const("lam.x", Block)
-_k = z3.Const("lam.k", Key)
+_k = z3.Const("lam.k", KeySort)
 
 NO_ENTRIES = z3.Lambda([_k, _x], z3.BoolVal(False))
 """The empty set of index entries (``Key x Block -> Bool``)."""
 
 
 @dataclass(frozen=True)
-class Step:
+class SymStep:
     """A transition instance: when it is enabled, what it yields, what its events say.
 
     ``removed``/``stored`` are sets of entries (``Key x Block -> Bool``): the
@@ -69,17 +69,17 @@ def entries_of(s: SymState, b: Expr) -> Expr:
     return z3.Lambda([_k, _x], z3.And(_x == b, s.has_key(b, _k)))
 
 
-def published(s: SymState, post: SymState, removed: Expr, stored: Expr) -> Step:
+def published(s: SymState, post: SymState, removed: Expr, stored: Expr) -> SymStep:
     """``post`` with the live announcements the events leave (removals first), as a step.
 
     Only a pool with events on publishes; the precondition is filled in by the caller.
     """
     live = z3.Lambda([_k, _x], z3.Or(z3.And(s.live[_k, _x], z3.Not(removed[_k, _x])),
                                      stored[_k, _x]))
-    return Step(z3.BoolVal(True), replace(post, live=z3.If(s.events, live, s.live)), removed, stored)
+    return SymStep(z3.BoolVal(True), replace(post, live=z3.If(s.events, live, s.live)), removed, stored)
 
 
-def with_pre(pre: Expr, st: Step) -> Step:
+def with_pre(pre: Expr, st: SymStep) -> SymStep:
     """``st`` enabled when ``pre`` holds."""
     return replace(st, pre=pre)
 
@@ -147,7 +147,7 @@ def hand(s: SymState, b: Expr, delta: int) -> Expr:
     return z3.Store(s.holders, b, z3.If(b == NULL, s.holders[b], s.holders[b] + delta))
 
 
-def alloc(s: SymState, b: Expr) -> Step:
+def alloc(s: SymState, b: Expr) -> SymStep:
     """``get_new_blocks``, one block: hand out a free real block, lazily evicting its keys."""
     d = ite(s.caching, drop_hashes(s, b), s)
     post = replace(
@@ -162,10 +162,10 @@ def alloc(s: SymState, b: Expr) -> Step:
     return with_pre(z3.And(b != NULL, s.free[b]), published(s, post, gone, NO_ENTRIES))
 
 
-def release(s: SymState, b: Expr) -> Step:
+def release(s: SymState, b: Expr) -> SymStep:
     """``free_blocks``, one listing: drop a reference; a real block reaching 0 is queued."""
     r = s.ref[b] - 1
-    return Step(
+    return SymStep(
         pre=z3.Or(b == NULL, s.ref[b] > 0),
         post=replace(
             s,
@@ -176,10 +176,10 @@ def release(s: SymState, b: Expr) -> Step:
     )
 
 
-def touch(s: SymState, b: Expr) -> Step:
+def touch(s: SymState, b: Expr) -> SymStep:
     """``touch``, one block: take a reference; an idle real block leaves the queue."""
     leaves = z3.And(b != NULL, s.ref[b] == 0)
-    return Step(
+    return SymStep(
         pre=z3.BoolVal(True),
         post=replace(
             s,
@@ -190,10 +190,10 @@ def touch(s: SymState, b: Expr) -> Step:
     )
 
 
-def unpin(s: SymState, b: Expr) -> Step:
+def unpin(s: SymState, b: Expr) -> SymStep:
     """``unpin_blocks``, one listing: drop a reference, register a watcher; 0 is queued."""
     r = s.ref[b] - 1
-    return Step(
+    return SymStep(
         pre=z3.And(b != NULL, s.ref[b] > 0),
         post=replace(
             s,
@@ -205,17 +205,17 @@ def unpin(s: SymState, b: Expr) -> Step:
     )
 
 
-def evict(s: SymState, b: Expr) -> Step:
+def evict(s: SymState, b: Expr) -> SymStep:
     """``evict_blocks``, one block: remove its keys; count and queue place stay."""
     return published(s, drop_hashes(s, b), entries_of(s, b), NO_ENTRIES)
 
 
-def reset(s: SymState) -> Step:
+def reset(s: SymState) -> SymStep:
     """``reset_prefix_cache`` when it succeeds: every real block is free; forget all hashes.
 
     One ``AllBlocksCleared`` forgets every announcement (no per-entry removal).
     """
-    return Step(
+    return SymStep(
         pre=z3.ForAll([_x], z3.Implies(_x != NULL, s.free[_x])),
         post=replace(
             s,
@@ -228,7 +228,7 @@ def reset(s: SymState) -> Step:
     )
 
 
-def cache_full(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> Step:
+def cache_full(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> SymStep:
     """``cache_full_blocks``, one chosen block: index ``b`` under ``k`` covering ``t`` tokens.
 
     ``c`` is the request's prefix of ``t`` tokens.  ``b`` must be unhashed or
@@ -248,7 +248,7 @@ def cache_full(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> Step:
     ), st)
 
 
-def cache_partial(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr, rep: Expr) -> Step:
+def cache_partial(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr, rep: Expr) -> SymStep:
     """``cache_partial_block`` of a real block: add ``k`` (prefix ``c`` of ``t`` tokens).
 
     With ``rep`` every old entry goes and the block holds exactly ``c``; only
@@ -271,7 +271,7 @@ def cache_partial(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr, rep: Expr) ->
     ), st)
 
 
-def insert(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> Step:
+def insert(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> SymStep:
     """``_insert_block_hash``: a holder copied prefix ``c`` into ``b`` and indexes it under ``k``.
 
     ``k`` becomes the primary key (covering ``t`` tokens) if ``b`` has none,
@@ -289,7 +289,7 @@ def insert(s: SymState, b: Expr, k: Expr, t: Expr, c: Expr) -> Step:
     ), st)
 
 
-def move(s: SymState, src: Expr, dst: Expr) -> Step:
+def move(s: SymState, src: Expr, dst: Expr) -> SymStep:
     """``move_block_hashes``: re-point ``src``'s entries at ``dst``, the caller's unhashed copy.
 
     No events: each live announcement of a moved entry now names ``dst``.
@@ -307,7 +307,7 @@ def move(s: SymState, src: Expr, dst: Expr) -> Step:
             _x == src, z3.And(s.live[_k, src], z3.Not(s.has_key(src, _k))),
             z3.Or(s.live[_k, _x], z3.And(_x == dst, s.has_key(src, _k), s.live[_k, src])))),
     )
-    return Step(
+    return SymStep(
         pre=z3.And(
             z3.Not(s.prim[dst]), z3.ForAll([_k], z3.Not(s.sec[dst, _k])),
             z3.Implies(s.prim[src], dst != NULL),
@@ -317,23 +317,23 @@ def move(s: SymState, src: Expr, dst: Expr) -> Step:
     )
 
 
-def write(s: SymState, b: Expr, c: Expr) -> Step:
+def write(s: SymState, b: Expr, c: Expr) -> SymStep:
     """The caller's ``write_block``: a holder writes prefix ``c`` into ``b`` (ghost only)."""
-    return Step(
+    return SymStep(
         pre=z3.And(b != NULL, s.ref[b] >= 1, writes_extend_unless_writable(s, b, c)),
         post=replace(s, holds=z3.Store(s.holds, b, written(s.holds[b], c))),
     )
 
 
-def identity(s: SymState) -> Step:
+def identity(s: SymState) -> SymStep:
     """Event-only actions and calls that change nothing the abstraction sees."""
-    return Step(pre=z3.BoolVal(True), post=s)
+    return SymStep(pre=z3.BoolVal(True), post=s)
 
 
 # --------------------------------------------------------------------------
 # Registry.
 
-StepFn = Callable[..., Step]
+StepFn = Callable[..., SymStep]
 
 
 @dataclass(frozen=True)
@@ -360,10 +360,10 @@ STEPS: dict[str, StepSpec] = {name: replace(spec, name=name) for name, spec in {
     "unpin": StepSpec(unpin, (("b", Block),)),
     "evict": StepSpec(evict, (("b", Block),)),
     "reset": StepSpec(reset, ()),
-    "cache_full": StepSpec(cache_full, (("b", Block), ("key", Key), ("t", _I), ("c", Content))),
+    "cache_full": StepSpec(cache_full, (("b", Block), ("key", KeySort), ("t", _I), ("c", Content))),
     "cache_partial": StepSpec(
-        cache_partial, (("b", Block), ("key", Key), ("t", _I), ("c", Content), ("rep", _B))),
-    "insert": StepSpec(insert, (("b", Block), ("key", Key), ("t", _I), ("c", Content))),
+        cache_partial, (("b", Block), ("key", KeySort), ("t", _I), ("c", Content), ("rep", _B))),
+    "insert": StepSpec(insert, (("b", Block), ("key", KeySort), ("t", _I), ("c", Content))),
     "move": StepSpec(move, (("src", Block), ("dst", Block))),
     "write": StepSpec(write, (("b", Block), ("c", Content))),
     "identity": StepSpec(identity, ()),

@@ -26,13 +26,13 @@ from kvpool.oracle.events_check import check_stream, load_events
 from kvpool.oracle.events_warnings import add_warnings
 from kvpool.oracle.routers import PROFILES, check_trace_routers, profile_factory
 from kvpool.oracle.trace import record
-from kvpool.oracle.workload import Config
+from kvpool.oracle.workload import RunConfig
 
 
 def seeds(count: int) -> list[int]:
     out, seed = [], 0
     while len(out) < count:
-        cfg = Config.draw(random.Random(seed))
+        cfg = RunConfig.draw(random.Random(seed))
         if cfg.events and cfg.caching:
             out.append(seed)
         seed += 1

@@ -19,12 +19,12 @@ from kvpool.model.request import EMPTY as EMPTY_PREFIX
 from kvpool.model.request import extends
 from kvpool.proofs import agreement, bmc
 from kvpool.proofs import transitions as T
-from kvpool.proofs.evaluate import Domain, Undetermined, abstract, compile_predicate, cross_check
+from kvpool.proofs.evaluate import Carriers, Undetermined, abstract, compile_predicate, cross_check
 from kvpool.proofs.invariants import SYM_INVARIANTS
-from kvpool.proofs.symbolic import EMPTY, NULL, Block, Key, SymState, prefix
+from kvpool.proofs.symbolic import EMPTY, NULL, Block, KeySort, SymState, prefix
 
-HBS1 = bmc.Config(hash_block_size=1)
-HBS2 = bmc.Config(hash_block_size=2)
+HBS1 = bmc.Bounds(hash_block_size=1)
+HBS2 = bmc.Bounds(hash_block_size=2)
 
 
 def _secondary_state() -> Any:
@@ -47,7 +47,7 @@ def _secondary_state() -> Any:
 
 
 @pytest.mark.parametrize("cfg", [HBS1, HBS2], ids=["hbs1", "hbs2"])
-def test_the_encoding_agrees_with_the_model_on_every_state_and_call_to_depth_2(cfg: bmc.Config) -> None:
+def test_the_encoding_agrees_with_the_model_on_every_state_and_call_to_depth_2(cfg: bmc.Bounds) -> None:
     rep = agreement.check(cfg, 2, perturb=3)
     assert rep.complete and rep.depth == 2
     assert dict(rep.disagreements) == {}, {c: [e.detail for e in x] for c, x in rep.examples.items()}
@@ -97,7 +97,7 @@ def test_every_perturbation_kind_breaks_what_it_says() -> None:
 # --------------------------------------------------------------------------
 # Seeded encoding bugs: each is caught, with a concrete state.
 
-_k = z3.Const("bound.k", Key)
+_k = z3.Const("bound.k", KeySort)
 _b = z3.Const("bound.b", Block)
 
 
@@ -123,7 +123,7 @@ def _step(name: str, fn: Any) -> T.StepSpec:
 
 
 def test_a_step_forgetting_holders_is_caught() -> None:
-    def touch(s: SymState, b: Any) -> T.Step:
+    def touch(s: SymState, b: Any) -> T.SymStep:
         st = T.touch(s, b)
         return replace(st, post=replace(st.post, holders=s.holders))
 
@@ -134,7 +134,7 @@ def test_a_step_forgetting_holders_is_caught() -> None:
 
 
 def test_a_step_with_too_strong_a_precondition_is_caught() -> None:
-    def release(s: SymState, b: Any) -> T.Step:  # forgets that the null block may be freed
+    def release(s: SymState, b: Any) -> T.SymStep:  # forgets that the null block may be freed
         st = T.release(s, b)
         return replace(st, pre=s.ref[b] > 0)
 
@@ -145,7 +145,7 @@ def test_a_step_with_too_strong_a_precondition_is_caught() -> None:
 
 
 def test_a_step_with_too_weak_a_precondition_is_caught() -> None:
-    def cache_full(s: SymState, b: Any, k: Any, t: Any, c: Any) -> T.Step:  # no conflict check
+    def cache_full(s: SymState, b: Any, k: Any, t: Any, c: Any) -> T.SymStep:  # no conflict check
         st = T.cache_full(s, b, k, t, c)
         kept = [p for p in st.pre.children() if not p.eq(z3.Or(z3.Not(s.prim[b]), s.ptok[b] < t))]
         assert len(kept) == len(st.pre.children()) - 1
@@ -157,9 +157,9 @@ def test_a_step_with_too_weak_a_precondition_is_caught() -> None:
 
 
 def test_a_removed_set_missing_an_entry_is_caught() -> None:
-    x, k = z3.Const("lam.x", Block), z3.Const("lam.k", Key)
+    x, k = z3.Const("lam.x", Block), z3.Const("lam.k", KeySort)
 
-    def evict(s: SymState, b: Any) -> T.Step:  # announces only the primary key's removal
+    def evict(s: SymState, b: Any) -> T.SymStep:  # announces only the primary key's removal
         st = T.evict(s, b)
         return replace(st, removed=z3.Lambda([k, x], z3.And(x == b, s.prim[b], s.pkey[b] == k)))
 
@@ -171,7 +171,7 @@ def test_a_removed_set_missing_an_entry_is_caught() -> None:
 
 
 def test_a_wrong_next_state_names_the_field() -> None:
-    def unpin(s: SymState, b: Any) -> T.Step:  # forgets to register the watcher
+    def unpin(s: SymState, b: Any) -> T.SymStep:  # forgets to register the watcher
         st = T.unpin(s, b)
         return replace(st, post=replace(st.post, watched=s.watched))
 
@@ -186,7 +186,7 @@ def test_a_wrong_next_state_names_the_field() -> None:
 
 
 @pytest.mark.parametrize("cfg", [HBS1, HBS2], ids=["hbs1", "hbs2"])
-def test_the_compiled_terms_agree_with_z3_on_a_sample(cfg: bmc.Config) -> None:
+def test_the_compiled_terms_agree_with_z3_on_a_sample(cfg: bmc.Bounds) -> None:
     out = agreement.z3_sample(cfg, 22, seed=cfg.hash_block_size)
     assert out.mismatches == []
     assert set(out.steps) == set(T.STEPS) and set(out.predicates) == set(agreement.CHECKED)
@@ -211,7 +211,7 @@ def test_an_undefined_cell_decides_nothing_but_does_not_hide_what_decides() -> N
     it is undetermined, and one that does not (another disjunct decides) is not."""
     d = agreement.domain_of(HBS1)
     s = HBS1.initial()  # nothing named, nothing indexed
-    k = z3.Const("bound.k", Key)
+    k = z3.Const("bound.k", KeySort)
     decided = lambda st: z3.ForAll([k], z3.Or(st.names[k] == EMPTY, z3.Not(st.idx[k, NULL])))  # noqa: E731
     free = lambda st: z3.ForAll([k], st.names[k] == EMPTY)  # noqa: E731
     assert compile_predicate(d, decided)(abstract(d, s)) is True
@@ -225,7 +225,7 @@ def test_the_domain_covers_every_key_and_content_of_the_bmc() -> None:
     rep = agreement.check(HBS2, 2, perturb=0)  # a key or content outside it would raise KeyError
     d = agreement.domain_of(HBS2)
     assert rep.states and EMPTY_PREFIX in d.contents and len(d.keys) == len(set(d.keys))
-    assert isinstance(Domain.covering([HBS2.initial()]), Domain)
+    assert isinstance(Carriers.covering([HBS2.initial()]), Carriers)
 
 
 def test_model_and_encoding_name_the_same_predicates() -> None:
@@ -238,7 +238,7 @@ def test_model_and_encoding_name_the_same_predicates() -> None:
 
 
 def test_the_phase_fails_with_a_readable_counterexample(monkeypatch: pytest.MonkeyPatch) -> None:
-    def touch(s: SymState, b: Any) -> T.Step:
+    def touch(s: SymState, b: Any) -> T.SymStep:
         st = T.touch(s, b)
         return replace(st, post=replace(st.post, holders=s.holders))
 

@@ -32,7 +32,7 @@ from kvpool.model.properties import (
 )
 from kvpool.proofs import bmc
 
-SMALL = bmc.Config(blocks=4)
+SMALL = bmc.Bounds(blocks=4)
 NET = 3600.0
 """The searches below are bounded by their depth; their time budget is only a safety net, far
 above what a loaded machine needs, and a search it cuts fails its test (``complete``, or the
@@ -53,7 +53,7 @@ def test_model_passes_bmc_to_depth_two() -> None:
 
 
 def test_model_passes_bmc_with_two_token_hash_chunks() -> None:
-    cfg = bmc.Config(blocks=3, hash_block_size=2)
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
     out = bmc.explore(cfg, depth=2, seconds=NET)
     assert out.ok and out.complete, bmc.format_trace(out, cfg)
 
@@ -196,7 +196,7 @@ def test_policy_queue_states_the_eviction_order() -> None:
 # Symmetry reduction and the events-off pool.
 
 
-def _orbits(cfg: bmc.Config, depth: int) -> tuple[set[tuple[object, ...]], int]:
+def _orbits(cfg: bmc.Bounds, depth: int) -> tuple[set[tuple[object, ...]], int]:
     keys: set[tuple[object, ...]] = set()
     renamings = bmc.renamings_of(cfg)
 
@@ -210,7 +210,7 @@ def _orbits(cfg: bmc.Config, depth: int) -> tuple[set[tuple[object, ...]], int]:
 
 def test_symmetry_reduction_loses_no_state() -> None:
     """Exploring one state per renaming class reaches every class the full search reaches."""
-    cfg = bmc.Config(blocks=3)
+    cfg = bmc.Bounds(blocks=3)
     full, n_full = _orbits(replace(cfg, symmetry=False), 2)
     reduced, n_reduced = _orbits(cfg, 2)
     assert reduced == full
@@ -233,14 +233,14 @@ def test_orbit_key_identifies_exactly_renamed_states() -> None:
 
 
 def test_model_passes_bmc_with_events_off() -> None:
-    cfg = bmc.Config(blocks=3, events_on=False)
+    cfg = bmc.Bounds(blocks=3, events_on=False)
     out = bmc.explore(cfg, depth=2, seconds=NET)
     assert out.ok and out.complete, bmc.format_trace(out, cfg)
 
 
 def test_bug_config_and_cli_for_an_events_off_bug(capsys: Any) -> None:
     assert bmc_config(BUGS["stored_event_when_disabled"]).events_on is False
-    assert bmc_config(BUGS["free_same_block_twice"]) == bmc.Config()
+    assert bmc_config(BUGS["free_same_block_twice"]) == bmc.Bounds()
     assert bmc_main(["--depth", "2", "--seconds", str(NET), "--bug", "stored_event_when_disabled"]) == 1
     text = capsys.readouterr().out
     assert "VIOLATION of no_events_when_disabled" in text and "events off" in text

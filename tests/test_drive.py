@@ -32,7 +32,7 @@ from kvpool.oracle.trace.check import canonical_event
 ROOT = Path(__file__).resolve().parents[1]
 RUST = ROOT / "clients" / "rust-pool"
 MISBEHAVING = Path(__file__).parent / "drive_misbehaving.py"
-SERVE = f"{shlex.quote(sys.executable)} -m kvpool.oracle.drive.serve"
+SERVE = f"{shlex.quote(sys.executable)} -P -m kvpool.oracle.drive.serve"
 BUGS = ("cached-to-head", "dup-listing-once", "mask-ignored", "mm-absolute-offset",
         "promote-keeps-partial", "group-blind", "reset-forgets-watchers", "null-hashed")
 HUNT = ["--runs", "2", "--steps", "500", "--examples", "500", "--machine-steps", "15"]
@@ -41,7 +41,7 @@ SMALL = ["--runs", "1", "--steps", "150", "--examples", "30"]
 
 
 def kvpool(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvpool", *argv], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-P", "-m", "kvpool", *argv], cwd=cwd, capture_output=True,
                           text=True, check=False, timeout=900)
 
 
@@ -187,7 +187,7 @@ def test_the_reference_clients_ignore_unknown_fields_and_check_the_version(rust_
              {"op": "no_such_op", "args": {}},
              {"op": "get_num_free_blocks", "args": {}}]
     calls = "".join(json.dumps(line) + "\n" for line in lines)
-    for argv in ([rust_pool], [sys.executable, "-m", "kvpool.oracle.drive.serve"]):
+    for argv in ([rust_pool], [sys.executable, "-P", "-m", "kvpool.oracle.drive.serve"]):
         done = subprocess.run(argv, input=calls, capture_output=True, text=True, check=True)
         answers = [json.loads(line) for line in done.stdout.splitlines()]
         assert answers[0]["ok"] is False and "version" in answers[0]["error"]
@@ -208,7 +208,7 @@ def test_rust_and_kvpool_answer_line_for_line(rust_pool: str, tmp_path: Path) ->
     calls = kvpool("serve-pool", "--input-of", str(trace), cwd=tmp_path).stdout
     assert calls.count("\n") > 100
     for extra in ([], ["--observe"]):
-        ours = subprocess.run([sys.executable, "-m", "kvpool", "serve-pool", *extra], input=calls,
+        ours = subprocess.run([sys.executable, "-P", "-m", "kvpool", "serve-pool", *extra], input=calls,
                               capture_output=True, text=True, check=True).stdout
         theirs = subprocess.run([rust_pool, *extra], input=calls, capture_output=True, text=True,
                                 check=True).stdout
@@ -298,7 +298,7 @@ def test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind(
 def test_the_process_dies_with_kvpool_even_when_kvpool_is_killed(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     kvpool_run = subprocess.Popen(
-        [sys.executable, "-m", "kvpool", "conform", "--exec",
+        [sys.executable, "-P", "-m", "kvpool", "conform", "--exec",
          misbehaving("hang", "--at", "3", "--pids", str(pids)), "--timeout", "600"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

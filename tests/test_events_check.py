@@ -56,12 +56,12 @@ CLEARED = {"type": "AllBlocksCleared"}
 
 
 def _event_seeds(count: int, start: int = 0) -> list[int]:
-    """Seeds whose drawn configuration has events on (Config.draw's first draws)."""
-    from kvpool.oracle.workload import Config
+    """Seeds whose drawn configuration has events on (RunConfig.draw's first draws)."""
+    from kvpool.oracle.workload import RunConfig
 
     seeds, seed = [], start
     while len(seeds) < count:
-        if Config.draw(random.Random(seed)).events:
+        if RunConfig.draw(random.Random(seed)).events:
             seeds.append(seed)
         seed += 1
     return seeds

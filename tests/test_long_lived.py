@@ -29,7 +29,7 @@ from kvpool.oracle.campaign import run_one
 from kvpool.oracle.lockstep import Lockstep
 from kvpool.oracle.long_lived import LONG_LIVED_BLOCKS, LongLived, pool_blocks
 from kvpool.oracle.trace import check_trace, record_adapter
-from kvpool.oracle.workload import MAX_RUNNING, SCAN_LIMIT, Config, Workload, second_pool
+from kvpool.oracle.workload import MAX_RUNNING, SCAN_LIMIT, RunConfig, Workload, second_pool
 
 THIRD_PARTY = Path(__file__).parent / "third_party"
 
@@ -99,7 +99,7 @@ def test_long_lived_conform_campaign_catches_it_and_the_fixed_queue_agrees() -> 
 def long_run(seed: int, steps: int, misuse: bool, blocks: int | None = None) -> tuple[Lockstep, Counter[str]]:
     adapter = kvpool_adapter()
     rng = random.Random(seed)
-    cfg = Config.draw(rng, seed, pool_blocks(seed, blocks, True))
+    cfg = RunConfig.draw(rng, seed, pool_blocks(seed, blocks, True))
     pair = Lockstep.fresh(adapter.factory(), cfg.num_blocks, cfg.caching, cfg.hash_block_size, cfg.events,
                           metrics=cfg.metrics)
     work = LongLived(rng, cfg, pair, misuse_on=misuse,
@@ -171,7 +171,7 @@ def test_a_step_on_a_million_blocks_looks_at_what_it_touches(monkeypatch: pytest
     blocks = 1 << 20
     for long_lived in (False, True):
         rng = random.Random(1)
-        cfg = Config.draw(rng, 1, blocks)
+        cfg = RunConfig.draw(rng, 1, blocks)
         adapter = kvpool_adapter()
         pair = Lockstep.fresh(adapter.factory(), blocks, cfg.caching, cfg.hash_block_size, cfg.events)
         work = (LongLived if long_lived else Workload)(rng, cfg, pair)

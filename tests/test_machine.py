@@ -97,7 +97,7 @@ def _shrunk_failure(pool_class: type[BlockPool], examples: int) -> MachineFailur
 def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
     failure = _shrunk_failure(TouchLeavesBlockFree, examples=500)
     assert 2 <= len(failure.steps) <= 15, failure.steps
-    assert failure.steps[0].startswith("state.setup(cfg=Config(")
+    assert failure.steps[0].startswith("state.setup(cfg=RunConfig(")
     assert any(f"state.{rule}(" in s for s in failure.steps for rule in ("admit", "served", "fork"))
     assert not any(" at 0x" in s for s in failure.steps), failure.steps  # no opaque reprs
     # The broken touch also skips the metrics collector: with one attached, that shows first.

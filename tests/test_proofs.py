@@ -109,7 +109,7 @@ def test_correct_steps_have_no_counterexample_in_scope(step: str) -> None:
 def test_reset_guard_is_refuted_by_its_step_property_not_by_invariants() -> None:
     """Reset without its in-use guard still preserves every invariant; the step property
     reset_needs_an_idle_pool is what refutes it, for any pool size."""
-    unguarded = T.StepSpec(lambda s: T.Step(z3.BoolVal(True), T.reset(s).post), (), "reset")
+    unguarded = T.StepSpec(lambda s: T.SymStep(z3.BoolVal(True), T.reset(s).post), (), "reset")
     assert all(check_preservation(unguarded, n).ok for n in SYM_INVARIANTS)
     assert check_step_property(unguarded, "reset_needs_an_idle_pool").status == COUNTEREXAMPLE
 
@@ -136,10 +136,10 @@ def test_a_lemma_does_not_follow_from_the_wrong_premises(monkeypatch: pytest.Mon
 
 def test_an_unknown_is_settled_by_a_counterexample_in_scope() -> None:
     """z3 gives up on cache_partial without its write contract; a small pool refutes it."""
-    def no_contract(s: SymState, *args: Any) -> T.Step:
+    def no_contract(s: SymState, *args: Any) -> T.SymStep:
         st = T.cache_partial(s, *args)
         kids = st.pre.children()
-        return T.Step(z3.And(*kids[:-1]), st.post)
+        return T.SymStep(z3.And(*kids[:-1]), st.post)
 
     spec = T.StepSpec(no_contract, T.STEPS["cache_partial"].args, "cache_partial")
     gave_up = Result(UNKNOWN, 1.0, "timeout")
@@ -166,9 +166,9 @@ def test_prove_prints_the_small_pool_under_a_refuted_check(monkeypatch: pytest.M
 
 def test_cache_partial_needs_its_write_contract() -> None:
     """Without the caller contract cache_partial breaks soundness (as the model does)."""
-    def no_contract(s: SymState, *args: Any) -> T.Step:
+    def no_contract(s: SymState, *args: Any) -> T.SymStep:
         st = T.cache_partial(s, *args)
-        return T.Step(z3.And(*st.pre.children()[:-1]), st.post)
+        return T.SymStep(z3.And(*st.pre.children()[:-1]), st.post)
 
     spec = T.StepSpec(no_contract, T.STEPS["cache_partial"].args)
     assert find_counterexample(spec, "index_entries_are_sound").status == COUNTEREXAMPLE

@@ -175,10 +175,10 @@ def test_the_declared_kinds_are_all_known_to_the_trace_format() -> None:
 # --------------------------------------------------------------------------
 # Domains and splits on the bounded model checker's small pools.
 
-SMALL_POOLS = (bmc.Config(blocks=3), bmc.Config(blocks=3, hash_block_size=2))
+SMALL_POOLS = (bmc.Bounds(blocks=3), bmc.Bounds(blocks=3, hash_block_size=2))
 
 
-def _small_states(cfg: bmc.Config) -> list[PoolState]:
+def _small_states(cfg: bmc.Bounds) -> list[PoolState]:
     """The states the BMC keeps to depth 1, and one with a hashed block held twice."""
     states: list[PoolState] = []
     out = bmc.explore(cfg, depth=1, seconds=600, visit=lambda s: states.append(s.copy()))
@@ -211,7 +211,7 @@ KIND_CHECKS: dict[str, Callable[[Any, PoolState], bool]] = {
 }
 
 
-def _calls(states: list[PoolState], cfg: bmc.Config) -> Iterator[tuple[PoolState, str, tuple[Any, ...]]]:
+def _calls(states: list[PoolState], cfg: bmc.Bounds) -> Iterator[tuple[PoolState, str, tuple[Any, ...]]]:
     for s in states:
         for name, args in bmc.calls(s, cfg, cfg.requests()):
             yield s, name, args
@@ -220,7 +220,7 @@ def _calls(states: list[PoolState], cfg: bmc.Config) -> Iterator[tuple[PoolState
 
 
 @pytest.mark.parametrize("cfg", SMALL_POOLS, ids=["hbs1", "hbs2"])
-def test_every_domain_yields_calls_its_declaration_binds_with_the_declared_kinds(cfg: bmc.Config) -> None:
+def test_every_domain_yields_calls_its_declaration_binds_with_the_declared_kinds(cfg: bmc.Bounds) -> None:
     assert set(KIND_CHECKS) == set(schema.TRACE_KIND)
     seen: Counter[str] = Counter()
     for s, name, args in _calls(_small_states(cfg), cfg):
@@ -235,7 +235,7 @@ def test_every_domain_yields_calls_its_declaration_binds_with_the_declared_kinds
 
 
 @pytest.mark.parametrize("cfg", SMALL_POOLS, ids=["hbs1", "hbs2"])
-def test_every_split_uses_only_the_steps_its_declaration_names(cfg: bmc.Config) -> None:
+def test_every_split_uses_only_the_steps_its_declaration_names(cfg: bmc.Bounds) -> None:
     """On every call the BMC makes from small states (and every query), accepted or refused."""
     used: dict[str, set[str]] = {name: set() for name in OPERATIONS}
     for s, name, args in _calls(_small_states(cfg), cfg):

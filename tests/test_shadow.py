@@ -27,7 +27,7 @@ from kvpool.oracle.adapter import adapter_for_class
 from kvpool.oracle.lockstep import Divergence, Lockstep
 from kvpool.oracle.shadow import Shadow, ShadowDivergence, ShadowPool, shadow_of, shadowed_class
 from kvpool.oracle.trace import check_trace
-from kvpool.oracle.workload import Config, Workload
+from kvpool.oracle.workload import RunConfig, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def drive(pool_class: type, seed: int, steps: int, misuse: bool = False,
     """A pool of ``pool_class`` played by the seeded workload, whose own lockstep compares the pool
     with a second model too (a difference it finds fails the run if ``check``)."""
     rng = random.Random(seed)
-    cfg = Config.draw(rng, seed)
+    cfg = RunConfig.draw(rng, seed)
     made: list[Any] = []
 
     def factory(*args: Any, **kwargs: Any) -> Any:
@@ -258,7 +258,7 @@ def test_the_shadow_runs_without_z3_and_hypothesis() -> None:
             "from kvpool.impl import BlockPool\n"
             "p = kvpool.oracle.shadow.ShadowPool(BlockPool(4, True, 1), strict=True)\n"
             "p.free_blocks(p.get_new_blocks(2)); print(kvpool.oracle.shadow.shadow_of(p).calls)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, sh.ENV_DIR: os.environ[sh.ENV_DIR]})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "2"
@@ -268,7 +268,7 @@ def test_totals_are_written_at_exit(tmp_path: Path) -> None:
     code = ("from kvpool.impl import BlockPool\nfrom kvpool.oracle.shadow import ShadowPool\n"
             "p = ShadowPool(BlockPool(4, True, 1)); p.get_new_blocks(1); p.get_usage()\n")
     out = tmp_path / "totals"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, sh.ENV_DIR: str(out)})
     assert done.returncode == 0, done.stderr
     totals = [json.loads(p.read_text()) for p in out.glob("totals-*.json")]

@@ -79,7 +79,7 @@ def test_merged_shards_have_the_verdict_and_totals_of_one_run(count: int, tmp_pa
 @pytest.mark.parametrize("count", [2, 3])
 def test_bmc_parts_count_each_state_once(count: int) -> None:
     for hbs in (1, 2):
-        cfg = bmc.Config(blocks=4, hash_block_size=hbs)
+        cfg = bmc.Bounds(blocks=4, hash_block_size=hbs)
         whole = bmc.explore(cfg, 2, 120)
         parts = [bmc.explore(cfg, 2, 120, part=(i, count)) for i in range(count)]
         assert all(p.part is not None and p.ok and p.complete for p in parts)

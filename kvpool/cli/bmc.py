@@ -22,7 +22,7 @@ WITH_ACTION_FORM = sorted(name for name, bug in BUGS.items() if bug.action is no
 """The seeded bugs ``--bug`` can explore: those with a broken model action."""
 
 
-def outcome_json(out: bmc.Outcome, cfg: bmc.Config) -> dict[str, Any]:
+def outcome_json(out: bmc.Outcome, cfg: bmc.Bounds) -> dict[str, Any]:
     """The ``--json`` document: the figures of the search and the violating trace, if any."""
     labels = bmc.key_labels(cfg)
     return {
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             part = Shard.parse(args.shard).part
         except ShardError as exc:
             p.error(f"--shard {exc}")
-    cfg = bmc.Config(blocks=args.blocks, hash_block_size=args.hash_block_size,
+    cfg = bmc.Bounds(blocks=args.blocks, hash_block_size=args.hash_block_size,
                      events_on=not args.no_events, symmetry=not args.no_symmetry)
     if args.bug:
         cfg = bmc_config(BUGS[args.bug], cfg)

@@ -34,7 +34,7 @@ def _one_pool(blocks: int, hbs: int, depth: int, seconds: float, perturb: int,
     from kvpool.proofs import bmc
     from kvpool.proofs.agreement import check, z3_sample
 
-    cfg = bmc.Config(blocks=blocks, hash_block_size=hbs)
+    cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs)
     report = check(cfg, depth, seconds, perturb=perturb)
     return report, z3_sample(cfg, samples, seed)
 
@@ -169,7 +169,7 @@ def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, 
     trace = []
     details = []
     for i, (r, d) in enumerate(bad, start=1):
-        cfg = bmc.Config(blocks=r.blocks, hash_block_size=r.hash_block_size)
+        cfg = bmc.Bounds(blocks=r.blocks, hash_block_size=r.hash_block_size)
         labels = bmc.key_labels(cfg)
         try:
             picture: Any = picture_of_state(d.state, labeller(labels))

@@ -29,11 +29,11 @@ from .progress import Progress
 
 if TYPE_CHECKING:
     from kvpool.model.state import PoolState
-    from kvpool.oracle.refinement import Domain, Refinement, Shape
+    from kvpool.oracle.refinement import CallDomain, Refinement, Shape
 
 
 def bmc_domain(shape: Shape, symmetry: bool = True
-               ) -> tuple[Domain, list[Any], Callable[[PoolState], Hashable]]:
+               ) -> tuple[CallDomain, list[Any], Callable[[PoolState], Hashable]]:
     """The BMC's calls (over the refinement's requests) and its state key.
 
     With ``symmetry`` the key is the BMC's, up to renaming blocks, groups and
@@ -46,7 +46,7 @@ def bmc_domain(shape: Shape, symmetry: bool = True
     from kvpool.oracle.refinement import exact_key, requests_for
     from kvpool.proofs import bmc
 
-    cfg = bmc.Config(blocks=shape.blocks, hash_block_size=shape.hash_block_size,
+    cfg = bmc.Bounds(blocks=shape.blocks, hash_block_size=shape.hash_block_size,
                      events_on=shape.events)
     requests = requests_for(shape.hash_block_size)
     renamings = bmc.renamings_of(cfg)

@@ -231,7 +231,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     runs = []
     start = time.perf_counter()
     for blocks, hbs in budget.bmc_pools:
-        cfg = bmc.Config(blocks=blocks, hash_block_size=hbs)
+        cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs)
         if shard.whole:
             out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds)
         else:

@@ -18,7 +18,7 @@ from ..abstraction import same_refusal, vllm_refusal
 from ..lockstep import Divergence, Lockstep, Watcher
 from ..long_lived import pool_blocks, workload_class
 from ..observe import Observation
-from ..workload import Config
+from ..workload import RunConfig
 from .schema import DEFAULT_REFERENCE, VERSION, Json
 from .write import encode_args, encode_result, event_to_json, observation_to_json
 
@@ -187,7 +187,7 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
     pool's size and life, as in ``campaign.run_one``.
     """
     rng = random.Random(seed)
-    cfg = Config.draw(rng, blocks=pool_blocks(seed, blocks, long_lived))
+    cfg = RunConfig.draw(rng, blocks=pool_blocks(seed, blocks, long_lived))
     pair, header = recording_pair(
         pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size, cfg.events,
         reference=reference, block_sizes=cfg.block_sizes,

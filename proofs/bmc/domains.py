@@ -61,7 +61,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Config:
+class Bounds:
     """The pool and argument domains explored."""
 
     blocks: int = 4
@@ -80,16 +80,16 @@ class Config:
                              events_on=self.events_on)
 
 
-DEFAULT = Config()
+DEFAULT = Bounds()
 """The pool the search explores unless told otherwise: 4 blocks, hbs 1, events on."""
 
 
-def scope_of(cfg: Config, requests: Sequence[Request] | None = None) -> Scope:
+def scope_of(cfg: Bounds, requests: Sequence[Request] | None = None) -> Scope:
     """What the search passes besides block ids: the configuration's requests, groups and watchers."""
     return Scope(cfg.requests() if requests is None else requests, cfg.groups, WATCHERS)
 
 
-def calls(s: PoolState, cfg: Config, requests: Sequence[Request]) -> Iterator[Call]:
+def calls(s: PoolState, cfg: Bounds, requests: Sequence[Request]) -> Iterator[Call]:
     """Every call from ``s`` over the small domains, operation by operation as declared
     (:mod:`kvpool.model.domains`); queries are not explored, they change nothing."""
     scope = scope_of(cfg, requests)

@@ -10,11 +10,11 @@ from kvpool.model.events import Cleared, Stored
 from kvpool.model.properties import Transition
 from kvpool.model.state import Key, PoolState
 
-from .domains import DEFAULT, Config, Request
+from .domains import DEFAULT, Bounds, Request
 from .search import Outcome
 
 
-def key_labels(cfg: Config) -> dict[Key, str]:
+def key_labels(cfg: Bounds) -> dict[Key, str]:
     """Name each key by the request prefix it stands for, e.g. ``r0[:2]/g1``."""
     out: dict[Key, str] = {}
     hbs = cfg.hash_block_size
@@ -81,7 +81,7 @@ def describe(step: Transition, labels: Mapping[Key, str]) -> list[str]:
     return out or ["(no change)"]
 
 
-def format_trace(out: Outcome, cfg: Config = DEFAULT) -> str:
+def format_trace(out: Outcome, cfg: Bounds = DEFAULT) -> str:
     """The violating trace, one numbered call per step with its changes."""
     labels = key_labels(cfg)
     lines = [f"VIOLATION of {', '.join(out.violation)} after {len(out.trace)} step(s):"]

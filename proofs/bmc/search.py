@@ -26,7 +26,7 @@ from kvpool.model import ACTIONS, CALLER_ACTIONS, OPERATIONS, ContractBroken, Op
 from kvpool.model.properties import Transition, broken_by
 from kvpool.model.state import PoolState, QueuedTwice
 
-from .domains import DEFAULT, Action, Call, Config, calls
+from .domains import DEFAULT, Action, Bounds, Call, calls
 from .symmetry import canonical, orbit_key, renamings_of, state_digest
 
 
@@ -128,7 +128,7 @@ def _check(step: Transition, state_too: bool = True) -> list[str]:
 
 
 def explore(
-    cfg: Config = DEFAULT, depth: int = 3, seconds: float = 20.0,
+    cfg: Bounds = DEFAULT, depth: int = 3, seconds: float = 20.0,
     actions: Mapping[str, Action] | None = None, visit: Callable[[PoolState], None] | None = None,
     part: tuple[int, int] | None = None, split_depth: int = 2,
 ) -> Outcome:
@@ -137,7 +137,7 @@ def explore(
     ``actions`` replace the model's own by name (a seeded bug); the caller's
     writes (``CALLER_ACTIONS``) are explored too.  ``visit`` (if given) is
     called on each state the search keeps, the initial one included: one per
-    class with :attr:`Config.symmetry`.
+    class with :attr:`Bounds.symmetry`.
 
     ``part=(i, n)`` (``0 <= i < n``) makes this the ``i``-th of ``n`` parts: the
     levels up to ``min(split_depth, depth - 1)`` are explored in full, then only

@@ -17,7 +17,7 @@ from typing import Any
 from kvpool.model.request import Content
 from kvpool.model.state import NULL, Key, PoolState
 
-from .domains import WATCHERS, Config
+from .domains import WATCHERS, Bounds
 
 
 def canonical(s: PoolState) -> tuple[Any, ...]:
@@ -57,7 +57,7 @@ Renaming = tuple[dict[int, int], dict[str, str]]
 """A renaming of the KV-cache groups and of the watchers (by name)."""
 
 
-def renamings_of(cfg: Config) -> list[Renaming]:
+def renamings_of(cfg: Bounds) -> list[Renaming]:
     """Every renaming of the KV-cache groups and of the watchers the domains treat alike."""
     names = [w.__name__ for w in WATCHERS]
     gperms = [dict(zip(cfg.groups, p, strict=True)) for p in itertools.permutations(cfg.groups)]
