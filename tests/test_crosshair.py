@@ -59,7 +59,8 @@ def _command(targets: list[str], *extra: str) -> list[str]:
 
 def _env(path: Path) -> dict[str, str]:
     env = dict(os.environ, PYTHONHASHSEED="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+    # no empty entry: an empty PYTHONPATH entry is the current folder, whose kvpool/ would shadow the install
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH", "")) if p)
     return env
 
 

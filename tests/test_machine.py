@@ -129,7 +129,7 @@ def test_blocks_of_a_second_pool_are_freed_through_the_first() -> None:
                 raise
 
     run_state_machine_as_test(machine_for(kvpool_adapter(Watching)),
-                              settings=settings(GREEN, max_examples=150))
+                              settings=settings(GREEN, max_examples=400))
     assert seen["foreign only"] and seen["mixed"], seen
     assert seen["refused free"] and seen["refused touch"], seen
 
