@@ -88,7 +88,7 @@ def test_the_machine_alone_reaches_every_branch(misuse: bool) -> None:
 def test_vllm_033_reaches_the_null_block_branches(run_phase: object) -> None:
     """With ``--reference 0.33`` (and a pool that behaves so) each phase takes what 0.31 cannot."""
     adapter = ClassAdapter(_pool033(), "0.33 pool", supports_misuse=False)
-    result, measured = measure_phase(run_phase, adapter, Options(reference="0.33", examples=300))  # type: ignore[arg-type]
+    result, measured = measure_phase(run_phase, adapter, Options(reference="0.33", examples=600))  # type: ignore[arg-type]
     assert result.ok, result.failure
     assert not [b for b in measured.missed if (b.source, b.into) in UNREACHABLE]
     assert not [str(b) for b in measured.missed

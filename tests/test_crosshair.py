@@ -66,8 +66,9 @@ def _env(path: Path) -> dict[str, str]:
 
 def _run(groups: list[list[str]], path: Path, *extra: str) -> list[subprocess.CompletedProcess[str]]:
     """``crosshair check`` on each group of targets (modules on ``path``), side by side."""
+    # cwd: CrossHair puts its working folder on the path; the checkout's kvpool/ must not shadow the install
     procs = [subprocess.Popen(_command(group, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=_env(path)) for group in groups]
+                              text=True, env=_env(path), cwd=path) for group in groups]
     done = []
     for proc in procs:
         try:
