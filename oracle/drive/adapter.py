@@ -13,9 +13,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..abstraction import names_refusal
+from ..adapter import ReferencePool
 from ..trace.read import Header
 from ..trace.schema import DEFAULT_REFERENCE
 from . import protocol
@@ -73,8 +74,11 @@ class DriveAdapter:
         return self.misuse
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
-                  events: bool) -> DrivenPool:
-        """A fresh pool in the least recently used process (started if it is not running)."""
+                  events: bool) -> ReferencePool:
+        """A fresh pool in the least recently used process (started if it is not running).
+
+        Typed as the reference API: :class:`DrivenPool` makes most of its methods from the
+        operations' declarations when it is imported, where mypy cannot see them."""
         pool = protocol.pool_fields(num_blocks, caching, hash_block_size, events,
                                     reference=self.reference)
         header = Header(num_blocks, caching, hash_block_size, events, "GPU", self.reference)
@@ -83,7 +87,7 @@ class DriveAdapter:
         session.open()
         driven = DrivenPool(session)
         self.recent = [*self.recent[-(PROCESSES - 1):], driven]
-        return driven
+        return cast(ReferencePool, driven)
 
     def borrow(self) -> PoolProcess:
         """A copy of the command for replays of one's own (shrinking a failure): the least

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.model import OPERATIONS, Operation
+
 from ..abstraction import EVENT_FIELDS, key_of, published
 from ..trace.read import Header, TraceStep
 from ..trace.schema import Json
@@ -371,22 +373,50 @@ class DrivenPool:
             self._reuse_watchers = {b: "" for b in obs["watched"]}
 
     def _result(self, op: str, result: Json) -> Any:
-        if op in ("get_new_blocks", "get_cached_block"):
-            return None if result is None else [self._block(b) for b in result]
-        if op == "take_events":
+        """An answer's result as the reference returns it, by the operation's declared result kind."""
+        kind = OPERATIONS[op].result
+        if result is None:
+            return None
+        if kind in ("blocks", "blocks?"):
+            return [self._block(b) for b in result]
+        if kind == "events":
             return [event_of(e) for e in result]
-        if op == "cache_partial_block":
-            return None if result is None else bytes.fromhex(result)
+        if kind == "key?":
+            return bytes.fromhex(str(result))
         return result
+
+    def _encode(self, decl: Operation, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
+        """A call's arguments in the protocol's form, by their declared kinds: blocks as this pool's
+        ids, requests as sent (and remembered), hashes as hex; an optional argument left at its
+        default is left out, as a trace leaves it."""
+        out: dict[str, Json] = {}
+        for arg, value in zip(decl.args, decl.bind(args, kwargs), strict=True):
+            if arg.kind == "flag":  # a flag is read by its truth, as the reference reads it
+                if value:
+                    out[arg.name] = True
+            elif not (arg.optional and value is arg.default):
+                out[arg.name] = self._encode_arg(arg.kind, value)
+        return out
+
+    def _encode_arg(self, kind: str, value: Any) -> Json:
+        if kind == "block":
+            return self._id(value)
+        if kind == "blocks":
+            return [self._id(b) for b in value]
+        if kind == "request":
+            return self._request(value)
+        if kind == "hash":
+            return bytes(value).hex()
+        if kind in ("block_ids", "groups", "mask?"):
+            return list(value)
+        return value
 
     def _block(self, block_id: int) -> DrivenBlock:
         return self.blocks[block_id] if 0 <= block_id < self.num_blocks else DrivenBlock(block_id)
 
     # ------------------------------------------------------ the reference API
 
-    def get_new_blocks(self, num_blocks: int) -> list[DrivenBlock]:
-        result: list[DrivenBlock] = self._call("get_new_blocks", {"num_blocks": num_blocks})
-        return result
+    # Every other operation is derived from its declaration: see _declared below the class.
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         """Free the listed blocks; another driven pool's blocks are freed by its own process.
@@ -434,9 +464,6 @@ class DrivenPool:
         if isinstance(last, dict):
             self._mirror(last)
 
-    def touch(self, blocks: Sequence[Any]) -> None:
-        self._call("touch", {"block_ids": [self._id(b) for b in blocks]})
-
     def unpin_blocks(self, blocks: Iterable[Any], on_reuse: Any) -> None:
         """Unpin; the watcher travels by name (an uncallable one is refused here, as the model
         refuses it before anything else: the protocol can only name callables)."""
@@ -446,47 +473,6 @@ class DrivenPool:
         name = str(getattr(on_reuse, "name", None) or f"watcher-{id(on_reuse):x}")
         self.watchers[name] = on_reuse
         self._call("unpin_blocks", {"block_ids": ids, "on_reuse": name})
-
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        self._call("evict_blocks", {"block_ids": list(block_ids)})
-
-    def reset_prefix_cache(self) -> bool:
-        result: bool = self._call("reset_prefix_cache", {})
-        return result
-
-    def cache_full_blocks(self, request: Any, blocks: list[Any], num_cached_blocks: int,
-                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
-                          block_mask: list[bool] | None = None) -> None:
-        args: dict[str, Json] = {
-            "request": self._request(request), "block_ids": [self._id(b) for b in blocks],
-            "num_cached_blocks": num_cached_blocks, "num_full_blocks": num_full_blocks,
-            "block_size": block_size, "kv_cache_group_id": kv_cache_group_id}
-        if block_mask is not None:
-            args["block_mask"] = list(block_mask)
-        self._call("cache_full_blocks", args)
-
-    def cache_partial_block(self, request: Any, block: Any, num_tokens: int, kv_cache_group_id: int,
-                            block_size: int, replace_existing_hashes: bool = False) -> bytes | None:
-        args: dict[str, Json] = {
-            "request": self._request(request), "block_id": self._id(block), "num_tokens": num_tokens,
-            "kv_cache_group_id": kv_cache_group_id, "block_size": block_size}
-        if replace_existing_hashes:
-            args["replace_existing_hashes"] = True
-        result: bytes | None = self._call("cache_partial_block", args)
-        return result
-
-    def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
-        self._call("move_block_hashes", {"src_id": self._id(src_block), "dst_id": self._id(dst_block)})
-
-    def emit_cached_block_events(self, request: Any, num_cached_blocks: int, block_size: int,
-                                 kv_cache_group_id: int) -> None:
-        self._call("emit_cached_block_events", {
-            "request": self._request(request), "num_cached_blocks": num_cached_blocks,
-            "block_size": block_size, "kv_cache_group_id": kv_cache_group_id})
-
-    def take_events(self) -> list[DrivenEvent]:
-        result: list[DrivenEvent] = self._call("take_events", {})
-        return result
 
     def _insert_block_hash(self, key: bytes, block: Any, num_tokens: int | None) -> None:
         """vLLM's offload path receives a key; the protocol sends the request and prefix naming it.
@@ -509,28 +495,6 @@ class DrivenPool:
         self._call("_insert_block_hash", {"request": request, "prefix_tokens": prefix,
                                           "kv_cache_group_id": group, "block_id": self._id(block),
                                           "num_tokens": num_tokens})
-
-    def _maybe_evict_cached_block(self, block: Any) -> bool:
-        result: bool = self._call("_maybe_evict_cached_block", {"block_id": self._id(block)})
-        return result
-
-    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> list[DrivenBlock] | None:
-        result: list[DrivenBlock] | None = self._call(
-            "get_cached_block", {"block_hash": bytes(block_hash).hex(),
-                                 "kv_cache_group_ids": list(kv_cache_group_ids)})
-        return result
-
-    def is_block_writable(self, block: Any) -> bool:
-        result: bool = self._call("is_block_writable", {"block_id": self._id(block)})
-        return result
-
-    def get_num_free_blocks(self) -> int:
-        result: int = self._call("get_num_free_blocks", {})
-        return result
-
-    def get_usage(self) -> float:
-        result: float = self._call("get_usage", {})
-        return result
 
     def observe_calls(self, probes: Sequence[tuple[bytes, int]]) -> tuple[int, list[bool], list[int | None]]:
         """The observer's calls of an ``api-only`` pool, sent at once (pipelined).
@@ -574,6 +538,21 @@ class DrivenPool:
         calls: list[Call] = [("get_cached_block", {"block_hash": h.hex(), "kv_cache_group_ids": [g]})
                              for h, g in probes]
         return calls, [protocol.encode({"op": op, "args": a}) for op, a in calls]
+
+
+def _declared(decl: Operation) -> Callable[..., Any]:
+    """The reference method of ``decl``: its arguments encoded by kind, its answer decoded."""
+    def method(self: DrivenPool, *args: Any, **kwargs: Any) -> Any:
+        return self._call(decl.name, self._encode(decl, args, kwargs))
+
+    method.__name__ = method.__qualname__ = decl.name
+    method.__doc__ = f"{decl.doc} (sent to the pool process)"
+    return method
+
+
+for _decl in OPERATIONS.values():  # the operations with nothing to translate but their kinds
+    if _decl.role != "caller" and _decl.name not in vars(DrivenPool):
+        setattr(DrivenPool, _decl.name, _declared(_decl))
 
 
 __all__ = ["FAILED_CALL_ERRORS", "NOT_SHOWN", "DrivenBlock", "DrivenEvent", "DrivenPool",
