@@ -30,7 +30,7 @@ def kvpool(
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return subprocess.run([sys.executable, "-P", "-m", "kvpool", *args], capture_output=True,
-                          text=True, cwd=cwd or "/", env=env, timeout=300)
+                          text=True, cwd=cwd or "/", env=env, timeout=1800)
 
 
 def test_version_and_help() -> None:

@@ -144,7 +144,7 @@ def test_usage_errors_exit_2_in_one_line(argv: list[str], says: str,
 def test_usage_error_from_the_command_line_has_no_traceback(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-P", "-m", "kvpool.cli.conform", "--impl", "nope_nope:Pool"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith("kvpool conform: error: --impl 'nope_nope:Pool'")
     assert "Traceback" not in done.stderr and done.stdout == ""

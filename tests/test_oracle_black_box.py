@@ -22,7 +22,7 @@ BUDGET = ["--runs", "8", "--steps", "2000", "--examples", "300", "--machine-step
 def conform(spec: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """``kvpool conform --impl spec`` from the pool's own folder (found in the current directory)."""
     return subprocess.run([sys.executable, "-P", "-m", "kvpool", "conform", "--impl", spec, *BUDGET, *extra],
-                          cwd=THIRD_PARTY, capture_output=True, text=True, check=False, timeout=600)
+                          cwd=THIRD_PARTY, capture_output=True, text=True, check=False, timeout=1800)
 
 
 def test_an_independent_pool_conforms_observed_as_a_black_box() -> None:

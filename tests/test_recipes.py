@@ -93,7 +93,7 @@ def test_the_pre_commit_config_is_valid() -> None:
     if not Path(pre_commit).exists():
         pytest.skip("pre-commit is not installed")
     done = subprocess.run([pre_commit, "validate-config", str(RECIPES / "pre-commit-config.yaml")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     (hook,) = load("pre-commit-config.yaml")["repos"][0]["hooks"]
     assert verify.parser().parse_args(verify_argv(hook["entry"])).impl == ["mypkg.block_pool:BlockPool"]
@@ -121,7 +121,7 @@ def test_the_pre_commit_hook_passes_a_good_pool_and_stops_a_broken_one(pool: str
     subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True, env=env)
     subprocess.run([*git, "add", "."], cwd=tmp_path, check=True, env=env)
     done = subprocess.run([str(bindir / "pre-commit"), "run", "--all-files"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1800)
     assert done.returncode == (0 if pool == "good" else 1), done.stdout + done.stderr
     assert ("Passed" if pool == "good" else "FAILED conformance/mypkg.block_pool:BlockPool") in done.stdout
 

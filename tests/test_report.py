@@ -420,7 +420,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
 def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
     return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=900, check=False)
 
 
 def test_decode_png_round_trip() -> None:

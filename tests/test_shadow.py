@@ -258,7 +258,7 @@ def test_the_shadow_runs_without_z3_and_hypothesis() -> None:
             "from kvpool.impl import BlockPool\n"
             "p = kvpool.oracle.shadow.ShadowPool(BlockPool(4, True, 1), strict=True)\n"
             "p.free_blocks(p.get_new_blocks(2)); print(kvpool.oracle.shadow.shadow_of(p).calls)")
-    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=900,
                           env={**os.environ, sh.ENV_DIR: os.environ[sh.ENV_DIR]})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "2"
@@ -268,7 +268,7 @@ def test_totals_are_written_at_exit(tmp_path: Path) -> None:
     code = ("from kvpool.impl import BlockPool\nfrom kvpool.oracle.shadow import ShadowPool\n"
             "p = ShadowPool(BlockPool(4, True, 1)); p.get_new_blocks(1); p.get_usage()\n")
     out = tmp_path / "totals"
-    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=900,
                           env={**os.environ, sh.ENV_DIR: str(out)})
     assert done.returncode == 0, done.stderr
     totals = [json.loads(p.read_text()) for p in out.glob("totals-*.json")]

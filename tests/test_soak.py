@@ -15,7 +15,7 @@ SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 def test_short_soak_keeps_every_invariant() -> None:
     done = subprocess.run([sys.executable, str(SOAK), "--ops", "100000", "--blocks", "256",
                            "--check-every", "2000", "--report-every", "50000"],
-                          capture_output=True, text=True, timeout=300, cwd="/")
+                          capture_output=True, text=True, timeout=1800, cwd="/")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "invariant checks passed" in done.stdout
 

@@ -28,7 +28,7 @@ def kvpool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run the installed command as CI would: a subprocess, no TTY, CI=true."""
     env = {**os.environ, "CI": "true"}
     return subprocess.run([sys.executable, "-P", "-m", "kvpool", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1800)
 
 
 NO_PROOFS = ("--skip", "proofs", "--skip", "seeded-bugs", "--skip", "bmc", "--skip", "agreement",
@@ -258,7 +258,7 @@ def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
             break
         chunks.append(chunk)
     os.close(leader)
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=900) == 0
     screen = b"".join(chunks).decode("utf-8", "replace")
     assert "\x1b[" in screen and "━" in screen, screen[-2000:]
     assert "lockstep" in screen and "kvpool verify: PASSED (exit 0)" in screen

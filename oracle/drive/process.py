@@ -36,8 +36,9 @@ STDERR_LINES = 30
 STDERR_LINE_CHARS = 300
 MAX_LINE = 1 << 26
 """Longest answer line accepted (64 MiB): a process that never ends a line is stopped there."""
-GRACE = 2.0
-"""Seconds a process has to exit once its stdin is closed, before it is killed."""
+GRACE = 10.0
+"""Seconds a process has to exit once its stdin is closed, before it is killed: as long as the
+default wait for an answer, so that a loaded machine slowing an interpreter's exit is no verdict."""
 
 
 @dataclass
