@@ -35,7 +35,7 @@ from .events import (
     MEDIUM_GPU,
     KVCacheEvent,
     all_blocks_cleared,
-    block_removed,
+    announce_removed,
     block_stored,
     extra_keys_of_blocks,
     extra_keys_of_chunk,
@@ -48,8 +48,6 @@ from .keys import (
     BlockHash,
     BlockHashWithGroupId,
     ExternalBlockHash,
-    get_group_id,
-    key_event_hash,
     maybe_convert_block_hash,
 )
 from .metrics import KVCacheMetricsCollector
@@ -201,13 +199,21 @@ class BlockPool:
 
     # ----------------------------------------------------------- hash entries
 
-    def _drop_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
-        """Remove every index entry of ``block``, primary first."""
+    def _drop_hashes(
+        self, block: KVCacheBlock, removed: list[BlockHashWithGroupId] | None = None
+    ) -> list[BlockHashWithGroupId]:
+        """Remove every index entry of ``block``, primary first; the keys removed.
+
+        Appended to ``removed`` when given (an allocation evicting many blocks keeps one list).
+        """
+        if removed is None:
+            removed = []
         primary = block._block_hash
         if primary is None:
-            return []
+            return removed
         index = self.cached_block_hash_to_block
-        removed = [primary] if index.pop(primary, block.block_id) is not None else []
+        if index.pop(primary, block.block_id) is not None:
+            removed.append(primary)
         secondary = self.cached_block_hashes_by_block
         extra = secondary.pop(block.block_id, None) if secondary else None  # mostly empty: skip the pop
         if extra:
@@ -219,11 +225,8 @@ class BlockPool:
         return removed
 
     def _emit_removed(self, removed: list[BlockHashWithGroupId]) -> None:
-        if not self.enable_kv_cache_events:
-            return
-        for key in removed:
-            self.kv_event_queue.append(block_removed(
-                key_event_hash(key), self.medium, get_group_id(key)))
+        if self.enable_kv_cache_events and removed:
+            announce_removed(self.kv_event_queue, removed, self.medium)
 
     def _add_key(self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None) -> None:
         """Index ``block`` under ``key``: as its primary key if it has none."""
@@ -509,10 +512,13 @@ class BlockPool:
                 if watcher is not None:
                     calls.append((watcher, (block,)))
         if self.enable_caching:
+            removed: list[BlockHashWithGroupId] | None = None  # every evicted key, announced at once
             for block in ret:
                 if block._block_hash is not None:
-                    self._emit_removed(self._drop_hashes(block))
+                    removed = self._drop_hashes(block, removed)
                 block.ref_cnt = 1
+            if removed:
+                self._emit_removed(removed)
         else:
             for block in ret:
                 block.ref_cnt = 1
@@ -704,10 +710,13 @@ class BlockPool:
             if not isinstance(block_id, int) or not 0 <= block_id < n:
                 raise UnknownBlockError(f"Invalid block_id {block_id!r}: not in [0, {n})")
         metrics = self.metrics_collector
+        removed: list[BlockHashWithGroupId] | None = None
         for block_id in ids:
             block = self.blocks[block_id]
             if block._block_hash is not None:
-                self._emit_removed(self._drop_hashes(block))
+                removed = self._drop_hashes(block, removed)
+        if removed:
+            self._emit_removed(removed)
         if metrics:
             self._notify_each(metrics.on_block_evicted, list(map(self.blocks.__getitem__, ids)))
 
