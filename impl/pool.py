@@ -59,6 +59,10 @@ logger.addHandler(logging.NullHandler())
 ReuseWatcher = Callable[[KVCacheBlock], None]
 _Call = tuple[Callable[..., Any], tuple[Any, ...]]
 _SUFFIXES: Final = [g.to_bytes(4, "big") for g in range(64)]
+# Group 0 (most models have one group) takes its suffix without a call: CPython keeps one int 0,
+# so an identity test is an exact check for it, and any other value goes to _group_suffix.
+_INT_0: Final = 0
+_SUFFIX_0: Final = _SUFFIXES[0]
 
 _T = TypeVar("_T")
 # An argument the pool checks itself: what a caller should pass, or anything else,
@@ -250,7 +254,8 @@ class BlockPool:
         group_ids: list[Any] = (
             kv_cache_group_ids if type(kv_cache_group_ids) is list else list(kv_cache_group_ids))
         if len(group_ids) == 1:  # the usual call: the result list made at its size, no append
-            entry = cache.get(block_hash + _group_suffix(group_ids[0]))
+            group_id = group_ids[0]
+            entry = cache.get(block_hash + (_SUFFIX_0 if group_id is _INT_0 else _group_suffix(group_id)))
             if entry is None:
                 return None
             return [entry if type(entry) is KVCacheBlock else earliest(entry)]  # type: ignore[arg-type]
