@@ -203,29 +203,32 @@ class BlockPool:
 
     # ----------------------------------------------------------- hash entries
 
-    def _drop_hashes(
-        self, block: KVCacheBlock, removed: list[BlockHashWithGroupId] | None = None
-    ) -> list[BlockHashWithGroupId]:
-        """Remove every index entry of ``block``, primary first; the keys removed.
+    def _drop_hashes(self, blocks: list[KVCacheBlock]) -> list[BlockHashWithGroupId]:
+        """Remove every index entry of each block, primary first; the keys removed, in order.
 
-        Appended to ``removed`` when given (an allocation evicting many blocks keeps one list).
+        One call for all the blocks an allocation hands out (not one per block: the
+        interpreted build pays for each call).
         """
-        if removed is None:
-            removed = []
-        primary = block._block_hash
-        if primary is None:
-            return removed
+        removed: list[BlockHashWithGroupId] = []
         index = self.cached_block_hash_to_block
-        if index.pop(primary, block.block_id) is not None:
-            removed.append(primary)
+        cache = index._cache
         secondary = self.cached_block_hashes_by_block
-        extra = secondary.pop(block.block_id, None) if secondary else None  # mostly empty: skip the pop
-        if extra:
-            for key in extra:
-                if index.pop(key, block.block_id) is not None:
-                    removed.append(key)
-        block._block_hash = None
-        block._block_hash_num_tokens = None
+        for block in blocks:
+            primary = block._block_hash
+            if primary is None:
+                continue
+            if cache.get(primary) is block:  # the usual entry: this block alone under its key
+                del cache[primary]
+                removed.append(primary)
+            elif index.pop(primary, block.block_id) is not None:
+                removed.append(primary)
+            extra = secondary.pop(block.block_id, None) if secondary else None  # mostly empty: skip the pop
+            if extra:
+                for key in extra:
+                    if index.pop(key, block.block_id) is not None:
+                        removed.append(key)
+            block._block_hash = None
+            block._block_hash_num_tokens = None
         return removed
 
     def _emit_removed(self, removed: list[BlockHashWithGroupId]) -> None:
@@ -334,7 +337,7 @@ class BlockPool:
             block_hash = hash_list[pos] if hash_list is not None else hashes[pos]
             pos += 1
             if blk._block_hash is not None:
-                self._emit_removed(self._drop_hashes(blk))
+                self._emit_removed(self._drop_hashes([blk]))
             key = block_hash + suffix
             # An unhashed block has no secondary keys, so this is a plain insert.
             blk._block_hash = key
@@ -423,11 +426,11 @@ class BlockPool:
         already = block._block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id)
         if replace_existing_hashes:
-            self._emit_removed(self._drop_hashes(block))
+            self._emit_removed(self._drop_hashes([block]))
             already = False
         elif (not already and block._block_hash_num_tokens is not None
               and block._block_hash_num_tokens < num_tokens):
-            self._emit_removed(self._drop_hashes(block))
+            self._emit_removed(self._drop_hashes([block]))
         self._add_key(key, block, num_tokens)
         if self.enable_kv_cache_events and not already:
             start = (num_hash_blocks - 1) * hbs
@@ -452,7 +455,7 @@ class BlockPool:
         if dst_block.is_null and src_block._block_hash is not None:
             raise NullBlockError("hashes cannot be moved onto the null block")
         num_tokens = src_block._block_hash_num_tokens
-        for key in self._drop_hashes(src_block):
+        for key in self._drop_hashes([src_block]):
             self._add_key(key, dst_block, num_tokens)
 
     def _insert_block_hash(
@@ -489,7 +492,7 @@ class BlockPool:
         the eviction, hashed or not.
         """
         block = self._own(block)
-        removed = self._drop_hashes(block) if block._block_hash is not None else []
+        removed = self._drop_hashes([block])
         self._emit_removed(removed)
         if self.metrics_collector:
             self._notify_each(self.metrics_collector.on_block_evicted, [block])
@@ -516,17 +519,10 @@ class BlockPool:
                 watcher = watchers.pop(block.block_id, None)
                 if watcher is not None:
                     calls.append((watcher, (block,)))
-        if self.enable_caching:
-            removed: list[BlockHashWithGroupId] | None = None  # every evicted key, announced at once
-            for block in ret:
-                if block._block_hash is not None:
-                    removed = self._drop_hashes(block, removed)
-                block.ref_cnt = 1
-            if removed:
-                self._emit_removed(removed)
-        else:
-            for block in ret:
-                block.ref_cnt = 1
+        for block in ret:
+            block.ref_cnt = 1
+        if self.enable_caching:  # lazy eviction: the old keys of the blocks handed out, announced at once
+            self._emit_removed(self._drop_hashes(ret))
         metrics = self.metrics_collector
         if metrics:
             calls = calls or []
@@ -714,16 +710,10 @@ class BlockPool:
         for block_id in ids:
             if not isinstance(block_id, int) or not 0 <= block_id < n:
                 raise UnknownBlockError(f"Invalid block_id {block_id!r}: not in [0, {n})")
-        metrics = self.metrics_collector
-        removed: list[BlockHashWithGroupId] | None = None
-        for block_id in ids:
-            block = self.blocks[block_id]
-            if block._block_hash is not None:
-                removed = self._drop_hashes(block, removed)
-        if removed:
-            self._emit_removed(removed)
-        if metrics:
-            self._notify_each(metrics.on_block_evicted, list(map(self.blocks.__getitem__, ids)))
+        blocks = [self.blocks[block_id] for block_id in ids]
+        self._emit_removed(self._drop_hashes(blocks))
+        if self.metrics_collector:
+            self._notify_each(self.metrics_collector.on_block_evicted, blocks)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (e.g. after a weight update).
