@@ -15,6 +15,7 @@ floor of ``pool_throughput.py``.  Ratios are vLLM's instructions over the build'
 counted (``raw``) and with that floor taken off both (``net``).
 
     python benchmarks/pool_instructions.py [--workload mixed|serving] [--requests N] [--no-events]
+        [--keep DIR]
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
     ap.add_argument("--pools", default=",".join(POOLS), help="of " + ",".join(POOLS))
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep the callgrind files there (callgrind_summary.py reads the compiled one)")
     ap.add_argument("--child", choices=POOLS, help=argparse.SUPPRESS)
     ap.add_argument("--counts", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -140,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     have = {*kvpool_pools(), "none"} | ({"vllm"} if _vllm_pool() is not None else set())
     pools = [p for p in POOLS if p in wanted and p in have]
     with tempfile.TemporaryDirectory() as tmp:
-        got = {p: measure(p, args, Path(tmp) / f"{p}.cg") for p in pools}
+        where = Path(args.keep or tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        got = {p: measure(p, args, where / f"{p}.cg") for p in pools}
     workload = WORKLOADS[args.workload]
     print(f"workload {args.workload}: {args.requests or workload.default_requests} requests, "
           f"{args.blocks or workload.default_blocks} blocks, events {'off' if args.no_events else 'on'}; "
