@@ -54,6 +54,8 @@ KILLERS: dict[str, list[str]] = {
         "tests/test_proofs.py",
         "tests/test_bmc.py",
         "tests/test_refusal_messages.py",
+        "tests/test_contracts.py",
+        "tests/test_registry.py",
         "tests/test_impl_pool.py",
         "tests/test_impl_events.py",
         "tests/test_lockstep.py",
