@@ -136,7 +136,9 @@ def test_group_id_and_event_hash_are_the_key_bytes_big_endian(raw: bytes) -> Non
 
 
 _EDGES = [bytes(8), b"\xff" * 8, b"\x80" + bytes(7), b"\x7f" + b"\xff" * 7,
-          bytes(4) + b"\x80" + bytes(3), bytes(4) + b"\x7f\xff\xff\xff", b"\xff" * 4 + bytes(4)]
+          bytes(4) + b"\x80" + bytes(3), bytes(4) + b"\x7f\xff\xff\xff", b"\xff" * 4 + bytes(4),
+          # eight different bytes, below and above the sign bit: a byte read from the wrong place shows
+          bytes(range(1, 9)), bytes(range(0x81, 0x89))]
 
 
 @pytest.mark.parametrize("low", _EDGES)
