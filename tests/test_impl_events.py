@@ -245,6 +245,9 @@ def test_events_are_dataclasses_that_keep_what_they_are_given() -> None:
         "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
         "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
         "locality", "ownership", "session_id"]
+    for cls in (ev.BlockStored, ev.BlockRemoved):  # every field keeps its own argument
+        given = {f.name: f"{f.name}!" for f in dataclasses.fields(cls)}
+        assert dataclasses.asdict(cls(**given)) == given == dataclasses.asdict(cls(*given.values()))
     gone.group_idx = None  # a field can be set, as the seeded bugs of events do
     with pytest.raises(TypeError):
         ev.BlockRemoved([5])  # type: ignore[call-arg]
