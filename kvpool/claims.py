@@ -5,7 +5,8 @@ A reviewer's one page of what is known and how.  One row per property
 :data:`kvpool.model.properties.STEP_PROPERTIES`), one column per method:
 
 * ``z3`` — proven for every step, for a pool of any size (:mod:`kvpool.proofs`);
-* ``bmc`` — checked in every state of every call sequence of small pools;
+* ``bmc`` — checked in every state of every call sequence of small pools, up to a depth
+  per pool (a bound: states deeper than it are not explored);
 * ``lockstep`` — checked on the model after every call of the random
   workloads while the pool's observation equals the model's;
 * ``bugs`` — the seeded bugs that break it (a property no bug breaks could
@@ -107,14 +108,15 @@ def _z3_lemma(name: str, proofs: Mapping[str, Any] | None) -> str:
 
 def _bmc(bmc_phase: Mapping[str, Any] | None, budget: Mapping[str, Any] | None) -> str:
     if bmc_phase is not None:
-        runs = [f"depth {r['depth']}{'' if r['complete'] else '+'} on {r['blocks']} blocks, "
+        runs = [f"depth {r['depth']}{'' if r['complete'] else ' (cut)'} on {r['blocks']} blocks, "
                 f"hbs {r['hash_block_size']}" for r in bmc_phase.get("runs", [])]
         failed = not bmc_phase.get("ok", True)
-        return ("VIOLATED; " if failed else "every reachable state: ") + "; ".join(runs)
+        return ("VIOLATED; " if failed else "every state reachable within the depth: ") + "; ".join(runs)
     if budget is not None:
-        pools = "; ".join(f"{b} blocks, hbs {h}" for b, h in budget.get("bmc_pools", []))
-        return f"every reachable state to depth {budget.get('bmc_depth')}: {pools}"
-    return "every reachable state of small pools, to the profile's depth (kvpool verify)"
+        pools = "; ".join(f"depth {p[2] if len(p) > 2 else budget.get('bmc_depth')} on {p[0]} blocks, "
+                          f"hbs {p[1]}" for p in budget.get("bmc_pools", []))
+        return f"every state reachable within the depth: {pools}"
+    return "every state of small pools reachable within the profile's depths (kvpool verify)"
 
 
 def _lockstep(phase: Mapping[str, Any] | None) -> str:

@@ -238,6 +238,21 @@ def test_the_ci_time_budgets_are_safety_nets() -> None:
     assert min(ci.bmc_seconds, ci.agreement_seconds, ci.refinement_seconds) >= 600
 
 
+def test_a_pool_keeps_its_own_depth_unless_the_command_line_sets_every_depth() -> None:
+    """The ci profile explores a smaller pool one call deeper; ``--bmc-depth`` sets every pool's."""
+    budget = verify.Budget(bmc_depth=1, bmc_pools=((3, 2), (3, 2, 2)))
+    phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
+    assert [(r["depth_target"], r["depth"]) for r in phase.extra["runs"]] == [(1, 1), (2, 2)]
+    assert [c.id for c in phase.cases] == ["bmc/3-blocks-hbs-2", "bmc/3-blocks-hbs-2-depth-2"]
+    assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].bmc_pools)
+    assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].agreement_pools)
+    assert any(p[4] >= 3 for p in verify.PROFILES["ci"].refinement_pools)
+    from kvpool.cli.verify import settings_from
+
+    given = settings_from(["--bmc-depth", "1", "--agreement-depth", "1"]).budget
+    assert all(len(p) == 2 for p in (*given.bmc_pools, *given.agreement_pools))
+
+
 def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
     """On a TTY (and CI unset) each phase draws a rich progress bar; CI gets plain lines."""
     import pty

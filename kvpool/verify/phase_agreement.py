@@ -19,7 +19,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .budget import Budget
+from .budget import Budget, pool_depths
 from .phases import Case, Phase, cut_failure, failure
 from .progress import Progress
 
@@ -41,14 +41,14 @@ def _one_pool(blocks: int, hbs: int, depth: int, seconds: float, perturb: int,
 
 def scope_text(budget: Budget) -> str:
     """What the phase covers under ``budget``, in one sentence (the JSON's ``scope``)."""
-    pools = ", ".join(f"{b} blocks hbs {h}" for b, h in budget.agreement_pools)
+    pools = "; ".join(f"{b} blocks hbs {h} to depth {d}"
+                      for b, h, d in pool_depths(budget.agreement_pools, budget.agreement_depth))
     perturbed = ("every perturbation of every state" if budget.agreement_perturb == 1
                  else f"1 in {budget.agreement_perturb} of each state's perturbations, rotating")
     per_pool = max(1, budget.agreement_samples // max(1, len(budget.agreement_pools)))
-    return (f"{pools}: every state the BMC keeps to depth {budget.agreement_depth} (invariants and "
-            f"lemmas, and {perturbed}); every call the BMC makes from the states at depth 0 to "
-            f"{budget.agreement_depth - 1}; the compiled terms against z3 on {per_pool} sampled "
-            f"states per pool")
+    return (f"{pools}: every state the BMC keeps to that depth (invariants and "
+            f"lemmas, and {perturbed}); every call the BMC makes from the states above the last level; "
+            f"the compiled terms against z3 on {per_pool} sampled states per pool")
 
 
 def run_agreement(budget: Budget, progress: Progress) -> Phase:
@@ -62,14 +62,14 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
     progress.start("agreement", len(pools) + len(CHECKED) + len(STEPS) + 1)
     start = time.perf_counter()
     per_pool = max(1, budget.agreement_samples // max(1, len(pools)))  # as scope_text says
-    jobs = [(b, h, budget.agreement_depth, budget.agreement_seconds, budget.agreement_perturb,
-             per_pool, budget.seed + i) for i, (b, h) in enumerate(pools)]
+    jobs = [(b, h, d, budget.agreement_seconds, budget.agreement_perturb, per_pool, budget.seed + i)
+            for i, (b, h, d) in enumerate(pool_depths(budget.agreement_pools, budget.agreement_depth))]
     workers = min(len(jobs), os.cpu_count() or 1)
     results: list[tuple[Report, Sampled]] = []
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            # the largest pool first: it bounds the wall time
-            order = sorted(range(len(jobs)), key=lambda i: jobs[i][1])
+            # the deepest, then the largest pool first: it bounds the wall time
+            order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][2], jobs[i][1]))
             futures = {i: ex.submit(_one_pool, *jobs[i]) for i in order}
             for i in range(len(jobs)):
                 results.append(futures[i].result())
@@ -98,7 +98,8 @@ def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[C
         name = f"{r.blocks} blocks, hbs {r.hash_block_size}"
         fail = None if r.complete else cut_failure(f"agreement on {name}", budget.agreement_seconds,
                                                    r.depth_target, r.depth, "--agreement-seconds")
-        cases.append(Case(f"agreement/pool/{r.blocks}-blocks-hbs-{r.hash_block_size}",
+        depth = "" if r.depth_target == budget.agreement_depth else f"-depth-{r.depth_target}"
+        cases.append(Case(f"agreement/pool/{r.blocks}-blocks-hbs-{r.hash_block_size}{depth}",
                           f"the encoding is checked on {name} to depth {r.depth_target}", fail is None,
                           r.seconds, fail))
     return cases
