@@ -339,3 +339,19 @@ def insert_overwrites_primary(s: PoolState, request: Any, prefix_tokens: int, gr
     nxt.primary[block_id] = replace(old, key=new_keys[0], num_tokens=num_tokens or old.num_tokens)
     nxt.secondary[block_id] = before
     return nxt, result
+
+
+def insert_into_unheld_block(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """_insert_block_hash without its holder check: a block nobody holds gets KV and an entry."""
+    with patched(C, written_by_a_holder=lambda *a: None):
+        return _act("_insert_block_hash", s, *args)
+
+
+def evict_spares_blocks_in_use(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """evict_blocks leaves the entries of a block someone holds."""
+    G.evict_blocks(s, ids)
+    for b in ids:
+        s.tell("evicted", b)
+        if s.ref[b] == 0:
+            P.drop_hashes(s, b)
+    return s, None

@@ -38,9 +38,6 @@ from kvpool.proofs.transitions import STEPS
 Row = dict[str, Any]
 
 BY_CONSTRUCTION: dict[str, str] = {
-    "allocation_takes_queue_head": (
-        "the queue proof's alloc step takes the head by its precondition; "
-        "the agreement check ties it to the model's queue"),
     "refused_call_changes_nothing": "a refused call is the identity step: no step of a refusal exists",
 }
 """Step properties that hold in the z3 encoding by the way the steps are written."""

@@ -233,6 +233,37 @@ def conflicting_caches_are_refused(t: Transition) -> bool:
     return True
 
 
+CACHE_RECORDS = ("cache_full_blocks", "cache_partial_block")
+"""The operations whose ghost write records what the request's prefix is, whoever holds the
+block: the model lets them cache a block nobody holds (a small pool reaches cached idle blocks
+in one call), so the holder rule below does not speak of them."""
+
+
+@step_property
+def content_changes_only_through_holders(t: Transition) -> bool:
+    """A block's ghost content changes only while a caller holds it (``CACHE_RECORDS`` excepted)."""
+    if t.refused or t.action in CACHE_RECORDS:
+        return True
+    b, a = t.before, t.after
+    return all(b.holders[x] > 0 or a.holders[x] > 0
+               for x in range(b.num_blocks) if a.holds[x] != b.holds[x])
+
+
+EVICTIONS = ("evict_blocks", "_maybe_evict_cached_block")
+"""The operations that take blocks out of the index on the caller's request."""
+
+
+@step_property
+def evicted_blocks_leave_the_index(t: Transition) -> bool:
+    """After ``evict_blocks`` (or ``_maybe_evict_cached_block``) the listed blocks have no index entries."""
+    if t.refused or t.action not in EVICTIONS:
+        return True
+    listed = set(t.arg("block_ids") if t.action == "evict_blocks" else [t.arg("block_id")])
+    s = t.after
+    return (all(s.primary[b] is None and not s.secondary[b] for b in listed)
+            and not any(b in listed for blocks in s.index.values() for b in blocks))
+
+
 @step_property
 def changes_stay_in_footprint(t: Transition) -> bool:
     """An accepted call changes only the blocks and keys its declaration says it may."""
