@@ -153,6 +153,16 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          "index names KV no caller copied there (the step writes the ghost itself: soundness holds)",
          z3=step("insert", z3s.insert_into_unheld_block),
          action=("_insert_block_hash", act.insert_into_unheld_block)),
+    _bug("replace_by_a_sharer",
+         "a contract too weak: replace_existing_hashes by a holder who shares the block, so the "
+         "other holders' KV is replaced under them",
+         z3=step("cache_partial", z3s.replace_by_a_sharer),
+         action=("cache_partial_block", act.replace_by_a_sharer)),
+    _bug("move_onto_a_shared_block",
+         "a contract too weak: move_block_hashes onto a block other requests hold too, so the "
+         "copy overwrites their KV",
+         z3=step("move", z3s.move_onto_a_shared_block),
+         action=("move_block_hashes", act.move_onto_a_shared_block)),
     _bug("insert_overwrites_primary",
          "_insert_block_hash makes a copied key the block's primary even when it has one: the "
          "old primary stays in the index, naming a block that no longer carries it",

@@ -221,6 +221,19 @@ def insert_into_unheld_block(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -
     return replace(st, pre=_without(st.pre, s.ref[b] >= 1))
 
 
+def replace_by_a_sharer(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr, rep: Expr) -> SymStep:
+    """cache_partial_block replaces a block's contents for any holder, not its sole owner."""
+    st = t.cache_partial(s, b, k, tk, c, rep)
+    kids = st.pre.children()
+    return replace(st, pre=z3.And(*kids[:-1], z3.If(rep, s.ref[b] >= 1, kids[-1].children()[2])))
+
+
+def move_onto_a_shared_block(s: SymState, src: Expr, dst: Expr) -> SymStep:
+    """move_block_hashes copies onto a block others hold too: their KV is overwritten."""
+    st = t.move(s, src, dst)
+    return replace(st, pre=_without(st.pre, z3.Implies(s.prim[src], s.ref[dst] == 1)))
+
+
 def evict_spares_blocks_in_use(s: SymState, b: Expr) -> SymStep:
     """evict_blocks skips a block someone holds: its entries outlive the eviction."""
     st = t.evict(s, b)

@@ -26,7 +26,7 @@ from typing import Any
 
 from .events import Cleared, Removed, Stored
 from .footprints import Footprint, changed_outside
-from .request import prefix_key
+from .request import extends, prefix_key
 from .state import NULL, Key, Output, PoolState
 
 
@@ -247,6 +247,15 @@ def content_changes_only_through_holders(t: Transition) -> bool:
     b, a = t.before, t.after
     return all(b.holders[x] > 0 or a.holders[x] > 0
                for x in range(b.num_blocks) if a.holds[x] != b.holds[x])
+
+
+@step_property
+def shared_content_only_grows(t: Transition) -> bool:
+    """A block two or more callers hold keeps its content, or extends it: no holder loses its KV."""
+    if t.refused:
+        return True
+    b, a = t.before, t.after
+    return all(extends(a.holds[x], b.holds[x]) for x in range(1, b.num_blocks) if b.holders[x] >= 2)
 
 
 EVICTIONS = ("evict_blocks", "_maybe_evict_cached_block")

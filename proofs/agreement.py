@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kvpool.model import (
     ACTIONS,
@@ -58,7 +58,8 @@ from kvpool.model import (
 )
 from kvpool.model.events import Event, Removed, Stored
 from kvpool.model.properties import CACHE_RECORDS, EVENT_LOG, EVICTIONS, STEP_PROPERTIES, Transition
-from kvpool.model.request import content
+from kvpool.model.request import EMPTY as EMPTY_PREFIX
+from kvpool.model.request import content, extends
 from kvpool.model.split import Split
 from kvpool.model.state import NULL, Key, Output, PoolState, Primary, Queue
 
@@ -835,7 +836,8 @@ def _check_properties(run: _Run, s: PoolState, nxt: PoolState, result: Any, call
 
     Reachable calls keep every property, so each accepted call is also altered (one in
     ``perturb`` of them, rotating) in a way that breaks one property in the model: a block
-    nobody holds given other content, an evicted block left indexed, a ``Stored`` of a live
+    nobody holds given other content, a shared block's content replaced, an evicted block left
+    indexed, a ``Stored`` of a live
     entry, a ``Removed`` of a key nobody announced, two queued blocks swapped, the second
     queued block handed out.  z3's property of the same name, asked of the altered
     transition, must be false too (both ways).
@@ -847,19 +849,31 @@ def _check_properties(run: _Run, s: PoolState, nxt: PoolState, result: Any, call
     run.turn += 1
     if not steps or run.perturb == 0 or run.turn % run.perturb:
         return
-    for label, prop, after, res, out, last, qlast in _altered(run, s, nxt, result, call, steps, queue):
+    for label, prop, after, res, out, last, qlast, before in _altered(
+            run, s, nxt, result, call, steps, queue):
         st_, post, a, rem, sto = last
         said = _z3_says(run, [*steps[:-1], (steps[-1][0], st_, steps[-1][2] if post is None else post, a,
                                             rem, sto)],
                         [*queue[:-1], qlast] if qlast is not None else queue)
-        _compare(run, s, call, op.transition(s, after, args, res, out=out), said, f"altered: {label}", prop)
+        _compare(run, s, call, op.transition(before or s, after, args, res, out=out), said,
+                 f"altered: {label}", prop)
 
 
-Altered = tuple[str, str, PoolState, Any, Output,
-                tuple[Interp, Any, tuple[Any, ...], frozenset[tuple[int, int]], frozenset[tuple[int, int]]],
-                tuple[QInterp, QInterp, str, tuple[Any, ...]] | None]
-"""(what was altered, the property it breaks, the model's state after, result, output,
-the last z3 step's (state, post or None: unchanged, args, removed, stored), the last queue step)."""
+class Altered(NamedTuple):
+    """A transition altered to break one property in the model, and the same on the z3 side."""
+
+    label: str
+    prop: str
+    """The property the alteration breaks."""
+    after: PoolState
+    result: Any
+    out: Output
+    last: tuple[Interp, Any, tuple[Any, ...], frozenset[tuple[int, int]], frozenset[tuple[int, int]]]
+    """The last z3 step's (state, post or None: unchanged, args, removed, stored)."""
+    qlast: tuple[QInterp, QInterp, str, tuple[Any, ...]] | None
+    """The last queue step, altered (None: unchanged)."""
+    before: PoolState | None = None
+    """The state before, when the alteration changes it too (None: the reached one)."""
 
 
 def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call, steps: StepRun,
@@ -875,8 +889,24 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
             other = d.contents[(d.content_id[nxt.holds[x]] + 1) % len(d.contents)]
             after = nxt.copy()
             after.holds[x] = other
-            yield ("content of unheld block changed", "content_changes_only_through_holders", after, result,
+            yield Altered(
+
+                "content of unheld block changed", "content_changes_only_through_holders", after, result,
                    nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
+    shared = [x for x in range(1, s.num_blocks) if s.holders[x] >= 2 and lst.holders[x] >= 2]
+    if shared and len(steps) == 1:
+        x = shared[run.turn % len(shared)]
+        before = s
+        if s.holds[x] == EMPTY_PREFIX:  # nothing replaces the empty prefix: say it held some
+            before = s.copy()
+            before.holds[x] = max(d.contents, key=len)
+        lost = next(c for c in d.contents if not extends(c, before.holds[x]))
+        after = nxt.copy()
+        after.holds[x] = lost
+        yield Altered(
+
+            "a shared block's content replaced", "shared_content_only_grows", after, result, nxt.out,
+               (abstract(d, before), abstract(d, after), largs, lrem, lsto), None, before)
     if name in EVICTIONS and lname == "evict" and s.primary[largs[0]] is not None:
         b = largs[0]
         p = s.primary[b]
@@ -885,7 +915,9 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
         after.primary[b] = p
         after.index[p.key] = (*after.index.get(p.key, ()), b)
         after.names.setdefault(p.key, s.names[p.key])
-        yield ("evicted block keeps its primary entry", "evicted_blocks_leave_the_index", after, result,
+        yield Altered(
+
+            "evicted block keeps its primary entry", "evicted_blocks_leave_the_index", after, result,
                nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
     if s.events_on and name != "emit_cached_block_events":
         live = sorted((k, b) for k, b in s.announced
@@ -894,7 +926,9 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
         if live:
             k, b = live[run.turn % len(live)]
             extra = Stored((k[0],), None, (), 1, None, None, None, k[1], s.medium, None)
-            yield ("a Stored of a live entry", "event_announcements_match_index", nxt, result,
+            yield Altered(
+
+                "a Stored of a live entry", "event_announcements_match_index", nxt, result,
                    Output([*nxt.out.events, extra], nxt.out.fired, nxt.out.told),
                    (lst, None, largs, lrem, lsto | {(d.key_id[k], b)}), None)
         touched = {(ev.hash, ev.group) for ev in nxt.out.events if isinstance(ev, Removed)}
@@ -903,13 +937,17 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
                 and not any(kk == k for kk, _b in s.announced)]
         if dead:
             k = dead[run.turn % len(dead)]
-            yield ("a Removed of a key never announced", "event_removals_name_live_keys", nxt, result,
+            yield Altered(
+
+                "a Removed of a key never announced", "event_removals_name_live_keys", nxt, result,
                    Output([*nxt.out.events, Removed(k[0], k[1], s.medium)], nxt.out.fired, nxt.out.told),
                    (lst, None, largs, lrem | {(d.key_id[k], 1)}, lsto), None)
     if name == "reset_prefix_cache" and result is True:
         after = nxt.copy()
         after.watchers = {1: bmc.watcher_a}
-        yield ("a watcher kept by the reset", "reset_needs_an_idle_pool", after, result, nxt.out,
+        yield Altered(
+
+            "a watcher kept by the reset", "reset_needs_an_idle_pool", after, result, nxt.out,
                (lst, abstract(d, after), largs, lrem, lsto), None)
     if queue:
         q, qp, qname, qargs = queue[-1]
@@ -920,7 +958,9 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
             after.free = Queue(y if b == x else x if b == y else b for b in nxt.free)
             pos = list(qp.pos)
             pos[x], pos[y] = pos[y], pos[x]
-            yield ("two queued blocks swapped", "queue_keeps_relative_order", after, result, nxt.out, same,
+            yield Altered(
+
+                "two queued blocks swapped", "queue_keeps_relative_order", after, result, nxt.out, same,
                    (q, qp._replace(pos=tuple(pos)), qname, qargs))
         arrived = [b for b in range(s.num_blocks) if qp.free[b] and not q.free[b]]
         if arrived and len(nxt.free) >= 2:
@@ -933,7 +973,9 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
             moved = max(places) + 1 if to_tail else min(places) - 1
             pos = list(qp.pos)
             pos[x] = moved
-            yield ("a freed block at the other end", "queue_follows_eviction_policy", after, result, nxt.out,
+            yield Altered(
+
+                "a freed block at the other end", "queue_follows_eviction_policy", after, result, nxt.out,
                    same, (q, qp._replace(pos=tuple(pos), lo=min(qp.lo, moved), hi=max(qp.hi, moved + 1)),
                           qname, qargs))
         if name == "get_new_blocks" and len(queue) == 1 and len(s.free) >= 2:
@@ -941,7 +983,9 @@ def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Cal
             after = nxt.copy()
             after.free = Queue(b for b in s.free if b != second)
             alloc = run.compiled.queue["alloc"]
-            yield ("the second queued block handed out", "allocation_takes_queue_head", after, [second],
+            yield Altered(
+
+                "the second queued block handed out", "allocation_takes_queue_head", after, [second],
                    nxt.out, same, (q, alloc.post(q, second), "alloc", (second,)))
 
 

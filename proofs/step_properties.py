@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import z3  # type: ignore[import-untyped]
 
-from .symbolic import NULL, Block, Expr, KeySort, SymState
+from .symbolic import NULL, Block, Expr, KeySort, SymState, prefix
 from .transitions import STEPS, SymStep
 
 _b = z3.Const("bound.b", Block)
@@ -77,6 +77,11 @@ def _content_through_holders(s: SymState, _args: list[Expr], st: SymStep) -> Exp
     return z3.Implies(st.pre, z3.ForAll([_b], z3.Implies(st.post.holds[_b] != s.holds[_b], held)))
 
 
+def _shared_grows(s: SymState, _args: list[Expr], st: SymStep) -> Expr:
+    return z3.Implies(st.pre, z3.ForAll([_b], z3.Implies(
+        s.holders[_b] >= 2, prefix(s.holds[_b], st.post.holds[_b]))))
+
+
 def _evicted_unindexed(s: SymState, args: list[Expr], st: SymStep) -> Expr:
     b = args[0]
     return z3.Implies(st.pre, z3.And(z3.Not(st.post.prim[b]), z3.ForAll(
@@ -92,6 +97,7 @@ SYM_STEP_PROPERTIES: dict[str, SymStepProperty] = {
     "content_changes_only_through_holders": SymStepProperty(
         tuple(st for st in STEPS if st not in ("cache_full", "cache_partial")), _content_through_holders),
     "evicted_blocks_leave_the_index": SymStepProperty(("evict",), _evicted_unindexed),
+    "shared_content_only_grows": SymStepProperty(None, _shared_grows),
 }
 """Every encoded step property, by its model name."""
 
@@ -113,6 +119,8 @@ SYM_STEP_DOCS: dict[str, str] = {
         "(every step but cache_full and cache_partial, the model's CACHE_RECORDS)",
     "evicted_blocks_leave_the_index":
         "after an evict step the block has no primary, no secondary and no index entry",
+    "shared_content_only_grows":
+        "a block two or more callers hold keeps what it holds or extends it",
 }
 """What each encoded step property says of one step, in a line."""
 

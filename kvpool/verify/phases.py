@@ -227,7 +227,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
-    progress.start("bmc", len(budget.bmc_pools))
+    progress.start("bmc", len(budget.bmc_pools) + 1)
     runs = []
     start = time.perf_counter()
     for blocks, hbs, depth in pool_depths(budget.bmc_pools, budget.bmc_depth):
@@ -252,9 +252,27 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
                          + ("" if out.part is None else
                             f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
                             f"{out.part.split_depth})"))
+    phase.cases.append(legal_case())
+    progress.advance(phase.cases[-1].name)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"runs": runs}
     return phase
+
+
+def legal_case() -> Case:
+    """Every caller contract accepts the legal corpus whole (:mod:`kvpool.oracle.legal`): a contract
+    too strong, which the searches would silently obey by exploring less, fails here."""
+    # lazy: a phase's modules load when it runs (module docstring)
+    from kvpool.oracle.legal import check_legal
+
+    began = time.perf_counter()
+    out = check_legal()
+    title = f"every contract accepts {out.traces} legal call sequences ({out.calls:,} calls)"
+    first = out.refused[0].format().splitlines()[0] if out.refused else "no legal call sequence was found"
+    fail = None if out.ok else failure(
+        "violation", f"{len(out.refused)} legal call sequence(s) refused: {first}",
+        "\n".join(r.format() for r in out.refused))
+    return Case("bmc/legal-corpus", title, fail is None, time.perf_counter() - began, fail)
 
 
 def part_json(part: Any) -> dict[str, Any]:
