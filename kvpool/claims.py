@@ -60,17 +60,25 @@ COMPLETED_BY: dict[str, str] = {
 """Invariants whose dropped conjunct another proof establishes, for any pool size."""
 
 
+def _scope(name: str) -> str:
+    """For which pools a z3 verdict on invariant ``name`` speaks: all of them, unless the encoding
+    drops a conjunct no other proof establishes (then that conjunct only within the BMC's depth)."""
+    if name in PARTIAL and name not in COMPLETED_BY:
+        return (f"any pool size without one conjunct ({PARTIAL[name]}); that conjunct is checked "
+                "by the BMC within its depth and by the lockstep, not for any pool size")
+    notes = [n for n in (PARTIAL.get(name), COMPLETED_BY.get(name)) if n]
+    return "any pool size" + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def _z3_invariant(name: str, proofs: Mapping[str, Any] | None) -> str:
     if name in NOT_ENCODED:
         return f"not encoded: {NOT_ENCODED[name]}"
-    notes = [n for n in (PARTIAL.get(name), COMPLETED_BY.get(name)) if n]
-    note = f" ({'; '.join(notes)})" if notes else ""
     if proofs is None:
-        return f"every step preserves it, any pool size: {len(STEPS)} steps{note}"
+        return f"every step preserves it, {_scope(name)}: {len(STEPS)} steps"
     cells = [proofs["initial"][name], *(row[name] for row in proofs["matrix"].values())]
     proven = sum(c["status"] == "proven" for c in cells)
     verdict = "proven" if proven == len(cells) else "NOT PROVEN"
-    return f"{verdict}: {proven}/{len(cells)} (initial + {len(cells) - 1} steps), any pool size{note}"
+    return f"{verdict}: {proven}/{len(cells)} (initial + {len(cells) - 1} steps), {_scope(name)}"
 
 
 def _z3_step_property(name: str, proofs: Mapping[str, Any] | None) -> str:
