@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from kvpool.model.events import Cleared, Event, Removed
@@ -184,8 +185,8 @@ def event_differences(model: Sequence[Event], pool: Sequence[Any]) -> list[str]:
             continue
         for name in EVENT_FIELDS[want["type"]]:
             if want[name] != got[name]:
-                out.append(f"event {i} ({want['type']}).{name}: model {want[name]!r} "
-                           f"| pool {got[name]!r}")
+                out.append(f"event {i} ({want['type']}).{name}: model {short(want[name])} "
+                           f"| pool {short(got[name])}")
     if len(model) != len(pool):
         extra = (f"model also {[model_event(e)['type'] for e in model[len(pool):]]}"
                  if len(model) > len(pool) else
@@ -240,6 +241,27 @@ def names_refusal(recorded: str | None, model_error: BaseException | None, *,
         return True
     return vllm_errors and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS and (
         recorded == "ValueError")
+
+
+def short(value: Any) -> str:
+    """A value as messages show it: a hash by its last three bytes (``…a1b2c3``, as pictures
+    name it), a key as ``…a1b2c3/g0``, a request by its id, an event by its fields so shortened."""
+    if hasattr(value, "request_id"):
+        return f"<request {value.request_id}>"
+    if isinstance(value, bytes):
+        return "…" + value[-3:].hex()
+    if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bytes)
+            and isinstance(value[1], int)):
+        return f"{short(value[0])}/g{value[1]}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(short(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+    if is_dataclass(value) and not isinstance(value, type):
+        shown = ", ".join(f"{f.name}={short(getattr(value, f.name))}" for f in fields(value))
+        return f"{type(value).__name__}({shown})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {short(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def keys_of(concrete: Iterable[bytes]) -> tuple[Key, ...]:

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from .abstraction import same_refusal
 from .lockstep import Divergence, Lockstep
 from .long_lived import pool_blocks, workload_class
+from .shrink import CallLog
 from .workload import RunConfig, second_pool
 
 
@@ -17,7 +18,7 @@ def run_one(
     pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31", observe: Callable[..., Any] | None = None,
-    blocks: int | None = None, long_lived: bool = False,
+    blocks: int | None = None, long_lived: bool = False, keep_log: bool = False,
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
@@ -26,19 +27,40 @@ def run_one(
     ``observe`` is an adapter's own observation, if it has one; ``blocks``
     is the pool's size (None: drawn, or for a long-lived run one of
     :data:`~.long_lived.LONG_LIVED_BLOCKS`); ``long_lived`` plays the run
-    with :class:`~.long_lived.LongLived`'s churn.
+    with :class:`~.long_lived.LongLived`'s churn.  With ``keep_log``, every
+    call is kept and a divergence carries them as its ``log``
+    (:class:`~.shrink.CallLog`, what :func:`~.shrink.shrink_log` cuts).
     """
     rng = random.Random(seed)
     cfg = RunConfig.draw(rng, seed, pool_blocks(seed, blocks, long_lived))
-    pair = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                          cfg.events, reference, metrics=cfg.metrics)
-    pair.errors_match = errors_match
-    pair.observe = observe
-    work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse,
-                                      second=second_pool(pool_factory, cfg, reference, errors_match))
-    for _ in range(steps):
-        work.step()
-    pair.check()  # the whole pool once more at the end
+
+    def first() -> Lockstep:
+        made = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
+                              cfg.events, reference, metrics=cfg.metrics)
+        made.errors_match = errors_match
+        made.observe = observe
+        return made
+
+    second = second_pool(pool_factory, cfg, reference, errors_match)
+    pair = first()
+    log = CallLog(first, second, misuse) if keep_log else None
+    pair.log = log
+
+    def logged_second() -> Lockstep:
+        made = second()
+        made.log, made.log_pool = log, 1
+        return made
+
+    work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse, second=logged_second)
+    try:
+        for number in range(steps):
+            if log is not None:
+                log.step = number
+            work.step()
+        pair.check()  # the whole pool once more at the end
+    except Divergence as exc:
+        exc.log = log
+        raise
     return pair
 
 

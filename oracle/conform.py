@@ -44,6 +44,7 @@ from .campaign import run_one
 from .database import describe, example_database
 from .lockstep import CallerBrokeContract, Divergence, Lockstep
 from .machine import MachineFailure, machine_for
+from .shrink import shrink_log
 
 ADAPTER_ATTRS = ("name", "supports_misuse", "construct", "errors_match")
 MACHINE_SEED_STRIDE = 1_000_003
@@ -107,6 +108,13 @@ class Failure:
     """The lockstep's divergence, for a picture of each last call (``kvpool.pictures``)."""
     cause: BaseException | None = field(default=None, repr=False, compare=False)
     """The pool's own exception, when it raised where the model did not (or crashed)."""
+    shrunk_from: int | None = None
+    """The campaign: how many calls the failing run made before its calls were shrunk to ``trace``
+    (None: not shrunk)."""
+    shrink_note: str = ""
+    """Why the campaign's failure was not shrunk, if it was not."""
+    requests: list[str] = field(default_factory=list)
+    """The requests a shrunk trace names, with what each reads."""
 
 
 @dataclass
@@ -141,6 +149,8 @@ class Options:
     """The campaign's pool size (``None``: drawn; the state machine keeps its own shapes)."""
     long_lived: bool = False
     """Whether the campaign's runs are long-lived (:mod:`.long_lived`)."""
+    shrink: bool = True
+    """Whether a campaign divergence is shrunk (:mod:`.shrink`)."""
 
     def settings_json(self) -> dict[str, Any]:
         """The options as a result document shows them (the database without its password)."""
@@ -173,6 +183,21 @@ def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> F
     return Failure(kind, lines[0], text, trace, seed, divergence, cause)
 
 
+def _shrunk_failure(exc: BaseException, seed: int, made: int) -> Failure:
+    """A campaign run's failure, its calls shrunk when the run kept them (:mod:`.shrink`)."""
+    log = getattr(exc, "log", None)
+    if not isinstance(exc, Divergence) or isinstance(exc, CallerBrokeContract) or log is None:
+        return _failure(exc, None, seed)
+    shrunk = shrink_log(log)
+    if shrunk.divergence is None or not shrunk.lines:
+        failure = _failure(exc, None, seed)
+        failure.shrink_note = shrunk.note
+        return failure
+    failure = _failure(shrunk.divergence, shrunk.lines, seed)
+    failure.shrunk_from, failure.requests = made, shrunk.requests
+    return failure
+
+
 def observation_level(adapter: Adapter, reference: str = "0.31") -> dict[str, Any]:
     """What the lockstep observes of the adapter's pools: the level and each check, run or skipped."""
     pair = Lockstep.fresh(adapter_factory(adapter), 4, True, 1, True, reference, metrics=True)
@@ -197,10 +222,11 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
             pair = run_one(factory, seed, opts.steps, misuse=misuse,
                            errors_match=adapter.errors_match, reference=opts.reference,
                            observe=getattr(adapter, "observe", None), blocks=opts.blocks,
-                           long_lived=opts.long_lived)
+                           long_lived=opts.long_lived, keep_log=opts.shrink)
         except Exception as exc:
-            return PhaseResult("campaign", False, time.perf_counter() - started, calls,
-                               _failure(exc, None, seed), dict(operations), dict(refusals))
+            made = exc.first + len(exc.record) if isinstance(exc, Divergence) else 0
+            return PhaseResult("campaign", False, time.perf_counter() - started, calls + made,
+                               _shrunk_failure(exc, seed, made), dict(operations), dict(refusals))
         calls += pair.steps
         operations.update(pair.ops_seen)
         refusals.update(pair.refusals_seen)

@@ -49,6 +49,7 @@ from .abstraction import (
     published,
     refusal_name,
     same_refusal,
+    short,
 )
 from .observe import (
     WHITE_BOX,
@@ -90,11 +91,14 @@ class Divergence(AssertionError):
     pool_events: list[dict[str, Any]] | None
     unobservable: str | None
     window: tuple[int, int] | None
+    log: Any
+    """The run's calls (a :class:`~kvpool.oracle.shrink.CallLog`), when the run kept them."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
         self.parts, self.record, self.first, self.before, self.model = [], [], 0, None, None
         self.pool, self.pool_events, self.unobservable, self.window = None, None, None, None
+        self.log = None
 
 
 class CallerBrokeContract(Divergence):
@@ -233,6 +237,10 @@ class Lockstep(Translate):
     """The call after which the whole pool was last compared."""
     ops_seen: Counter[str] = field(default_factory=Counter)
     refusals_seen: Counter[str] = field(default_factory=Counter)
+    log: Any = None
+    """A :class:`~kvpool.oracle.shrink.CallLog` that keeps every call, for a shrink (None: none)."""
+    log_pool: int = 0
+    """Which pool of the run this is, in ``log`` (0: the first, 1: the second)."""
 
     @classmethod
     def fresh(
@@ -356,8 +364,11 @@ class Lockstep(Translate):
             p_error = None
         except Exception as exc:
             p_error, p_result = exc, None
-        outcome = refusal_name(m_error) if m_error else repr(m_result)
+        outcome = refusal_name(m_error) if m_error else short(m_result)
         self._record(op, args, outcome, refusal_name(m_error) if m_error else None)
+        if self.log is not None:
+            self.log.add(self.log_pool, op, args, None if m_error else m_result,
+                         refusal_name(m_error) if m_error else None)
         if m_error is not None:
             self.refusals_seen[refusal_name(m_error)] += 1
         if (m_error is None) != (p_error is None) or (
@@ -412,8 +423,8 @@ class Lockstep(Translate):
             if taken:
                 raise self._diverged(decl.name, "taken events differ: " + "; ".join(taken), ["events"])
         elif m_result != p_result:
-            raise self._diverged(decl.name, f"model returned {m_result!r} | pool returned {p_result!r}",
-                                 ["result"])
+            raise self._diverged(decl.name, f"model returned {short(m_result)} | pool returned "
+                                 f"{short(p_result)}", ["result"])
 
     def _compare_notices(self, op: str) -> None:
         out = self.model.out
@@ -580,16 +591,4 @@ def comparable_pool(observer: Observer) -> Observation:
 
 
 def short_args(args: Iterable[Any]) -> str:
-    parts = []
-    for a in args:
-        if hasattr(a, "request_id"):
-            parts.append(f"<request {a.request_id}>")
-        elif isinstance(a, bytes):  # a block hash, by the digits that name it in pictures
-            parts.append("…" + a[-3:].hex())
-        else:
-            parts.append(repr(a))
-    return "(" + ", ".join(parts) + ")"
-
-
-Step = CallRecord
-"""The former name of :class:`CallRecord` (kept for adapters written against it)."""
+    return "(" + ", ".join(short(a) for a in args) + ")"

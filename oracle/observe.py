@@ -34,7 +34,7 @@ from typing import Any
 
 from kvpool.model.state import Key, PoolState
 
-from .abstraction import concrete_key, key_of, pool_event
+from .abstraction import concrete_key, key_of, pool_event, short
 
 API_ONLY = "api-only"
 """The level of a pool seen only through its calls."""
@@ -81,23 +81,13 @@ def _differing(name: str, mine: Any, theirs: Any) -> str:
     """``model X | pool Y``, narrowed to the blocks or keys that differ when there are many."""
     if name in ("ref", "primary", "secondary", "writable") and len(mine) == len(theirs):
         at = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
-        return "; ".join(f"block {i}: model {_shown(mine[i])} | pool {_shown(theirs[i])}" for i in at)
+        return "; ".join(f"block {i}: model {short(mine[i])} | pool {short(theirs[i])}" for i in at)
     if name in ("index", "lookups"):
         a, b = dict(mine), dict(theirs)
         keys = sorted(set(a) | set(b), key=repr)
-        return "; ".join(f"{_shown(k)}: model {_shown(a.get(k))} | pool {_shown(b.get(k))}"
+        return "; ".join(f"{short(k)}: model {short(a.get(k))} | pool {short(b.get(k))}"
                          for k in keys if a.get(k) != b.get(k))
-    return f"model {_shown(mine)} | pool {_shown(theirs)}"
-
-
-def _shown(value: Any) -> str:
-    """A value for a message, keys as ``…a1b2c3/g0`` (a hash's last bytes name it in events too)."""
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bytes):
-        return f"…{value[0][-3:].hex()}/g{value[1]}"
-    if isinstance(value, tuple):
-        inner = ", ".join(_shown(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
-    return repr(value)
+    return f"model {short(mine)} | pool {short(theirs)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +117,7 @@ class BlockView:
             if f != "primary" and (mine is None or theirs is None):
                 continue  # a part the pool does not show
             if mine != theirs:
-                out.append(f"{f}: model {_shown(mine)} | pool {_shown(theirs)}")
+                out.append(f"{f}: model {short(mine)} | pool {short(theirs)}")
         return out
 
 

@@ -147,6 +147,8 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
         p_error = exc
     first.steps += 1
     second.steps += 1
+    if first.log is not None:
+        first.log.add_across([(0 if p is first else 1, b) for p, b in listed])
     names = [str(b) if p is first else f"second:{b}" for p, b in listed]
     for pair in (first, second):  # either may be the one found to differ: both traces show the call
         pair.trace.append(CallRecord("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))

@@ -227,8 +227,17 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
         for step in failure.trace:
             print(f"    {step}", file=out)
         print("  lockstep says:", file=out)
+    elif failure.shrunk_from is not None:
+        print(f"  run with seed {failure.seed}: {failure.shrunk_from} calls, shrunk to "
+              f"{len(failure.trace)} (delta debugging, each cut replayed on fresh pools):", file=out)
+        for request in failure.requests:
+            print(f"    request {request}", file=out)
+        for number, step in enumerate(failure.trace, start=1):
+            print(f"    {number}. {step}", file=out)
+        print("  lockstep says (on the shrunk calls):", file=out)
     else:
-        print(f"  run with seed {failure.seed}:", file=out)
+        note = f" ({failure.shrink_note})" if failure.shrink_note else ""
+        print(f"  run with seed {failure.seed}{note}:", file=out)
     for line in failure.details.splitlines():
         print(f"    {line}", file=out)
     if failure.cause is not None:
@@ -328,7 +337,8 @@ def _parse(argv: Sequence[str] | None) -> _Args:
         raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")
     opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
                    machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
-                   reference=ns.reference, blocks=ns.blocks, long_lived=ns.long_lived)
+                   reference=ns.reference, blocks=ns.blocks, long_lived=ns.long_lived,
+                   shrink=not ns.no_shrink)
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
     if ns.shard is not None:

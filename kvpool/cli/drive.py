@@ -39,8 +39,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trace-dir", default=".", metavar="DIR",
                        help="where a failure's trace is written, kvpool-drive-PHASE.jsonl (.)")
     group.add_argument("--no-shrink", action="store_true",
-                       help="write a failure's trace as it happened, without shrinking it against "
-                            "the process")
+                       help="keep a failure as it happened: no delta debugging of a campaign run's "
+                            "calls (any pool), no shrinking of a trace against the process")
     group.add_argument("--vllm-errors", action="store_true",
                        help="accept ValueError where the model refuses for lack of blocks")
 

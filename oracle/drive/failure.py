@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpool.model import OPERATIONS, QUERIES
+from kvpool.model import QUERIES
 
 from ..conform import Failure, Options, PhaseResult
+from ..shrink import HANDS_OUT, LISTS_OF_HELD, ddmin, renamed, sources
 from ..trace.check import CheckReport, check_trace
 from ..trace.read import Header
 from ..trace.schema import Json
@@ -142,7 +143,7 @@ class Shrinker:
         if process is None:
             return None
         at = {id(line): i for i, line in enumerate(base)}
-        sources = _sources(base)
+        found = sources(base)
         handed: dict[int, list[int]] = {}
         session = Session(process, cap.pool, cap.header, None, None)
         try:
@@ -150,7 +151,7 @@ class Shrinker:
             for line in kept:
                 i = at[id(line)]
                 op = str(line["op"])
-                args = _renamed(dict(line["args"]), sources[i], handed, droppable=op in LISTS_OF_HELD)
+                args = renamed(dict(line["args"]), found[i], handed, droppable=op in LISTS_OF_HELD)
                 (step,) = session.calls([(op, args)])
                 if op in HANDS_OUT and step.error is None and isinstance(step.result, list):
                     handed[i] = step.result
@@ -183,99 +184,16 @@ class Shrinker:
 
         fewer = [line for line in lines[:-1] if line["op"] not in QUERIES] + lines[-1:]
         lines = (as_sent(fewer) if len(fewer) < len(lines) else None) or lines
-        lines = _ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
+        lines = ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
         if len(lines) > 2:  # then one call at a time, each block id followed to its source
             base = [lines]
-            lines = _ddmin(lines, lambda kept: judged(self._remapped(cap, base[0], kept)), base)
+            lines = ddmin(lines, lambda kept: judged(self._remapped(cap, base[0], kept)), base)
         final = check_lines(cap.pool, lines, vllm)
         return Shrunk(lines, len(cap.lines), final, self.replays)
 
 
-HANDS_OUT = tuple(n for n, op in OPERATIONS.items() if op.result in ("blocks", "blocks?"))
-"""The operations whose result names blocks a later call may name."""
-BLOCK_ARGS = tuple(dict.fromkeys(a.name for op in OPERATIONS.values() for a in op.args
-                                 if a.kind in ("block", "blocks", "block_ids")))
-"""Every argument that names blocks by id."""
-LISTS_OF_HELD = tuple(n for n, op in OPERATIONS.items()
-                      if op.role == "action" and op.args and op.args[0].kind in ("blocks", "block_ids"))
-"""Operations whose block list a shrink may cut: blocks the caller holds or names, in any number."""
-
-
 def _call(line: dict[str, Json]) -> Call:
     return str(line["op"]), dict(line["args"])
-
-
-def _sources(lines: Sequence[dict[str, Json]]) -> list[dict[tuple[str, int], tuple[int, int]]]:
-    """Per line, per block argument (name, position in the list; 0 for one id): the call whose
-    result last handed out that id, and the position there."""
-    latest: dict[int, tuple[int, int]] = {}
-    out = []
-    for i, line in enumerate(lines):
-        args = line["args"] if isinstance(line["args"], dict) else {}
-        here: dict[tuple[str, int], tuple[int, int]] = {}
-        for name in BLOCK_ARGS:
-            value = args.get(name)
-            for k, b in enumerate(value if isinstance(value, list) else [value]):
-                if isinstance(b, int) and b in latest:
-                    here[name, k] = latest[b]
-        out.append(here)
-        result = line.get("result")
-        if line["op"] in HANDS_OUT and line.get("error") is None and isinstance(result, list):
-            for k, b in enumerate(result):
-                latest[b] = (i, k)
-    return out
-
-
-def _renamed(args: dict[str, Json], sources: dict[tuple[str, int], tuple[int, int]],
-             handed: dict[int, list[int]], droppable: bool = False) -> dict[str, Json]:
-    """``args`` with each block id that came from a replayed call replaced by what it gave now.
-
-    With ``droppable`` (a list of blocks the caller holds), an id whose call
-    was left out is left out too: the caller never got that block.
-    """
-    gone = object()
-
-    def now(name: str, k: int, b: Json) -> Json:
-        src = sources.get((name, k))
-        if src is None:
-            return b
-        if src[0] not in handed:
-            return gone if droppable else b
-        return handed[src[0]][src[1]] if src[1] < len(handed[src[0]]) else b
-
-    for name in BLOCK_ARGS:
-        value = args.get(name)
-        if isinstance(value, list):
-            args[name] = [v for k, b in enumerate(value) if (v := now(name, k, b)) is not gone]
-        elif name in args:
-            args[name] = now(name, 0, value)
-    return args
-
-
-Lines = list[dict[str, Json]]
-
-
-def _ddmin(lines: Lines, differs: Callable[[Lines], Lines | None], track: list[Lines] | None = None) -> Lines:
-    """Delta debugging by complements: drop ever smaller chunks while the difference stays.
-
-    ``differs`` replays a candidate and returns the lines answered (the new
-    current list) or None; ``track[0]``, when given, follows the current list.
-    """
-    chunks = 2
-    while len(lines) >= 2:
-        size = -(-len(lines) // chunks)
-        for start in range(0, len(lines), size):
-            got = differs(lines[:start] + lines[start + size:])
-            if got is not None:
-                lines, chunks = got, max(chunks - 1, 2)
-                if track is not None:
-                    track[0] = lines
-                break
-        else:
-            if size == 1:
-                break
-            chunks = min(2 * chunks, len(lines))
-    return lines
 
 
 # ------------------------------------------------------------------- a run
