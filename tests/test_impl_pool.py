@@ -522,6 +522,9 @@ def test_get_cached_block_returns_the_block_of_every_group_or_none_on_any_miss()
     assert pool.get_cached_block(req.block_hashes[1], [0, 1]) is None
     assert pool.get_cached_block(req.block_hashes[3], [0]) is None
     assert pool.get_cached_block(req.block_hashes[1], []) == []
+    # any iterable of ids, read once (the pool makes a list of what is not one)
+    assert pool.get_cached_block(req.block_hashes[1], iter([3])) == [g3]
+    assert pool.get_cached_block(req.block_hashes[1], (g for g in (0, 3))) == [g0, g3]
 
 
 def test_get_cached_block_with_duplicates_returns_the_first_cached() -> None:
