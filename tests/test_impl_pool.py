@@ -534,6 +534,9 @@ def test_get_cached_block_with_duplicates_returns_the_first_cached() -> None:
     second = cache_blocks(pool, req, 1)[0]
     assert index_of(pool) == {key(req, 1): [first.block_id, second.block_id]}
     assert pool.get_cached_block(req.block_hashes[1], [0]) == [first]
+    other = cache_blocks(pool, req, 1, group=2)[0]  # several groups: the first of each too
+    assert pool.get_cached_block(req.block_hashes[1], [0, 2]) == [first, other]
+    assert pool.get_cached_block(req.block_hashes[1], [2, 0, 0]) == [other, first, first]
 
 
 # ------------------------------------------------------------- cache_full_blocks
