@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # test_model_scenarios); test_refusal_messages.py runs every misuse on the pool and the model.
 # Some of the pool's killers (group ids, a masked range's parent hash) also run the model, and
 # the lockstep compares the model's events with the pool's, so those files kill model/ mutants
-# too.  tests/test_registry.py cannot be one: it lists each model module's functions, and
-# mutmut's trampolines add a function per mutant.
+# too.  model/split.py (a call's per-block z3 steps) is run by proofs.agreement alone, so
+# test_agreement.py is a killer of model/.  tests/test_registry.py cannot be one: it lists
+# each model module's functions, and mutmut's trampolines add a function per mutant.
 KILLERS: dict[str, list[str]] = {
     "impl": [
         "tests/test_impl_pool.py",
@@ -53,6 +54,7 @@ KILLERS: dict[str, list[str]] = {
     "model": [
         "tests/test_model_scenarios.py",
         "tests/test_proofs.py",
+        "tests/test_agreement.py",
         "tests/test_bmc.py",
         "tests/test_refusal_messages.py",
         "tests/test_contracts.py",

@@ -148,6 +148,7 @@ def test_prefix_relations() -> None:
     assert compatible(a, b) and compatible(b, a) and compatible(EMPTY, a)
     assert not compatible(a, EMPTY.then(((2,), None)))
     assert EMPTY.then(((1,), None)).then(((2,), None)) is a  # interned: equal prefixes are one object
+    assert repr(a) == "(((1,), None), ((2,), None))" and repr(EMPTY) == "()"  # counterexamples print chunks
 
 
 # --------------------------------------------------------------------------

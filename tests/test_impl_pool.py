@@ -522,6 +522,9 @@ def test_get_cached_block_returns_the_block_of_every_group_or_none_on_any_miss()
     assert pool.get_cached_block(req.block_hashes[1], [0, 1]) is None
     assert pool.get_cached_block(req.block_hashes[3], [0]) is None
     assert pool.get_cached_block(req.block_hashes[1], []) == []
+    # any iterable of ids, read once (the pool makes a list of what is not one)
+    assert pool.get_cached_block(req.block_hashes[1], iter([3])) == [g3]
+    assert pool.get_cached_block(req.block_hashes[1], (g for g in (0, 3))) == [g0, g3]
 
 
 def test_get_cached_block_with_duplicates_returns_the_first_cached() -> None:
@@ -531,6 +534,9 @@ def test_get_cached_block_with_duplicates_returns_the_first_cached() -> None:
     second = cache_blocks(pool, req, 1)[0]
     assert index_of(pool) == {key(req, 1): [first.block_id, second.block_id]}
     assert pool.get_cached_block(req.block_hashes[1], [0]) == [first]
+    other = cache_blocks(pool, req, 1, group=2)[0]  # several groups: the first of each too
+    assert pool.get_cached_block(req.block_hashes[1], [0, 2]) == [first, other]
+    assert pool.get_cached_block(req.block_hashes[1], [2, 0, 0]) == [other, first, first]
 
 
 # ------------------------------------------------------------- cache_full_blocks
@@ -547,6 +553,15 @@ def test_cache_full_blocks_indexes_new_full_blocks_and_emits_one_stored_event() 
     assert taken(pool) == [stored(
         block_hashes=[ext(req.block_hashes[0]), ext(req.block_hashes[1])],
         token_ids=TOKENS[:8], extra_keys=[None, None])]
+
+
+def test_cache_full_blocks_takes_any_sequence_of_blocks() -> None:
+    """Blocks given as a tuple (any sequence: the pool takes its length first) work as a list."""
+    pool = make_pool(6, hbs=BS)
+    req = make_request(TOKENS, hbs=BS)
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, tuple(blocks), 0, 2, BS, 0)
+    assert index_of(pool) == {key(req, 0): [1], key(req, 1): [2]}
 
 
 def test_cache_full_blocks_continuation_names_the_last_cached_block_as_parent() -> None:

@@ -165,6 +165,8 @@ def test_refusals_name_what_was_wrong(
      r"^touch: KVCacheBlock\(block_id=1, .* is not a block of this pool$"),
     (lambda p: p.free_blocks([p.blocks[1], _FOREIGN]), UnknownBlockError, r"^free: not a KV-cache block: "),
     (lambda p: p.unpin_blocks([_FOREIGN], _CB), UnknownBlockError, r"is not a block of this pool$"),
+    (lambda p: p.free_blocks([p.blocks[3], _FOREIGN]), UnknownBlockError,  # a double free, then not a block
+     r"^<object object at 0x[0-9a-f]+> is not a block of this pool$"),
     (lambda p: p.is_block_writable(_FOREIGN), UnknownBlockError, r"is not a block of this pool$"),
     (lambda p: p.cache_partial_block(_req(), p.blocks[2], 2, 0, 4, True), CachingDisabledError,
      r"^cache_partial_block on a pool without prefix caching$"),
