@@ -14,6 +14,8 @@ for want of time, leaves it standing.  The unmutated copy must pass.
     python scripts/spec_mutants.py                 # every mutant, one run each (and the original)
     python scripts/spec_mutants.py --only NAME ... # some of them
     python scripts/spec_mutants.py --jobs 2        # runs side by side
+    python scripts/spec_mutants.py --skip seeded-bugs  # a quicker judge: the seeded bugs judge the
+                                                       # checks, not the specification
 """
 
 from __future__ import annotations
@@ -137,14 +139,15 @@ def stage(into: Path, mutant: Mutant | None) -> Path:
     return into
 
 
-def judge(mutant: Mutant | None) -> dict[str, Any]:
-    """Run the judge on a staged copy; what failed, and how."""
+def judge(mutant: Mutant | None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run the judge (and ``--skip`` each of ``skip``) on a staged copy; what failed, and how."""
     with tempfile.TemporaryDirectory(prefix="kvpool-mutant-") as scratch:
         root = stage(Path(scratch), mutant)
         out = root / "verify.json"
         env = {**os.environ, "PYTHONPATH": str(root), "CI": "true"}
         began = time.perf_counter()
-        done = subprocess.run([sys.executable, "-P", "-m", "kvpool", *JUDGE, "--json", str(out)],
+        more = [arg for phase in skip for arg in ("--skip", phase)]
+        done = subprocess.run([sys.executable, "-P", "-m", "kvpool", *JUDGE, *more, "--json", str(out)],
                               cwd=scratch, env=env, capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - began
         if not out.exists():
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="runs side by side")
     p.add_argument("--json", help="write the results to FILE")
     p.add_argument("--list", action="store_true", help="list the mutants and stop")
+    p.add_argument("--skip", action="append", default=[], help="a further phase to skip (repeatable)")
     ns = p.parse_args(argv)
     if ns.list:
         for m in MUTANTS:
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [m for m in MUTANTS if ns.only is None or m.name in ns.only]
     todo: list[Mutant | None] = [None, *chosen] if ns.only is None else list(chosen)
     with ThreadPoolExecutor(max(1, ns.jobs)) as pool:
-        results = list(pool.map(judge, todo))
+        results = list(pool.map(lambda m: judge(m, tuple(ns.skip)), todo))
     for r in results:
         verdict = ("refuted" if r["refuted"] else "STANDS") if r["name"] != "original" else (
             "passes" if r["exit"] == 0 else "FAILS")

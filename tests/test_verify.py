@@ -248,7 +248,7 @@ def test_a_pool_keeps_its_own_depth_unless_the_command_line_sets_every_depth() -
                                            "bmc/legal-corpus", "bmc/domain-shapes"]
     assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].bmc_pools)
     assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].agreement_pools)
-    assert any(p[4] >= 3 for p in verify.PROFILES["ci"].refinement_pools)
+    assert any(p[4] >= 3 for p in verify.PROFILES["dev"].refinement_pools)
     from kvpool.cli.verify import settings_from
 
     given = settings_from(["--bmc-depth", "1", "--agreement-depth", "1"]).budget
