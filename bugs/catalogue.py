@@ -157,7 +157,8 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          "a contract too weak: replace_existing_hashes by a holder who shares the block, so the "
          "other holders' KV is replaced under them",
          z3=step("cache_partial", z3s.replace_by_a_sharer),
-         action=("cache_partial_block", act.replace_by_a_sharer)),
+         action=("cache_partial_block", act.replace_by_a_sharer),
+         bmc={"blocks": 3, "hash_block_size": 2}),  # three calls: a tenth of the 4-block search
     _bug("move_onto_a_shared_block",
          "a contract too weak: move_block_hashes onto a block other requests hold too, so the "
          "copy overwrites their KV",

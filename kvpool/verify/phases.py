@@ -227,7 +227,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
-    progress.start("bmc", len(budget.bmc_pools) + 1)
+    progress.start("bmc", len(budget.bmc_pools) + 2)
     runs = []
     start = time.perf_counter()
     for blocks, hbs, depth in pool_depths(budget.bmc_pools, budget.bmc_depth):
@@ -252,11 +252,33 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
                          + ("" if out.part is None else
                             f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
                             f"{out.part.split_depth})"))
-    phase.cases.append(legal_case())
+    phase.cases += [legal_case(), shapes_case()]
+    progress.advance(phase.cases[-2].name)
     progress.advance(phase.cases[-1].name)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"runs": runs}
     return phase
+
+
+def shapes_case() -> Case:
+    """The BMC's call domains reach every argument shape the declarations allow, from a fresh
+    pool and the states one call away (:func:`kvpool.proofs.bmc.missing_shapes`): a domain that
+    stopped generating a legal call (never ``replace_existing_hashes=True``) fails here."""
+    # lazy: a phase's modules load when it runs (module docstring)
+    from kvpool.proofs import bmc
+    from kvpool.proofs.bmc.search import explore  # the model's own actions, whatever a test swapped
+
+    began = time.perf_counter()
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states: list[Any] = []
+    explore(cfg, 1, 600.0, visit=states.append)
+    lost = bmc.missing_shapes(states, cfg)
+    fail = None if not lost else failure(
+        "violation", f"the BMC's domains never make {len(lost)} legal argument shape(s): "
+        + "; ".join(f"{k}: {', '.join(v)}" for k, v in lost.items()),
+        "\n".join(f"{k}: never {', '.join(v)}" for k, v in lost.items()))
+    return Case("bmc/domain-shapes", f"the domains reach every argument shape of {len(states)} states' calls",
+                fail is None, time.perf_counter() - began, fail)
 
 
 def legal_case() -> Case:
