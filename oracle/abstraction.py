@@ -230,6 +230,15 @@ def vllm_refusal(model_error: Exception, pool_error: Exception | None) -> bool:
     return same_refusal(model_error, pool_error)
 
 
+def any_value_error(model_error: Exception, pool_error: Exception | None) -> bool:
+    """A pool other than kvpool's: out of blocks is any ``ValueError``, whatever its message
+    (``--strict-messages`` asks for vLLM's exact one: :func:`vllm_refusal`)."""
+    if isinstance(model_error, Refusal) and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS:
+        return isinstance(pool_error, ValueError) and (
+            refusal_kind(pool_error) in (None, RefusalKind.NOT_ENOUGH_FREE_BLOCKS))
+    return same_refusal(model_error, pool_error)
+
+
 def names_refusal(recorded: str | None, model_error: BaseException | None, *,
                   vllm_errors: bool = False) -> bool:
     """Whether an error class name recorded in a trace is the model's refusal."""
