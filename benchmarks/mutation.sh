@@ -66,7 +66,10 @@ for t in "${targets[@]}"; do
     if [ "$mode" = full ] || [ "${#names[@]}" -gt 0 ]; then
         # A mutant that loops while appending can eat all memory before its CPU limit: cap it.
         # Tests start subprocesses with python -P (no current folder on the path): they find the
-        # mutated package through PYTHONPATH.
+        # mutated package through PYTHONPATH.  mutants/ must exist before mutmut starts: Python
+        # caches "no finder" for a PYTHONPATH folder missing at start-up and never looks in it
+        # again, so every test would fail to import kvpool (mutmut: "failed to run pytest").
+        mkdir -p "$stage/mutants"
         (cd "$stage" && ulimit -v "${MUTATION_MEM_KB:-6000000}" \
             && PYTHONPATH="$stage/mutants${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/mutmut" run --max-children 1 "${names[@]}") > "$stage/mutmut-$mode.log" 2>&1 \
             || { tail -n 40 "$stage/mutmut-$mode.log"; echo "mutmut failed on $t (log: $stage/mutmut-$mode.log)" >&2

@@ -9,7 +9,10 @@ consecutive calls of one operation class (a run of several calls made from C), s
 driver's own work is not timed and a lookup run of 30 calls reads the clock twice, not 60
 times.  Reported per class and
 for the whole mix: the median over rounds of each round's vLLM/kvpool time ratio
-(with the lowest and highest), and the median ns per call.  The collector is off while a
+(with the lowest and highest), and the median ns per call.  The ``net`` ratio takes the
+clock floor (timing a call of nothing, measured each round) off every timed run of both
+pools: what is left is the pools' own calls, which matters for classes timed one call at
+a time (``touch``, ``take_events``).  The collector is off while a
 round runs (as timeit does; ``--gc`` leaves it on), and on between rounds.  The events
 ``take_events`` returns are freed after the clock is read, as a caller frees them once
 published (``event_cost.py`` times building and freeing events).
@@ -259,20 +262,28 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
     runs_of: dict[str, int] = defaultdict(int)
     for op, _method, _arglist in bind(trace, pools[names[0]](nblocks, True, BLOCK_SIZE)):
         runs_of[op] += 1
+    # The clock is read around each run, and around each take_events alone (see replay).
+    spans = {op: calls[op] if op == "events" else runs_of[op] for op in ops}
     print(f"\nworkload {workload.name}: {nreq} requests, {nblocks} blocks of {BLOCK_SIZE} tokens, "
           f"{len(trace)} pool calls, events {'off' if args.no_events else 'on'}"
           f"{' (kvpool emits vLLM classes)' if args.vllm_events and not args.no_events else ''}, "
           f"collector {'on' if args.gc else 'off'}; median of {args.repeat} interleaved rounds; "
-          f"clock floor {statistics.median(floors):.0f} ns per timed run (included)")
+          f"clock floor {statistics.median(floors):.0f} ns per timed run (included; 'net': "
+          "each round's floor taken off every timed run of both pools)")
     header = (f"{'operation':<10}{'calls':>8}{'runs':>8}{'blocks':>9}"
               + "".join(f"{n + ' ns/call':>18}" for n in names))
     builds = [n for n in names if n != "vllm"]
     if "vllm" in pools:
-        header += "".join(f"{n + '/vLLM (range)':>28}" for n in builds)
+        header += "".join(f"{n + '/vLLM (range)':>28}{'net':>7}" for n in builds)
     print(header)
     for op in [*ops, "mix"]:
         def total(rnd: dict[str, dict[str, int]], name: str, op: str = op) -> int:
             return sum(rnd[name].values()) if op == "mix" else rnd[name][op]
+
+        nspans = sum(spans.values()) if op == "mix" else spans[op]
+
+        def net(r: int, name: str, nspans: int = nspans) -> float:
+            return max(total(rounds[r], name) - floors[r] * nspans, 1.0)
         ncalls = len(trace) if op == "mix" else calls[op]
         nblk = sum(blocks.values()) if op == "mix" else blocks[op]
         nruns = sum(runs_of.values()) if op == "mix" else runs_of[op]
@@ -283,6 +294,8 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
             for n in builds:
                 ratios = [total(rnd, "vllm") / total(rnd, n) for rnd in rounds]
                 line += f"{statistics.median(ratios):>13.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+                nets = [net(r, "vllm") / net(r, n) for r in range(len(rounds))]
+                line += f"{statistics.median(nets):>6.2f}x"
         print(line)
     for name, cls in pools.items():
         empty = bytes_per_block(lambda cls=cls: cls(nblocks, True, BLOCK_SIZE), nblocks)

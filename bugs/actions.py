@@ -22,7 +22,7 @@ from kvpool.model import guards as G
 from kvpool.model import pool as P
 from kvpool.model.events import Removed
 from kvpool.model.refusals import Refusal, RefusalKind
-from kvpool.model.request import content
+from kvpool.model.request import content, prefix_key
 from kvpool.model.state import NULL, PoolState, Queue
 
 Action = Callable[..., tuple[PoolState, Any]]
@@ -339,3 +339,46 @@ def insert_overwrites_primary(s: PoolState, request: Any, prefix_tokens: int, gr
     nxt.primary[block_id] = replace(old, key=new_keys[0], num_tokens=num_tokens or old.num_tokens)
     nxt.secondary[block_id] = before
     return nxt, result
+
+
+def insert_into_unheld_block(s: PoolState, *args: Any) -> tuple[PoolState, Any]:
+    """_insert_block_hash without its holder check: a block nobody holds gets KV and an entry."""
+    with patched(C, written_by_a_holder=lambda *a: None):
+        return _act("_insert_block_hash", s, *args)
+
+
+def evict_spares_blocks_in_use(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
+    """evict_blocks leaves the entries of a block someone holds."""
+    G.evict_blocks(s, ids)
+    for b in ids:
+        s.tell("evicted", b)
+        if s.ref[b] == 0:
+            P.drop_hashes(s, b)
+    return s, None
+
+
+def replace_by_a_sharer(s: PoolState, request: Any, block_id: int, num_tokens: int, group: int,
+                        block_size: int, replace_existing: bool = False) -> tuple[PoolState, Any]:
+    """cache_partial_block(replace_existing_hashes=True) by any holder, not its sole owner."""
+    args = (request, block_id, num_tokens, group, block_size, replace_existing)
+    noop = G.cache_partial_block(s, *args)
+    if noop is not None:
+        return s, noop.result
+    if not replace_existing:
+        C.cache_partial_block(s, *args)
+    elif s.ref[block_id] < 1:
+        raise C.ContractBroken("replaced_by_its_sole_owner", f"block {block_id} has no holder")
+    else:
+        hbs = s.hash_block_size
+        key = prefix_key(request, num_tokens, hbs, group)
+        C.hashes_name_one_prefix(s, key, content(request, num_tokens, hbs))
+    return s, P.cache_partial_block(s, *args)
+
+
+def move_onto_a_shared_block(s: PoolState, src_id: int, dst_id: int) -> tuple[PoolState, Any]:
+    """move_block_hashes onto a block others hold too (its contract not checked)."""
+    noop = G.move_block_hashes(s, src_id, dst_id)
+    if noop is not None:
+        return s, noop.result
+    P.move_block_hashes(s, src_id, dst_id)
+    return s, None

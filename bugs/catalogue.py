@@ -119,6 +119,10 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          "allocation clears block_hash but leaves the index pointing at the block",
          z3=step("alloc", z3s.alloc_forgets_primary_only),
          pool=pools.AllocForgetsPrimaryOnly),
+    _bug("alloc_takes_any_free_block",
+         "allocation takes any free block rather than the queue's head: the eviction order "
+         "(least recently freed first) is lost",
+         queue=queue_step("alloc", z3s.alloc_takes_any_free_block)),
     _bug("alloc_pops_tail",
          "the free list used as a stack: allocation evicts the most recently freed prefixes",
          action=("get_new_blocks", act.alloc_pops_tail),
@@ -144,6 +148,21 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          z3=step("insert", z3s.insert_indexes_null),
          action=("_insert_block_hash", act.insert_indexes_null),
          pool=pools.InsertIndexesNull),
+    _bug("insert_into_unheld_block",
+         "a contract too weak: _insert_block_hash into a block nobody holds is accepted, so the "
+         "index names KV no caller copied there (the step writes the ghost itself: soundness holds)",
+         z3=step("insert", z3s.insert_into_unheld_block),
+         action=("_insert_block_hash", act.insert_into_unheld_block)),
+    _bug("replace_by_a_sharer",
+         "a contract too weak: replace_existing_hashes by a holder who shares the block, so the "
+         "other holders' KV is replaced under them",
+         z3=step("cache_partial", z3s.replace_by_a_sharer),
+         action=("cache_partial_block", act.replace_by_a_sharer)),
+    _bug("move_onto_a_shared_block",
+         "a contract too weak: move_block_hashes onto a block other requests hold too, so the "
+         "copy overwrites their KV",
+         z3=step("move", z3s.move_onto_a_shared_block),
+         action=("move_block_hashes", act.move_onto_a_shared_block)),
     _bug("insert_overwrites_primary",
          "_insert_block_hash makes a copied key the block's primary even when it has one: the "
          "old primary stays in the index, naming a block that no longer carries it",
@@ -160,6 +179,11 @@ BUGS: dict[str, SeededBug] = {b.name: b for b in [
          z3=step("evict", z3s.evict_forgets_index),
          action=("evict_blocks", act.evict_forgets_index),
          pool=pools.EvictForgetsIndex),
+    _bug("evict_spares_blocks_in_use",
+         "evict_blocks skips a block a request still holds: the block the caller evicted to "
+         "rewrite stays reachable from the index",
+         z3=step("evict", z3s.evict_spares_blocks_in_use),
+         action=("evict_blocks", act.evict_spares_blocks_in_use)),
     _bug("evict_keeps_secondaries",
          "partial-prefix entries not removed with the primary hash",
          z3=step("evict", z3s.evict_keeps_secondaries),

@@ -14,8 +14,8 @@ from dataclasses import replace
 import z3  # type: ignore[import-untyped]
 
 from kvpool.proofs import transitions as t
-from kvpool.proofs.order import QSTEPS, QSpec, QState, QStep, release, touch, unpin
-from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, KeySort, SymState
+from kvpool.proofs.order import QSTEPS, QSpec, QState, QStep, alloc, release, touch, unpin
+from kvpool.proofs.symbolic import EMPTY, NULL, Block, Expr, KeySort, SymState, ite
 from kvpool.proofs.transitions import StepSpec, SymStep
 
 _qx = z3.Const("bound.qx", Block)
@@ -215,6 +215,32 @@ def collisions_accepted(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> SymS
     return replace(st, pre=_without(st.pre, t.hashes_name_one_prefix(s, k, c)))
 
 
+def insert_into_unheld_block(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr) -> SymStep:
+    """_insert_block_hash accepts a block nobody holds: the index names KV no caller copied."""
+    st = t.insert(s, b, k, tk, c)
+    return replace(st, pre=_without(st.pre, s.ref[b] >= 1))
+
+
+def replace_by_a_sharer(s: SymState, b: Expr, k: Expr, tk: Expr, c: Expr, rep: Expr) -> SymStep:
+    """cache_partial_block replaces a block's contents for any holder, not its sole owner."""
+    st = t.cache_partial(s, b, k, tk, c, rep)
+    kids = st.pre.children()
+    return replace(st, pre=z3.And(*kids[:-1], z3.If(rep, s.ref[b] >= 1, kids[-1].children()[2])))
+
+
+def move_onto_a_shared_block(s: SymState, src: Expr, dst: Expr) -> SymStep:
+    """move_block_hashes copies onto a block others hold too: their KV is overwritten."""
+    st = t.move(s, src, dst)
+    return replace(st, pre=_without(st.pre, z3.Implies(s.prim[src], s.ref[dst] == 1)))
+
+
+def evict_spares_blocks_in_use(s: SymState, b: Expr) -> SymStep:
+    """evict_blocks skips a block someone holds: its entries outlive the eviction."""
+    st = t.evict(s, b)
+    return replace(st, post=ite(s.ref[b] > 0, s, st.post),
+                   removed=z3.If(s.ref[b] > 0, t.NO_ENTRIES, st.removed))
+
+
 # --------------------------------------------------------------------------
 # The free queue with places (the eviction order).
 
@@ -240,6 +266,12 @@ def unpin_reuses_tail_place(s: QState, b: Expr) -> QStep:
     st = unpin(s, b)
     return QStep(pre=st.pre, post=replace(st.post, pos=z3.Store(
         s.pos, b, z3.If(s.ref[b] == 1, s.hi - 1, s.pos[b]))))
+
+
+def alloc_takes_any_free_block(s: QState, b: Expr) -> QStep:
+    """get_new_blocks takes any free block, not the head: the eviction order means nothing."""
+    st = alloc(s, b)
+    return QStep(pre=z3.And(b != NULL, s.free[b]), post=st.post)
 
 
 def step(name: str, fn: t.StepFn) -> StepSpec:

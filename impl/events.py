@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from .hashing import generate_block_hash_extra_keys, get_mm_features_in_window, to_event_extra_keys
-from .keys import ExternalBlockHash
+from .keys import BlockHashWithGroupId, ExternalBlockHash, get_group_id, key_event_hash
 from .native import mypyc_attr
 
 MEDIUM_GPU = "GPU"
@@ -140,6 +140,7 @@ __all__ = [
     "EventClasses",
     "KVCacheEvent",
     "all_blocks_cleared",
+    "announce_removed",
     "block_removed",
     "block_stored",
     "event_fields",
@@ -180,12 +181,25 @@ def use_vllm_event_classes() -> tuple[Any, Any, Any]:
                              kv_events.AllBlocksCleared)
 
 
-def block_removed(key_hash: ExternalBlockHash, medium: str, group_id: int) -> Any:
-    """The ``BlockRemoved`` for one index entry."""
-    cls = EventClasses.removed
+def _removed(cls: Any, key_hash: ExternalBlockHash, medium: str, group_id: int) -> Any:
     if cls is BlockRemoved:  # one per evicted key: positional, in this class's field order, is cheaper
         return BlockRemoved([key_hash], medium, group_id)
     return cls(block_hashes=[key_hash], medium=medium, group_idx=group_id)
+
+
+def block_removed(key_hash: ExternalBlockHash, medium: str, group_id: int) -> Any:
+    """The ``BlockRemoved`` (of the classes in use) for one index entry."""
+    return _removed(EventClasses.removed, key_hash, medium, group_id)
+
+
+def announce_removed(queue: list[Any], keys: list[BlockHashWithGroupId], medium: str) -> None:
+    """Append the ``BlockRemoved`` of each removed index key to ``queue``, in order.
+
+    One call per allocation, not per evicted key: the classes in use are looked up once.
+    """
+    cls = EventClasses.removed
+    for key in keys:
+        queue.append(_removed(cls, key_event_hash(key), medium, get_group_id(key)))
 
 
 def all_blocks_cleared() -> Any:

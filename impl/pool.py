@@ -35,7 +35,7 @@ from .events import (
     MEDIUM_GPU,
     KVCacheEvent,
     all_blocks_cleared,
-    block_removed,
+    announce_removed,
     block_stored,
     extra_keys_of_blocks,
     extra_keys_of_chunk,
@@ -48,8 +48,6 @@ from .keys import (
     BlockHash,
     BlockHashWithGroupId,
     ExternalBlockHash,
-    get_group_id,
-    key_event_hash,
     maybe_convert_block_hash,
 )
 from .metrics import KVCacheMetricsCollector
@@ -61,6 +59,10 @@ logger.addHandler(logging.NullHandler())
 ReuseWatcher = Callable[[KVCacheBlock], None]
 _Call = tuple[Callable[..., Any], tuple[Any, ...]]
 _SUFFIXES: Final = [g.to_bytes(4, "big") for g in range(64)]
+# Group 0 (most models have one group) takes its suffix without a call: CPython keeps one int 0,
+# so an identity test is an exact check for it, and any other value goes to _group_suffix.
+_INT_0: Final = 0
+_SUFFIX_0: Final = _SUFFIXES[0]
 
 _T = TypeVar("_T")
 # An argument the pool checks itself: what a caller should pass, or anything else,
@@ -201,29 +203,37 @@ class BlockPool:
 
     # ----------------------------------------------------------- hash entries
 
-    def _drop_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
-        """Remove every index entry of ``block``, primary first."""
-        primary = block._block_hash
-        if primary is None:
-            return []
+    def _drop_hashes(self, blocks: list[KVCacheBlock]) -> list[BlockHashWithGroupId]:
+        """Remove every index entry of each block, primary first; the keys removed, in order.
+
+        One call for all the blocks an allocation hands out (not one per block: the
+        interpreted build pays for each call).
+        """
+        removed: list[BlockHashWithGroupId] = []
         index = self.cached_block_hash_to_block
-        removed = [primary] if index.pop(primary, block.block_id) is not None else []
+        cache = index._cache
         secondary = self.cached_block_hashes_by_block
-        extra = secondary.pop(block.block_id, None) if secondary else None  # mostly empty: skip the pop
-        if extra:
-            for key in extra:
-                if index.pop(key, block.block_id) is not None:
-                    removed.append(key)
-        block._block_hash = None
-        block._block_hash_num_tokens = None
+        for block in blocks:
+            primary = block._block_hash
+            if primary is None:
+                continue
+            if cache.get(primary) is block:  # the usual entry: this block alone under its key
+                del cache[primary]
+                removed.append(primary)
+            elif index.pop(primary, block.block_id) is not None:
+                removed.append(primary)
+            extra = secondary.pop(block.block_id, None) if secondary else None  # mostly empty: skip the pop
+            if extra:
+                for key in extra:
+                    if index.pop(key, block.block_id) is not None:
+                        removed.append(key)
+            block._block_hash = None
+            block._block_hash_num_tokens = None
         return removed
 
     def _emit_removed(self, removed: list[BlockHashWithGroupId]) -> None:
-        if not self.enable_kv_cache_events:
-            return
-        for key in removed:
-            self.kv_event_queue.append(block_removed(
-                key_event_hash(key), self.medium, get_group_id(key)))
+        if self.enable_kv_cache_events and removed:
+            announce_removed(self.kv_event_queue, removed, self.medium)
 
     def _add_key(self, key: BlockHashWithGroupId, block: KVCacheBlock, num_tokens: int | None) -> None:
         """Index ``block`` under ``key``: as its primary key if it has none."""
@@ -247,7 +257,8 @@ class BlockPool:
         group_ids: list[Any] = (
             kv_cache_group_ids if type(kv_cache_group_ids) is list else list(kv_cache_group_ids))
         if len(group_ids) == 1:  # the usual call: the result list made at its size, no append
-            entry = cache.get(block_hash + _group_suffix(group_ids[0]))
+            group_id = group_ids[0]
+            entry = cache.get(block_hash + (_SUFFIX_0 if group_id is _INT_0 else _group_suffix(group_id)))
             if entry is None:
                 return None
             return [entry if type(entry) is KVCacheBlock else earliest(entry)]  # type: ignore[arg-type]
@@ -326,7 +337,7 @@ class BlockPool:
             block_hash = hash_list[pos] if hash_list is not None else hashes[pos]
             pos += 1
             if blk._block_hash is not None:
-                self._emit_removed(self._drop_hashes(blk))
+                self._emit_removed(self._drop_hashes([blk]))
             key = block_hash + suffix
             # An unhashed block has no secondary keys, so this is a plain insert.
             blk._block_hash = key
@@ -415,11 +426,11 @@ class BlockPool:
         already = block._block_hash == key or self.cached_block_hash_to_block.contain(
             key, block.block_id)
         if replace_existing_hashes:
-            self._emit_removed(self._drop_hashes(block))
+            self._emit_removed(self._drop_hashes([block]))
             already = False
         elif (not already and block._block_hash_num_tokens is not None
               and block._block_hash_num_tokens < num_tokens):
-            self._emit_removed(self._drop_hashes(block))
+            self._emit_removed(self._drop_hashes([block]))
         self._add_key(key, block, num_tokens)
         if self.enable_kv_cache_events and not already:
             start = (num_hash_blocks - 1) * hbs
@@ -444,7 +455,7 @@ class BlockPool:
         if dst_block.is_null and src_block._block_hash is not None:
             raise NullBlockError("hashes cannot be moved onto the null block")
         num_tokens = src_block._block_hash_num_tokens
-        for key in self._drop_hashes(src_block):
+        for key in self._drop_hashes([src_block]):
             self._add_key(key, dst_block, num_tokens)
 
     def _insert_block_hash(
@@ -481,7 +492,7 @@ class BlockPool:
         the eviction, hashed or not.
         """
         block = self._own(block)
-        removed = self._drop_hashes(block) if block._block_hash is not None else []
+        removed = self._drop_hashes([block])
         self._emit_removed(removed)
         if self.metrics_collector:
             self._notify_each(self.metrics_collector.on_block_evicted, [block])
@@ -508,14 +519,10 @@ class BlockPool:
                 watcher = watchers.pop(block.block_id, None)
                 if watcher is not None:
                     calls.append((watcher, (block,)))
-        if self.enable_caching:
-            for block in ret:
-                if block._block_hash is not None:
-                    self._emit_removed(self._drop_hashes(block))
-                block.ref_cnt = 1
-        else:
-            for block in ret:
-                block.ref_cnt = 1
+        for block in ret:
+            block.ref_cnt = 1
+        if self.enable_caching:  # lazy eviction: the old keys of the blocks handed out, announced at once
+            self._emit_removed(self._drop_hashes(ret))
         metrics = self.metrics_collector
         if metrics:
             calls = calls or []
@@ -703,13 +710,10 @@ class BlockPool:
         for block_id in ids:
             if not isinstance(block_id, int) or not 0 <= block_id < n:
                 raise UnknownBlockError(f"Invalid block_id {block_id!r}: not in [0, {n})")
-        metrics = self.metrics_collector
-        for block_id in ids:
-            block = self.blocks[block_id]
-            if block._block_hash is not None:
-                self._emit_removed(self._drop_hashes(block))
-        if metrics:
-            self._notify_each(metrics.on_block_evicted, list(map(self.blocks.__getitem__, ids)))
+        blocks = [self.blocks[block_id] for block_id in ids]
+        self._emit_removed(self._drop_hashes(blocks))
+        if self.metrics_collector:
+            self._notify_each(self.metrics_collector.on_block_evicted, blocks)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (e.g. after a weight update).

@@ -5,7 +5,8 @@ A reviewer's one page of what is known and how.  One row per property
 :data:`kvpool.model.properties.STEP_PROPERTIES`), one column per method:
 
 * ``z3`` — proven for every step, for a pool of any size (:mod:`kvpool.proofs`);
-* ``bmc`` — checked in every state of every call sequence of small pools;
+* ``bmc`` — checked in every state of every call sequence of small pools, up to a depth
+  per pool (a bound: states deeper than it are not explored);
 * ``lockstep`` — checked on the model after every call of the random
   workloads while the pool's observation equals the model's;
 * ``bugs`` — the seeded bugs that break it (a property no bug breaks could
@@ -37,9 +38,6 @@ from kvpool.proofs.transitions import STEPS
 Row = dict[str, Any]
 
 BY_CONSTRUCTION: dict[str, str] = {
-    "allocation_takes_queue_head": (
-        "the queue proof's alloc step takes the head by its precondition; "
-        "the agreement check ties it to the model's queue"),
     "refused_call_changes_nothing": "a refused call is the identity step: no step of a refusal exists",
 }
 """Step properties that hold in the z3 encoding by the way the steps are written."""
@@ -62,17 +60,25 @@ COMPLETED_BY: dict[str, str] = {
 """Invariants whose dropped conjunct another proof establishes, for any pool size."""
 
 
+def _scope(name: str) -> str:
+    """For which pools a z3 verdict on invariant ``name`` speaks: all of them, unless the encoding
+    drops a conjunct no other proof establishes (then that conjunct only within the BMC's depth)."""
+    if name in PARTIAL and name not in COMPLETED_BY:
+        return (f"any pool size without one conjunct ({PARTIAL[name]}); that conjunct is checked "
+                "by the BMC within its depth and by the lockstep, not for any pool size")
+    notes = [n for n in (PARTIAL.get(name), COMPLETED_BY.get(name)) if n]
+    return "any pool size" + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def _z3_invariant(name: str, proofs: Mapping[str, Any] | None) -> str:
     if name in NOT_ENCODED:
         return f"not encoded: {NOT_ENCODED[name]}"
-    notes = [n for n in (PARTIAL.get(name), COMPLETED_BY.get(name)) if n]
-    note = f" ({'; '.join(notes)})" if notes else ""
     if proofs is None:
-        return f"every step preserves it, any pool size: {len(STEPS)} steps{note}"
+        return f"every step preserves it, {_scope(name)}: {len(STEPS)} steps"
     cells = [proofs["initial"][name], *(row[name] for row in proofs["matrix"].values())]
     proven = sum(c["status"] == "proven" for c in cells)
     verdict = "proven" if proven == len(cells) else "NOT PROVEN"
-    return f"{verdict}: {proven}/{len(cells)} (initial + {len(cells) - 1} steps), any pool size{note}"
+    return f"{verdict}: {proven}/{len(cells)} (initial + {len(cells) - 1} steps), {_scope(name)}"
 
 
 def _z3_step_property(name: str, proofs: Mapping[str, Any] | None) -> str:
@@ -107,14 +113,15 @@ def _z3_lemma(name: str, proofs: Mapping[str, Any] | None) -> str:
 
 def _bmc(bmc_phase: Mapping[str, Any] | None, budget: Mapping[str, Any] | None) -> str:
     if bmc_phase is not None:
-        runs = [f"depth {r['depth']}{'' if r['complete'] else '+'} on {r['blocks']} blocks, "
+        runs = [f"depth {r['depth']}{'' if r['complete'] else ' (cut)'} on {r['blocks']} blocks, "
                 f"hbs {r['hash_block_size']}" for r in bmc_phase.get("runs", [])]
         failed = not bmc_phase.get("ok", True)
-        return ("VIOLATED; " if failed else "every reachable state: ") + "; ".join(runs)
+        return ("VIOLATED; " if failed else "every state reachable within the depth: ") + "; ".join(runs)
     if budget is not None:
-        pools = "; ".join(f"{b} blocks, hbs {h}" for b, h in budget.get("bmc_pools", []))
-        return f"every reachable state to depth {budget.get('bmc_depth')}: {pools}"
-    return "every reachable state of small pools, to the profile's depth (kvpool verify)"
+        pools = "; ".join(f"depth {p[2] if len(p) > 2 else budget.get('bmc_depth')} on {p[0]} blocks, "
+                          f"hbs {p[1]}" for p in budget.get("bmc_pools", []))
+        return f"every state reachable within the depth: {pools}"
+    return "every state of small pools reachable within the profile's depths (kvpool verify)"
 
 
 def _lockstep(phase: Mapping[str, Any] | None) -> str:

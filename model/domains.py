@@ -43,6 +43,7 @@ def get_new_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def free_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
+    """``free_blocks`` and ``touch``: one block, and two (a block listed twice among them)."""
     for b in _ids(s):
         yield ([b],)
     for a, b in itertools.product(_ids(s), repeat=2):
@@ -50,7 +51,7 @@ def free_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def single_lists(s: PoolState, scope: Scope) -> Iterator[Args]:
-    """``touch`` and ``evict_blocks``: one block at a time."""
+    """``evict_blocks``: one block at a time."""
     for b in _ids(s):
         yield ([b],)
 
@@ -61,9 +62,12 @@ def maybe_evict_cached_block(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def unpin_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
+    """One block with either watcher; two blocks with the first."""
     for b in _ids(s):
         for w in scope.watchers:
             yield ([b], w)
+    for a, b in itertools.product(_ids(s), repeat=2):
+        yield ([a, b], scope.watchers[0])
 
 
 def no_arguments(s: PoolState, scope: Scope) -> Iterator[Args]:
@@ -99,13 +103,15 @@ def emit_cached_block_events(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def cache_partial_block(s: PoolState, scope: Scope) -> Iterator[Args]:
-    """Partial entries end inside a block (a block boundary is ``cache_full_blocks``' job)."""
+    """Partial entries end inside a block (a block boundary is ``cache_full_blocks``' job), except
+    a replacement, which may end anywhere."""
     for r, bs, g in itertools.product(scope.requests, _block_sizes(s), scope.groups):
-        if bs == s.hash_block_size:
-            continue
         for b in _ids(s):
             for nt in _token_counts(s, r):
-                if nt % bs:
+                if bs == s.hash_block_size:  # at a block boundary: only to replace the contents
+                    if nt == len(r.all_token_ids) and g == scope.groups[0]:
+                        yield (r, b, nt, g, bs, True)
+                elif nt % bs:
                     for rep in (False, True):
                         yield (r, b, nt, g, bs, rep)
 
@@ -118,7 +124,9 @@ def cache_full_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
         nmax = len(r.all_token_ids) // bs
         for lst, nc in ranges:
             nf = min(len(lst), nmax)
-            if nc >= nf:
+            if nc >= nf:  # nothing new to cache: a no-op, once per request, size and group
+                if lst == [NULL, NULL]:
+                    yield (r, lst, nc, nf, bs, g, None)
                 continue
             masks: list[list[bool] | None] = [None]
             if nf - nc == 2:

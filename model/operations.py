@@ -196,7 +196,7 @@ OPERATIONS: dict[str, Operation] = _declare(
               ("release",), split.free_blocks, domains.free_blocks, freed_queue),
     Operation("touch", "action", (Arg("block_ids", BLOCKS),), "none",
               guards.touch, contracts.nothing, pool.touch, footprints.listed,
-              ("touch",), split.touch, domains.single_lists, touched_queue),
+              ("touch",), split.touch, domains.free_blocks, touched_queue),
     Operation("unpin_blocks", "action", (Arg("block_ids", BLOCKS), Arg("on_reuse", "watcher")), "none",
               guards.unpin_blocks, contracts.nothing, pool.unpin_blocks, footprints.listed,
               ("unpin",), split.unpin_blocks, domains.unpin_blocks, unpinned_queue),

@@ -26,7 +26,7 @@ from typing import Any
 
 from .events import Cleared, Removed, Stored
 from .footprints import Footprint, changed_outside
-from .request import prefix_key
+from .request import extends, prefix_key
 from .state import NULL, Key, Output, PoolState
 
 
@@ -231,6 +231,46 @@ def conflicting_caches_are_refused(t: Transition) -> bool:
         if chosen and p is not None and p.num_tokens >= (i + 1) * block_size:
             return False
     return True
+
+
+CACHE_RECORDS = ("cache_full_blocks", "cache_partial_block")
+"""The operations whose ghost write records what the request's prefix is, whoever holds the
+block: the model lets them cache a block nobody holds (a small pool reaches cached idle blocks
+in one call), so the holder rule below does not speak of them."""
+
+
+@step_property
+def content_changes_only_through_holders(t: Transition) -> bool:
+    """A block's ghost content changes only while a caller holds it (``CACHE_RECORDS`` excepted)."""
+    if t.refused or t.action in CACHE_RECORDS:
+        return True
+    b, a = t.before, t.after
+    return all(b.holders[x] > 0 or a.holders[x] > 0
+               for x in range(b.num_blocks) if a.holds[x] != b.holds[x])
+
+
+@step_property
+def shared_content_only_grows(t: Transition) -> bool:
+    """A block two or more callers hold keeps its content, or extends it: no holder loses its KV."""
+    if t.refused:
+        return True
+    b, a = t.before, t.after
+    return all(extends(a.holds[x], b.holds[x]) for x in range(1, b.num_blocks) if b.holders[x] >= 2)
+
+
+EVICTIONS = ("evict_blocks", "_maybe_evict_cached_block")
+"""The operations that take blocks out of the index on the caller's request."""
+
+
+@step_property
+def evicted_blocks_leave_the_index(t: Transition) -> bool:
+    """After ``evict_blocks`` (or ``_maybe_evict_cached_block``) the listed blocks have no index entries."""
+    if t.refused or t.action not in EVICTIONS:
+        return True
+    listed = set(t.arg("block_ids") if t.action == "evict_blocks" else [t.arg("block_id")])
+    s = t.after
+    return (all(s.primary[b] is None and not s.secondary[b] for b in listed)
+            and not any(b in listed for blocks in s.index.values() for b in blocks))
 
 
 @step_property

@@ -43,9 +43,9 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kvpool.model import (
     ACTIONS,
@@ -57,23 +57,33 @@ from kvpool.model import (
     RefusalKind,
 )
 from kvpool.model.events import Event, Removed, Stored
-from kvpool.model.request import content
+from kvpool.model.properties import CACHE_RECORDS, EVENT_LOG, EVICTIONS, STEP_PROPERTIES, Transition
+from kvpool.model.request import EMPTY as EMPTY_PREFIX
+from kvpool.model.request import content, extends
 from kvpool.model.split import Split
-from kvpool.model.state import NULL, Key, PoolState, Primary, Queue
+from kvpool.model.state import NULL, Key, Output, PoolState, Primary, Queue
 
 from . import bmc
 from .evaluate import (
     Carriers,
     Compiled,
+    CompiledQueue,
     Interp,
     Predicate,
+    QInterp,
     Undetermined,
     abstract,
+    compile_claim,
     compile_predicate,
+    compile_queue_step,
     compile_step,
     cross_check,
+    queue_of,
+    queue_order,
 )
 from .invariants import SYM_INVARIANTS, SYM_LEMMAS, SymInvariant
+from .order import ORDER_PROPERTIES, QSTEPS
+from .step_properties import SYM_STEP_PROPERTIES, SymStepProperty
 from .symbolic import Block, Content, KeySort
 from .transitions import STEPS, StepSpec
 
@@ -87,6 +97,14 @@ ARGUMENT_REFUSALS = (RefusalKind.INVALID_ARGUMENT, RefusalKind.UNKNOWN_BLOCK)
 well-formed values), so such calls are skipped and counted."""
 BATCH_CONTRACTS = ("cached_once_per_call",)
 """Contracts on a whole batch: no per-block step can see them (skipped and counted)."""
+
+ABOUT_ENABLING = ("allocation_succeeds_iff_enough_free", "conflicting_caches_are_refused")
+"""Step properties that say when a step is enabled: the steps' check compares every
+precondition with the model's verdict both ways (a refused call z3 enables disagrees), so an
+accepted call can only show them true."""
+
+COMPARED_PROPERTIES = (*SYM_STEP_PROPERTIES, *(n for n in ORDER_PROPERTIES if n in STEP_PROPERTIES))
+"""The step properties compared with the model's of the same name, on every accepted call."""
 
 CHECKED = {**SYM_INVARIANTS, **SYM_LEMMAS}
 """Every z3 state predicate checked against the model's predicate of the same name."""
@@ -111,12 +129,15 @@ def domain_of(cfg: bmc.Bounds) -> Carriers:
 
 @dataclass
 class Compiledset:
-    """The z3 steps and predicates compiled for one domain."""
+    """The z3 steps, predicates, step properties and queue steps compiled for one domain."""
 
     domain: Carriers
     steps: dict[str, Compiled]
     predicates: dict[str, Predicate]
     specs: dict[str, StepSpec]
+    claims: dict[str, dict[str, Callable[..., bool]]] = field(default_factory=dict)
+    """Per step property, per step it speaks of: ``(state, post, *args, pre, removed, stored)``."""
+    queue: dict[str, CompiledQueue] = field(default_factory=dict)
     converters: dict[str, tuple[Mapping[Any, int] | None, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -124,12 +145,22 @@ class Compiledset:
 
 
 def compile_all(d: Carriers, steps: Mapping[str, StepSpec] | None = None,
-                predicates: Mapping[str, SymInvariant] | None = None) -> Compiledset:
-    """Compile every step and predicate; ``steps``/``predicates`` replace some by name (seeded bugs)."""
+                predicates: Mapping[str, SymInvariant] | None = None,
+                properties: Mapping[str, SymStepProperty] | None = None,
+                queue: Mapping[str, tuple[Callable[..., Any], Any]] | None = None) -> Compiledset:
+    """Compile every step, predicate, step property and queue step; each argument replaces some
+    by name (seeded encoding bugs)."""
     specs = {**STEPS, **(steps or {})}
     preds = {**CHECKED, **(predicates or {})}
+    props = {**SYM_STEP_PROPERTIES, **(properties or {})}
+    qsteps = {**QSTEPS, **(queue or {})}
+    claims = {p: {st: compile_claim(d, specs[st], prop.claim, f"{p} of {st}")
+                  for st in specs if prop.steps is None or st in prop.steps}
+              for p, prop in props.items()}
     return Compiledset(d, {n: compile_step(d, sp) for n, sp in specs.items()},
-                       {n: compile_predicate(d, p, n) for n, p in preds.items()}, specs)
+                       {n: compile_predicate(d, p, n) for n, p in preds.items()}, specs, claims,
+                       {n: compile_queue_step(d, n, fn, sorts, ORDER_PROPERTIES)
+                        for n, (fn, sorts) in qsteps.items()})
 
 
 # --------------------------------------------------------------------------
@@ -171,6 +202,12 @@ class Report:
     """Per checked predicate: [states where it is true, states where it is false] (faithful states)."""
     steps: dict[str, list[int]] = field(default_factory=dict)
     """Per step: [calls where the steps are enabled, calls refused]."""
+    properties: dict[str, list[int]] = field(default_factory=dict)
+    """Per step property compared: [transitions where the model's holds, where it does not]."""
+    queues: int = 0
+    """Accepted calls whose queue (as a sequence of places) was compared."""
+    events: bool = True
+    """The pool emits events (else the event-log properties hold vacuously, both sides)."""
     perturbations: Counter[str] = field(default_factory=Counter)
     disagreements: Counter[str] = field(default_factory=Counter)
     """Per case, how many disagreements were found."""
@@ -193,6 +230,13 @@ class Report:
     @property
     def ok(self) -> bool:
         return not self.disagreements and not self.never_false
+
+    @property
+    def never_broken(self) -> list[str]:
+        """Step properties no compared transition broke: their "both ways" is not shown
+        (those about when a step is enabled are shown both ways by the steps' own check)."""
+        return [n for n, (_t, f) in self.properties.items()
+                if f == 0 and n not in ABOUT_ENABLING and (self.events or n not in EVENT_LOG)]
 
 
 # --------------------------------------------------------------------------
@@ -679,7 +723,270 @@ def _check_call(run: _Run, s: PoolState, interp: Interp, memo: dict[tuple[Any, .
         diff.append(f"model events naming no entry of the blocks processed: {', '.join(lost)}")
     if diff:
         rep.add(Disagreement(case, s, _described(call, verdict), "; ".join(diff)))
+        return nxt
+    queue = _check_queue(run, s, nxt, call, p)
+    runs = [(st, memo[p.steps[:i]][2], memo[p.steps[:i + 1]][2], _concrete(run.compiled.converters[st], a),
+             removed[i], stored[i]) for i, (st, a) in enumerate(p.steps)]
+    _check_properties(run, s, nxt, result, call, runs, queue)
     return nxt
+
+
+# --------------------------------------------------------------------------
+# The queue as a sequence, and the step properties both ways.
+
+QueueRun = list[tuple[QInterp, QInterp, str, tuple[Any, ...]]]
+"""Queue steps as run: (queue before, queue after, step, arguments)."""
+StepRun = list[tuple[str, Interp, Interp, tuple[Any, ...], frozenset[tuple[int, int]],
+                     frozenset[tuple[int, int]]]]
+"""z3 steps as run: (step, state before, state after, arguments, removed, stored)."""
+
+
+def queue_plan(p: Plan, after: PoolState) -> list[tuple[str, tuple[Any, ...]]]:
+    """An accepted call as queue steps (:data:`.order.QSTEPS`), from its split: ``free_blocks``
+    reserves a head place per listing first; a step that changes hashes is ``recache`` of each
+    block it names, to the cachedness the block ends with."""
+    def cached(b: int) -> bool:
+        return after.caching and after.primary[b] is not None
+
+    releases = sum(1 for st, _a in p.steps if st == "release")
+    out: list[tuple[str, tuple[Any, ...]]] = [("open_batch", (releases,))] if releases else []
+    for st, a in p.steps:
+        if st in ("alloc", "release", "touch", "unpin"):
+            out.append((st, (a[0],)))
+        elif st == "reset":
+            out.append(("uncache_all", ()))
+        elif st in ("evict", "cache_full", "cache_partial", "insert", "move"):
+            out += [("recache", (b, cached(b))) for b in ((a[0], a[1]) if st == "move" else (a[0],))]
+        else:
+            out.append(("identity", ()))
+    return out
+
+
+def _check_queue(run: _Run, s: PoolState, after: PoolState, call: bmc.Call, p: Plan) -> QueueRun:
+    """The queue steps from ``s``'s queue: enabled, and leaving ``after``'s queue, IN ORDER."""
+    rep = run.report
+    q = queue_of(s)
+    done: QueueRun = []
+    try:
+        for name, args in queue_plan(p, after):
+            step = run.compiled.queue[name]
+            if not step.pre(q, *args):
+                rep.add(Disagreement(f"queue/{name}", s, _described(call, "accepted"),
+                                     f"the z3 queue step {name}{args} is not enabled"))
+                return []
+            nq = step.post(q, *args)
+            done.append((q, nq, name, args))
+            q = nq
+        got = queue_order(q)
+    except Undetermined as exc:
+        rep.add(Disagreement("queue/order", s, _described(call, "accepted"), f"undetermined: {exc}"))
+        return []
+    rep.queues += 1
+    want = queue_of(after)
+    if got != tuple(after.free) or (q.ref, q.free, q.cached) != (want.ref, want.free, want.cached):
+        rep.add(Disagreement("queue/order", s, _described(call, "accepted"),
+                             f"z3's queue {list(got)}, the model's {list(after.free)}"
+                             + ("" if (q.ref, q.cached) == (want.ref, want.cached)
+                                else f"; counts or cachedness differ: z3 {q.ref} {q.cached}, model "
+                                     f"{want.ref} {want.cached}")))
+    return done
+
+
+def _z3_says(run: _Run, steps: StepRun, queue: QueueRun) -> dict[str, bool | None]:
+    """Each step property the z3 side states of the call: every step it speaks of keeps it
+    (``None``: it reads a cell the model leaves undefined)."""
+    out: dict[str, bool | None] = {}
+    for prop, per_step in run.compiled.claims.items():
+        for name, st, post, args, removed, stored in steps:
+            claim = per_step.get(name)
+            if claim is None:
+                continue
+            try:
+                held: bool | None = claim(st, post, *args, True, removed, stored)
+            except Undetermined:
+                held = None
+            prev = out.get(prop, True)
+            out[prop] = None if prev is None or held is None else prev and held
+    for q, qp, name, args in queue:
+        for prop, claim in run.compiled.queue[name].claims.items():
+            if prop in STEP_PROPERTIES:
+                prev = out.get(prop, True)
+                out[prop] = None if prev is None else prev and claim(q, qp, *args)
+    return out
+
+
+def _compare(run: _Run, s: PoolState, call: bmc.Call, t: Transition, said: Mapping[str, bool | None],
+             what: str, only: str | None = None) -> None:
+    """The model's step properties of ``t`` against what z3 says (``only``: that one)."""
+    for prop, z in said.items():
+        if only is not None and prop != only:
+            continue
+        want = STEP_PROPERTIES[prop](t)
+        counts = run.report.properties.setdefault(prop, [0, 0])
+        counts[0 if want else 1] += 1
+        if z is not want:
+            run.report.add(Disagreement(
+                f"property/{prop}", s, _described(call, what),
+                f"{prop}: model {want}, z3 {_show_bool(z)}"))
+
+
+def _check_properties(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call,
+                      steps: StepRun, queue: QueueRun) -> None:
+    """Every step property z3 states, on the call as made and on transitions made wrong on purpose.
+
+    Reachable calls keep every property, so each accepted call is also altered (one in
+    ``perturb`` of them, rotating) in a way that breaks one property in the model: a block
+    nobody holds given other content, a shared block's content replaced, an evicted block left
+    indexed, a ``Stored`` of a live
+    entry, a ``Removed`` of a key nobody announced, two queued blocks swapped, the second
+    queued block handed out.  z3's property of the same name, asked of the altered
+    transition, must be false too (both ways).
+    """
+    name, args = call
+    op = OPERATIONS[name]
+    _compare(run, s, call, op.transition(s, nxt, args, result, out=nxt.out), _z3_says(run, steps, queue),
+             "accepted")
+    run.turn += 1
+    if not steps or run.perturb == 0 or run.turn % run.perturb:
+        return
+    for label, prop, after, res, out, last, qlast, before in _altered(
+            run, s, nxt, result, call, steps, queue):
+        st_, post, a, rem, sto = last
+        said = _z3_says(run, [*steps[:-1], (steps[-1][0], st_, steps[-1][2] if post is None else post, a,
+                                            rem, sto)],
+                        [*queue[:-1], qlast] if qlast is not None else queue)
+        _compare(run, s, call, op.transition(before or s, after, args, res, out=out), said,
+                 f"altered: {label}", prop)
+
+
+class Altered(NamedTuple):
+    """A transition altered to break one property in the model, and the same on the z3 side."""
+
+    label: str
+    prop: str
+    """The property the alteration breaks."""
+    after: PoolState
+    result: Any
+    out: Output
+    last: tuple[Interp, Any, tuple[Any, ...], frozenset[tuple[int, int]], frozenset[tuple[int, int]]]
+    """The last z3 step's (state, post or None: unchanged, args, removed, stored)."""
+    qlast: tuple[QInterp, QInterp, str, tuple[Any, ...]] | None
+    """The last queue step, altered (None: unchanged)."""
+    before: PoolState | None = None
+    """The state before, when the alteration changes it too (None: the reached one)."""
+
+
+def _altered(run: _Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call, steps: StepRun,
+             queue: QueueRun) -> Iterator[Altered]:
+    d = run.compiled.domain
+    name = call[0]
+    lname, lst, _post, largs, lrem, lsto = steps[-1]
+    same = (lst, None, largs, lrem, lsto)
+    if name not in CACHE_RECORDS:
+        idle = [x for x in range(1, s.num_blocks) if s.holders[x] == 0 and nxt.holders[x] == 0]
+        if idle:
+            x = idle[run.turn % len(idle)]
+            other = d.contents[(d.content_id[nxt.holds[x]] + 1) % len(d.contents)]
+            after = nxt.copy()
+            after.holds[x] = other
+            yield Altered(
+
+                "content of unheld block changed", "content_changes_only_through_holders", after, result,
+                   nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
+    shared = [x for x in range(1, s.num_blocks) if s.holders[x] >= 2 and lst.holders[x] >= 2]
+    if shared and len(steps) == 1:
+        x = shared[run.turn % len(shared)]
+        before = s
+        if s.holds[x] == EMPTY_PREFIX:  # nothing replaces the empty prefix: say it held some
+            before = s.copy()
+            before.holds[x] = max(d.contents, key=len)
+        lost = next(c for c in d.contents if not extends(c, before.holds[x]))
+        after = nxt.copy()
+        after.holds[x] = lost
+        yield Altered(
+
+            "a shared block's content replaced", "shared_content_only_grows", after, result, nxt.out,
+               (abstract(d, before), abstract(d, after), largs, lrem, lsto), None, before)
+    if name in EVICTIONS and lname == "evict" and s.primary[largs[0]] is not None:
+        b = largs[0]
+        p = s.primary[b]
+        assert p is not None
+        after = nxt.copy()
+        after.primary[b] = p
+        after.index[p.key] = (*after.index.get(p.key, ()), b)
+        after.names.setdefault(p.key, s.names[p.key])
+        yield Altered(
+
+            "evicted block keeps its primary entry", "evicted_blocks_leave_the_index", after, result,
+               nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
+    if s.events_on and name != "emit_cached_block_events":
+        live = sorted((k, b) for k, b in s.announced
+                      if (k, b) in nxt.announced and (d.key_id[k], b) in lst.live
+                      and (d.key_id[k], b) not in lrem)
+        if live:
+            k, b = live[run.turn % len(live)]
+            extra = Stored((k[0],), None, (), 1, None, None, None, k[1], s.medium, None)
+            yield Altered(
+
+                "a Stored of a live entry", "event_announcements_match_index", nxt, result,
+                   Output([*nxt.out.events, extra], nxt.out.fired, nxt.out.told),
+                   (lst, None, largs, lrem, lsto | {(d.key_id[k], b)}), None)
+        touched = {(ev.hash, ev.group) for ev in nxt.out.events if isinstance(ev, Removed)}
+        touched |= {(h, ev.group) for ev in nxt.out.events if isinstance(ev, Stored) for h in ev.hashes}
+        dead = [k for k in d.keys if k not in touched and k not in nxt.index
+                and not any(kk == k for kk, _b in s.announced)]
+        if dead:
+            k = dead[run.turn % len(dead)]
+            yield Altered(
+
+                "a Removed of a key never announced", "event_removals_name_live_keys", nxt, result,
+                   Output([*nxt.out.events, Removed(k[0], k[1], s.medium)], nxt.out.fired, nxt.out.told),
+                   (lst, None, largs, lrem | {(d.key_id[k], 1)}, lsto), None)
+    if name == "reset_prefix_cache" and result is True:
+        after = nxt.copy()
+        after.watchers = {1: bmc.watcher_a}
+        yield Altered(
+
+            "a watcher kept by the reset", "reset_needs_an_idle_pool", after, result, nxt.out,
+               (lst, abstract(d, after), largs, lrem, lsto), None)
+    if queue:
+        q, qp, qname, qargs = queue[-1]
+        stay = [b for b in s.free if b in nxt.free]
+        if len(stay) >= 2 and all(qp.free[b] and q.free[b] for b in stay[:2]):
+            x, y = stay[0], stay[1]
+            after = nxt.copy()
+            after.free = Queue(y if b == x else x if b == y else b for b in nxt.free)
+            pos = list(qp.pos)
+            pos[x], pos[y] = pos[y], pos[x]
+            yield Altered(
+
+                "two queued blocks swapped", "queue_keeps_relative_order", after, result, nxt.out, same,
+                   (q, qp._replace(pos=tuple(pos)), qname, qargs))
+        arrived = [b for b in range(s.num_blocks) if qp.free[b] and not q.free[b]]
+        if arrived and len(nxt.free) >= 2:
+            x = arrived[-1]
+            rest = [b for b in nxt.free if b != x]
+            to_tail = nxt.free.members()[0] == x
+            after = nxt.copy()
+            after.free = Queue([*rest, x] if to_tail else [x, *rest])
+            places = [v for v in qp.pos if v is not None]
+            moved = max(places) + 1 if to_tail else min(places) - 1
+            pos = list(qp.pos)
+            pos[x] = moved
+            yield Altered(
+
+                "a freed block at the other end", "queue_follows_eviction_policy", after, result, nxt.out,
+                   same, (q, qp._replace(pos=tuple(pos), lo=min(qp.lo, moved), hi=max(qp.hi, moved + 1)),
+                          qname, qargs))
+        if name == "get_new_blocks" and len(queue) == 1 and len(s.free) >= 2:
+            second = s.free.members()[1]
+            after = nxt.copy()
+            after.free = Queue(b for b in s.free if b != second)
+            alloc = run.compiled.queue["alloc"]
+            yield Altered(
+
+                "the second queued block handed out", "allocation_takes_queue_head", after, [second],
+                   nxt.out, same, (q, alloc.post(q, second), "alloc", (second,)))
 
 
 def _described(call: bmc.Call, verdict: str) -> str:
@@ -715,6 +1022,8 @@ class _Run:
 def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int = 1,
           steps: Mapping[str, StepSpec] | None = None,
           predicates: Mapping[str, SymInvariant] | None = None,
+          properties: Mapping[str, SymStepProperty] | None = None,
+          queue: Mapping[str, tuple[Callable[..., Any], Any]] | None = None,
           start: PoolState | None = None) -> Report:
     """Check the encoding on every state the BMC keeps up to ``depth`` and every call it makes.
 
@@ -723,13 +1032,13 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
     kept state's predicates are compared, and those of one in ``perturb`` of
     its perturbations (rotating, so that consecutive states get different
     ones; 0: none); each call from a state above the last level is compared.
-    ``steps``/``predicates`` replace compiled terms by name (seeded encoding
-    bugs); ``start`` replaces the initial state (a focused check).  Stops
+    ``steps``/``predicates``/``properties``/``queue`` replace compiled terms
+    by name (seeded encoding bugs); ``start`` replaces the initial state (a focused check).  Stops
     after ``seconds`` (``complete`` is then false).
     """
     began, cpu = time.perf_counter(), time.process_time()
-    compiled = compile_all(domain_of(cfg), steps, predicates)
-    rep = Report(cfg.blocks, cfg.hash_block_size, depth)
+    compiled = compile_all(domain_of(cfg), steps, predicates, properties, queue)
+    rep = Report(cfg.blocks, cfg.hash_block_size, depth, events=cfg.events_on)
     run = _Run(compiled, rep, perturb)
     rep.invariants = {n: [0, 0] for n in compiled.predicates}
     rep.steps = {n: [0, 0] for n in compiled.steps}
@@ -892,7 +1201,7 @@ def _show_state_short(s: PoolState) -> str:
             f"hashed {[b for b, p in enumerate(s.primary) if p is not None]}")
 
 
-__all__ = ["ARGUMENT_REFUSALS", "BATCH_CONTRACTS", "CHECKED", "STATE_REFUSALS", "Compiledset",
-           "Disagreement", "Plan", "Report", "Sampled", "check", "compile_all", "differences",
-           "domain_of", "event_entries", "perturbations", "plan", "show_state", "unfaithful",
-           "z3_sample"]
+__all__ = ["ABOUT_ENABLING", "ARGUMENT_REFUSALS", "BATCH_CONTRACTS", "CHECKED", "COMPARED_PROPERTIES",
+           "STATE_REFUSALS", "Compiledset", "Disagreement", "Plan", "Report", "Sampled", "check",
+           "compile_all", "differences", "domain_of", "event_entries", "perturbations", "plan",
+           "queue_plan", "show_state", "unfaithful", "z3_sample"]

@@ -43,8 +43,12 @@ from kvpool.model.state import PoolState
 
 from .concrete import Universe, _sat, encode, mentioned
 from .finite import ground
+from .order import QState
 from .symbolic import EMPTY, FIELDS, NULL, Block, Content, Expr, KeySort, SymState
-from .transitions import StepSpec
+from .transitions import StepSpec, SymStep
+
+UNDEFINED_CELLS = ("pkey", "ptok", "names", "pos")
+"""Fields whose cells the model leaves undefined somewhere (``None`` in an interpretation)."""
 
 
 class Undetermined(Exception):
@@ -304,7 +308,7 @@ class _Compiler:
             name = self.names.get(e.decl().name())
             if name is None:
                 raise Unsupported(f"free array {e} is not a field of the state")
-            definite = name not in ("pkey", "ptok", "names")
+            definite = name not in UNDEFINED_CELLS
             if relation:
                 def sel_rel(ix: list[_Src]) -> _Src:
                     return _Src(f"(({self.strict(ix[0])}, {self.strict(ix[1])}) in {name})", True,
@@ -726,23 +730,44 @@ class Compiled:
     source: str = field(repr=False)
 
 
+def compile_terms(d: Carriers, names: Mapping[str, str], params: Sequence[str],
+                  bodies: Mapping[str, Callable[[_Compiler], str]], label: str,
+                  extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Callable[..., Any]], str]:
+    """Each body (Python source made by a compiler over ``names``) as a function of ``params``.
+
+    Each is compiled twice, plain and in Kleene's logic; the plain form runs first and the
+    Kleene form decides where it meets an undefined cell (:func:`_guarded`).
+    """
+    sig = ", ".join(params)
+    lines = []
+    for fn, body in bodies.items():
+        for mode in ("plain", "kleene"):
+            comp = _Compiler(names, d, kleene=mode == "kleene")
+            lines += _function(f"{fn}_{mode}", sig, comp, body(comp))
+    src = "\n".join(lines)
+    ns = {**_namespace(d), **(extra or {})}
+    exec(compile(src, f"<{label}>", "exec"), ns)
+    return {fn: _guarded(ns[f"{fn}_plain"], ns[f"{fn}_kleene"], f"{label} {fn}") for fn in bodies}, src
+
+
 def compile_predicate(d: Carriers, pred: Callable[[SymState], Expr], name: str = "") -> Predicate:
     """A state predicate (an invariant of :mod:`.invariants`) as a Python function of an :class:`Interp`."""
     s = SymState.fresh("eval")
     term = pred(s)
-    lines = []
-    for mode in ("plain", "kleene"):
-        comp = _Compiler(_state_names(s), d, kleene=mode == "kleene")
-        lines += _function(f"pred_{mode}", ", ".join(FIELDS), comp, comp.scalar(term, []).text)
-    src = "\n".join(lines)
-    ns = _namespace(d)
-    exec(compile(src, f"<predicate {name or pred.__name__}>", "exec"), ns)
-    guarded = _guarded(ns["pred_plain"], ns["pred_kleene"], name or pred.__name__)
+    fns, src = compile_terms(d, _state_names(s), FIELDS, {"pred": lambda c: c.scalar(term, []).text},
+                             f"predicate {name or pred.__name__}")
+    guarded = fns["pred"]
 
     def on(st: Interp) -> bool:
         return bool(guarded(*st))
     on.source = src  # type: ignore[attr-defined]
     return on
+
+
+def _built(comp: _Compiler, term: Expr) -> str:
+    """An array term built, or a scalar's value."""
+    return (comp.array(term, []).build() if term.sort().kind() == z3.Z3_ARRAY_SORT
+            else comp.scalar(term, []).text)
 
 
 def compile_step(d: Carriers, spec: StepSpec) -> Compiled:
@@ -754,24 +779,16 @@ def compile_step(d: Carriers, spec: StepSpec) -> Compiled:
     for a, p in zip(args, params, strict=True):
         names[a.decl().name()] = p
     st = spec.fn(s, *args)
-    sig = ", ".join([*FIELDS, *params])
-    lines = []
-    for mode in ("plain", "kleene"):
-        cpre = _Compiler(names, d, kleene=mode == "kleene")
-        lines += _function(f"pre_{mode}", sig, cpre, cpre.scalar(st.pre, []).text)
-        comp = _Compiler(names, d, kleene=mode == "kleene")
-        post = [comp.array(getattr(st.post, f), []).build() if f not in ("events", "caching", "hbs")
-                else comp.scalar(getattr(st.post, f), []).text for f in FIELDS]
-        removed = comp.array(st.removed, []).build()
-        stored = comp.array(st.stored, []).build()
-        lines += _function(f"post_{mode}", sig, comp,
-                           "(_Interp(" + ",\n                    ".join(post) + "),\n"
-                           f"            {removed},\n            {stored})")
-    src = "\n".join(lines)
-    ns = {**_namespace(d), "_Interp": Interp}
-    exec(compile(src, f"<step {spec.name}>", "exec"), ns)
-    pre_fn = _guarded(ns["pre_plain"], ns["pre_kleene"], f"{spec.name} pre")
-    post_fn = _guarded(ns["post_plain"], ns["post_kleene"], f"{spec.name} post")
+
+    def post(comp: _Compiler) -> str:
+        fields = [_built(comp, getattr(st.post, f)) for f in FIELDS]
+        return ("(_Interp(" + ",\n                    ".join(fields) + "),\n"
+                f"            {_built(comp, st.removed)},\n            {_built(comp, st.stored)})")
+
+    fns, src = compile_terms(d, names, [*FIELDS, *params],
+                             {"pre": lambda c: c.scalar(st.pre, []).text, "post": post},
+                             f"step {spec.name}", {"_Interp": Interp})
+    pre_fn, post_fn = fns["pre"], fns["post"]
 
     def run_pre(state: Interp, *a: Any) -> bool:
         return bool(pre_fn(*state, *a))
@@ -782,6 +799,115 @@ def compile_step(d: Carriers, spec: StepSpec) -> Compiled:
         return out
     return Compiled(spec.name, run_pre, run_post, src)
 
+
+def compile_claim(d: Carriers, spec: StepSpec, claim: Callable[..., Expr], label: str) -> Callable[..., bool]:
+    """A step property's claim about ``spec``'s step as ``(state, post, *args, pre, removed, stored)``:
+    the step's precondition, next state and event entries given as values (the model's), not
+    computed by the step, so that the claim can be asked of a transition the step did not make."""
+    s, p = SymState.fresh("eval"), SymState.fresh("eval.post")
+    names = {**_state_names(s), **{getattr(p, f).decl().name(): f"p_{f}" for f in FIELDS}}
+    args = spec.fresh_args("_evalc")
+    params = [f"a_{n}" for n, _sort in spec.args]
+    for a, q in zip(args, params, strict=True):
+        names[a.decl().name()] = q
+    entries = z3.ArraySort(KeySort, Block, z3.BoolSort())
+    pre, removed, stored = (z3.Bool("eval.claim.pre"), z3.Const("eval.claim.removed", entries),
+                            z3.Const("eval.claim.stored", entries))
+    names.update({"eval.claim.pre": "c_pre", "eval.claim.removed": "c_removed",
+                  "eval.claim.stored": "c_stored"})
+    term = claim(s, args, SymStep(pre, p, removed, stored))
+    fns, _ = compile_terms(d, names, [*FIELDS, *(f"p_{f}" for f in FIELDS), *params, "c_pre", "c_removed",
+                                      "c_stored"], {"claim": lambda c: c.scalar(term, []).text}, label)
+    fn = fns["claim"]
+
+    def run(state: Interp, post: Interp, *a: Any) -> bool:
+        return bool(fn(*state, *post, *a))
+    return run
+
+
+# --------------------------------------------------------------------------
+# The free queue with places (:mod:`.order`): its steps and claims, compiled the same way.
+
+
+class QInterp(NamedTuple):
+    """A concrete :class:`~kvpool.proofs.order.QState`: the queue as places, same field names."""
+
+    ref: tuple[int, ...]
+    free: tuple[bool, ...]
+    cached: tuple[bool, ...]
+    pos: tuple[int | None, ...]
+    """The place of each queued block; ``None`` (undefined) for the others."""
+    lo: int
+    hi: int
+    head: int
+    gap: int
+
+
+def queue_of(s: PoolState) -> QInterp:
+    """The model's queue as places ``0 .. len - 1``, head first; no reservation pending."""
+    place = {b: i for i, b in enumerate(s.free)}
+    n = s.num_blocks
+    return QInterp(tuple(s.ref), tuple(b in place for b in range(n)),
+                   tuple(s.caching and s.primary[b] is not None for b in range(n)),
+                   tuple(place.get(b) for b in range(n)), 0, len(place), 0, 0)
+
+
+def queue_order(q: QInterp) -> tuple[int, ...]:
+    """The queued blocks in the order of their places (head first)."""
+    queued = [b for b, f in enumerate(q.free) if f]
+    return tuple(sorted(queued, key=lambda b: _d(q.pos[b])))
+
+
+def _queue_names(s: QState, prefix: str = "") -> dict[str, str]:
+    return {getattr(s, f).decl().name(): prefix + f for f in QInterp._fields}
+
+
+@dataclass(frozen=True)
+class CompiledQueue:
+    """A queue step compiled for one domain, and each order property of it as ``(s, post, *args)``."""
+
+    name: str
+    pre: Callable[..., bool]
+    post: Callable[..., QInterp]
+    claims: dict[str, Callable[..., bool]]
+
+
+def compile_queue_step(d: Carriers, name: str, fn: Callable[..., Any],
+                       sorts: Sequence[tuple[str, z3.SortRef]],
+                       properties: Mapping[str, Callable[..., Expr]]) -> CompiledQueue:
+    """The queue step ``fn`` and every order property of it as Python functions."""
+    s, p = QState.fresh("eval.q"), QState.fresh("eval.qpost")
+    names = {**_queue_names(s), **_queue_names(p, "p_")}
+    args = [z3.Const(f"{a}_evalq", sort) for a, sort in sorts]
+    params = [f"a_{a}" for a, _sort in sorts]
+    for a, q in zip(args, params, strict=True):
+        names[a.decl().name()] = q
+    st = fn(s, *args)
+    mine = list(QInterp._fields)
+    theirs = [f"p_{f}" for f in mine]
+
+    def post(comp: _Compiler) -> str:
+        return "_QInterp(" + ", ".join(_built(comp, getattr(st.post, f)) for f in mine) + ")"
+
+    bodies: dict[str, Callable[[_Compiler], str]] = {
+        "pre": lambda c: c.scalar(st.pre, []).text, "post": post}
+    fns, _ = compile_terms(d, names, [*mine, *params], bodies, f"queue step {name}", {"_QInterp": QInterp})
+    terms = {prop: claim(name, s, p, args) for prop, claim in properties.items()}
+    def body(term: Expr) -> Callable[[_Compiler], str]:
+        return lambda c: c.scalar(term, []).text
+
+    claims, _ = compile_terms(d, names, [*mine, *theirs, *params],
+                              {f"c{i}": body(t) for i, t in enumerate(terms.values())},
+                              f"order claims of {name}")
+    pre_fn, post_fn = fns["pre"], fns["post"]
+    by_name = dict(zip(terms, claims.values(), strict=True))
+
+    def run_claim(prop: str) -> Callable[..., bool]:
+        c = by_name[prop]
+        return lambda q, qp, *a: bool(c(*q, *qp, *a))
+
+    return CompiledQueue(name, lambda q, *a: bool(pre_fn(*q, *a)), lambda q, *a: post_fn(*q, *a),
+                         {prop: run_claim(prop) for prop in terms})
 
 
 # --------------------------------------------------------------------------

@@ -26,11 +26,13 @@ What is proven, for every step below, by induction with :func:`well_formed`:
   block (tail: evicted last, so the least recently freed is evicted first);
   ``unpin_blocks`` appends; no other step adds a block.
 
-``alloc`` hands out the head: its precondition says so, and the agreement test
-(``tests/test_proofs.py``) checks that it, like every step here, computes what
-:mod:`kvpool.model.actions` computes (queue order included) on random states.
-The BMC checks the same order on the executable model itself
-(:func:`kvpool.proofs.bmc.order_violations`).
+* ``allocation_takes_queue_head`` — a block leaves the queue only from its head
+  (a touched one excepted): stated on the places, not taken from ``alloc``'s
+  precondition, so an allocation that may take any free block is refuted.
+
+``tests/test_proofs.py`` checks that every step here computes what the model
+computes (queue order included) on random states; the BMC checks the same
+properties on the executable model itself.
 """
 
 from __future__ import annotations
@@ -241,15 +243,30 @@ def queue_follows_eviction_policy(name: str, s: QState, post: QState, args: list
     return z3.ForAll([x], z3.Implies(new, where))
 
 
+def allocation_takes_queue_head(name: str, s: QState, post: QState, args: list[Expr]) -> Expr:
+    """A block leaves the queue only from its head, unless it is touched (a hit takes any block).
+
+    Stated on the places before and after the step, not on the step's precondition, so an
+    ``alloc`` that may take any free block is refuted; ``get_new_blocks(n)`` is ``n`` alloc
+    steps, so it hands out the first ``n`` blocks in queue order."""
+    if name == "touch":
+        return z3.BoolVal(True)
+    x, y = _x, _y
+    head = z3.ForAll([y], z3.Implies(s.free[y], s.pos[x] <= s.pos[y]))
+    return z3.ForAll([x], z3.Implies(z3.And(s.free[x], z3.Not(post.free[x])), head))
+
+
 QProperty = Callable[[str, QState, QState, list[Expr]], Expr]
 
 ORDER_PROPERTIES: dict[str, QProperty] = {
-    f.__name__: f for f in (queue_well_formed, queue_keeps_relative_order, queue_follows_eviction_policy)
+    f.__name__: f for f in (queue_well_formed, queue_keeps_relative_order, queue_follows_eviction_policy,
+                            allocation_takes_queue_head)
 }
 """The order properties, by name (each checked for every step).
 
-``queue_keeps_relative_order`` and ``queue_follows_eviction_policy`` are the
-model's step properties of the same names (:mod:`kvpool.model.properties`);
+``queue_keeps_relative_order``, ``queue_follows_eviction_policy`` and
+``allocation_takes_queue_head`` are the model's step properties of the same
+names (:mod:`kvpool.model.properties`);
 ``queue_well_formed`` is a lemma of the proof (:data:`LEMMAS`)."""
 
 LEMMAS: dict[str, str] = {

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import z3  # type: ignore[import-untyped]
 
-from .symbolic import NULL, Block, Expr, KeySort, SymState
-from .transitions import SymStep
+from .symbolic import NULL, Block, Expr, KeySort, SymState, prefix
+from .transitions import STEPS, SymStep
 
 _b = z3.Const("bound.b", Block)
 _k = z3.Const("bound.k", KeySort)
@@ -72,12 +72,32 @@ def _conflicts_refused(s: SymState, args: list[Expr], st: SymStep) -> Expr:
     return z3.Implies(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] < t))
 
 
+def _content_through_holders(s: SymState, _args: list[Expr], st: SymStep) -> Expr:
+    held = z3.Or(s.holders[_b] >= 1, st.post.holders[_b] >= 1)
+    return z3.Implies(st.pre, z3.ForAll([_b], z3.Implies(st.post.holds[_b] != s.holds[_b], held)))
+
+
+def _shared_grows(s: SymState, _args: list[Expr], st: SymStep) -> Expr:
+    return z3.Implies(st.pre, z3.ForAll([_b], z3.Implies(
+        s.holders[_b] >= 2, prefix(s.holds[_b], st.post.holds[_b]))))
+
+
+def _evicted_unindexed(s: SymState, args: list[Expr], st: SymStep) -> Expr:
+    b = args[0]
+    return z3.Implies(st.pre, z3.And(z3.Not(st.post.prim[b]), z3.ForAll(
+        [_k], z3.And(z3.Not(st.post.sec[b, _k]), z3.Not(st.post.idx[_k, b])))))
+
+
 SYM_STEP_PROPERTIES: dict[str, SymStepProperty] = {
     "event_removals_name_live_keys": SymStepProperty(None, _removals_live),
     "event_announcements_match_index": SymStepProperty(None, _announcements_match),
     "reset_needs_an_idle_pool": SymStepProperty(("reset",), _reset_guard),
     "allocation_succeeds_iff_enough_free": SymStepProperty(("alloc",), _alloc_live),
     "conflicting_caches_are_refused": SymStepProperty(("cache_full",), _conflicts_refused),
+    "content_changes_only_through_holders": SymStepProperty(
+        tuple(st for st in STEPS if st not in ("cache_full", "cache_partial")), _content_through_holders),
+    "evicted_blocks_leave_the_index": SymStepProperty(("evict",), _evicted_unindexed),
+    "shared_content_only_grows": SymStepProperty(None, _shared_grows),
 }
 """Every encoded step property, by its model name."""
 
@@ -94,14 +114,18 @@ SYM_STEP_DOCS: dict[str, str] = {
         "succeeds iff n blocks are idle, by induction over the batch)",
     "conflicting_caches_are_refused":
         "an accepted cache_full never re-caches a block at a prefix as long as it has",
+    "content_changes_only_through_holders":
+        "a block's ghost content changes only while a caller holds it, before or after the step "
+        "(every step but cache_full and cache_partial, the model's CACHE_RECORDS)",
+    "evicted_blocks_leave_the_index":
+        "after an evict step the block has no primary, no secondary and no index entry",
+    "shared_content_only_grows":
+        "a block two or more callers hold keeps what it holds or extends it",
 }
 """What each encoded step property says of one step, in a line."""
 
 NOT_ENCODED_STEPS: dict[str, str] = {
     "queue_keeps_relative_order": "proven on the free queue with places (proofs/order.py)",
-    "allocation_takes_queue_head": (
-        "the queue step alloc takes the head by its precondition (proofs/order.py); the agreement "
-        "check ties it to the model, the BMC checks the property on the model"),
     "queue_follows_eviction_policy": "proven on the free queue with places (proofs/order.py)",
     "fired_watchers_were_registered": (
         "the callbacks are opaque (watched is a flag); checked by the BMC and the lockstep"),

@@ -75,3 +75,21 @@ def test_the_report_shows_the_claims() -> None:
     assert "## Claims: what establishes each property" in md
     for row in doc["claims"]:
         assert row["property"] in md and row["property"] in page
+
+
+def test_the_claims_say_exactly_what_holds() -> None:
+    """No "every reachable state" where a depth bounds it, no "by construction" for the head of
+    the queue, no "any pool size" for an invariant whose unchecked conjunct z3 drops (issue 23)."""
+    from kvpool.proofs.invariants import PARTIAL
+
+    for doc in (None, passing_doc()):
+        rows = {r["property"]: r for r in claims_table(doc)}
+        assert not any("every reachable state" in r["bmc"] for r in rows.values())
+        assert all("within the depth" in r["bmc"] or "within the profile's depths" in r["bmc"]
+                   for r in rows.values())
+        head = rows["allocation_takes_queue_head"]["z3"]
+        assert "by construction" not in head and "model's queue" not in head
+        assert "queue step" in head and "any pool size" in head
+        for name in set(PARTIAL) - {"free_queue_holds_exactly_idle_blocks"}:
+            assert "without one conjunct" in rows[name]["z3"], rows[name]["z3"]
+        assert "without one conjunct" not in rows["free_queue_holds_exactly_idle_blocks"]["z3"]

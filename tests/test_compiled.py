@@ -72,9 +72,9 @@ def test_a_python_subclass_overrides_what_the_pool_calls_on_itself() -> None:
     dropped: list[int] = []
 
     class Watching(BlockPool):
-        def _drop_hashes(self, block: KVCacheBlock) -> list[bytes]:
-            dropped.append(block.block_id)
-            return super()._drop_hashes(block)
+        def _drop_hashes(self, blocks: list[KVCacheBlock]) -> list[bytes]:
+            dropped.extend(block.block_id for block in blocks if block.block_hash is not None)
+            return super()._drop_hashes(blocks)
 
     pool = Watching(4, True, 4)
     req = Request("r", list(range(4)), block_hasher=get_request_block_hasher(4))

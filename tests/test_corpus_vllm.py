@@ -1,4 +1,4 @@
-"""The corpus of legal call sequences from vLLM's own tests (``tests/corpus/vllm``).
+"""The corpus of legal call sequences (``oracle/corpus``: vLLM's own tests, the workloads).
 
 Each trace is what one pool of one of vLLM 0.31.0's ``tests/v1/core`` tests was
 asked, under the shadow (``KVPOOL_SHADOW_KEEP=1 bash scripts/vllm-own-tests.sh``,
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kvpool.oracle.legal import check_legal, legal_traces
 from kvpool.oracle.trace import check_trace
 
-CORPUS = sorted((Path(__file__).parent / "corpus" / "vllm").glob("*.jsonl"))
+CORPUS = [p for p in legal_traces() if p.parent.name == "vllm"]
 
 
 def test_the_corpus_is_there_and_small() -> None:
@@ -30,3 +32,26 @@ def test_every_trace_is_a_legal_sequence_the_model_accepts(path: Path) -> None:
     report = check_trace(path)
     assert report.ok, report.format()
     assert report.contract is None and report.steps >= 4
+
+
+def test_the_workloads_are_in_the_corpus_and_every_trace_is_accepted() -> None:
+    out = check_legal()
+    assert out.ok, [r.format() for r in out.refused]
+    assert out.traces == len(CORPUS) + 3 and out.calls > 1000
+
+
+def test_a_contract_too_strong_refuses_a_legal_sequence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache_full_blocks contract that forbids re-caching a key another block holds (vLLM
+    caches one prefix in several blocks) shrinks what the searches explore, silently; the
+    legal corpus refuses it with the call it broke."""
+    from kvpool.model import contracts
+
+    def one_block_per_key(s: Any, key: Any, prefix: Any) -> None:
+        if s.index.get(key):
+            raise contracts.ContractBroken("hashes_name_one_prefix", "a key already in use")
+
+    monkeypatch.setattr(contracts, "hashes_name_one_prefix", one_block_per_key)
+    out = check_legal()
+    assert not out.ok and out.refused
+    assert out.refused[0].contract is not None
+    assert out.refused[0].contract.contract == "hashes_name_one_prefix"

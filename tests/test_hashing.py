@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvpool.impl import BlockPool
+from kvpool.impl import COMPILED, BlockPool
 from kvpool.impl import events as ev
+from kvpool.impl import keys as keys_module
 from kvpool.impl.hashing import (
     NONE_HASH,
     BlockHashListWithBlockSize,
@@ -136,7 +137,9 @@ def test_group_id_and_event_hash_are_the_key_bytes_big_endian(raw: bytes) -> Non
 
 
 _EDGES = [bytes(8), b"\xff" * 8, b"\x80" + bytes(7), b"\x7f" + b"\xff" * 7,
-          bytes(4) + b"\x80" + bytes(3), bytes(4) + b"\x7f\xff\xff\xff", b"\xff" * 4 + bytes(4)]
+          bytes(4) + b"\x80" + bytes(3), bytes(4) + b"\x7f\xff\xff\xff", b"\xff" * 4 + bytes(4),
+          # eight different bytes, below and above the sign bit: a byte read from the wrong place shows
+          bytes(range(1, 9)), bytes(range(0x81, 0x89))]
 
 
 @pytest.mark.parametrize("low", _EDGES)
@@ -149,6 +152,22 @@ def test_low_64_bits_read_byte_by_byte_are_int_from_bytes(low: bytes, before: by
     end = len(before) + 8
     assert low_64_at(data, end) == int.from_bytes(low, "big") == int.from_bytes(data[end - 8:end], "big")
     assert type(low_64_at(data, end)) is int
+
+
+@pytest.mark.skipif(COMPILED, reason="compiled, the flags are constants the module was built with")
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("use_int", [False, True])
+@given(st.binary(min_size=4, max_size=44))
+def test_event_hashes_are_the_same_by_either_build_s_path(use_int: bool, native: bool, key: bytes) -> None:
+    """The interpreted build runs the compiled build's byte-by-byte path too, with the flags set
+    by hand: either path, either setting of the int-hash flag, gives vLLM's event hash."""
+    block_hash = key[:-4]
+    want = int.from_bytes(block_hash[-8:], "big") if use_int else block_hash
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(keys_module, "_NATIVE", native)
+        mp.setattr(keys_module, "USE_INT_BLOCK_HASHES", use_int)
+        assert key_event_hash(key) == maybe_convert_block_hash(block_hash) == want
+        assert type(key_event_hash(key)) is type(want)
 
 
 # --------------------------------------------------------------------------- keys

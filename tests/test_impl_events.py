@@ -217,11 +217,50 @@ def test_extra_keys_of_blocks_without_items_are_the_chunk_keys(
         generate_block_hash_extra_keys(req, 4 * i, 4 * (i + 1), 0)[0] for i in indices]
 
 
+@pytest.mark.parametrize("salt", [None, "s"])
+def test_extra_keys_of_blocks_with_prompt_embeddings_are_the_chunk_keys(salt: str | None) -> None:
+    """With prompt embeddings (and no multimodal item) each block's keys name its own chunk's
+    embeddings: the keys shared by every block would drop them."""
+    req = Request("r", list(range(16)), prompt_embeds=bytes(range(16)), cache_salt=salt)
+    got = ev.extra_keys_of_blocks(req, [0, 1, 3], 4)
+    assert got == [generate_block_hash_extra_keys(req, 4 * i, 4 * (i + 1), 0)[0] for i in (0, 1, 3)]
+    assert all(keys and any(k[0] == "prompt_embeds" for k in keys) for keys in got)
+
+
 def test_event_extra_keys_of_blocks_sharing_keys_are_converted_for_each() -> None:
     lora = (("lora", "ad", "/p"), ("mm", "img", 2))
     salt = (("cache_salt", "s"),)
-    assert to_event_extra_keys([lora, lora, None, salt, lora, (("lora", "ad", "/p"),)]) == [
-        ("ad", ("img", 2)), ("ad", ("img", 2)), None, ("s",), ("ad", ("img", 2)), ("ad",)]
+    given = [lora, lora, None, salt, lora, (("lora", "ad", "/p"),)]
+    want = [("ad", ("img", 2)), ("ad", ("img", 2)), None, ("s",), ("ad", ("img", 2)), ("ad",)]
+    assert to_event_extra_keys(given) == want
+    assert to_event_extra_keys(iter(given)) == want == to_event_extra_keys(tuple(given))  # any iterable
+    assert to_event_extra_keys(iter([])) is None
+
+
+def test_other_event_classes_are_built_with_the_values_of_the_pools_own() -> None:
+    """Inside vLLM a stored event is built by keyword from vLLM's class: every value the pool's
+    own event carries, none left out (the four later fields keep the class's defaults)."""
+
+    def events() -> list[Any]:
+        pool = BlockPool(6, True, 2, enable_kv_cache_events=True)
+        req = Request("r", list(range(8)), lora_request=LoRARequest("ad", 7, "/p"), cache_salt="s",
+                      session_id="sess", block_hasher=get_request_block_hasher(2))
+        blocks = pool.get_new_blocks(3)
+        pool.cache_full_blocks(req, blocks, 0, 1, 2, 3)
+        pool.cache_full_blocks(req, blocks, 1, 3, 2, 3)  # with a parent
+        return pool.take_events()
+
+    own = events()
+    previous = ev.use_event_classes(*_fake_event_classes())
+    try:
+        theirs = events()
+    finally:
+        ev.use_event_classes(*previous)
+    defaults = ("kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership")
+    want = [{f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name not in defaults}
+            for e in own]
+    assert [e.kw for e in theirs] == want
+    assert len(want) == 2 and None not in want[1].values()  # the second has a parent: no value is None
 
 
 # ------------------------------------------------------- events as values, in either build
@@ -245,6 +284,9 @@ def test_events_are_dataclasses_that_keep_what_they_are_given() -> None:
         "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
         "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
         "locality", "ownership", "session_id"]
+    for cls in (ev.BlockStored, ev.BlockRemoved):  # every field keeps its own argument
+        given = {f.name: f"{f.name}!" for f in dataclasses.fields(cls)}
+        assert dataclasses.asdict(cls(**given)) == given == dataclasses.asdict(cls(*given.values()))
     gone.group_idx = None  # a field can be set, as the seeded bugs of events do
     with pytest.raises(TypeError):
         ev.BlockRemoved([5])  # type: ignore[call-arg]

@@ -6,10 +6,13 @@ Reference: vLLM 0.31.0 ``block_pool.py`` (``vllm_block_pool.txt``).
 
 
 
+import pytest
+
 from kvpool.impl import (
     BlockHashToBlockMap,
     KVCacheBlock,
 )
+from kvpool.impl.hash_index import earliest
 
 # ------------------------------------------------------------- BlockHashToBlockMap
 
@@ -65,3 +68,9 @@ def test_hash_map_len_counts_keys_not_blocks() -> None:
     for i, k in enumerate([b"a", b"b", b"a"]):
         index.insert(k, KVCacheBlock(i))
     assert len(index) == 2
+
+
+def test_an_empty_entry_is_named_not_returned() -> None:
+    """The index never keeps an empty entry; were one ever read, it is a named error, not None."""
+    with pytest.raises(LookupError, match=r"^an empty index entry$"):
+        earliest({})

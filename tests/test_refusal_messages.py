@@ -8,6 +8,7 @@ messages must match the same pattern.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from kvpool.impl.errors import (
     UnknownBlockError,
 )
 from kvpool.impl.hashing import resolve_block_hashes
+from kvpool.impl.keys import make_block_hash_with_group_id
 from kvpool.model import ACTIONS, QUERIES, PoolState, Refusal, RefusalKind, initial_state
 from kvpool.oracle.abstraction import refusal_kind
 
@@ -186,6 +188,38 @@ def test_pool_only_refusals_name_what_was_wrong(call: Any, error: type[Exception
     pool, _ = _impl_setup(False)
     with pytest.raises(error, match=pattern):
         call(pool)
+
+
+@pytest.mark.parametrize(("block", "num_tokens", "error", "pattern", "caching"), [
+    (0, 2, NullBlockError, r"^the null block cannot be indexed$", True),
+    (2, 2, CachingDisabledError, r"^_insert_block_hash on a pool without prefix caching$", False),
+    (2, 0, InvalidArgumentError, r"^num_tokens 0 of a primary key is not a positive multiple of 2$", True),
+    (2, 3, InvalidArgumentError, r"^num_tokens 3 of a primary key is not a positive multiple of 2$", True),
+    (2, None, InvalidArgumentError, r"^num_tokens None of a primary key is not a positive multiple of 2$",
+     True),
+])
+def test_insert_block_hash_refusals_name_what_was_wrong(
+    block: int, num_tokens: int | None, error: type[Exception], pattern: str, caching: bool
+) -> None:
+    """The pool takes a packed key, the model the request and prefix that name it: the same refusal."""
+    pool, reqs = _impl_setup(caching)
+    key = make_block_hash_with_group_id(reqs["REQ"].block_hashes[0], 0)
+    with pytest.raises(error, match=pattern) as refused:
+        pool._insert_block_hash(key, pool.blocks[block], num_tokens)
+    state, mreqs = _model_setup(caching)
+    with pytest.raises(Refusal, match=pattern) as model:
+        ACTIONS["_insert_block_hash"](state, mreqs["REQ"], 2, 0, block, num_tokens)
+    assert refusal_kind(refused.value) is model.value.kind
+
+
+@pytest.mark.parametrize("key", [b"abcd", b"", "abcde", bytearray(b"abcde")])
+def test_insert_block_hash_refuses_what_is_not_a_key(key: Any) -> None:
+    pool, _ = _impl_setup(True)
+    pattern = rf"^{re.escape(repr(key))} is not an index key \(a block hash and 4 group bytes\)$"
+    with pytest.raises(InvalidArgumentError, match=pattern):
+        pool._insert_block_hash(key, pool.blocks[2], 2)
+    pool._insert_block_hash(b"h" + bytes(4), pool.blocks[2], 2)  # a 1-byte hash is a key
+    assert pool.get_cached_block(b"h", [0]) == [pool.blocks[2]]
 
 
 @pytest.mark.parametrize(("action", "args"), [

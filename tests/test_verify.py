@@ -63,7 +63,7 @@ def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
         len(order["properties"]) + 1)
     assert all(cell["status"] == "proven" for row in order["matrix"].values() for cell in row.values())
     assert all(cell["status"] == "proven" for row in proofs["matrix"].values() for cell in row.values())
-    assert [r["depth"] for r in phases["bmc"]["runs"]] == [1, 1]
+    assert [r["depth"] for r in phases["bmc"]["runs"]] == [1, 1, 1]  # --bmc-depth sets every pool's
     lockstep = phases["lockstep"]
     assert lockstep["calls"] >= 400 and len(lockstep["operations"]) >= 10 and lockstep["errors"]
     assert [t["spec"] for t in phases["conformance"]["targets"]] == ["kvpool.impl:BlockPool"]
@@ -184,7 +184,8 @@ def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.Monke
         cfg, depth, seconds, with_bug("free_same_block_twice")))
     budget = verify.Budget(bmc_pools=((4, 1),))
     phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
-    (case,) = phase.cases
+    case, legal = phase.cases
+    assert legal.id == "bmc/legal-corpus" and legal.ok
     assert not case.ok and case.failure is not None
     trace = case.failure["trace"]
     assert trace and all(step["picture"]["blocks"] for step in trace)
@@ -236,6 +237,22 @@ def test_the_ci_time_budgets_are_safety_nets() -> None:
     measured, docs/verification.md): a ci run is judged by its depths, not by the load."""
     ci = verify.PROFILES["ci"]
     assert min(ci.bmc_seconds, ci.agreement_seconds, ci.refinement_seconds) >= 600
+
+
+def test_a_pool_keeps_its_own_depth_unless_the_command_line_sets_every_depth() -> None:
+    """The ci profile explores a smaller pool one call deeper; ``--bmc-depth`` sets every pool's."""
+    budget = verify.Budget(bmc_depth=1, bmc_pools=((3, 2), (3, 2, 2)))
+    phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
+    assert [(r["depth_target"], r["depth"]) for r in phase.extra["runs"]] == [(1, 1), (2, 2)]
+    assert [c.id for c in phase.cases] == ["bmc/3-blocks-hbs-2", "bmc/3-blocks-hbs-2-depth-2",
+                                           "bmc/legal-corpus"]
+    assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].bmc_pools)
+    assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].agreement_pools)
+    assert any(p[4] >= 3 for p in verify.PROFILES["ci"].refinement_pools)
+    from kvpool.cli.verify import settings_from
+
+    given = settings_from(["--bmc-depth", "1", "--agreement-depth", "1"]).budget
+    assert all(len(p) == 2 for p in (*given.bmc_pools, *given.agreement_pools))
 
 
 def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:

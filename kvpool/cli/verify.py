@@ -71,9 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", metavar="I/N",
                    help="run shard I of N (1 <= I <= N) of the work; kvpool merge joins the shards' --json")
     budget = p.add_argument_group("budget (overrides the profile)")
-    for name, kind, what in (("bmc-depth", int, "BMC depth"),
+    for name, kind, what in (("bmc-depth", int, "BMC depth, for every pool"),
                              ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
-                             ("agreement-depth", int, "depth of the encoding-against-model check"),
+                             ("agreement-depth", int, "agreement depth, for every pool"),
                              ("agreement-seconds", float, "agreement time per pool (a cut pool fails)"),
                              ("refinement-depth", int, "refinement depth, for every pool"),
                              ("refinement-seconds", float, "time per refinement run (a cut run fails)"),
@@ -108,6 +108,9 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
         if name != "seed" and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
         custom[name] = value
+    for depth, pools in (("bmc_depth", "bmc_pools"), ("agreement_depth", "agreement_pools")):
+        if depth in custom:  # an explicit depth is every pool's, the profile's own depths dropped
+            custom[pools] = tuple(p[:2] for p in getattr(budget, pools))
     profile = ns.profile if not custom else f"{ns.profile}+custom"
     if ns.reference not in REFERENCES:
         raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")

@@ -17,14 +17,18 @@ class Budget:
     """Time per BMC run, a safety net: a run it cuts fails ("not verified to depth N").  The
     verdict is the depth; the budgets are wall clock, so each is set far above what a loaded
     2-core machine needs (docs/verification.md#profiles)."""
-    bmc_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))
-    """BMC runs as (blocks including the null block, hash_block_size)."""
+    bmc_pools: tuple[tuple[int, ...], ...] = ((4, 1), (4, 2), (3, 2, 3))
+    """BMC runs as (blocks including the null block, hash_block_size[, depth]): a pool without its
+    own depth goes to ``bmc_depth``; ``--bmc-depth`` sets every pool's.  A smaller pool one call
+    deeper catches what needs three calls (a wrong order of two freed cached blocks) at a tenth
+    of the cost of the larger pool at that depth."""
     bmc_split_depth: int = 2
     """A sharded BMC explores every level up to this depth (at most ``bmc_depth - 1``) on every
     shard, then each shard its part of that level's states."""
     agreement_depth: int = 2
     """The encoding against the model: every state the BMC keeps to this depth, every call above it."""
-    agreement_pools: tuple[tuple[int, int], ...] = ((4, 1), (4, 2))
+    agreement_pools: tuple[tuple[int, ...], ...] = ((4, 1), (4, 2), (3, 2, 3))
+    """As ``bmc_pools``: (blocks, hash_block_size[, depth]), ``agreement_depth`` by default."""
     agreement_perturb: int = 4
     """One in this many perturbations of each state is checked (rotating); 1: all of them."""
     agreement_seconds: float = 900.0
@@ -32,7 +36,7 @@ class Budget:
     agreement_samples: int = 12
     """(state, step) and (state, invariant) pairs on which the compiled terms are checked against z3."""
     refinement_pools: tuple[tuple[int, int, bool, bool, int], ...] = (
-        (4, 2, True, True, 2), (4, 1, True, True, 2), (4, 1, False, True, 2), (4, 2, True, False, 1))
+        (3, 2, True, True, 3), (4, 1, True, True, 2), (4, 1, False, True, 2), (4, 2, True, False, 1))
     """Refinement runs as (blocks, hash_block_size, caching, events, depth)."""
     refinement_depth: int | None = None
     """A depth for every refinement run instead of each one's own (``--refinement-depth``)."""
@@ -52,14 +56,25 @@ class Budget:
     """Phases the profile leaves out (``pool``: everything but the pool under test)."""
 
 
+def pool_depths(pools: tuple[tuple[int, ...], ...], depth: int) -> list[tuple[int, int, int]]:
+    """Each pool as (blocks, hash_block_size, depth): its own depth, or ``depth``."""
+    return [(p[0], p[1], p[2] if len(p) > 2 else depth) for p in pools]
+
+
+def deepest(pools: tuple[tuple[int, ...], ...], depth: int) -> int:
+    """The largest depth any of ``pools`` is explored to."""
+    return max((d for _b, _h, d in pool_depths(pools, depth)), default=depth)
+
+
 PROFILES: dict[str, Budget] = {
     "ci": Budget(),
-    "dev": Budget(bmc_depth=3, bmc_seconds=1800.0, agreement_depth=3, agreement_perturb=8,
+    "dev": Budget(bmc_depth=3, bmc_seconds=1800.0, bmc_pools=((4, 1), (4, 2)), agreement_depth=3,
+                  agreement_pools=((4, 1), (4, 2)), agreement_perturb=8,
                   agreement_seconds=3600.0, agreement_samples=96, steps=10_000, runs=8, examples=200,
                   refinement_pools=((4, 2, True, True, 3), (4, 1, True, True, 2), (4, 1, False, True, 3),
                                     (4, 2, True, False, 2)),
                   refinement_seconds=3600.0),
-    "deep": Budget(bmc_depth=4, bmc_seconds=3600.0, bmc_pools=((4, 1), (4, 2), (5, 1)),
+    "deep": Budget(bmc_depth=4, bmc_seconds=3600.0, bmc_pools=((4, 1), (4, 2), (5, 1), (3, 1)),
                    agreement_depth=3, agreement_perturb=1, agreement_seconds=3600.0,
                    agreement_samples=400,
                    steps=50_000, runs=16, examples=1000, machine_steps=50,
@@ -75,4 +90,4 @@ and fails: shard it, docs/scale.md);
 pool: only the pool under test (``--impl``/``--adapter``) and the traces given, for its author."""
 
 
-__all__ = ["PHASES", "PROFILES", "SCHEMA", "Budget"]
+__all__ = ["PHASES", "PROFILES", "SCHEMA", "Budget", "deepest", "pool_depths"]

@@ -233,6 +233,10 @@ def _merge_bmc(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
         bad = next((c for c in kases if not c["ok"]), None)
         cases.append({**kases[0], "ok": bad is None, "seconds": sum(c["seconds"] for c in kases),
                       "failure": None if bad is None else bad["failure"]})
+    for i in range(len(runs), len(ran[0]["cases"])):  # cases of no run (the legal corpus): every shard's
+        kases = [p["cases"][i] for p in ran]
+        bad = next((c for c in kases if not c["ok"]), None)
+        cases.append({**kases[0], "ok": bad is None, "failure": None if bad is None else bad["failure"]})
     return cases, {"runs": runs}
 
 

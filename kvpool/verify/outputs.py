@@ -57,6 +57,7 @@ def document(phases: Sequence[Phase], profile: str, budget: Budget, started: dat
     ok = all(p.ok for p in phases)
     budget_json = asdict(budget)
     budget_json["bmc_pools"] = [list(p) for p in budget.bmc_pools]
+    budget_json["agreement_pools"] = [list(p) for p in budget.agreement_pools]
     budget_json["refinement_pools"] = [list(p) for p in budget.refinement_pools]
     budget_json["skip"] = list(budget.skip)
     doc: dict[str, Any] = {

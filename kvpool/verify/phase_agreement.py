@@ -19,7 +19,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .budget import Budget
+from .budget import Budget, pool_depths
 from .phases import Case, Phase, cut_failure, failure
 from .progress import Progress
 
@@ -41,35 +41,36 @@ def _one_pool(blocks: int, hbs: int, depth: int, seconds: float, perturb: int,
 
 def scope_text(budget: Budget) -> str:
     """What the phase covers under ``budget``, in one sentence (the JSON's ``scope``)."""
-    pools = ", ".join(f"{b} blocks hbs {h}" for b, h in budget.agreement_pools)
+    pools = "; ".join(f"{b} blocks hbs {h} to depth {d}"
+                      for b, h, d in pool_depths(budget.agreement_pools, budget.agreement_depth))
     perturbed = ("every perturbation of every state" if budget.agreement_perturb == 1
                  else f"1 in {budget.agreement_perturb} of each state's perturbations, rotating")
     per_pool = max(1, budget.agreement_samples // max(1, len(budget.agreement_pools)))
-    return (f"{pools}: every state the BMC keeps to depth {budget.agreement_depth} (invariants and "
-            f"lemmas, and {perturbed}); every call the BMC makes from the states at depth 0 to "
-            f"{budget.agreement_depth - 1}; the compiled terms against z3 on {per_pool} sampled "
-            f"states per pool")
+    return (f"{pools}: every state the BMC keeps to that depth (invariants and "
+            f"lemmas, and {perturbed}); every call the BMC makes from the states above the last level "
+            f"(its steps, its step properties both ways and the free queue as a sequence); "
+            f"the compiled terms against z3 on {per_pool} sampled states per pool")
 
 
 def run_agreement(budget: Budget, progress: Progress) -> Phase:
     """The encoding against the model on every state and call of the small pools."""
     # lazy: z3 and the proofs load when the phase runs
-    from kvpool.proofs.agreement import CHECKED
+    from kvpool.proofs.agreement import CHECKED, COMPARED_PROPERTIES
     from kvpool.proofs.transitions import STEPS
 
     phase = Phase("agreement")
     pools = list(budget.agreement_pools)
-    progress.start("agreement", len(pools) + len(CHECKED) + len(STEPS) + 1)
+    progress.start("agreement", len(pools) + len(CHECKED) + len(STEPS) + len(COMPARED_PROPERTIES) + 2)
     start = time.perf_counter()
     per_pool = max(1, budget.agreement_samples // max(1, len(pools)))  # as scope_text says
-    jobs = [(b, h, budget.agreement_depth, budget.agreement_seconds, budget.agreement_perturb,
-             per_pool, budget.seed + i) for i, (b, h) in enumerate(pools)]
+    jobs = [(b, h, d, budget.agreement_seconds, budget.agreement_perturb, per_pool, budget.seed + i)
+            for i, (b, h, d) in enumerate(pool_depths(budget.agreement_pools, budget.agreement_depth))]
     workers = min(len(jobs), os.cpu_count() or 1)
     results: list[tuple[Report, Sampled]] = []
     if workers > 1:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            # the largest pool first: it bounds the wall time
-            order = sorted(range(len(jobs)), key=lambda i: jobs[i][1])
+            # the deepest, then the largest pool first: it bounds the wall time
+            order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][2], jobs[i][1]))
             futures = {i: ex.submit(_one_pool, *jobs[i]) for i in order}
             for i in range(len(jobs)):
                 results.append(futures[i].result())
@@ -98,7 +99,8 @@ def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[C
         name = f"{r.blocks} blocks, hbs {r.hash_block_size}"
         fail = None if r.complete else cut_failure(f"agreement on {name}", budget.agreement_seconds,
                                                    r.depth_target, r.depth, "--agreement-seconds")
-        cases.append(Case(f"agreement/pool/{r.blocks}-blocks-hbs-{r.hash_block_size}",
+        depth = "" if r.depth_target == budget.agreement_depth else f"-depth-{r.depth_target}"
+        cases.append(Case(f"agreement/pool/{r.blocks}-blocks-hbs-{r.hash_block_size}{depth}",
                           f"the encoding is checked on {name} to depth {r.depth_target}", fail is None,
                           r.seconds, fail))
     return cases
@@ -106,12 +108,12 @@ def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[C
 
 def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Case]:
     # lazy: z3 and the proofs load when the phase runs
-    from kvpool.proofs.agreement import CHECKED
+    from kvpool.proofs.agreement import ABOUT_ENABLING, CHECKED, COMPARED_PROPERTIES
     from kvpool.proofs.transitions import STEPS
 
     cases = []
     seconds = sum(r.seconds for r, _ in results)
-    share = seconds / (len(CHECKED) + len(STEPS))
+    share = seconds / (len(CHECKED) + len(STEPS) + len(COMPARED_PROPERTIES) + 1)
 
     def case(kind: str, name: str, counts: tuple[int, int], title: str, shown: str,
              never: Any) -> None:
@@ -120,7 +122,7 @@ def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Ca
         fail = None
         if bad:
             fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
-        elif not counts[1 if kind == "invariant" else 0]:
+        elif not counts[1 if kind in ("invariant", "property") else 0]:
             fail = never
         cases.append(Case(f"agreement/{kind}/{name}", f"{title} ({shown})", fail is None, share, fail))
         progress.advance("" if fail is None else fail["message"])
@@ -140,6 +142,23 @@ def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Ca
              f"{enabled:,} accepted, {refused:,} refused",
              failure("violation", f"no call of step {name} was accepted: its result is never compared",
                      f"refused {refused:,} times, accepted never"))
+    for name in COMPARED_PROPERTIES:
+        held = sum(r.properties.get(name, [0, 0])[0] for r, _ in results)
+        broken = sum(r.properties.get(name, [0, 0])[1] for r, _ in results)
+        never = None if name in ABOUT_ENABLING else failure(
+            "violation", f"{name} is never false on a compared transition: its agreement is shown one "
+            "way only", f"held on {held:,} transitions, broken on none; add an alteration that breaks it")
+        case("property", name, (held, broken if never is not None else 1),
+             f"z3's step property {name} equals the model's", f"{held:,} held, {broken:,} broken", never)
+    queues = sum(r.queues for r, _ in results)
+    bad = [x for key in sorted({k for r, _ in results for k in r.examples if k.startswith("queue/")})
+           for x in _examples(results, key)]
+    fail = None if bad else (failure("violation", "no queue was compared", "") if not queues else None)
+    if bad:
+        fail = _failure(bad, f"the z3 queue steps and the model's queue differ: {bad[0][1].detail}")
+    cases.append(Case("agreement/queue", f"the z3 queue with places leaves the model's queue, in order, "
+                      f"after every accepted call ({queues:,})", fail is None, share, fail))
+    progress.advance("" if fail is None else fail["message"])
     mismatches = [m for _r, s in results for m in s.mismatches]
     checks = sum(s.checks for _r, s in results)
     zsecs = sum(s.seconds for _r, s in results)
@@ -188,6 +207,7 @@ def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str,
     perturbations: Counter[str] = Counter()
     invariants: dict[str, dict[str, int]] = {}
     steps: dict[str, dict[str, int]] = {}
+    properties: dict[str, dict[str, int]] = {}
     for r in reports:
         skipped.update(r.skipped)
         perturbations.update(r.perturbations)
@@ -195,6 +215,10 @@ def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str,
             row = invariants.setdefault(n, {"true": 0, "false": 0})
             row["true"] += t
             row["false"] += f
+        for n, (h, b) in r.properties.items():
+            row = properties.setdefault(n, {"held": 0, "broken": 0})
+            row["held"] += h
+            row["broken"] += b
         for n, (e, x) in r.steps.items():
             row = steps.setdefault(n, {"enabled": 0, "refused": 0})
             row["enabled"] += e
@@ -218,6 +242,8 @@ def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str,
         "skipped_calls": dict(sorted(skipped.items())),
         "invariants": invariants,
         "steps": steps,
+        "properties": properties,
+        "queues": sum(r.queues for r in reports),
         "perturbations": dict(sorted(perturbations.items())),
         "evaluator": {"checks": sum(s.checks for s in samples),
                       "steps_enabled": sum(s.enabled for s in samples),

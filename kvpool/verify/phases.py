@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kvpool.oracle.adapter import Adapter
 from kvpool.shard import Shard
 
-from .budget import Budget
+from .budget import Budget, pool_depths
 from .progress import Progress
 
 WHOLE_RUN = Shard()
@@ -227,33 +227,52 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
-    progress.start("bmc", len(budget.bmc_pools))
+    progress.start("bmc", len(budget.bmc_pools) + 1)
     runs = []
     start = time.perf_counter()
-    for blocks, hbs in budget.bmc_pools:
+    for blocks, hbs, depth in pool_depths(budget.bmc_pools, budget.bmc_depth):
         cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs)
         if shard.whole:
-            out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds)
+            out = bmc.explore(cfg, depth, budget.bmc_seconds)
         else:
-            out = bmc.explore(cfg, budget.bmc_depth, budget.bmc_seconds, part=shard.part,
+            out = bmc.explore(cfg, depth, budget.bmc_seconds, part=shard.part,
                               split_depth=budget.bmc_split_depth)
         name = f"{blocks} blocks, hash_block_size {hbs}"
+        slug = f"{blocks}-blocks-hbs-{hbs}" + ("" if depth == budget.bmc_depth else f"-depth-{depth}")
         runs.append({"name": name, "blocks": blocks, "hash_block_size": hbs,
-                     "depth_target": budget.bmc_depth, "depth": out.depth, "states": out.states,
+                     "depth_target": depth, "depth": out.depth, "states": out.states,
                      "transitions": out.transitions, "complete": out.complete, "ok": out.ok,
                      "seconds": round(out.seconds, 3),
                      "part": None if out.part is None else part_json(out.part)})
         fail = (bmc_failure(out, cfg) if not out.ok else None if out.complete else
-                cut_failure(f"BMC {name}", budget.bmc_seconds, budget.bmc_depth, out.depth, "--bmc-seconds"))
-        phase.cases.append(Case(f"bmc/{blocks}-blocks-hbs-{hbs}", f"BMC {name}", fail is None, out.seconds,
+                cut_failure(f"BMC {name}", budget.bmc_seconds, depth, out.depth, "--bmc-seconds"))
+        phase.cases.append(Case(f"bmc/{slug}", f"BMC {name} to depth {depth}", fail is None, out.seconds,
                                 fail))
-        progress.advance(f"{name}: depth {out.depth}/{budget.bmc_depth}, {out.states} states"
+        progress.advance(f"{name}: depth {out.depth}/{depth}, {out.states} states"
                          + ("" if out.part is None else
                             f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
                             f"{out.part.split_depth})"))
+    phase.cases.append(legal_case())
+    progress.advance(phase.cases[-1].name)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"runs": runs}
     return phase
+
+
+def legal_case() -> Case:
+    """Every caller contract accepts the legal corpus whole (:mod:`kvpool.oracle.legal`): a contract
+    too strong, which the searches would silently obey by exploring less, fails here."""
+    # lazy: a phase's modules load when it runs (module docstring)
+    from kvpool.oracle.legal import check_legal
+
+    began = time.perf_counter()
+    out = check_legal()
+    title = f"every contract accepts {out.traces} legal call sequences ({out.calls:,} calls)"
+    first = out.refused[0].format().splitlines()[0] if out.refused else "no legal call sequence was found"
+    fail = None if out.ok else failure(
+        "violation", f"{len(out.refused)} legal call sequence(s) refused: {first}",
+        "\n".join(r.format() for r in out.refused))
+    return Case("bmc/legal-corpus", title, fail is None, time.perf_counter() - began, fail)
 
 
 def part_json(part: Any) -> dict[str, Any]:
