@@ -94,6 +94,8 @@ class Directed:
         pool = self._pair(1, log) if "second_pool" in want and op in FEATURES["second_pool"][1] else first
         try:
             Scene(self, pool, want).play(op)
+            if op != "take_events":  # a pool that hides its pending events shows them when taken
+                pool.call("take_events")
         finally:
             self.calls += first.steps + (pool.steps if pool is not first else 0)
         pool.check()
