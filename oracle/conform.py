@@ -4,7 +4,9 @@ Two phases run against the implementation, each compared call by call with
 the model through :class:`~kvpool.oracle.lockstep.Lockstep`:
 
 * ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
-  ``runs`` runs of ``steps`` calls each: long and fast, not shrunk;
+  ``runs`` runs of ``steps`` calls each: long and fast; a divergence is shrunk by delta
+  debugging over the run's calls (:mod:`.shrink`); each run then makes the feature pairs
+  of its share it missed (:mod:`.directed`);
 * ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
   ``examples`` examples of up to ``machine_steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.

@@ -4,7 +4,8 @@ Two phases run against the implementation (:mod:`kvpool.oracle.conform`), each
 compared call by call with the model:
 
 * ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
-  ``--runs`` runs of ``--steps`` calls each: long and fast, not shrunk;
+  ``--runs`` runs of ``--steps`` calls each: long and fast; a divergence is shrunk by
+  delta debugging over the run's calls (:mod:`kvpool.oracle.shrink`);
 * ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
   ``--examples`` examples of up to ``--machine-steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.
@@ -55,7 +56,13 @@ as one line without a traceback.
         {"phase": "campaign", "misuse": true,  # the phase alone, under coverage.py
          "covered": 114, "total": 116,        # branches of the model's operations taken
          "missed": [{"line": 221, "to": 222, "source": "if b == NULL and ...:",
-                     "into": "continue", "refusal": false}, ...]}
+                     "into": "continue", "refusal": false,
+                     "why": "needs misuse" | "caller contract" | "caller action"
+                            | "another --reference" | "reachable without misuse"}, ...],
+         "pairs": {"met": 197, "legal": 197, "missed": ["mask+second_pool", ...]},
+                                              # features met in one call (oracle/features.py)
+         "pool": {"covered": 269, "total": 410,  # the pool's own source's branches
+                  "files": [["/.../pool.py", 120, 150], ...]}}
       ]
     }
 
@@ -63,6 +70,14 @@ as one line without a traceback.
 branches of the model's operations (``model/pool.py``, ``guards.py``, ``contracts.py``) it reached and those
 it missed (line -> line, with both source lines): a branch no phase reaches
 is one on which no pool is compared with the model.
+
+``--phase campaign|machine`` runs one phase, ``--fail-fast`` stops at the first that
+diverges, ``--no-shrink`` keeps a campaign failure as it happened.  A pool other than
+kvpool's may refuse for lack of blocks with any ``ValueError`` (``--strict-messages``:
+vLLM's exact message).  The loggers of the pool's module are silenced unless
+``--verbose``; Hypothesis' files go to the cache folder the output names
+(``$KVPOOL_CACHE``, else ``$XDG_CACHE_HOME/kvpool``, else ``~/.cache/kvpool``).
+``docs/implementing.md`` is a pool author's first hour.
 
 ``--shard I/N`` runs shard ``I`` of ``N``: the campaign's runs ``r`` with
 ``r mod N == I - 1`` and its share of the state machine's examples under its
