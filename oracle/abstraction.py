@@ -252,6 +252,10 @@ def names_refusal(recorded: str | None, model_error: BaseException | None, *,
         recorded == "ValueError")
 
 
+SHOWN_EVENTS = 4
+"""Events of one result a message shows (the rest are counted): a line stays readable."""
+
+
 def short(value: Any) -> str:
     """A value as messages show it: a hash by its last three bytes (``…a1b2c3``, as pictures
     name it), a key as ``…a1b2c3/g0``, a request by its id, an event by its fields so shortened."""
@@ -263,7 +267,11 @@ def short(value: Any) -> str:
             and isinstance(value[1], int)):
         return f"{short(value[0])}/g{value[1]}"
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(short(v) for v in value)
+        shown = value
+        if len(value) > SHOWN_EVENTS and all(is_dataclass(v) for v in value):  # a long take of events
+            shown = value[:SHOWN_EVENTS]
+        inner = ", ".join(short(v) for v in shown) + (f", … {len(value) - len(shown)} more"
+                                                      if len(shown) < len(value) else "")
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
     if is_dataclass(value) and not isinstance(value, type):
         shown = ", ".join(f"{f.name}={short(getattr(value, f.name))}" for f in fields(value))

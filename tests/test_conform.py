@@ -254,3 +254,4 @@ def test_failures_show_hashes_and_keys_short() -> None:
                        "--examples", "30")
     assert status == 1, text
     assert "b'" not in text and "…" in text, text
+    assert max(len(line) for line in text.splitlines()) < 1000  # a long take of events is cut
