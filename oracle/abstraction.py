@@ -274,8 +274,8 @@ def short(value: Any) -> str:
                                                       if len(shown) < len(value) else "")
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
     if is_dataclass(value) and not isinstance(value, type):
-        shown = ", ".join(f"{f.name}={short(getattr(value, f.name))}" for f in fields(value))
-        return f"{type(value).__name__}({shown})"
+        named = ", ".join(f"{f.name}={short(getattr(value, f.name))}" for f in fields(value))
+        return f"{type(value).__name__}({named})"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {short(v)}" for k, v in value.items()) + "}"
     return repr(value)
