@@ -230,6 +230,15 @@ def vllm_refusal(model_error: Exception, pool_error: Exception | None) -> bool:
     return same_refusal(model_error, pool_error)
 
 
+def any_value_error(model_error: Exception, pool_error: Exception | None) -> bool:
+    """A pool other than kvpool's: out of blocks is any ``ValueError``, whatever its message
+    (``--strict-messages`` asks for vLLM's exact one: :func:`vllm_refusal`)."""
+    if isinstance(model_error, Refusal) and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS:
+        return isinstance(pool_error, ValueError) and (
+            refusal_kind(pool_error) in (None, RefusalKind.NOT_ENOUGH_FREE_BLOCKS))
+    return same_refusal(model_error, pool_error)
+
+
 def names_refusal(recorded: str | None, model_error: BaseException | None, *,
                   vllm_errors: bool = False) -> bool:
     """Whether an error class name recorded in a trace is the model's refusal."""
@@ -243,6 +252,10 @@ def names_refusal(recorded: str | None, model_error: BaseException | None, *,
         recorded == "ValueError")
 
 
+SHOWN_EVENTS = 4
+"""Events of one result a message shows (the rest are counted): a line stays readable."""
+
+
 def short(value: Any) -> str:
     """A value as messages show it: a hash by its last three bytes (``…a1b2c3``, as pictures
     name it), a key as ``…a1b2c3/g0``, a request by its id, an event by its fields so shortened."""
@@ -254,11 +267,15 @@ def short(value: Any) -> str:
             and isinstance(value[1], int)):
         return f"{short(value[0])}/g{value[1]}"
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(short(v) for v in value)
+        shown = value
+        if len(value) > SHOWN_EVENTS and all(is_dataclass(v) for v in value):  # a long take of events
+            shown = value[:SHOWN_EVENTS]
+        inner = ", ".join(short(v) for v in shown) + (f", … {len(value) - len(shown)} more"
+                                                      if len(shown) < len(value) else "")
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
     if is_dataclass(value) and not isinstance(value, type):
-        shown = ", ".join(f"{f.name}={short(getattr(value, f.name))}" for f in fields(value))
-        return f"{type(value).__name__}({shown})"
+        named = ", ".join(f"{f.name}={short(getattr(value, f.name))}" for f in fields(value))
+        return f"{type(value).__name__}({named})"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {short(v)}" for k, v in value.items()) + "}"
     return repr(value)

@@ -54,7 +54,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvpool.model import PUBLIC_OPERATIONS
 
-from .abstraction import same_refusal, vllm_refusal
+from .abstraction import any_value_error, same_refusal, vllm_refusal
 
 ErrorMatcher = Callable[[Exception, Exception | None], bool]
 
@@ -185,10 +185,11 @@ def kvpool_adapter(pool_class: type[Any] | None = None) -> ClassAdapter:
     return ClassAdapter(cls, f"{cls.__module__}:{cls.__qualname__}")
 
 
-def vllm_adapter() -> ClassAdapter:
+def vllm_adapter(strict_messages: bool = True) -> ClassAdapter:
     """vLLM's own ``BlockPool``, imported only when asked for (the import takes seconds).
 
-    It raises ``ValueError`` when out of blocks and does not refuse misuse.
+    It raises ``ValueError`` when out of blocks (with vLLM's message, unless
+    not ``strict_messages``) and does not refuse misuse.
     """
     module = importlib.import_module("vllm.v1.core.block_pool")
     # Every refused reset logs a warning; thousands of them would bury the report.
@@ -197,20 +198,26 @@ def vllm_adapter() -> ClassAdapter:
     with contextlib.suppress(ImportError, AttributeError):
         importlib.import_module("vllm.envs").enable_envs_cache()
     return ClassAdapter(module.BlockPool, "vllm.v1.core.block_pool:BlockPool",
-                        supports_misuse=False, matcher=vllm_refusal)
+                        supports_misuse=False, matcher=vllm_refusal if strict_messages else any_value_error)
 
 
-def adapter_for_class(pool_class: Any) -> ClassAdapter:
-    """The right adapter for a pool class: strict for kvpool's, lenient for others."""
+def adapter_for_class(pool_class: Any, strict_messages: bool = True) -> ClassAdapter:
+    """The right adapter for a pool class: strict for kvpool's, lenient for others.
+
+    Another pool's refusal for lack of blocks is a ``ValueError``: with vLLM's
+    exact message when ``strict_messages``, any message otherwise (``kvpool
+    conform`` asks for that unless ``--strict-messages``).
+    """
     # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
     from kvpool.impl import BlockPool
 
     if isinstance(pool_class, type) and issubclass(pool_class, BlockPool):
         return kvpool_adapter(pool_class)
     if getattr(pool_class, "__module__", "").startswith("vllm."):
-        return vllm_adapter()
+        return vllm_adapter(strict_messages)
     name = f"{getattr(pool_class, '__module__', '?')}:{getattr(pool_class, '__qualname__', '?')}"
-    return ClassAdapter(pool_class, name, supports_misuse=False, matcher=vllm_refusal)
+    return ClassAdapter(pool_class, name, supports_misuse=False,
+                        matcher=vllm_refusal if strict_messages else any_value_error)
 
 
 def misuse_setting(adapter: Adapter, requested: bool = True) -> tuple[bool, str]:

@@ -7,7 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from kvpool.model import OPERATIONS
+
 from .abstraction import same_refusal
+from .directed import Directed, missed_share
+from .features import FeatureLog
 from .lockstep import Divergence, Lockstep
 from .long_lived import pool_blocks, workload_class
 from .shrink import CallLog
@@ -19,6 +23,7 @@ def run_one(
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31", observe: Callable[..., Any] | None = None,
     blocks: int | None = None, long_lived: bool = False, keep_log: bool = False,
+    features: FeatureLog | None = None, share: tuple[int, int] | None = None,
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
@@ -30,6 +35,9 @@ def run_one(
     with :class:`~.long_lived.LongLived`'s churn.  With ``keep_log``, every
     call is kept and a divergence carries them as its ``log``
     (:class:`~.shrink.CallLog`, what :func:`~.shrink.shrink_log` cuts).
+    ``features`` collects each call's shape features (:mod:`.features`); with
+    ``share`` (``(run, runs)``) the run then makes the legal pairs of its share
+    it missed (:mod:`.directed`), and ``pair.directed`` counts those calls.
     """
     rng = random.Random(seed)
     cfg = RunConfig.draw(rng, seed, pool_blocks(seed, blocks, long_lived))
@@ -44,11 +52,11 @@ def run_one(
     second = second_pool(pool_factory, cfg, reference, errors_match)
     pair = first()
     log = CallLog(first, second, misuse) if keep_log else None
-    pair.log = log
+    pair.log, pair.features = log, features
 
     def logged_second() -> Lockstep:
         made = second()
-        made.log, made.log_pool = log, 1
+        made.log, made.features = log, features
         return made
 
     work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse, second=logged_second)
@@ -61,6 +69,13 @@ def run_one(
     except Divergence as exc:
         exc.log = log
         raise
+    if features is not None and share is not None:
+        aimed = Directed(pool_factory, reference, errors_match, observe)
+        have = [op for op in OPERATIONS if pair.supports(op)]
+        try:
+            aimed.cover(missed_share(features, *share, ops=have), features)
+        finally:
+            pair.directed = aimed.calls
     return pair
 
 

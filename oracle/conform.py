@@ -4,7 +4,9 @@ Two phases run against the implementation, each compared call by call with
 the model through :class:`~kvpool.oracle.lockstep.Lockstep`:
 
 * ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
-  ``runs`` runs of ``steps`` calls each: long and fast, not shrunk;
+  ``runs`` runs of ``steps`` calls each: long and fast; a divergence is shrunk by delta
+  debugging over the run's calls (:mod:`.shrink`); each run then makes the feature pairs
+  of its share it missed (:mod:`.directed`);
 * ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
   ``examples`` examples of up to ``machine_steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.
@@ -42,6 +44,7 @@ from .adapter import (
 )
 from .campaign import run_one
 from .database import describe, example_database
+from .features import FeatureLog
 from .lockstep import CallerBrokeContract, Divergence, Lockstep
 from .machine import MachineFailure, machine_for
 from .shrink import shrink_log
@@ -54,8 +57,11 @@ MACHINE_SEED_STRIDE = 1_000_003
 # ---------------------------------------------------------------- loading
 
 
-def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
+def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True) -> Adapter:
     """The adapter for a pool class (``impl``) or from a factory (``adapter``), as ``module:name``.
+
+    A class other than kvpool's may refuse for lack of blocks with any
+    ``ValueError`` unless ``strict_messages`` (:func:`~.adapter.adapter_for_class`).
 
     Checked enough to fail early and clearly: a bad spec, a class without the
     pool API, a factory that returns no adapter or a pool that cannot be built
@@ -68,7 +74,7 @@ def load_adapter(impl: str | None, adapter: str | None) -> Adapter:
         if not callable(pool_class) or missing:
             raise LoadError(f"{impl!r} is not a block pool class: it lacks "
                             f"{', '.join(missing) or 'a constructor'}")
-        loaded: Adapter = adapter_for_class(pool_class)
+        loaded: Adapter = adapter_for_class(pool_class, strict_messages)
         spec = impl
     elif adapter is None:
         raise LoadError("name a pool class (--impl) or an adapter (--adapter)")
@@ -130,6 +136,8 @@ class PhaseResult:
     """Calls the model refused, by refusal (the campaign)."""
     replayed: bool = False
     """The failure came from replaying the example database, before any example was generated."""
+    features: FeatureLog | None = field(default=None, repr=False, compare=False)
+    """The shape features the phase's calls had, and the pairs that met (:mod:`.features`)."""
 
 
 @dataclass
@@ -213,25 +221,31 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     misuse = opts.misuse and adapter.supports_misuse
     operations: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
+    met = FeatureLog()
     index, count = opts.shard
     for run in range(opts.runs):
         if run % count != index:
             continue
         seed = opts.seed + run
+        features = FeatureLog()
         try:
             pair = run_one(factory, seed, opts.steps, misuse=misuse,
                            errors_match=adapter.errors_match, reference=opts.reference,
                            observe=getattr(adapter, "observe", None), blocks=opts.blocks,
-                           long_lived=opts.long_lived, keep_log=opts.shrink)
+                           long_lived=opts.long_lived, keep_log=opts.shrink, features=features,
+                           share=(run, opts.runs))
         except Exception as exc:
             made = exc.first + len(exc.record) if isinstance(exc, Divergence) else 0
+            met.update(features)
             return PhaseResult("campaign", False, time.perf_counter() - started, calls + made,
-                               _shrunk_failure(exc, seed, made), dict(operations), dict(refusals))
-        calls += pair.steps
+                               _shrunk_failure(exc, seed, made), dict(operations), dict(refusals),
+                               features=met)
+        calls += pair.steps + pair.directed
+        met.update(features)
         operations.update(pair.ops_seen)
         refusals.update(pair.refusals_seen)
     return PhaseResult("campaign", True, time.perf_counter() - started, calls, None,
-                       dict(sorted(operations.items())), dict(sorted(refusals.items())))
+                       dict(sorted(operations.items())), dict(sorted(refusals.items())), features=met)
 
 
 def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
@@ -250,6 +264,7 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
             examples[0] += 1
 
     Counted.__name__ = base.__name__
+    Counted.FEATURES = met = FeatureLog()
     # The database key: one per implementation, misuse setting and reference, the same on
     # every shard (Hypothesis hashes the class's source, then this).
     Counted._hypothesis_internal_add_digest = (
@@ -276,8 +291,8 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
             shrunk = MachineFailure.from_exception(exc)
             return PhaseResult("machine", False, time.perf_counter() - started, examples[0],
                                _failure(exc, shrunk.steps, opts.machine_seed()),
-                               replayed=database is not None and number == 0)
-    return PhaseResult("machine", True, time.perf_counter() - started, examples[0])
+                               replayed=database is not None and number == 0, features=met)
+    return PhaseResult("machine", True, time.perf_counter() - started, examples[0], features=met)
 
 
 __all__ = ["ADAPTER_ATTRS", "MACHINE_SEED_STRIDE", "Failure", "Options", "PhaseResult", "load_adapter",

@@ -20,21 +20,27 @@ import inspect
 import json
 import os
 import re
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvpool.model import OPERATIONS
+from kvpool.model import OPERATIONS, REFERENCES
 from kvpool.model import contracts as model_contracts
 from kvpool.model import guards as model_guards
 from kvpool.model import pool as model_pool
+
+from .adapter import adapter_factory
+from .features import PairCoverage, pair_coverage
 
 if TYPE_CHECKING:
     from .adapter import Adapter
     from .conform import Options, PhaseResult
 
 T = TypeVar("T")
+REFERENCE_FLAGS: tuple[str, ...] = tuple(sorted({flag for flags in REFERENCES.values() for flag in flags}))
+"""The model's flags a ``--reference`` sets (a branch on one is another release's behaviour)."""
 
 MEASURED: tuple[str, ...] = tuple(os.path.realpath(str(m.__file__))
                                   for m in (model_pool, model_guards, model_contracts))
@@ -57,6 +63,21 @@ class Branch:
     """The branch is in a caller action (``kvpool.model.CALLER_ACTIONS``): no pool call takes it."""
 
     @property
+    def why(self) -> str:
+        """Why a phase may miss it: ``needs misuse`` (a refusal), ``caller contract``, ``caller
+        action``, ``another --reference`` (a decision on a flag another vLLM release sets), or
+        ``reachable without misuse`` (a legal call takes it: a gap)."""
+        if self.caller:
+            return "caller action"
+        if self.contract:
+            return "caller contract"
+        if self.refusal:
+            return "needs misuse"
+        if any(f"s.{flag}" in self.source for flag in REFERENCE_FLAGS):
+            return "another --reference"
+        return "reachable without misuse"
+
+    @property
     def refusal(self) -> bool:
         """Whether the branch leads into a refusal: only a wrong call (or running dry) takes it."""
         return self.into.startswith("raise Refusal")
@@ -74,6 +95,20 @@ class Branch:
 
 
 @dataclass(frozen=True)
+class SourceCoverage:
+    """The branches of the pool under test's own source that one phase reached."""
+
+    covered: int
+    total: int
+    files: tuple[tuple[str, int, int], ...]
+    """Each measured file: its path, branches taken, branches in all."""
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.covered / self.total if self.total else 100.0
+
+
+@dataclass(frozen=True)
 class PhaseCoverage:
     """The branches of the model's actions that one phase reached."""
 
@@ -83,45 +118,81 @@ class PhaseCoverage:
     covered: int
     total: int
     missed: tuple[Branch, ...]
+    pairs: PairCoverage | None = None
+    """The legal pairs of call features the phase made meet in one call (:mod:`.features`)."""
+    pool: SourceCoverage | None = None
+    """The branches of the pool's own source the phase took (None: its source is unknown)."""
 
     @property
     def percent(self) -> float:
         return 100.0 * self.covered / self.total if self.total else 100.0
 
+    @property
+    def gaps(self) -> tuple[Branch, ...]:
+        """The missed branches a legal call takes: reachable without misuse."""
+        return tuple(b for b in self.missed if b.why == "reachable without misuse")
+
     def to_json(self) -> dict[str, Any]:
         """The measurement as conform's ``--json`` holds it (missed branches as objects)."""
         out = asdict(self)
-        out["missed"] = [{**asdict(b), "refusal": b.refusal, "contract": b.contract}
+        out["missed"] = [{**asdict(b), "refusal": b.refusal, "contract": b.contract, "why": b.why}
                          for b in self.missed]
+        out["pairs"] = None if self.pairs is None else self.pairs.to_json()
+        out["pool"] = None if self.pool is None else asdict(self.pool)
         return out
 
 
-def measure(run: Callable[[], T], phase: str, misuse: bool) -> tuple[T, PhaseCoverage]:
+def measure(run: Callable[[], T], phase: str, misuse: bool,
+            sources: Sequence[str] = ()) -> tuple[T, PhaseCoverage]:
     """Run ``run()`` alone under branch coverage of the model's actions; its result and the coverage.
 
+    ``sources`` (the pool's own files) are measured too, into ``pool``.
     Raises ``ImportError`` when coverage.py is not installed.
     """
     import coverage  # a test extra: imported only when asked for
 
-    cov = coverage.Coverage(branch=True, include=list(MEASURED), data_file=None, config_file=False)
+    files = [*MEASURED, *(f for f in sources if f not in MEASURED)]
+    cov = coverage.Coverage(branch=True, include=files, data_file=None, config_file=False)
     cov.set_option("run:disable_warnings", ["no-data-collected"])  # a phase that died at once
     cov.start()
     try:
         result = run()
     finally:
         cov.stop()
-    return result, _read(cov, phase, misuse)
+    return result, _read(cov, phase, misuse, files[len(MEASURED):])
+
+
+def pool_sources(adapter: Adapter) -> list[str]:
+    """The pool's own source files: those of its class and its bases, and the loaded modules of
+    the package of the class that defines its operations (a pool split over files)."""
+    cls = getattr(adapter, "pool_class", None)
+    if not isinstance(cls, type):
+        return []
+    files = [inspect.getsourcefile(c) for c in cls.__mro__ if c is not object]
+    base = next((c for c in reversed(cls.__mro__) if "get_new_blocks" in vars(c)), cls)
+    home = inspect.getsourcefile(base)
+    package = base.__module__.rpartition(".")[0]
+    if package and home:
+        files += [str(m.__file__) for name, m in list(sys.modules.items())
+                  if name.startswith(package + ".") and str(getattr(m, "__file__", "")).endswith(".py")
+                  and os.path.dirname(str(m.__file__)) == os.path.dirname(home)]
+    return sorted({os.path.realpath(f) for f in files if f and f.endswith(".py")})
 
 
 def measure_phase(run_phase: Callable[[Adapter, Options], PhaseResult], adapter: Adapter,
                   opts: Options) -> tuple[PhaseResult, PhaseCoverage]:
     """One conformance phase (``run_campaign_phase`` or ``run_machine_phase``) alone, measured."""
     misuse = opts.misuse and adapter.supports_misuse
-    result, measured = measure(lambda: run_phase(adapter, opts), "", misuse)
-    return result, replace(measured, phase=result.name)
+    result, measured = measure(lambda: run_phase(adapter, opts), "", misuse, pool_sources(adapter))
+    pairs = None
+    if result.features is not None:
+        pool = adapter_factory(adapter)(4, True, 1)
+        ops = [op for op in OPERATIONS if callable(getattr(pool, op, None))]
+        pairs = pair_coverage(result.features, result.name, misuse, ops)
+    return result, replace(measured, phase=result.name, pairs=pairs)
 
 
-def _read(cov: Any, phase: str, misuse: bool) -> PhaseCoverage:
+def _read(cov: Any, phase: str, misuse: bool, sources: Sequence[str] = ()) -> PhaseCoverage:
     """The branch figures of the measured files, through coverage.py's JSON report.
 
     The JSON report is the public API that names missed branches (``branch_stats``
@@ -129,9 +200,14 @@ def _read(cov: Any, phase: str, misuse: bool) -> PhaseCoverage:
     """
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "coverage.json")
-        cov.json_report(morfs=list(MEASURED), outfile=path)
+        cov.json_report(morfs=[*MEASURED, *sources], outfile=path, ignore_errors=True)
         with open(path, encoding="utf-8") as fh:
             files = json.load(fh)["files"]
+    pool = None
+    if sources:
+        mine = [(name, d["summary"]["covered_branches"], d["summary"]["num_branches"])
+                for name, d in sorted(files.items()) if os.path.realpath(name) in set(sources)]
+        pool = SourceCoverage(sum(c for _n, c, _t in mine), sum(t for _n, _c, t in mine), tuple(mine))
     callers = _caller_lines()
     missed: list[Branch] = []
     covered = total = 0
@@ -147,7 +223,7 @@ def _read(cov: Any, phase: str, misuse: bool) -> PhaseCoverage:
                    for a, b in data["missing_branches"]]
         covered += data["summary"]["covered_branches"]
         total += data["summary"]["num_branches"]
-    return PhaseCoverage(phase, misuse, covered, total, tuple(sorted(missed)))
+    return PhaseCoverage(phase, misuse, covered, total, tuple(sorted(missed)), pool=pool)
 
 
 def _caller_lines() -> set[tuple[str, int]]:
@@ -162,4 +238,5 @@ def _caller_lines() -> set[tuple[str, int]]:
     return out
 
 
-__all__ = ["MEASURED", "Branch", "PhaseCoverage", "measure", "measure_phase"]
+__all__ = ["MEASURED", "Branch", "PhaseCoverage", "SourceCoverage", "measure", "measure_phase",
+           "pool_sources"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 ENV = "KVPOOL_EXAMPLE_DB"
@@ -21,6 +22,30 @@ ENV = "KVPOOL_EXAMPLE_DB"
 
 class ExampleDatabaseError(ValueError):
     """A ``KVPOOL_EXAMPLE_DB`` that names no usable database."""
+
+
+CACHE_ENV = "KVPOOL_CACHE"
+
+
+def cache_dir() -> str:
+    """Where kvpool keeps files between runs: ``$KVPOOL_CACHE``, else ``$XDG_CACHE_HOME/kvpool``,
+    else ``~/.cache/kvpool`` (never the current directory)."""
+    if os.environ.get(CACHE_ENV):
+        return os.path.abspath(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "kvpool")
+
+
+def use_cache_dir() -> str:
+    """Point Hypothesis' own files (its ``.hypothesis`` folder) into :func:`cache_dir`; the folder.
+
+    Hypothesis writes them under the current directory otherwise.  The
+    example database stays what ``KVPOOL_EXAMPLE_DB`` names (none when unset),
+    so that a run does not replay what earlier runs found unless asked to.
+    """
+    path = os.path.join(cache_dir(), "hypothesis")
+    set_hypothesis_home_dir(path)
+    return path
 
 
 def from_env() -> str | None:
@@ -80,4 +105,5 @@ def example_database(spec: str, *, check: bool = False) -> ExampleDatabase:
     return RedisExampleDatabase(client)
 
 
-__all__ = ["ENV", "ExampleDatabaseError", "describe", "example_database", "from_env"]
+__all__ = ["CACHE_ENV", "ENV", "ExampleDatabaseError", "cache_dir", "describe", "example_database",
+           "from_env", "use_cache_dir"]

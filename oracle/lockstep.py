@@ -51,6 +51,7 @@ from .abstraction import (
     same_refusal,
     short,
 )
+from .features import FeatureLog, call_features, kept
 from .observe import (
     WHITE_BOX,
     Observation,
@@ -239,8 +240,12 @@ class Lockstep(Translate):
     refusals_seen: Counter[str] = field(default_factory=Counter)
     log: Any = None
     """A :class:`~kvpool.oracle.shrink.CallLog` that keeps every call, for a shrink (None: none)."""
-    log_pool: int = 0
-    """Which pool of the run this is, in ``log`` (0: the first, 1: the second)."""
+    which: int = 0
+    """Which pool of the run this is (0: the first, 1: a second pool of the same implementation)."""
+    features: FeatureLog | None = None
+    """Where each call's shape features go (:mod:`.features`; None: not described)."""
+    directed: int = 0
+    """Calls made on fresh pools after the run to make the feature pairs it missed (:mod:`.directed`)."""
 
     @classmethod
     def fresh(
@@ -338,8 +343,12 @@ class Lockstep(Translate):
         m_result: Any = None
         fp, noted, snapshot = NOTHING, _Before(set(), set()), None
         bound: tuple[Any, ...] | None = None
+        shape: set[str] | None = None
         try:
             bound = decl.bind(args, kwargs)
+            if self.features is not None:
+                shape = call_features(model, op, bound, second=self.which == 1,
+                                      metrics=self.metrics is not None)
             noop = decl.prepare(model, bound)
             if noop is not None:
                 m_result = noop.result
@@ -367,7 +376,7 @@ class Lockstep(Translate):
         outcome = refusal_name(m_error) if m_error else short(m_result)
         self._record(op, args, outcome, refusal_name(m_error) if m_error else None)
         if self.log is not None:
-            self.log.add(self.log_pool, op, args, None if m_error else m_result,
+            self.log.add(self.which, op, args, None if m_error else m_result,
                          refusal_name(m_error) if m_error else None)
         if m_error is not None:
             self.refusals_seen[refusal_name(m_error)] += 1
@@ -384,6 +393,8 @@ class Lockstep(Translate):
             if outside:
                 raise self._diverged("footprint", f"the model's {op} changed what its declaration "
                                      f"says it does not: {', '.join(outside)}", ["footprint"])
+        if shape is not None and self.features is not None:
+            self.features.add(kept(shape, op, m_error))
         if self.steps - self.last_full >= (self.full_every or 1):
             self.check()
         elif decl.role != "query":  # a query touches nothing; one that did is seen by the next check

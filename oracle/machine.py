@@ -70,6 +70,9 @@ from kvpool.model import Refusal
 from kvpool.model.state import NULL
 
 from .adapter import Adapter, adapter_factory
+from .directed import SCENARIOS, Directed
+from .features import FEATURES as FEATURE_NAMES
+from .features import FeatureLog
 from .lockstep import Lockstep
 from .workload import RunConfig, Running, Workload, free_across, partial_spots, rekey, rewritable
 
@@ -80,6 +83,9 @@ MISUSES = (
     "partial_bad_tokens", "cache_disabled", "insert_null", "insert_unnamed", "insert_no_tokens",
 )
 """Deliberately wrong calls; the model refuses each with a typed error."""
+CACHE_ENTRY_MISUSES = frozenset({"move_onto_hashed", "move_onto_null", "insert_null", "insert_unnamed",
+                                 "insert_no_tokens"})
+"""Kinds that need a pool with caching; without it they become ``cache_disabled``."""
 ARGUMENT_MISUSES = (
     "bad_group", "bad_block_size", "uncallable_watcher", "full_beyond_list", "full_too_few_hashes",
     "cache_conflict", "partial_at_block_end", "partial_too_few_hashes", "emit_too_many",
@@ -170,6 +176,8 @@ class PoolMachine(RuleBasedStateMachine):
     ADAPTER: ClassVar[Adapter]
     MISUSE: ClassVar[bool] = False
     REFERENCE: ClassVar[str] = "0.31"
+    FEATURES: ClassVar[FeatureLog | None] = None
+    """Where the calls' shape features go, over all examples (:mod:`.features`; None: nowhere)."""
 
     runs = Bundle("runs")
     """Requests in flight, each with its block table per KV-cache group."""
@@ -267,6 +275,7 @@ class PoolMachine(RuleBasedStateMachine):
                                   cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics)
             pair.errors_match = self.ADAPTER.errors_match
             pair.observe = getattr(self.ADAPTER, "observe", None)
+            pair.which, pair.features = 1, self.FEATURES
             pair.check()
             self.other = pair
         return self.other
@@ -288,9 +297,10 @@ class PoolMachine(RuleBasedStateMachine):
                               cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics)
         pair.errors_match = self.ADAPTER.errors_match
         pair.observe = getattr(self.ADAPTER, "observe", None)
+        pair.features = self.FEATURES
         self.pair = pair
         # Fixed documents and hasher; this Workload's dice are never rolled.
-        self.work = Workload(random.Random(0), cfg, pair, misuse_on=False)
+        self.work = Workload(random.Random(0), cfg, pair, misuse_on=self.MISUSE, second=self._second)
 
     @rule(target=finished, prompt=prompts)
     def served(self, prompt: Prompt) -> Any:
@@ -616,6 +626,37 @@ class PoolMachine(RuleBasedStateMachine):
         self.lock.call("cache_full_blocks", run.request, run.tables[group], cached, fewer % cached,
                        self.cfg.block_sizes[group], group)
 
+    @rule(kind=st.sampled_from([name for name, _weight in Workload.STEPS]), dice=st.integers(0, 2**16))
+    def workload_step(self, kind: str, dice: int) -> None:
+        """One step of the campaign's workload, by name, its dice seeded by ``dice``.
+
+        Every kind of campaign step exists here (admit, decode, finish,
+        slide, move, share, offload, other_pool, misuse, ...), on requests
+        and blocks of its own beside the other rules' (the calls go to the
+        same pools), so a bug the campaign finds the machine finds too, and
+        shrinks to the steps it needs.
+        """
+        if kind == "misuse" and not self.MISUSE:
+            return
+        self.work.rng = random.Random(dice)
+        getattr(self.work, kind)()
+
+    @rule(ops=st.lists(st.sampled_from(sorted({op for op, _s in SCENARIOS})), min_size=1, max_size=3,
+                       unique=True),
+          leave_out=st.lists(st.sampled_from(sorted(FEATURE_NAMES)), max_size=3, unique=True))
+    def directed(self, ops: list[str], leave_out: list[str]) -> None:
+        """Calls of ``ops`` with many features at once, each on fresh pools (:mod:`.directed`).
+
+        For each operation, one call per largest set of its features that can
+        meet, less ``leave_out``: a failure shrinks to the operation and the
+        features it needs.
+        """
+        maker = Directed(adapter_factory(self.ADAPTER), self.REFERENCE, self.ADAPTER.errors_match,
+                         getattr(self.ADAPTER, "observe", None))
+        for op, wanted in SCENARIOS:
+            if op in ops:
+                maker.make(op, wanted - frozenset(leave_out), self.FEATURES)
+
     @precondition(lambda self: self._any_cached())
     @rule(picks=st.lists(st.integers(0, 15), max_size=3), also_uncached=st.booleans())
     def evict(self, picks: list[int], also_uncached: bool) -> None:
@@ -661,6 +702,8 @@ class PoolMachine(RuleBasedStateMachine):
         block = 1 + pick % (m.num_blocks - 1)  # any real block: each call is refused before it writes
         bs = self.cfg.block_sizes[0]
         call = self.lock.call
+        if not self.cfg.caching and kind in CACHE_ENTRY_MISUSES:
+            kind = "cache_disabled"  # as the campaign's: without caching, any cache entry is refused as such
         if kind == "free_idle" and idle:
             call("free_blocks", [idle[pick % len(idle)]])
         elif kind == "over_free" and used:

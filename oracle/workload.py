@@ -35,6 +35,7 @@ from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
 from .abstraction import refusal_name
+from .features import call_features
 from .lockstep import CallRecord, Lockstep
 
 SCAN_LIMIT = 256
@@ -114,6 +115,7 @@ def second_pool(pool_factory: Callable[..., Any], cfg: RunConfig, reference: str
         pair = Lockstep.fresh(pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS), cfg.caching,
                               cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics)
         pair.errors_match = errors_match
+        pair.which = 1
         return pair
 
     return build
@@ -132,6 +134,8 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     """
     free = OPERATIONS["free_blocks"]
     mine, theirs = [b for p, b in listed if p is first], [b for p, b in listed if p is second]
+    shape = None if first.features is None else call_features(
+        first.model, "free_blocks", (mine,), second=True, metrics=first.metrics is not None)
     footprints = [(pair, free.footprint(pair.model, ids)) for pair, ids in ((first, mine), (second, theirs))]
     noted = [(pair, fp, pair._note(fp)) for pair, fp in footprints]
     m_error: Exception | None = None
@@ -159,6 +163,8 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     if m_error is None:
         free.next(first.model, mine)
         free.next(second.model, theirs)
+        if shape is not None and first.features is not None:
+            first.features.add(shape)
     for pair, fp, before in noted:  # as after any call: the footprint, the whole pool when due
         if pair.steps - pair.last_full >= (pair.full_every or 1):
             pair.check()

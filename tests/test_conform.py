@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 import sys
 import types
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,15 +104,19 @@ def test_seeded_bug_is_caught_with_a_short_trace(bug: str, tmp_path: Path) -> No
     machine = doc["phases"][1]
     assert machine["name"] == "machine" and not machine["ok"]
     failure = machine["failure"]
-    assert set(failure) == {"kind", "message", "details", "trace", "seed", "steps"}
+    assert set(failure) == {"kind", "message", "details", "trace", "seed", "steps", "shrunk_from",
+                            "shrink_note", "requests"}
+    assert failure["shrunk_from"] is None  # the machine's trace is shrunk by Hypothesis
     assert failure["kind"] == "divergence" and failure["message"] in failure["details"]
     assert 1 <= len(failure["trace"]) <= 15, failure["trace"]
     assert failure["trace"][0].startswith("state.setup(")
     assert failure["steps"] and failure["steps"][-1]["picture"] is not None, "pictured steps"
     campaign = doc["phases"][0]
-    if not campaign["ok"]:  # not shrunk: the lockstep's last calls, seed to replay
-        assert campaign["failure"]["trace"][-1].startswith("step ")
-        assert campaign["failure"]["seed"] in (0, 1)
+    if not campaign["ok"]:  # shrunk: the calls kept, the run's length and seed to replay it
+        shrunk = campaign["failure"]
+        assert shrunk["shrunk_from"] >= len(shrunk["trace"]) >= 1 and shrunk["seed"] in (0, 1)
+        assert campaign["executed"] >= shrunk["shrunk_from"]
+        assert f"{shrunk['shrunk_from']} calls, shrunk to {len(shrunk['trace'])}" in text
     cases = {c.get("name"): c for c in ET.parse(junit_path).getroot().iter("testcase")}
     failed = cases["machine"].find("failure")
     assert failed is not None and failed.get("message") == failure["message"]
@@ -159,3 +165,93 @@ def test_vllm_block_pool_conforms_without_misuse() -> None:
                        "--runs", "3", "--steps", "1000", "--examples", "200")
     assert status == 0, text
     assert "misuse off" in text
+
+
+# ------------------------------------------------------------------- the first hour
+
+
+def _third_party(name: str) -> types.ModuleType:
+    """A module of tests/third_party (no package), loaded by path under its own name."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).with_name("third_party") / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def exhausted_module() -> Iterator[str]:
+    """A third-party pool whose refusal for lack of blocks is ``ValueError("pool exhausted")``."""
+    mypool = _third_party("mypool")
+
+    class Exhausted(mypool.BlockPool):  # type: ignore[misc,name-defined]
+        def get_new_blocks(self, num_blocks: int) -> Any:
+            try:
+                return super().get_new_blocks(num_blocks)
+            except ValueError:
+                raise ValueError("pool exhausted") from None
+
+    module = types.ModuleType("kvpool_exhausted_pool")
+    module.Exhausted = Exhausted  # type: ignore[attr-defined]
+    Exhausted.__module__ = module.__name__
+    sys.modules[module.__name__] = module
+    yield "kvpool_exhausted_pool:Exhausted"
+    del sys.modules[module.__name__]
+
+
+def test_any_value_error_is_out_of_blocks_unless_strict_messages(exhausted_module: str) -> None:
+    status, text = run("--impl", exhausted_module, "--phase", "campaign", "--runs", "2", "--steps", "300")
+    assert status == 0, text
+    status, text = run("--impl", exhausted_module, "--phase", "campaign", "--runs", "2", "--steps", "300",
+                       "--strict-messages", "--no-shrink")
+    assert status == 1 and "pool exhausted" in text, text
+
+
+def test_one_phase_and_fail_fast() -> None:
+    status, text = run("--impl", "kvpool.impl:BlockPool", "--phase", "machine", "--examples", "5")
+    assert status == 0 and "machine: ok" in text and "campaign:" not in text, text
+    status, text = run("--impl", "kvpool.bugs.pools:FreeHashedToHead", "--fail-fast", "--runs", "1")
+    assert status == 1 and "campaign: DIVERGED" in text and "machine:" not in text, text
+    assert "--fail-fast: the other phases are not run" in text
+
+
+def test_the_pools_log_lines_are_silenced_unless_verbose(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    argv = ["--impl", "kvpool.impl:BlockPool", "--phase", "campaign", "--runs", "2", "--steps", "400"]
+    status, text = run(*argv)
+    assert status == 0 and "the pool's log lines are silenced (kvpool" in text, text
+    assert not [r for r in caplog.records if r.name.startswith("kvpool")]
+    status, text = run(*argv, "--verbose")
+    assert status == 0 and "silenced" not in text
+    assert [r for r in caplog.records if r.name.startswith("kvpool")]  # kvpool warns of refused resets
+    assert logging.getLogger("kvpool").level == logging.NOTSET  # restored
+
+
+def test_hypothesis_files_go_to_the_cache_folder_named_in_the_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVPOOL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVPOOL_EXAMPLE_DB", raising=False)
+    try:
+        status, text = run("--impl", "kvpool.impl:BlockPool", "--phase", "machine", "--examples", "5")
+    finally:
+        set_hypothesis_home_dir(None)
+    assert status == 0, text
+    assert f"hypothesis files: {tmp_path / 'cache' / 'hypothesis'}" in text
+    assert not (tmp_path / ".hypothesis").exists()
+
+
+def test_failures_show_hashes_and_keys_short() -> None:
+    status, text = run("--impl", "kvpool.bugs.pools:RemovedEventDropsGroup", "--runs", "2",
+                       "--examples", "30")
+    assert status == 1, text
+    assert "b'" not in text and "…" in text, text
+    assert max(len(line) for line in text.splitlines()) < 1000  # a long take of events is cut

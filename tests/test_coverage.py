@@ -53,9 +53,12 @@ MACHINE_EXAMPLES = 800
 
 
 def _unexpected(measured: PhaseCoverage, misuse: bool) -> list[str]:
-    return [str(b) for b in measured.missed
-            if (b.source, b.into) not in UNREACHABLE and (misuse or not b.refusal)
-            and not b.contract and not b.caller]
+    found = [str(b) for b in measured.missed
+             if (b.source, b.into) not in UNREACHABLE and (misuse or not b.refusal)
+             and not b.contract and not b.caller]
+    # what ``--coverage`` lists as gaps are exactly these (the others say why they are missed)
+    assert {str(b) for b in measured.gaps} <= set(found)
+    return found
 
 
 def _pool033() -> type:
@@ -108,7 +111,8 @@ def test_a_measurement_is_plain_data() -> None:
     assert {b.file for b in measured.missed} == {"pool.py", "guards.py", "contracts.py"}
     doc = json.loads(json.dumps(measured.to_json()))
     assert doc["phase"] == "one call" and doc["covered"] == measured.covered
-    assert {"file", "line", "to", "source", "into", "refusal", "contract", "caller"} == set(doc["missed"][0])
+    assert {"file", "line", "to", "source", "into", "refusal", "contract", "caller", "why"} == set(
+        doc["missed"][0])
 
 
 def test_conform_prints_and_writes_coverage(tmp_path: Path) -> None:
@@ -119,9 +123,17 @@ def test_conform_prints_and_writes_coverage(tmp_path: Path) -> None:
     text = out.getvalue()
     assert status == 0, text
     assert text.count("model branches reached: ") == 2 and "refused (" in text
+    assert text.count("the pool's own branches reached: ") == 2 and " pool.py" in text
+    assert text.count("feature pairs met in one call: ") == 2 and "[needs misuse] " in text
     doc = json.loads(path.read_text())
     assert [c["phase"] for c in doc["coverage"]] == ["campaign", "machine"]
     assert all(c["misuse"] and 0 < c["covered"] <= c["total"] for c in doc["coverage"])
+    for c in doc["coverage"]:  # the pool's own source, by file; the legal pairs of features
+        assert 0 < c["pool"]["covered"] <= c["pool"]["total"]
+        assert any(f.endswith("pool.py") for f, _covered, _total in c["pool"]["files"])
+        assert 0 < c["pairs"]["met"] <= c["pairs"]["legal"]
+        assert {m["why"] for m in c["missed"]} <= {"needs misuse", "caller contract", "caller action",
+                                                    "another --reference", "reachable without misuse"}
     status = conform.main(["--impl", "kvpool.impl:BlockPool", "--json", str(path),
                            "--runs", "1", "--steps", "50", "--examples", "5"], out=io.StringIO())
     assert status == 0 and "coverage" not in json.loads(path.read_text())

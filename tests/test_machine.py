@@ -98,7 +98,9 @@ def test_failure_is_shrunk_to_a_short_readable_trace() -> None:
     failure = _shrunk_failure(TouchLeavesBlockFree, examples=500)
     assert 2 <= len(failure.steps) <= 15, failure.steps
     assert failure.steps[0].startswith("state.setup(cfg=RunConfig(")
-    assert any(f"state.{rule}(" in s for s in failure.steps for rule in ("admit", "served", "fork"))
+    # a scenario rule: a request admitted, or a directed call named by its operation
+    assert any(f"state.{rule}(" in s for s in failure.steps
+               for rule in ("admit", "served", "fork", "directed"))
     assert not any(" at 0x" in s for s in failure.steps), failure.steps  # no opaque reprs
     # The broken touch also skips the metrics collector: with one attached, that shows first.
     assert "touch(" in failure.message
@@ -150,3 +152,39 @@ def test_second_pool_bug_is_caught_and_shrunk() -> None:
     assert any("allocate_other(" in s for s in failure.steps), failure.steps
     assert len(failure.steps) <= 6, failure.steps
     assert "free_blocks" in failure.message and "second:" in failure.message, failure.message
+
+
+CAMPAIGN_ONLY = ["MoveOntoNull", "InsertOverwritesPrimary", "CacheWithoutCaching"]
+"""Seeded bugs the campaign found at its defaults and the state machine, before it had a rule
+for every kind of campaign step and directed calls, missed in its default 200 examples."""
+
+
+@pytest.mark.parametrize("bug", CAMPAIGN_ONLY)
+def test_the_machine_finds_what_only_the_campaign_found(bug: str) -> None:
+    from kvpool.bugs import pools
+    from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+
+    adapter = kvpool_adapter(getattr(pools, bug))
+    assert not run_campaign_phase(adapter, Options(shrink=False)).ok
+    machine = run_machine_phase(adapter, Options())  # the defaults: 200 examples, seed 0
+    assert not machine.ok and machine.failure is not None
+    assert 2 <= len(machine.failure.trace) <= 15, machine.failure.trace
+
+
+def test_every_kind_of_campaign_step_is_a_rule_of_the_machine() -> None:
+    """``workload_step`` plays each of the campaign's steps by name, misuse included, and agrees."""
+    from kvpool.oracle.workload import RunConfig, Workload
+
+    machine = machine_for(kvpool_adapter())()
+    machine.setup(RunConfig(num_blocks=12, caching=True, hash_block_size=2, block_sizes={0: 4, 1: 2},
+                            events=True, extra_keys=True, metrics=True))
+    kinds = [name for name, _weight in Workload.STEPS]
+    assert "misuse" in kinds and "other_pool" in kinds
+    for dice in range(6):
+        for kind in kinds:
+            machine.workload_step("admit", dice)  # requests in flight for the step to work on
+            machine.workload_step(kind, dice)
+    pair = machine.lock
+    pair.check()
+    assert {"cache_partial_block", "move_block_hashes", "unpin_blocks"} <= set(pair.ops_seen)
+    assert pair.refusals_seen  # the misuse steps ran

@@ -382,7 +382,8 @@ def test_event_classes_have_vllm_field_names_in_order() -> None:
 
 
 def test_third_party_pool_imports_only_the_standard_library() -> None:
-    for path in (THIRD_PARTY / "mypool.py", THIRD_PARTY / "mypool_bugs.py"):
+    for path in (THIRD_PARTY / "mypool.py", THIRD_PARTY / "mypool_bugs.py",
+                 THIRD_PARTY / "mypool_interactions.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -403,3 +404,27 @@ def test_internals_are_not_vllms() -> None:
     for name in ("prev_free_block", "next_free_block"):
         assert not hasattr(pool.blocks[1], name), name
     assert not hasattr(pool.free_block_queue, "fake_free_list_head")
+
+
+# ------------------------------------------- issue 26: bugs where features meet, on a third pool
+
+mypool_interactions = _load("mypool_interactions")
+
+
+@pytest.mark.parametrize("bug", ["PromotionKeepsPartialKeys", "EvictionAnnouncesPrimaryOnly"])
+def test_both_phases_find_the_interaction_bugs_with_short_traces(bug: str) -> None:
+    """Once found by the campaign alone (the machine missed them in thousands of examples) and
+    reported as the last 12 of some 1,800 calls: now each phase finds them at its defaults, the
+    campaign's run shrunk to a few calls, the machine's to a few steps."""
+    from kvpool.oracle.adapter import adapter_for_class
+    from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+
+    adapter = adapter_for_class(getattr(mypool_interactions, bug), strict_messages=False)
+    campaign = run_campaign_phase(adapter, Options())
+    assert not campaign.ok and campaign.failure is not None
+    shrunk = campaign.failure.shrunk_from
+    assert shrunk is not None and shrunk > len(campaign.failure.trace)
+    assert 1 <= len(campaign.failure.trace) <= 15, campaign.failure.trace
+    machine = run_machine_phase(adapter, Options())
+    assert not machine.ok and machine.failure is not None
+    assert 2 <= len(machine.failure.trace) <= 15, machine.failure.trace

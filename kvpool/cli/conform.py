@@ -4,7 +4,8 @@ Two phases run against the implementation (:mod:`kvpool.oracle.conform`), each
 compared call by call with the model:
 
 * ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
-  ``--runs`` runs of ``--steps`` calls each: long and fast, not shrunk;
+  ``--runs`` runs of ``--steps`` calls each: long and fast; a divergence is shrunk by
+  delta debugging over the run's calls (:mod:`kvpool.oracle.shrink`);
 * ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
   ``--examples`` examples of up to ``--machine-steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.
@@ -40,9 +41,13 @@ as one line without a traceback.
             "message": "free_blocks: model raised ...",   # first line
             "details": "full message, with the last lockstep calls",
             "trace": ["step 3: get_new_blocks(1) -> [1]", ...],
-                                              # campaign: last lockstep calls;
+                                              # campaign: the shrunk calls (else the last ones);
                                               # machine: the shrunk Hypothesis steps
             "seed": 2,                        # the campaign run's seed (machine: --seed)
+            "shrunk_from": 1790 | null,       # campaign: the run's calls before delta debugging
+                                              # cut them to "trace" (null: not shrunk)
+            "shrink_note": "",                # why a campaign failure was not shrunk
+            "requests": ["r3: tokens [...], lora 'lora1'", ...],  # those a shrunk trace names
             "steps": [...]                    # the last calls with a picture of the pool
                                               # each: TraceStep of kvpool/VERIFY_SCHEMA.md
          }}
@@ -51,7 +56,13 @@ as one line without a traceback.
         {"phase": "campaign", "misuse": true,  # the phase alone, under coverage.py
          "covered": 114, "total": 116,        # branches of the model's operations taken
          "missed": [{"line": 221, "to": 222, "source": "if b == NULL and ...:",
-                     "into": "continue", "refusal": false}, ...]}
+                     "into": "continue", "refusal": false,
+                     "why": "needs misuse" | "caller contract" | "caller action"
+                            | "another --reference" | "reachable without misuse"}, ...],
+         "pairs": {"met": 197, "legal": 197, "missed": ["mask+second_pool", ...]},
+                                              # features met in one call (oracle/features.py)
+         "pool": {"covered": 269, "total": 410,  # the pool's own source's branches
+                  "files": [["/.../pool.py", 120, 150], ...]}}
       ]
     }
 
@@ -59,6 +70,14 @@ as one line without a traceback.
 branches of the model's operations (``model/pool.py``, ``guards.py``, ``contracts.py``) it reached and those
 it missed (line -> line, with both source lines): a branch no phase reaches
 is one on which no pool is compared with the model.
+
+``--phase campaign|machine`` runs one phase, ``--fail-fast`` stops at the first that
+diverges, ``--no-shrink`` keeps a campaign failure as it happened.  A pool other than
+kvpool's may refuse for lack of blocks with any ``ValueError`` (``--strict-messages``:
+vLLM's exact message).  The loggers of the pool's module are silenced unless
+``--verbose``; Hypothesis' files go to the cache folder the output names
+(``$KVPOOL_CACHE``, else ``$XDG_CACHE_HOME/kvpool``, else ``~/.cache/kvpool``).
+``docs/implementing.md`` is a pool author's first hour.
 
 ``--shard I/N`` runs shard ``I`` of ``N``: the campaign's runs ``r`` with
 ``r mod N == I - 1`` and its share of the state machine's examples under its
@@ -74,11 +93,14 @@ element carrying the trace when the phase diverged.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import logging
+import os
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from traceback import format_exception
@@ -95,7 +117,7 @@ from kvpool.oracle.conform import (
     run_machine_phase,
 )
 from kvpool.oracle.coverage import PhaseCoverage, measure_phase
-from kvpool.oracle.database import describe
+from kvpool.oracle.database import describe, use_cache_dir
 from kvpool.oracle.drive.adapter import DriveAdapter
 from kvpool.oracle.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 from kvpool.pictures import pictured_steps
@@ -113,6 +135,7 @@ from .usage import (
 )
 
 SCHEMA = "kvpool.conform/1"
+Phase = Callable[[Adapter, Options], PhaseResult]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,6 +182,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="measure the branches of the model's operations (model/pool.py, guards.py, "
                              "contracts.py) each "
                              "phase reaches alone, and list those it misses (needs coverage.py)")
+    parser.add_argument("--phase", choices=("campaign", "machine"),
+                        help="run one phase only (both by default)")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop at the first phase that diverges")
+    parser.add_argument("--strict-messages", action="store_true",
+                        help="a pool other than kvpool's must refuse for lack of blocks with vLLM's exact "
+                             "ValueError message (by default any ValueError counts)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let the pool's own log lines through (its module's loggers are silenced)")
     drive.add_options(parser)
     return parser
 
@@ -168,21 +200,35 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
             traceback: bool = False,
             coverage: list[PhaseCoverage] | None = None,
             phases: Sequence[Callable[[Adapter, Options], PhaseResult]] = (
-                run_campaign_phase, run_machine_phase)) -> list[PhaseResult]:
-    """Run both phases, printing a line each and the details of any failure.
+                run_campaign_phase, run_machine_phase),
+            fail_fast: bool = False, verbose: bool = False) -> list[PhaseResult]:
+    """Run the phases, printing a line each and the details of any failure.
 
     With a ``coverage`` list, each phase runs under coverage.py; its
     measurement is printed and appended to the list.  ``phases``: the phase
-    functions (``--exec`` wraps each, :mod:`.drive`).
+    functions (``--exec`` wraps each, :mod:`.drive`).  ``fail_fast`` stops at
+    the first phase that diverges; unless ``verbose``, the loggers of the
+    pool's module are silenced while the phases run.
     """
     _misuse, why = misuse_setting(adapter, opts.misuse)
     index, count = opts.shard
     print(f"kvpool conform: {adapter.name} against the model (vLLM {opts.reference} "
           f"behaviour, seed {opts.seed}{'' if count == 1 else f', shard {index + 1}/{count}'})",
           file=out)
-    if opts.database is not None:
-        print(f"  example database: {describe(opts.database)}", file=out)
+    print(f"  hypothesis files: {use_cache_dir()}; example database: "
+          f"{'none (KVPOOL_EXAMPLE_DB names one)' if opts.database is None else describe(opts.database)}",
+          file=out)
     print(f"  {why}", file=out)
+    with quiet(pool_loggers(adapter) if not verbose else []) as silenced:
+        if silenced:
+            print(f"  the pool's log lines are silenced ({', '.join(silenced)}; --verbose shows them)",
+                  file=out)
+        return _phases(adapter, opts, out, traceback, coverage, phases, fail_fast)
+
+
+def _phases(adapter: Adapter, opts: Options, out: TextIO, traceback: bool,
+            coverage: list[PhaseCoverage] | None,
+            phases: Sequence[Phase], fail_fast: bool) -> list[PhaseResult]:
     level = observation_level(adapter, opts.reference)
     skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
     print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
@@ -205,17 +251,56 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
             _print_coverage(coverage[-1], out)
         if result.failure is not None:
             _print_failure(result, out, traceback)
+            if fail_fast:
+                print("  --fail-fast: the other phases are not run", file=out)
+                break
     agree = all(r.ok for r in results)
     print("agrees with the model" if agree else "DIVERGES from the model", file=out)
     return results
 
 
+def pool_loggers(adapter: Adapter) -> list[str]:
+    """The loggers of the pool's module and of its top package (where its log lines go)."""
+    cls = getattr(adapter, "pool_class", None)
+    if cls is None:
+        try:
+            cls = type(adapter.construct(2, True, 1, False))
+        except Exception:  # the run reports what a pool that cannot be built does
+            return []
+    module = str(getattr(cls, "__module__", "") or "")
+    return list(dict.fromkeys(n for n in (module.split(".")[0], module) if n and n != "builtins"))
+
+
+@contextlib.contextmanager
+def quiet(names: Sequence[str]) -> Iterator[list[str]]:
+    """The loggers ``names`` (and their children) silenced for the duration; their levels restored."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield list(names)
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def _print_coverage(measured: PhaseCoverage, out: TextIO) -> None:
     print(f"  model branches reached: {measured.covered}/{measured.total} "
-          f"({measured.percent:.1f}%), {len(measured.missed)} missed"
-          f"{':' if measured.missed else ''}", file=out)
+          f"({measured.percent:.1f}%), {len(measured.missed)} missed, {len(measured.gaps)} of them "
+          f"reachable without misuse{':' if measured.missed else ''}", file=out)
     for branch in measured.missed:
-        print(f"    {branch}", file=out)
+        print(f"    [{branch.why}] {branch}", file=out)
+    pool = measured.pool
+    if pool is not None:
+        names = ", ".join(os.path.basename(f) for f, _c, _t in pool.files)
+        print(f"  the pool's own branches reached: {pool.covered}/{pool.total} ({pool.percent:.1f}%) "
+              f"in {names}", file=out)
+    pairs = measured.pairs
+    if pairs is not None:
+        print(f"  feature pairs met in one call: {pairs.met}/{pairs.legal} legal"
+              f"{', missed: ' if pairs.missed else ''}{', '.join('+'.join(p) for p in pairs.missed)}",
+              file=out)
 
 
 def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
@@ -365,7 +450,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if ns is not None and ns.exec is not None:
             driven = drive.exec_adapter(ns.exec, ns, args.opts.reference, args.opts.misuse)
         else:
-            adapter = load_adapter(args.impl, args.adapter)
+            adapter = load_adapter(args.impl, args.adapter,
+                                   strict_messages=bool(getattr(ns, "strict_messages", False)))
     except UsageError as exc:
         print(f"kvpool conform: error: {exc}", file=sys.stderr)
         return 2
@@ -377,8 +463,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if driven is not None and ns is not None:
         return _conform_exec(driven, args, ns, out)
     coverage: list[PhaseCoverage] | None = [] if args.coverage else None
-    results = conform(adapter, args.opts, out, args.traceback, coverage)
+    results = conform(adapter, args.opts, out, args.traceback, coverage,
+                      _chosen(ns, (run_campaign_phase, run_machine_phase)),
+                      fail_fast=bool(getattr(ns, "fail_fast", False)),
+                      verbose=bool(getattr(ns, "verbose", False)))
     return _outputs(adapter, args, results, coverage)
+
+
+def _chosen(ns: argparse.Namespace | None, phases: Sequence[Phase]) -> list[Phase]:
+    """The phases ``--phase`` names (both when it is not given), in order."""
+    names, wanted = ("campaign", "machine"), getattr(ns, "phase", None)
+    return [p for name, p in zip(names, phases, strict=True) if wanted in (None, name)]
 
 
 def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, out: TextIO) -> int:
@@ -391,7 +486,8 @@ def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, ou
     results: list[PhaseResult] = []
     try:
         results = conform(adapter, args.opts, out, args.traceback, coverage,
-                          phases=[run.phase(run_campaign_phase), run.phase(run_machine_phase)])
+                          phases=_chosen(ns, [run.phase(run_campaign_phase), run.phase(run_machine_phase)]),
+                          fail_fast=ns.fail_fast, verbose=True)
         drive.report(run, out, drive.meta_of(adapter.command, "kvpool conform --exec",
                                              args.opts.seed))
         status = _outputs(adapter, args, results, coverage)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from ..abstraction import same_refusal, vllm_refusal
+from ..abstraction import any_value_error, same_refusal, vllm_refusal
 from ..lockstep import Divergence, Lockstep, Watcher
 from ..long_lived import pool_blocks, workload_class
 from ..observe import Observation
@@ -194,7 +194,7 @@ def record(pool_factory: Callable[..., Any], seed: int, steps: int, *, misuse: b
         meta={"seed": seed, "steps": steps, "pool": _name(pool_factory), "misuse": misuse,
               **({"long_lived": True} if long_lived else {})})
     pair.errors_match = errors_match
-    if vllm_errors or errors_match is vllm_refusal:  # check-trace reads it: checks as recorded
+    if vllm_errors or errors_match in (vllm_refusal, any_value_error):  # check-trace: as recorded
         header["vllm_errors"] = True
     pair.keep_observations = observe
     if observe_pool is not None:
@@ -234,8 +234,8 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
     return record(factory, seed, steps, misuse=supported if misuse is None else misuse and supported,
                   observe=observe, errors_match=adapter.errors_match, reference=reference,
                   observe_pool=getattr(adapter, "observe", None),
-                  vllm_errors=getattr(adapter, "matcher", None) is vllm_refusal, path=path,
-                  blocks=blocks, long_lived=long_lived)
+                  vllm_errors=getattr(adapter, "matcher", None) in (vllm_refusal, any_value_error),
+                  path=path, blocks=blocks, long_lived=long_lived)
 
 
 def _name(obj: Any) -> str:

@@ -1,0 +1,304 @@
+"""The shape features of a call, and which pairs of them met in one call: feature-interaction coverage.
+
+Branch coverage of the model says which branches a phase reached, not
+whether features met in one call; bugs live where they meet (a partial
+entry's ``BlockStored`` whose chunk overlaps a multimodal item that is not
+the request's last, with events on).  Each call the lockstep makes is
+described by the features it has (:func:`call_features`, read off its
+arguments and the model's state before it); a :class:`FeatureLog` keeps the
+pairs that met in one call.
+
+A pair is *legal* when one operation can have both features
+(:data:`FEATURES` names each feature's operations; ``events`` and
+``metrics``, the pool's configuration, go with every call) and it is not
+in :data:`IMPOSSIBLE`, each with its reason.  :mod:`.directed` makes a call
+for any legal set of features of one operation, so that every legal pair
+occurs in each phase, misuse on or off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from typing import Any
+
+from kvpool.model import OPERATIONS, Refusal, RefusalKind
+from kvpool.model.state import NULL, PoolState
+
+Pair = tuple[str, str]
+
+CACHE = frozenset({"cache_full_blocks", "cache_partial_block"})
+REQUEST_OPS = CACHE | {"emit_cached_block_events", "_insert_block_hash"}
+EVICT = frozenset({"evict_blocks", "_maybe_evict_cached_block"})
+ALL = frozenset(n for n, op in OPERATIONS.items() if op.role == "action")
+ONE = frozenset
+
+FEATURES: dict[str, tuple[str, frozenset[str]]] = {
+    "lora": ("the request has a LoRA adapter", REQUEST_OPS),
+    "salt": ("the request has a cache salt", REQUEST_OPS),
+    "session": ("the request has a session id", REQUEST_OPS),
+    "mm_several": ("the chunks the call hashes overlap a multimodal item that is not the request's last",
+                   REQUEST_OPS),
+    "mm_spans_chunk": ("a multimodal item the call's chunks overlap spans a hash-chunk boundary",
+                       REQUEST_OPS),
+    "mm_before_chunk": ("a multimodal item lies wholly before the chunks the call hashes",
+                        CACHE | {"_insert_block_hash"}),
+    "group1": ("KV-cache group 1 (a second group)", REQUEST_OPS),
+    "big_block": ("a block size above the hash block size", REQUEST_OPS - {"_insert_block_hash"}),
+    "partial": ("a partial entry at a chunk boundary inside a real block", ONE({"cache_partial_block"})),
+    "replace": ("a partial entry with replace_existing_hashes", frozenset({"cache_partial_block"})),
+    "promotion": ("a block holding a partial entry cached whole", frozenset({"cache_full_blocks"})),
+    "mask": ("a block mask", frozenset({"cache_full_blocks"})),
+    "sparse": ("fewer full blocks asked for than are cached (a no-op)", frozenset({"cache_full_blocks"})),
+    "null_block": ("the null block among the blocks (a sliding-window table)",
+                   CACHE | {"free_blocks", "touch"}),
+    "listed_twice": ("a block listed twice in one call", frozenset({"free_blocks", "touch", "unpin_blocks"})),
+    "watcher": ("blocks unpinned for a reuse watcher", frozenset({"unpin_blocks"})),
+    "reuse_fired": ("a watched block taken again (its watcher fires)", ONE({"get_new_blocks", "touch"})),
+    "idle_hit": ("a prefix hit on an idle cached block", frozenset({"get_cached_block", "touch"})),
+    "evicting_alloc": ("an allocation that evicts a cached block", frozenset({"get_new_blocks"})),
+    "secondary": ("a block of the call has secondary (partial-prefix) keys",
+                  CACHE | EVICT | {"free_blocks", "touch", "unpin_blocks", "move_block_hashes",
+                                   "_insert_block_hash", "get_new_blocks"}),
+    "move": ("a hashed block's keys moved to a copy", frozenset({"move_block_hashes"})),
+    "insert": ("a key copied from another pool (_insert_block_hash)", frozenset({"_insert_block_hash"})),
+    "evict": ("a cached block evicted by the caller", EVICT),
+    "reset": ("the prefix cache reset", frozenset({"reset_prefix_cache"})),
+    "emit": ("hits announced (emit_cached_block_events)", frozenset({"emit_cached_block_events"})),
+    "take": ("pending events taken", frozenset({"take_events"})),
+    "second_pool": ("a call on a second pool of the same implementation",
+                    CACHE - {"cache_partial_block"} | {"get_new_blocks", "touch", "free_blocks"}),
+    "out_of_blocks": ("an allocation refused for lack of blocks", frozenset({"get_new_blocks"})),
+    "events": ("KV events on", ALL),
+    "metrics": ("a metrics collector attached", ALL),
+}
+"""Each feature: what it is, and the operations a call with it can be."""
+
+IMPOSSIBLE: dict[frozenset[str], str] = {
+    frozenset({"partial", "null_block"}): "a partial entry on the null block registers nothing",
+    **{frozenset({"sparse", f}): "a call asking for fewer blocks than are cached caches none"
+       for f in ("promotion", "mask", "secondary", "mm_several", "mm_spans_chunk", "mm_before_chunk")},
+    **{frozenset({"out_of_blocks", f}): "a refused allocation takes no block"
+       for f in ("evicting_alloc", "reuse_fired", "secondary")},
+}
+"""Pairs that share an operation but cannot meet in one legal call, each with the reason."""
+
+
+def legal_pairs(ops: Iterable[str] = ALL) -> list[Pair]:
+    """Every legal pair among the operations ``ops`` (those a pool has)."""
+    have = frozenset(ops)
+    out = []
+    for a, b in combinations(sorted(FEATURES), 2):
+        if FEATURES[a][1] & FEATURES[b][1] & have and frozenset({a, b}) not in IMPOSSIBLE:
+            out.append((a, b))
+    return out
+
+
+# ------------------------------------------------------------------ one call
+
+
+def call_features(s: PoolState, op: str, bound: Sequence[Any], *, second: bool = False,
+                  metrics: bool = False) -> set[str]:
+    """The features a call of ``op`` with ``bound`` arguments has, on the model's state before it."""
+    decl = OPERATIONS[op]
+    named = dict(zip((a.name for a in decl.args), bound, strict=False))
+    out: set[str] = set()
+    if s.events_on:
+        out.add("events")
+    if metrics:
+        out.add("metrics")
+    if second:
+        out.add("second_pool")
+    hbs = s.hash_block_size
+    ids = [b for b in _ids(named) if isinstance(b, int) and 0 <= b < s.num_blocks]
+    real = [b for b in ids if b != NULL]
+    if NULL in ids and op in FEATURES["null_block"][1]:
+        out.add("null_block")
+    if len(real) != len(set(real)):
+        out.add("listed_twice")
+    group = named.get("kv_cache_group_id")
+    if group == 1 or 1 in (named.get("kv_cache_group_ids") or ()):
+        out.add("group1")
+    size = named.get("block_size")
+    if isinstance(size, int) and size > hbs:
+        out.add("big_block")
+    request = named.get("request")
+    span = _span(op, named, hbs)
+    if request is not None:
+        out |= _request_features(request, span, hbs)
+    touched = real
+    if op == "get_new_blocks":
+        count = named.get("num_blocks")
+        touched = list(s.free)[:count] if isinstance(count, int) and 0 <= count <= len(s.free) else []
+        if any(s.primary[b] is not None for b in touched):
+            out.add("evicting_alloc")
+    if op in ("get_new_blocks", "touch") and any(b in s.watchers for b in touched):
+        out.add("reuse_fired")
+    if op == "cache_full_blocks":
+        touched = _picked(named)
+        if any(_partial_of(s, b, (i + 1) * (size or 0)) for i, b in _indexed(named)):
+            out.add("promotion")
+        if named.get("block_mask") is not None:
+            out.add("mask")
+        if (named.get("num_full_blocks") or 0) < (named.get("num_cached_blocks") or 0):
+            out.add("sparse")
+    if any(s.secondary[b] for b in touched if 0 <= b < s.num_blocks):
+        out.add("secondary")
+    out |= _operation_features(s, op, named, real)
+    return {f for f in out if op in FEATURES[f][1]}
+
+
+def _ids(named: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    for name in ("block_ids", "block_id", "src_id"):
+        value = named.get(name)
+        out += value if isinstance(value, list) else [value] if value is not None else []
+    return out
+
+
+def _indexed(named: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (table index, block) pairs a ``cache_full_blocks`` call caches (unmasked, real)."""
+    blocks = named.get("block_ids") or []
+    lo, hi = named.get("num_cached_blocks"), named.get("num_full_blocks")
+    if not isinstance(lo, int) or not isinstance(hi, int):
+        return []
+    mask = named.get("block_mask")
+    return [(i, blocks[i]) for i in range(max(lo, 0), min(hi, len(blocks)))
+            if blocks[i] != NULL and (mask is None or (i - lo < len(mask) and mask[i - lo]))]
+
+
+def _picked(named: dict[str, Any]) -> list[int]:
+    return [b for _i, b in _indexed(named)]
+
+
+def _partial_of(s: PoolState, b: Any, full: int) -> bool:
+    """Whether block ``b`` holds a partial entry (a prefix shorter than the block's end)."""
+    p = s.primary[b] if isinstance(b, int) and 0 <= b < s.num_blocks else None
+    return p is not None and p.num_tokens < full
+
+
+def _span(op: str, named: dict[str, Any], hbs: int) -> tuple[int, int]:
+    """The tokens of the chunks the call hashes (empty when none)."""
+    size = named.get("block_size") or 0
+    if op == "cache_full_blocks":
+        return (named.get("num_cached_blocks") or 0) * size, (named.get("num_full_blocks") or 0) * size
+    if op == "cache_partial_block" or op == "_insert_block_hash":
+        end = named.get("num_tokens") if op == "cache_partial_block" else named.get("prefix_tokens")
+        return (end - hbs, end) if isinstance(end, int) and end > 0 else (0, 0)
+    if op == "emit_cached_block_events":
+        return 0, (named.get("num_cached_blocks") or 0) * size
+    return 0, 0
+
+
+def _request_features(request: Any, span: tuple[int, int], hbs: int) -> set[str]:
+    out = set()
+    if getattr(request, "lora_request", None) is not None:
+        out.add("lora")
+    if getattr(request, "cache_salt", None):
+        out.add("salt")
+    if getattr(request, "session_id", None):
+        out.add("session")
+    lo, hi = span
+    if hi <= lo:
+        return out
+    items = [(f.mm_position.offset, f.mm_position.offset + f.mm_position.length)
+             for f in getattr(request, "mm_features", ())]
+    for k, (a, b) in enumerate(items):
+        overlaps = a < hi and b > lo
+        if overlaps and k < len(items) - 1:
+            out.add("mm_several")
+        if overlaps and a // hbs != (b - 1) // hbs:
+            out.add("mm_spans_chunk")
+        if b <= lo:
+            out.add("mm_before_chunk")
+    return out
+
+
+def _operation_features(s: PoolState, op: str, named: dict[str, Any], real: list[int]) -> set[str]:
+    out = set()
+    if op == "cache_partial_block" and real:
+        size, tokens = named.get("block_size"), named.get("num_tokens")
+        if isinstance(size, int) and isinstance(tokens, int) and size and tokens % size:
+            out.add("partial")
+    if op == "cache_partial_block" and named.get("replace_existing_hashes"):
+        out.add("replace")
+    if op == "unpin_blocks":
+        out.add("watcher")
+    if op == "touch" and any(s.ref[b] == 0 and s.primary[b] is not None for b in real):
+        out.add("idle_hit")
+    if op == "get_cached_block":
+        groups, h = named.get("kv_cache_group_ids") or (), named.get("block_hash")
+        for g in groups:
+            hit = s.index.get((h, g), ()) if isinstance(h, bytes) else ()
+            if hit and s.ref[hit[0]] == 0:
+                out.add("idle_hit")
+    if op == "move_block_hashes" and real and s.primary[real[0]] is not None:
+        out.add("move")
+    if op == "_insert_block_hash":
+        out.add("insert")
+    if op in EVICT and any(s.primary[b] is not None for b in real):
+        out.add("evict")
+    if op == "reset_prefix_cache" and not any(s.ref[b] for b in range(1, s.num_blocks)):
+        out.add("reset")
+    if op == "emit_cached_block_events" and (named.get("num_cached_blocks") or 0) > 0:
+        out.add("emit")
+    if op == "take_events" and s.events:
+        out.add("take")
+    return out
+
+
+# ------------------------------------------------------------------ a phase's pairs
+
+
+@dataclass
+class FeatureLog:
+    """The features of the calls made, and the pairs that met in one call."""
+
+    pairs: set[Pair] = field(default_factory=set)
+    features: set[str] = field(default_factory=set)
+
+    def add(self, features: set[str]) -> None:
+        self.features |= features
+        self.pairs.update(combinations(sorted(features), 2))
+
+    def update(self, other: FeatureLog) -> None:
+        self.pairs |= other.pairs
+        self.features |= other.features
+
+
+def kept(features: set[str], op: str, error: BaseException | None) -> set[str]:
+    """The features a call made counts for: its own if accepted; if refused, only an allocation
+    refused for lack of blocks counts (``out_of_blocks``), a misuse none."""
+    if error is None:
+        return features
+    if (op == "get_new_blocks" and isinstance(error, Refusal)
+            and error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS):
+        return features | {"out_of_blocks"}
+    return set()
+
+
+@dataclass(frozen=True)
+class PairCoverage:
+    """The legal pairs of features one phase made meet in one call."""
+
+    phase: str
+    misuse: bool
+    met: int
+    legal: int
+    missed: tuple[Pair, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["missed"] = ["+".join(p) for p in self.missed]
+        return out
+
+
+def pair_coverage(log: FeatureLog, phase: str, misuse: bool, ops: Iterable[str] = ALL) -> PairCoverage:
+    legal = legal_pairs(ops)
+    missed = tuple(p for p in legal if p not in log.pairs)
+    return PairCoverage(phase, misuse, len(legal) - len(missed), len(legal), missed)
+
+
+__all__ = ["FEATURES", "IMPOSSIBLE", "FeatureLog", "Pair", "PairCoverage", "call_features", "kept",
+           "legal_pairs", "pair_coverage"]
