@@ -2,10 +2,10 @@
 # vLLM's own tests of the block pool, prefix caching, KV-cache utils, single-type
 # managers and the scheduler (tests/v1/core of vLLM's source distribution), run on
 # CPU twice in a vLLM venv where kvpool is installed: once with vLLM's own pool
-# under kvpool's shadow (VLLM_PLUGINS=kvpool KVPOOL_PLUGIN=shadow) and once with kvpool's pool, which vLLM's own
-# plugin loader puts in place (VLLM_PLUGINS=kvpool). Prints both pass counts and
-# fails if a test passing with vLLM's pool does not pass with kvpool's, unless it
-# is a deliberate difference listed in oracle/REFERENCE_DIFFERENCES.md.
+# under kvpool's shadow (VLLM_PLUGINS=kvpool KVPOOL_PLUGIN=shadow) and once with kvpool's pool,
+# which vLLM's own plugin loader puts in place (VLLM_PLUGINS=kvpool), on the tests that passed
+# with vLLM's. Prints both pass counts and fails if one of those does not pass with kvpool's,
+# unless it is a deliberate difference listed in oracle/REFERENCE_DIFFERENCES.md.
 #
 #   bash scripts/vllm-own-tests.sh VLLM_VENV [VLLM_VERSION]
 #
@@ -57,8 +57,8 @@ out="$PWD/reports/vllm-own-tests"
 mkdir -p "$out"
 # tests/conftest.py needs vLLM's whole dependency closure (a GPU engine, model downloads):
 # --noconftest. The hybrid hit-rate test starts an OpenAI server on a real model.
-run() {  # NAME VLLM_PLUGINS EXPECTED_POOL [KVPOOL_PLUGIN]
-    (cd "$tests" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 \
+run() {  # NAME VLLM_PLUGINS EXPECTED_POOL [KVPOOL_PLUGIN]; the caller's KVPOOL_RECORD_PASSED/KVPOOL_ONLY
+    (cd "$tests" && KVPOOL_RECORD_PASSED="${KVPOOL_RECORD_PASSED:-}" KVPOOL_ONLY="${KVPOOL_ONLY:-}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 \
         VLLM_PLUGINS="$2" KVPOOL_EXPECT_POOL="$3" KVPOOL_PLUGIN="${4:-replace}" \
         KVPOOL_SHADOW_DIR="$out/shadow" PYTHONPATH="$root/scripts/vllm_own_tests" \
         "$py" -m pytest -p kvpool_vllm_loader -p no:cacheprovider -p no:warnings \
@@ -74,13 +74,14 @@ run() {  # NAME VLLM_PLUGINS EXPECTED_POOL [KVPOOL_PLUGIN]
 # test's outcome is the same. KVPOOL_SHADOW_KEEP=1 keeps every pool's trace (make_corpus.py).
 echo "==> vLLM $version tests/v1/core with each pool (logs in $out)"
 rm -rf "$out/shadow"
-run vllm "kvpool" "kvpool.oracle.shadow.ShadowedBlockPool" shadow
+KVPOOL_RECORD_PASSED="$out/vllm-passed.txt" run vllm "kvpool" "kvpool.oracle.shadow.ShadowedBlockPool" shadow
 plain=()
 if [ "${KVPOOL_VLLM_PLAIN:-0}" = 1 ]; then
     run plain "none" "vllm.v1.core.block_pool.BlockPool"
     plain=("$out/plain.xml")
 fi
-run kvpool "kvpool" "kvpool.impl.pool.BlockPool"
+# kvpool's pool runs the tests that passed with vLLM's (the comparison's only subject).
+KVPOOL_ONLY="$out/vllm-passed.txt" run kvpool "kvpool" "kvpool.impl.pool.BlockPool"
 status=0
 "$py" scripts/vllm_own_tests/compare.py "$out/vllm.xml" "$out/kvpool.xml" oracle/REFERENCE_DIFFERENCES.md \
     || status=1
