@@ -669,7 +669,8 @@ class BlockPool:
                 raise UnknownBlockError(f"free: not a KV-cache block: {exc}") from None
             if isinstance(exc, BlockNotInUseError):
                 # as the model checks every id before counting: an unknown block later on wins
-                for later in pending:
+                rest: Iterable[Any] = pending  # untyped: the compiled build would check each item
+                for later in rest:
                     if not isinstance(later, KVCacheBlock) or later.pool is None:
                         raise UnknownBlockError(f"{later!r} is not a block of this pool") from None
             raise
