@@ -51,12 +51,12 @@ def load_readers(instrument: bool = False) -> None:
     """Import the readers' entry points, instrumented for coverage when running under atheris."""
     global check_trace, check_events, TraceError
     if instrument:
-        import atheris
+        import atheris  # lazy: libFuzzer's binding, installed only where the fuzzer runs
 
         with atheris.instrument_imports(include=["kvpool"]):
-            from kvpool.oracle import events_check, trace
+            from kvpool.oracle import events_check, trace  # here: atheris instruments this import
     else:
-        from kvpool.oracle import events_check, trace
+        from kvpool.oracle import events_check, trace  # here: the same import, not instrumented
     check_trace, check_events, TraceError = trace.check_trace, events_check.check_events, trace.TraceError
 
 
@@ -79,6 +79,7 @@ def run_one(reader: str, data: bytes) -> None:
 
 def write_seeds(out: Path) -> dict[str, int]:
     """Seed corpora from recorded runs: traces for both readers, event streams for check-events."""
+    # lazy: the pool and the recorder, only to write seeds (the readers never need them)
     from kvpool.impl import BlockPool
     from kvpool.oracle.trace import Recording, record
 
@@ -190,7 +191,7 @@ def _mutate_value(obj: Any, rng: random.Random) -> str:
 
 def mutate(data: bytes, max_size: int, seed: int) -> bytes:
     """Half libFuzzer's own byte mutations, half line- and JSON-level ones."""
-    import atheris
+    import atheris  # lazy: libFuzzer's binding, installed only where the fuzzer runs
 
     rng = random.Random(seed)
     out = mutate_structure(data, rng) if rng.random() < 0.5 else None
@@ -245,7 +246,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] not in READERS:
         print(__doc__, file=sys.stderr)
         return 2
-    import atheris
+    import atheris  # lazy: libFuzzer's binding, installed only where the fuzzer runs
 
     reader = argv[1]
     load_readers(instrument=True)

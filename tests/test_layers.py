@@ -105,6 +105,43 @@ def test_no_check_of_the_pool_or_the_model_is_an_assert(package: str) -> None:
             assert not lines, f"{path}: assert at line(s) {lines}"
 
 
+_IMPORT_GROUP = ("#", "from ", "import ", "try:", ")")
+"""The lines of a group of imports (and their comment) above an import."""
+
+
+def _unexplained_local_imports(source: str) -> list[int]:
+    """Lines of imports inside a function with no comment on them or just above their group."""
+    lines = source.splitlines()
+    bare = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            row = node.lineno - 1
+            said = "#" in lines[row]
+            while not said and row > 0 and lines[row - 1].strip().startswith(_IMPORT_GROUP):
+                row -= 1
+                said = lines[row].strip().startswith("#")
+            if not said:
+                bare.append(node.lineno)
+    return bare
+
+
+def test_every_import_inside_a_function_says_why() -> None:
+    """An import is at the top of its module unless a comment says why not (docs/ARCHITECTURE.md)."""
+    sources = [*_modules().values(), *(ROOT / "fuzz").glob("*.py")]
+    bare = {str(p.relative_to(ROOT)): lines for p in sources
+            if (lines := _unexplained_local_imports(p.read_text(encoding="utf-8")))}
+    assert bare == {}
+
+
+def test_the_local_import_rule_sees_a_bare_import() -> None:
+    seeded = "def f() -> None:\n    x = 1\n    import json\n\n\ndef g() -> None:\n    import os  # why\n"
+    assert _unexplained_local_imports(seeded) == [3]
+
+
 def test_no_private_name_crosses_a_package() -> None:
     modules = _modules()
     crossings = []

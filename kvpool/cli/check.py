@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from kvpool.oracle.adapter import adapter_for_class, misuse_setting
     from kvpool.oracle.campaign import run_campaign
 
-    from .usage import import_or_exit
+    from .usage import import_or_exit  # lazy: with the oracle it checks for
 
     adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
     misuse, why = misuse_setting(adapter, not args.no_misuse)

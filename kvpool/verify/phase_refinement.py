@@ -119,7 +119,7 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
     from kvpool.oracle.refinement import Shape
 
     if factory is None:
-        from kvpool.impl import BlockPool
+        from kvpool.impl import BlockPool  # lazy: kvpool's own pool, only as the default target
 
         factory = BlockPool
 

@@ -335,7 +335,7 @@ def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str,
             else "divergence" if isinstance(exc, Divergence) else "crash")
     head = (text.splitlines() or [kind])[0]
     where = "" if seed is None else f" (seed {seed})"
-    from kvpool.pictures import pictured_steps
+    from kvpool.pictures import pictured_steps  # lazy: the pictures load the oracle, for a failure only
 
     return failure(kind, head + where, text,
                    pictured_steps(exc) if isinstance(exc, Divergence) else [])
@@ -408,7 +408,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
         run_campaign_phase,
         run_machine_phase,
     )
-    from kvpool.pictures import pictured_steps
+    from kvpool.pictures import pictured_steps  # lazy: with the oracle above
 
     phase = Phase("conformance", skipped=not targets)
     if phase.skipped:
