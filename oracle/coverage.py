@@ -168,15 +168,24 @@ def pool_sources(adapter: Adapter) -> list[str]:
     cls = getattr(adapter, "pool_class", None)
     if not isinstance(cls, type):
         return []
-    files = [inspect.getsourcefile(c) for c in cls.__mro__ if c is not object]
+    files = [_source_file(c) for c in cls.__mro__ if c is not object]
     base = next((c for c in reversed(cls.__mro__) if "get_new_blocks" in vars(c)), cls)
-    home = inspect.getsourcefile(base)
+    home = _source_file(base)
     package = base.__module__.rpartition(".")[0]
     if package and home:
         files += [str(m.__file__) for name, m in list(sys.modules.items())
                   if name.startswith(package + ".") and str(getattr(m, "__file__", "")).endswith(".py")
                   and os.path.dirname(str(m.__file__)) == os.path.dirname(home)]
     return sorted({os.path.realpath(f) for f in files if f and f.endswith(".py")})
+
+
+def _source_file(cls: type) -> str | None:
+    """Where ``cls`` is defined; None for a class of no file (built in, or of a module loaded by
+    path and not registered in ``sys.modules``)."""
+    try:
+        return inspect.getsourcefile(cls)
+    except (TypeError, OSError):
+        return None
 
 
 def measure_phase(run_phase: Callable[[Adapter, Options], PhaseResult], adapter: Adapter,

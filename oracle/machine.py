@@ -651,7 +651,9 @@ class PoolMachine(RuleBasedStateMachine):
         meet, less ``leave_out``: a failure shrinks to the operation and the
         features it needs.
         """
-        maker = Directed(adapter_factory(self.ADAPTER), self.REFERENCE, self.ADAPTER.errors_match,
+        scratch = getattr(self.ADAPTER, "scratch", None)  # a process-backed pool: its own processes
+        maker = Directed(adapter_factory(scratch() if scratch else self.ADAPTER), self.REFERENCE,
+                         self.ADAPTER.errors_match,
                          getattr(self.ADAPTER, "observe", None))
         for op, wanted in SCENARIOS:
             if op in ops:

@@ -31,8 +31,10 @@ Lines = list[dict[str, Any]]
 
 MAX_REPLAYS = 400
 """Most replays one shrink makes (each a fresh pool and a run of calls)."""
-MAX_REPLAYED_CALLS = 200_000
-"""Most calls one shrink replays in all."""
+MAX_COMPARED = 2_000_000
+"""Most work one shrink does in all, in blocks compared: every replayed call compares the whole
+pool, so a call counts as many as the pools' blocks (200,000 calls on 10 blocks; a 10,000-call
+long-lived run on 256 blocks is over it by itself, and is reported unshrunk)."""
 
 HANDS_OUT = tuple(n for n, op in OPERATIONS.items() if op.result in ("blocks", "blocks?"))
 """The operations whose result names blocks a later call may name."""
@@ -168,6 +170,8 @@ class Replay:
     lines: list[str]
     refused: set[str]
     """The model's refusals seen, by name (a misuse, unless out of blocks)."""
+    blocks: int = 0
+    """The blocks of the pools replayed on (what each call's whole-pool comparison costs)."""
 
 
 def replay(log: CallLog, entries: Lines) -> Replay:
@@ -205,10 +209,10 @@ def replay(log: CallLog, entries: Lines) -> Replay:
                 values = [_replayed(v, entry["tokens"].get(n), requests, pair) for n, v in args.items()]
                 result = pair.call(entry["op"], *values, *entry.get("extra", ()))
         except CallerBrokeContract:
-            return Replay(None, i, lines, {"contract"})
+            return Replay(None, i, lines, {"contract"}, _blocks(pairs))
         except Divergence as exc:
             lines.append(_line(entry, pair))
-            return Replay(exc, i, lines, refused)
+            return Replay(exc, i, lines, refused, _blocks(pairs))
         if isinstance(result, Refusal):
             refused.add(result.kind.name)
         lines.append(_line(entry, pair))
@@ -218,8 +222,12 @@ def replay(log: CallLog, entries: Lines) -> Replay:
         try:
             pair.check()
         except Divergence as exc:
-            return Replay(exc, len(entries), lines, refused)
-    return Replay(None, len(entries), lines, refused)
+            return Replay(exc, len(entries), lines, refused, _blocks(pairs))
+    return Replay(None, len(entries), lines, refused, _blocks(pairs))
+
+
+def _blocks(pairs: dict[int, Lockstep]) -> int:
+    return sum(p.model.num_blocks for p in pairs.values())
 
 
 def _replayed(value: Any, tokens: int | None, requests: dict[int, Any], pair: Lockstep) -> Any:
@@ -274,18 +282,25 @@ def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
     """The fewest calls of ``log`` found that diverge as the whole run does (see the module docstring).
 
     ``on_kept`` is told the entries kept (a test replays them on another pool)."""
+    blocks = log.fresh().model.num_blocks
+    if len(log.entries) * blocks > MAX_COMPARED:
+        return Shrunk([], len(log.entries), len(log.entries), None, 0,
+                      note=f"not shrunk: replaying the run's {len(log.entries):,} calls on {blocks:,} "
+                           f"blocks, the whole pool compared after each, is over the shrink's budget "
+                           f"({MAX_COMPARED:,} blocks compared)")
     whole = replay(log, log.entries)
     if whole.divergence is None:
         return Shrunk([], len(log.entries), len(log.entries), None, 1,
                       note="not shrunk: the run's calls replayed on fresh pools do not diverge")
     target = signature(whole.divergence)
-    budget = {"replays": 1, "calls": len(log.entries)}
+    budget = {"replays": 1, "compared": len(log.entries) * whole.blocks}
 
     def judged(kept: Lines) -> Lines | None:
-        if budget["replays"] >= max_replays or budget["calls"] + len(kept) > MAX_REPLAYED_CALLS:
+        cost = len(kept) * whole.blocks
+        if budget["replays"] >= max_replays or budget["compared"] + cost > MAX_COMPARED:
             return None
         budget["replays"] += 1
-        budget["calls"] += len(kept)
+        budget["compared"] += cost
         got = replay(log, kept)
         misuse = {k for k in got.refused if k != RefusalKind.NOT_ENOUGH_FREE_BLOCKS.name}
         if got.divergence is None or signature(got.divergence) != target or (misuse and not log.misuse):
@@ -345,5 +360,5 @@ def _requests(entries: Lines) -> list[str]:
     return list(seen.values())
 
 
-__all__ = ["BLOCK_ARGS", "HANDS_OUT", "LISTS_OF_HELD", "MAX_REPLAYS", "CallLog", "Replay", "Shrunk",
-           "ddmin", "renamed", "replay", "shrink_log", "signature", "sources"]
+__all__ = ["BLOCK_ARGS", "HANDS_OUT", "LISTS_OF_HELD", "MAX_COMPARED", "MAX_REPLAYS", "CallLog", "Replay",
+           "Shrunk", "ddmin", "renamed", "replay", "shrink_log", "signature", "sources"]

@@ -80,6 +80,8 @@ def test_long_lived_conform_campaign_catches_it_and_the_fixed_queue_agrees() -> 
     status = conform_main(["--impl", "lazy_queue:LazyQueuePool", "--long-lived", "--runs", "1",
                            "--examples", "1"], out=text)
     assert status == 1 and "campaign: DIVERGED (divergence)" in text.getvalue(), text.getvalue()
+    # 10,000 calls on 256 blocks, each replay comparing the whole pool: over the shrink's budget
+    assert "not shrunk: replaying the run's" in text.getvalue(), text.getvalue()
     pool = lazy_pool(fixed=True)
     adapter = adapter_for_class(pool)
     made: list[Any] = []

@@ -68,7 +68,7 @@ def test_misuse_is_reached_and_refused_alike() -> None:
 DEPTH_NEEDED: dict[str, tuple[Shape, int, bool]] = {
     # name: (pool, depth of the shortest diverging sequence, symmetry reduction)
     "free_without_refcount_check": (HBS2, 1, True), "free_same_block_twice": (HBS2, 1, True),
-    "free_appends_listing_twice": (SMALLEST, 3, True), "free_hashed_not_queued": (HBS2, 2, True),
+    "free_appends_listing_twice": (HBS2, 2, True), "free_hashed_not_queued": (HBS2, 2, True),
     "free_hashed_to_head": (SMALLEST, 3, True), "free_pushes_head_one_by_one": (HBS2, 2, True),
     "free_null_into_queue": (HBS2, 0, True), "counter_before_check": (HBS2, 1, True),
     "refused_free_keeps_partial_effect": (HBS2, 1, True), "touch_leaves_block_free": (HBS2, 1, True),

@@ -55,7 +55,9 @@ class DriveAdapter:
     slots: list[_Slot] = field(default_factory=list, repr=False)
     constructed: int = 0
     recent: list[DrivenPool] = field(default_factory=list, repr=False)
-    """The latest pools constructed (newest last): where a failure's trace is found."""
+    """The latest pools constructed (newest last), its scratch's included: where a failure's trace
+    is found."""
+    _scratch: DriveAdapter | None = field(default=None, repr=False)
 
     @classmethod
     def from_command(cls, command: str, **kwargs: Any) -> DriveAdapter:
@@ -86,8 +88,18 @@ class DriveAdapter:
         session = slot.session = Session(slot.process, pool, header, None, None)
         session.open()
         driven = DrivenPool(session)
-        self.recent = [*self.recent[-(PROCESSES - 1):], driven]
+        self.recent.append(driven)  # shared with the scratch adapter: one list, updated in place
+        del self.recent[:-2 * PROCESSES]
         return cast(ReferencePool, driven)
+
+    def scratch(self) -> DriveAdapter:
+        """The same command for pools made and dropped while this adapter's are in use (the state
+        machine's directed calls): processes of their own, so those pools stay current; they end
+        with this adapter's."""
+        if self._scratch is None:
+            self._scratch = DriveAdapter(self.command, self.timeout, self.reference, self.misuse,
+                                         self.vllm_errors, self.cwd, self.env, recent=self.recent)
+        return self._scratch
 
     def borrow(self) -> PoolProcess:
         """A copy of the command for replays of one's own (shrinking a failure): the least
@@ -124,6 +136,8 @@ class DriveAdapter:
             if verdict is not None:
                 verdicts.append(verdict)
         self.slots.clear()
+        if self._scratch is not None:
+            verdicts += self._scratch.close()
         return verdicts
 
     def __enter__(self) -> DriveAdapter:

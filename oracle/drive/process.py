@@ -343,6 +343,11 @@ class PoolProcess:
                             poller.unregister(in_fd)
                     else:
                         self._fill(out_fd, names(len(answers)))
+            if self._buffer:  # every call has its answer: anything more came unasked
+                first = bytes(self._buffer).split(b"\n")[0]
+                raise self._fail("extra output", "more lines than calls came back (a "
+                                 "second answer to a call, or logging on stdout?): the last line read "
+                                 f"is {_shown(first)!r}", names(len(lines) - 1))
         except (ProcessFailure, ProcessHung) as exc:
             exc.answered = answers  # what came before, for the trace of the failure
             raise
