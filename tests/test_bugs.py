@@ -38,6 +38,7 @@ def test_shared_code_mutants_show_in_what_a_consumer_reads() -> None:
     assert "pending events" in seen and ("result" in seen or "index" in seen), seen
 
 
+@pytest.mark.slow  # 190 s; kvpool verify's seeded-bugs phase runs every bug in CI
 def test_every_invariant_and_step_property_refutes_some_bug() -> None:
     used: set[str] = set()
     missed = []

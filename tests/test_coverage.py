@@ -79,6 +79,7 @@ def test_the_campaign_alone_reaches_every_branch(misuse: bool) -> None:
     assert not _unexpected(measured, misuse), "\n".join(_unexpected(measured, misuse))
 
 
+@pytest.mark.slow  # 2 x 110 s: the campaign's case runs by default
 @pytest.mark.parametrize("misuse", [False, True], ids=["no-misuse", "misuse"])
 def test_the_machine_alone_reaches_every_branch(misuse: bool) -> None:
     opts = Options(misuse=misuse, examples=MACHINE_EXAMPLES)
@@ -87,7 +88,9 @@ def test_the_machine_alone_reaches_every_branch(misuse: bool) -> None:
     assert not _unexpected(measured, misuse), "\n".join(_unexpected(measured, misuse))
 
 
-@pytest.mark.parametrize("run_phase", [run_campaign_phase, run_machine_phase], ids=["campaign", "machine"])
+@pytest.mark.parametrize("run_phase", [run_campaign_phase,
+                                       pytest.param(run_machine_phase, marks=pytest.mark.slow)],
+                         ids=["campaign", "machine"])  # the machine: 107 s
 def test_vllm_033_reaches_the_null_block_branches(run_phase: object) -> None:
     """With ``--reference 0.33`` (and a pool that behaves so) each phase takes what 0.31 cannot."""
     adapter = ClassAdapter(_pool033(), "0.33 pool", supports_misuse=False)

@@ -137,6 +137,7 @@ def test_every_wrapper_is_checked() -> None:
     assert sorted(wrappers) == sorted(checked), "add new wrappers to GROUPS or REACHED_GROUPS"
 
 
+@pytest.mark.slow  # 130 s: CrossHair over every contract; the seeded-bug cases below run by default
 def test_contracts_of_impl_hold() -> None:
     """No counterexample to any contract; the free-queue ones are proved over all paths."""
     statuses = _check_groups(GROUPS)
@@ -146,6 +147,7 @@ def test_contracts_of_impl_hold() -> None:
     assert confirmed >= 5, statuses
 
 
+@pytest.mark.slow  # 240 s of CrossHair
 def test_contracts_from_reached_states_hold() -> None:
     """From every state CrossHair picks in REACHED, no counterexample within PATHS paths.
 
@@ -253,7 +255,10 @@ TARGETS = {"touch_keeps_partial_effect": "pool_touch", "free_keeps_partial_effec
            "allocate_from_tail": "pool_get_new_blocks", "free_cached_to_head": "pool_free_blocks_reached"}
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+# the two slowest (25 and 30 s) run with -m slow
+@pytest.mark.parametrize("mutant", [pytest.param(m, marks=pytest.mark.slow)
+                                    if m in ("free_cached_to_head", "touch_keeps_partial_effect") else m
+                                    for m in sorted(MUTANTS)])
 def test_the_real_contracts_catch_a_seeded_pool_bug(tmp_path: Path, mutant: str) -> None:
     """tests/crosshair_contracts.py itself, its directive included, run on a broken BlockPool,
     reports a counterexample: within the budget of paths the real check runs with."""

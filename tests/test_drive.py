@@ -37,6 +37,8 @@ MISBEHAVING = Path(__file__).parent / "drive_misbehaving.py"
 SERVE = f"{shlex.quote(sys.executable)} -P -m kvpool.oracle.drive.serve"
 BUGS = ("cached-to-head", "dup-listing-once", "mask-ignored", "mm-absolute-offset",
         "promote-keeps-partial", "group-blind", "reset-forgets-watchers", "null-hashed")
+SLOW_HUNTS = ("mask-ignored", "promote-keeps-partial", "reset-forgets-watchers")
+"""The planted bugs whose hunt takes 10 to 60 s: run with ``-m slow``."""
 HUNT = ["--runs", "2", "--steps", "500", "--examples", "500", "--machine-steps", "15"]
 """The budget tests/test_conform.py hunts the catalogue's bugs with."""
 SMALL = ["--runs", "1", "--steps", "150", "--examples", "30"]
@@ -149,6 +151,7 @@ def test_kvpools_own_pool_conforms_over_the_pipe(tmp_path: Path) -> None:
         assert f"observed {level}" in done.stdout and "agrees with the model" in done.stdout
 
 
+@pytest.mark.slow  # 50 s; the Rust pool's and kvpool's own run by default
 def test_any_python_pool_served_over_the_pipe(tmp_path: Path) -> None:
     """A stranger's pool (tests/third_party: no private vLLM members, no typed refusals) behind
     ``kvpool serve-pool --pool``: it agrees, and one of its planted bugs is caught over the pipe."""
@@ -217,7 +220,8 @@ def test_rust_and_kvpool_answer_line_for_line(rust_pool: str, tmp_path: Path) ->
         assert _normalised(ours) == _normalised(theirs)
 
 
-@pytest.mark.parametrize("bug", BUGS)
+@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.slow) if b in SLOW_HUNTS else b
+                                 for b in BUGS])
 def test_each_planted_bug_is_caught_with_a_short_trace(rust_pool: str, bug: str, tmp_path: Path) -> None:
     done = kvpool("conform", "--exec", f"{rust_pool} --bug {bug}", *HUNT, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -280,7 +284,8 @@ def _gone(pid: int) -> bool:
     # process before call 7 is not taken for the hang.
     ("hang", ["--timeout", "5"], r"the pool process hung at call 7 \(\w+\): gave no answer within 5s"),
     ("spawn", ["--timeout", "5"], r"the pool process hung at call 7"),
-    ("linger", [], r"the pool process did not end cleanly: did not exit within 10s"),
+    pytest.param("linger", [], r"the pool process did not end cleanly: did not exit within 10s",
+                 marks=pytest.mark.slow),  # waits out the grace period: 48 s
 ])
 def test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind(
         mode: str, extra: list[str], says: str, tmp_path: Path) -> None:

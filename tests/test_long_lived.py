@@ -55,6 +55,7 @@ def check(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 # ------------------------------------------------------------------ the planted bug
 
 
+@pytest.mark.slow  # 37 s: the control of the long-lived runs
 def test_short_runs_miss_the_compaction_bug(capsys: pytest.CaptureFixture[str]) -> None:
     """``kvpool check`` and ``kvpool conform`` with their defaults: small pools, short runs."""
     status, out = check("--pool", "lazy_queue:LazyQueuePool", capsys=capsys)

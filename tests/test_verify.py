@@ -44,6 +44,7 @@ def failing_cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for p in doc["phases"] for c in p["cases"] if not c["ok"]]
 
 
+@pytest.mark.slow  # 78 s: a whole ci-profile run; .ci/run makes one and keeps its outputs
 def test_a_passing_run_writes_junit_json_and_report(tmp_path: Path) -> None:
     done = kvpool("verify", *SMALL, "--skip", "seeded-bugs", "--impl", "kvpool.impl:BlockPool",
                   "--json", "out.json", "--junit", "out.xml", "--report", "report", cwd=tmp_path)
