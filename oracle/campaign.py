@@ -51,7 +51,7 @@ def run_one(
 
     second = second_pool(pool_factory, cfg, reference, errors_match)
     pair = first()
-    log = CallLog(first, second, misuse) if keep_log else None
+    log = CallLog(first, second, misuse, blocks=cfg.num_blocks) if keep_log else None
     pair.log, pair.features = log, features
 
     def logged_second() -> Lockstep:

@@ -33,7 +33,7 @@ MAX_REPLAYS = 400
 """Most replays one shrink makes (each a fresh pool and a run of calls)."""
 MAX_COMPARED = 2_000_000
 """Most work one shrink does in all, in blocks compared: every replayed call compares the whole
-pool, so a call counts as many as the pools' blocks (200,000 calls on 10 blocks; a 10,000-call
+pool, so a call counts as many as the first pool's blocks (200,000 calls on 10 blocks; a 10,000-call
 long-lived run on 256 blocks is over it by itself, and is reported unshrunk)."""
 
 HANDS_OUT = tuple(n for n, op in OPERATIONS.items() if op.result in ("blocks", "blocks?"))
@@ -137,6 +137,8 @@ class CallLog:
     entries: Lines = field(default_factory=list)
     step: int = 0
     """The workload step the calls now made belong to (a shrink first cuts whole steps)."""
+    blocks: int = 1
+    """The first pool's blocks: what each replayed call's whole-pool comparison costs."""
     _sources: list[dict[tuple[str, int], tuple[int, int]]] = field(default_factory=list, repr=False)
 
     def sources(self) -> list[dict[tuple[str, int], tuple[int, int]]]:
@@ -170,8 +172,6 @@ class Replay:
     lines: list[str]
     refused: set[str]
     """The model's refusals seen, by name (a misuse, unless out of blocks)."""
-    blocks: int = 0
-    """The blocks of the pools replayed on (what each call's whole-pool comparison costs)."""
 
 
 def replay(log: CallLog, entries: Lines) -> Replay:
@@ -209,10 +209,10 @@ def replay(log: CallLog, entries: Lines) -> Replay:
                 values = [_replayed(v, entry["tokens"].get(n), requests, pair) for n, v in args.items()]
                 result = pair.call(entry["op"], *values, *entry.get("extra", ()))
         except CallerBrokeContract:
-            return Replay(None, i, lines, {"contract"}, _blocks(pairs))
+            return Replay(None, i, lines, {"contract"})
         except Divergence as exc:
             lines.append(_line(entry, pair))
-            return Replay(exc, i, lines, refused, _blocks(pairs))
+            return Replay(exc, i, lines, refused)
         if isinstance(result, Refusal):
             refused.add(result.kind.name)
         lines.append(_line(entry, pair))
@@ -222,12 +222,8 @@ def replay(log: CallLog, entries: Lines) -> Replay:
         try:
             pair.check()
         except Divergence as exc:
-            return Replay(exc, len(entries), lines, refused, _blocks(pairs))
-    return Replay(None, len(entries), lines, refused, _blocks(pairs))
-
-
-def _blocks(pairs: dict[int, Lockstep]) -> int:
-    return sum(p.model.num_blocks for p in pairs.values())
+            return Replay(exc, len(entries), lines, refused)
+    return Replay(None, len(entries), lines, refused)
 
 
 def _replayed(value: Any, tokens: int | None, requests: dict[int, Any], pair: Lockstep) -> Any:
@@ -282,7 +278,7 @@ def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
     """The fewest calls of ``log`` found that diverge as the whole run does (see the module docstring).
 
     ``on_kept`` is told the entries kept (a test replays them on another pool)."""
-    blocks = log.fresh().model.num_blocks
+    blocks = log.blocks
     if len(log.entries) * blocks > MAX_COMPARED:
         return Shrunk([], len(log.entries), len(log.entries), None, 0,
                       note=f"not shrunk: replaying the run's {len(log.entries):,} calls on {blocks:,} "
@@ -293,10 +289,10 @@ def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
         return Shrunk([], len(log.entries), len(log.entries), None, 1,
                       note="not shrunk: the run's calls replayed on fresh pools do not diverge")
     target = signature(whole.divergence)
-    budget = {"replays": 1, "compared": len(log.entries) * whole.blocks}
+    budget = {"replays": 1, "compared": len(log.entries) * blocks}
 
     def judged(kept: Lines) -> Lines | None:
-        cost = len(kept) * whole.blocks
+        cost = len(kept) * blocks
         if budget["replays"] >= max_replays or budget["compared"] + cost > MAX_COMPARED:
             return None
         budget["replays"] += 1

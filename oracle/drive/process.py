@@ -308,10 +308,7 @@ class PoolProcess:
         if self._buffer or poller.poll(0):
             self._fill(out_fd, names(0))
             if self._buffer:
-                first = bytes(self._buffer).split(b"\n")[0]
-                raise self._fail("extra output", "before it, a line no call asked for (a second "
-                                 "answer to a call before it, or logging on stdout?): "
-                                 f"{_shown(first)!r}", names(0))
+                raise self._unasked("before it, a line no call asked for", names(0))
         answers: list[bytes] = []
         try:
             pending = self._write(in_fd, memoryview(b"".join(lines)), names(0))
@@ -344,10 +341,7 @@ class PoolProcess:
                     else:
                         self._fill(out_fd, names(len(answers)))
             if self._buffer:  # every call has its answer: anything more came unasked
-                first = bytes(self._buffer).split(b"\n")[0]
-                raise self._fail("extra output", "more lines than calls came back (a "
-                                 "second answer to a call, or logging on stdout?): the last line read "
-                                 f"is {_shown(first)!r}", names(len(lines) - 1))
+                raise self._unasked("more lines than calls came back", names(len(lines) - 1))
         except (ProcessFailure, ProcessHung) as exc:
             exc.answered = answers  # what came before, for the trace of the failure
             raise
@@ -356,6 +350,12 @@ class PoolProcess:
                 with contextlib.suppress(KeyError, ValueError):
                     self._poller.unregister(in_fd)
         return answers
+
+    def _unasked(self, what: str, name: str) -> ProcessFailure:
+        """The failure for output no call asked for, left in the buffer: its first line shown."""
+        first = bytes(self._buffer).split(b"\n")[0]
+        return self._fail("extra output", f"{what} (a second answer to a call, or logging on "
+                          f"stdout?): {_shown(first)!r}", name)
 
     def _write(self, fd: int, pending: memoryview, name: str) -> memoryview:
         if not pending:
