@@ -55,10 +55,27 @@ settings.register_profile(
     deadline=READER_DEADLINE_MS.get(_profile, 3000 if _base.backend == "hypothesis" else None))
 
 
-# Cases left out of the default run like the tests marked ``slow`` where they are defined: each is
-# a second or third case of a check whose cheapest case runs by default, or a search kvpool
-# verify's CI stage makes. Seconds measured on the 2-core machine (pytest --durations).
+# Cases of parametrized tests left out of the default run, as a whole test marked ``slow`` where it
+# is defined is: each is a further case of a check whose cheapest case runs by default, or a search
+# kvpool verify's CI stage makes. Seconds measured on the 2-core machine (pytest --durations).
 SLOW_CASES = {
+    "test_crosshair.py::test_the_real_contracts_catch_a_seeded_pool_bug[free_cached_to_head]": 30,
+    "test_crosshair.py::test_the_real_contracts_catch_a_seeded_pool_bug[touch_keeps_partial_effect]": 24,
+    "test_coverage.py::test_vllm_033_reaches_the_null_block_branches[machine]": 107,
+    "test_shard.py::test_merged_shards_have_the_verdict_and_totals_of_one_run[3]": 100,
+    "test_shard.py::test_bmc_parts_count_each_state_once[3]": 27,
+    "test_drive.py::test_each_planted_bug_is_caught_with_a_short_trace[reset-forgets-watchers]": 61,
+    "test_drive.py::test_each_planted_bug_is_caught_with_a_short_trace[promote-keeps-partial]": 28,
+    "test_drive.py::test_each_planted_bug_is_caught_with_a_short_trace[mask-ignored]": 10,
+    "test_drive.py::test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind"
+    "[linger-extra9-the pool process did not end cleanly: did not exit within 10s]": 48,
+    "test_oracle_black_box.py::test_each_planted_bug_is_caught[QueuesPerListing]": 59,
+    "test_oracle_black_box.py::test_each_planted_bug_is_caught[EvictKeepsSecondaryKeys]": 35,
+    "test_example_db.py::test_a_failure_one_shard_finds_is_replayed_first_by_another[redis]": 40,
+    "test_refinement.py::test_every_seeded_pool_bug_is_caught_by_exhaustive_exploration"
+    "[evict_keeps_secondaries]": 48,
+    "test_conform.py::test_seeded_bug_is_caught_with_a_short_trace[FreeSameBlockTwice]": 36,
+    "test_agreement.py::test_the_encoding_agrees_with_the_model_on_every_state_and_call_to_depth_2[hbs1]": 31,
     "test_shard.py::test_merged_shards_have_the_verdict_and_totals_of_one_run[2]": 66,
     "test_agreement.py::test_every_step_property_and_the_queue_agree_both_ways": 45,
     "test_oracle_black_box.py::test_an_independent_pool_conforms_observed_as_a_black_box": 31,

@@ -92,8 +92,7 @@ def test_adapter_factory_is_accepted() -> None:
 # ------------------------------------------------------------------------ red
 
 
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.slow) if b == "FreeSameBlockTwice" else b
-                                 for b in SEEDED_BUGS])  # that one hunts for 36 s
+@pytest.mark.parametrize("bug", SEEDED_BUGS)
 def test_seeded_bug_is_caught_with_a_short_trace(bug: str, tmp_path: Path) -> None:
     json_path, junit_path = tmp_path / "r.json", tmp_path / "r.xml"
     status, text = run("--impl", f"kvpool.bugs.pools:{bug}", *HUNT,

@@ -88,9 +88,7 @@ def test_the_machine_alone_reaches_every_branch(misuse: bool) -> None:
     assert not _unexpected(measured, misuse), "\n".join(_unexpected(measured, misuse))
 
 
-@pytest.mark.parametrize("run_phase", [run_campaign_phase,
-                                       pytest.param(run_machine_phase, marks=pytest.mark.slow)],
-                         ids=["campaign", "machine"])  # the machine: 107 s
+@pytest.mark.parametrize("run_phase", [run_campaign_phase, run_machine_phase], ids=["campaign", "machine"])
 def test_vllm_033_reaches_the_null_block_branches(run_phase: object) -> None:
     """With ``--reference 0.33`` (and a pool that behaves so) each phase takes what 0.31 cannot."""
     adapter = ClassAdapter(_pool033(), "0.33 pool", supports_misuse=False)

@@ -255,10 +255,7 @@ TARGETS = {"touch_keeps_partial_effect": "pool_touch", "free_keeps_partial_effec
            "allocate_from_tail": "pool_get_new_blocks", "free_cached_to_head": "pool_free_blocks_reached"}
 
 
-# the two slowest (25 and 30 s) run with -m slow
-@pytest.mark.parametrize("mutant", [pytest.param(m, marks=pytest.mark.slow)
-                                    if m in ("free_cached_to_head", "touch_keeps_partial_effect") else m
-                                    for m in sorted(MUTANTS)])
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_the_real_contracts_catch_a_seeded_pool_bug(tmp_path: Path, mutant: str) -> None:
     """tests/crosshair_contracts.py itself, its directive included, run on a broken BlockPool,
     reports a counterexample: within the budget of paths the real check runs with."""

@@ -37,8 +37,6 @@ MISBEHAVING = Path(__file__).parent / "drive_misbehaving.py"
 SERVE = f"{shlex.quote(sys.executable)} -P -m kvpool.oracle.drive.serve"
 BUGS = ("cached-to-head", "dup-listing-once", "mask-ignored", "mm-absolute-offset",
         "promote-keeps-partial", "group-blind", "reset-forgets-watchers", "null-hashed")
-SLOW_HUNTS = ("mask-ignored", "promote-keeps-partial", "reset-forgets-watchers")
-"""The planted bugs whose hunt takes 10 to 60 s: run with ``-m slow``."""
 HUNT = ["--runs", "2", "--steps", "500", "--examples", "500", "--machine-steps", "15"]
 """The budget tests/test_conform.py hunts the catalogue's bugs with."""
 SMALL = ["--runs", "1", "--steps", "150", "--examples", "30"]
@@ -220,8 +218,7 @@ def test_rust_and_kvpool_answer_line_for_line(rust_pool: str, tmp_path: Path) ->
         assert _normalised(ours) == _normalised(theirs)
 
 
-@pytest.mark.parametrize("bug", [pytest.param(b, marks=pytest.mark.slow) if b in SLOW_HUNTS else b
-                                 for b in BUGS])
+@pytest.mark.parametrize("bug", BUGS)
 def test_each_planted_bug_is_caught_with_a_short_trace(rust_pool: str, bug: str, tmp_path: Path) -> None:
     done = kvpool("conform", "--exec", f"{rust_pool} --bug {bug}", *HUNT, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -284,8 +281,7 @@ def _gone(pid: int) -> bool:
     # process before call 7 is not taken for the hang.
     ("hang", ["--timeout", "5"], r"the pool process hung at call 7 \(\w+\): gave no answer within 5s"),
     ("spawn", ["--timeout", "5"], r"the pool process hung at call 7"),
-    pytest.param("linger", [], r"the pool process did not end cleanly: did not exit within 10s",
-                 marks=pytest.mark.slow),  # waits out the grace period: 48 s
+    ("linger", [], r"the pool process did not end cleanly: did not exit within 10s"),
 ])
 def test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind(
         mode: str, extra: list[str], says: str, tmp_path: Path) -> None:

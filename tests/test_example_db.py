@@ -79,7 +79,7 @@ def machine(doc: dict[str, Any]) -> dict[str, Any]:
     return next(p for p in doc["phases"] if p["name"] == "machine")
 
 
-@pytest.mark.parametrize("kind", [pytest.param("redis", marks=pytest.mark.slow), "directory"])  # 40 s each
+@pytest.mark.parametrize("kind", ["redis", "directory"])
 def test_a_failure_one_shard_finds_is_replayed_first_by_another(
         kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     db = request.getfixturevalue("redis_url") if kind == "redis" else str(tmp_path / "examples")

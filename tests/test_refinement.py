@@ -105,8 +105,7 @@ def test_every_seeded_pool_bug_has_its_depth() -> None:
     assert set(DEPTH_NEEDED) == {name for name, bug in BUGS.items() if bug.pool is not None}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # that one searches for 48 s
-                                  if n == "evict_keeps_secondaries" else n for n in sorted(DEPTH_NEEDED)])
+@pytest.mark.parametrize("name", sorted(DEPTH_NEEDED))
 def test_every_seeded_pool_bug_is_caught_by_exhaustive_exploration(name: str) -> None:
     """The search diverges on the broken pool, with a sequence as short as recorded, and a
     replay of that sequence from a fresh pool diverges again."""

@@ -52,7 +52,7 @@ def totals(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("count", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count", [2, 3])
 def test_merged_shards_have_the_verdict_and_totals_of_one_run(count: int, tmp_path: Path) -> None:
     whole = run_verify(tmp_path, "whole")
     shards = [run_verify(tmp_path, f"s{i}", "--shard", f"{i}/{count}") for i in range(1, count + 1)]
@@ -76,7 +76,7 @@ def test_merged_shards_have_the_verdict_and_totals_of_one_run(count: int, tmp_pa
     assert (tmp_path / "report" / "report.html").stat().st_size > 0
 
 
-@pytest.mark.parametrize("count", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count", [2, 3])
 def test_bmc_parts_count_each_state_once(count: int) -> None:
     for hbs in (1, 2):
         cfg = bmc.Bounds(blocks=4, hash_block_size=hbs)
