@@ -195,3 +195,15 @@ def test_the_linter_refuses_a_seeded_violation(tmp_path: Path, target: str, line
     imported = line.split()[-1]
     broken = done.stdout.split("Broken contracts")[-1]
     assert contract in broken and f"{importer} -> {imported}" in broken, done.stdout
+
+
+def test_every_slow_case_names_a_collected_case() -> None:
+    """conftest.SLOW_CASES names cases by id: a renamed case would silently run by default again."""
+    from conftest import SLOW_CASES  # tests are no package: conftest.py's folder is on sys.path
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow",
+                           "-p", "no:cacheprovider", str(ROOT / "tests")],
+                          capture_output=True, text=True, cwd=ROOT, check=False)
+    collected = {line.removeprefix("tests/") for line in done.stdout.splitlines() if "::" in line}
+    assert collected, done.stdout + done.stderr
+    assert not [case for case in SLOW_CASES if case not in collected]
