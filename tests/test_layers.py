@@ -201,7 +201,8 @@ def test_every_slow_case_names_a_collected_case() -> None:
     """conftest.SLOW_CASES names cases by id: a renamed case would silently run by default again."""
     from conftest import SLOW_CASES  # tests are no package: conftest.py's folder is on sys.path
 
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow",
+    # -P: the checkout's kvpool/ folder (the face alone) must not shadow the installed package.
+    done = subprocess.run([sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-m", "slow",
                            "-p", "no:cacheprovider", str(ROOT / "tests")],
                           capture_output=True, text=True, cwd=ROOT, check=False)
     collected = {line.removeprefix("tests/") for line in done.stdout.splitlines() if "::" in line}
