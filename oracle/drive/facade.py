@@ -179,6 +179,7 @@ class Session:
             answer = protocol.read_header_answer(protocol.decode(raw), self.header)
         except protocol.ProtocolError as exc:
             raise proc.fail(exc.kind, exc.what, "the header") from None
+        proc.check_unasked("the header")
         if again and (answer.observation, answer.fresh, answer.unsupported) != (
                 self.shape, self.fresh, self.unsupported):
             raise proc.fail("nondeterministic", "answered the same header differently", "the header")
@@ -202,7 +203,9 @@ class Session:
             self._read(calls[:len(done)], done, first, name)
             self._failed(calls, len(done), exc.verdict.kind)
             raise
-        return self._read(calls, raws, first, name)
+        steps = self._read(calls, raws, first, name)
+        proc.check_unasked(name(len(calls) - 1))
+        return steps
 
     def _read(self, calls: Sequence[tuple[str, dict[str, Json]]], raws: Sequence[bytes], first: int,
               name: Callable[[int], str]) -> list[TraceStep]:

@@ -340,8 +340,6 @@ class PoolProcess:
                             poller.unregister(in_fd)
                     else:
                         self._fill(out_fd, names(len(answers)))
-            if self._buffer:  # every call has its answer: anything more came unasked
-                raise self._unasked("more lines than calls came back", names(len(lines) - 1))
         except (ProcessFailure, ProcessHung) as exc:
             exc.answered = answers  # what came before, for the trace of the failure
             raise
@@ -350,6 +348,14 @@ class PoolProcess:
                 with contextlib.suppress(KeyError, ValueError):
                     self._poller.unregister(in_fd)
         return answers
+
+    def check_unasked(self, name: str) -> None:
+        """Fail if a line came back that no call asked for (read with the answers, or waiting).
+
+        The caller checks the answers first: a log line read as an answer is reported as what it
+        is, and the line after it, pushed one place on, is not what goes wrong first."""
+        if self._buffer:
+            raise self._unasked("more lines than calls came back", name)
 
     def _unasked(self, what: str, name: str) -> ProcessFailure:
         """The failure for output no call asked for, left in the buffer: its first line shown."""
