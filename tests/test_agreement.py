@@ -135,6 +135,7 @@ def test_a_step_forgetting_holders_is_caught() -> None:
     assert set(rep.disagreements) == {"step/touch"}
 
 
+@pytest.mark.slow
 def test_a_step_with_too_strong_a_precondition_is_caught() -> None:
     def release(s: SymState, b: Any) -> T.SymStep:  # forgets that the null block may be freed
         st = T.release(s, b)

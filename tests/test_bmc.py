@@ -47,6 +47,7 @@ def _found(bug: str) -> bmc.Outcome:
     return out
 
 
+@pytest.mark.slow
 def test_model_passes_bmc_to_depth_two() -> None:
     out = bmc.explore(SMALL, depth=2, seconds=NET)
     assert out.ok, bmc.format_trace(out, SMALL)
@@ -89,6 +90,7 @@ def test_seeded_bug_is_found_with_a_short_trace(bug: str) -> None:
     assert action is not None and any(st.action == action[0] for st in out.trace)
 
 
+@pytest.mark.slow
 def test_seeded_bugs_break_invariants_and_event_properties() -> None:
     broken = {name for bug in ACTION_FORMS for name in _found(bug).violation}
     assert "refused_call_changes_nothing" in broken
@@ -275,6 +277,7 @@ def test_the_domains_reach_every_argument_shape_the_declarations_allow() -> None
     assert seen == {"True", "False"}
 
 
+@pytest.mark.slow
 def test_the_domains_reach_every_branch_of_every_action() -> None:
     from kvpool.oracle.coverage import measure
 

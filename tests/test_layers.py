@@ -198,8 +198,9 @@ def test_the_linter_refuses_a_seeded_violation(tmp_path: Path, target: str, line
 
 
 def test_every_slow_case_names_a_collected_case() -> None:
-    """conftest.SLOW_CASES names cases by id: a renamed case would silently run by default again."""
-    from conftest import SLOW_CASES  # tests are no package: conftest.py's folder is on sys.path
+    """conftest.SLOW_CASES names cases by id, SAMPLED tests by name: a renamed one would silently
+    run by default again."""
+    from conftest import SAMPLED, SLOW_CASES  # tests are no package: conftest.py's folder is on sys.path
 
     # -P: the checkout's kvpool/ folder (the face alone) must not shadow the installed package.
     done = subprocess.run([sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-m", "slow",
@@ -208,3 +209,5 @@ def test_every_slow_case_names_a_collected_case() -> None:
     collected = {line.removeprefix("tests/") for line in done.stdout.splitlines() if "::" in line}
     assert collected, done.stdout + done.stderr
     assert not [case for case in SLOW_CASES if case not in collected]
+    sampled = {case.partition("[")[0] for case in collected}
+    assert not [test for test in SAMPLED if test not in sampled]

@@ -74,6 +74,7 @@ def test_long_lived_run_catches_the_compaction_bug(capsys: pytest.CaptureFixture
     assert "free: model" in out and "the damage is in calls" in out
 
 
+@pytest.mark.slow
 def test_long_lived_conform_campaign_catches_it_and_the_fixed_queue_agrees() -> None:
     """The same run through ``kvpool conform --long-lived`` (the campaign phase), and the control:
     the queue with its compaction sorted by position agrees on that very run."""

@@ -126,7 +126,7 @@ def test_the_pre_commit_hook_passes_a_good_pool_and_stops_a_broken_one(pool: str
     assert ("Passed" if pool == "good" else "FAILED conformance/mypkg.block_pool:BlockPool") in done.stdout
 
 
-# ------------------------------------------------------------ the weekly mutation workflow
+# ------------------------------------------------------------ the scheduled workflows
 
 
 def test_weekly_mutation_workflow_is_valid() -> None:
@@ -139,3 +139,14 @@ def test_weekly_mutation_workflow_is_valid() -> None:
     runs = [step.get("run", "") for step in job["steps"]]
     assert any("bash benchmarks/mutation.sh all" in r for r in runs)
     assert any(step.get("uses", "").startswith("actions/checkout@") for step in job["steps"])
+
+
+def test_nightly_slow_workflow_runs_the_slow_tests() -> None:
+    """The cases left out of the per-push run (conftest.SLOW_CASES, SAMPLED, @pytest.mark.slow)."""
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / "slow-nightly.yml").read_text())
+    crons = [entry["cron"] for entry in doc.get("on", doc.get(True))["schedule"]]  # YAML 1.1: `on` is true
+    assert crons and all(len(c.split()) == 5 for c in crons)
+    job = doc["jobs"]["slow"]
+    assert isinstance(job["runs-on"], str) and int(job["timeout-minutes"]) > 0
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "pytest" in runs and "-m slow" in runs and ".[test]" in runs

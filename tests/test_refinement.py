@@ -33,7 +33,8 @@ SMALLEST = Shape(3, 2)
 """The null block and two real ones: enough for every bug that needs three calls, and cheap."""
 
 
-@pytest.mark.parametrize(("shape", "depth"), [(HBS2, 2), (HBS1, 1), (NO_CACHING, 2), (NO_EVENTS, 1)],
+# The cheapest search that still reaches two calls first: conftest.SAMPLED keeps it in the default run.
+@pytest.mark.parametrize(("shape", "depth"), [(NO_CACHING, 2), (HBS2, 2), (HBS1, 1), (NO_EVENTS, 1)],
                          ids=lambda v: v.slug if isinstance(v, Shape) else f"depth-{v}")
 def test_the_pool_refines_the_model(shape: Shape, depth: int) -> None:
     """Every sequence of ``depth`` calls: kvpool.impl and the model agree after each one."""

@@ -121,9 +121,9 @@ def test_seeded_bugs_split_by_bug_and_merge_in_catalogue_order(monkeypatch: pyte
 
     monkeypatch.setattr(kvpool.bugs.check, "every_check", quick)
     progress = Progress(io.StringIO())
-    whole = run_seeded_bugs(PROFILES["ci"], progress).as_json()
+    whole = run_seeded_bugs(PROFILES["ci"], progress, workers=1).as_json()  # the patch is in-process
     for count in (2, 3, 7):
-        parts = [run_seeded_bugs(PROFILES["ci"], progress, Shard(i, count)).as_json()
+        parts = [run_seeded_bugs(PROFILES["ci"], progress, Shard(i, count), workers=1).as_json()
                  for i in range(1, count + 1)]
         assert sorted(b["name"] for p in parts for b in p["bugs"]) == sorted(b["name"] for b in whole["bugs"])
         merged = _merge_phase("seeded-bugs", parts)

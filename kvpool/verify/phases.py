@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import multiprocessing
+import os
 import time
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,7 @@ from .progress import Progress
 WHOLE_RUN = Shard()
 
 if TYPE_CHECKING:  # the proofs (and z3) are imported when the proofs phase runs
+    from kvpool.bugs.check import Caught
     from kvpool.proofs.prove import Check
 
 
@@ -148,14 +152,34 @@ BUG_SEARCH_SECONDS = 300.0
 is missed (a found one stops its search; the slowest takes about 30 s on a loaded 2-core machine)."""
 
 
-def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Phase:
+def _bug_checks(name: str, bmc_seconds: float, runs: int, steps: int,
+                timeout_ms: int) -> list[tuple[Caught, int | None, bool]]:
+    """Every form of one seeded bug against its check, in a worker process: what each caught, and
+    for a BMC search the depth it reached and whether it completed (its outcome stays behind: the
+    report needs only those two)."""
+    # lazy: the catalogue, z3 and the BMC load in the worker that runs the bug
+    from kvpool.bugs.check import every_check
+
+    out = []
+    for caught in every_check(name, bmc_seconds=bmc_seconds, runs=runs, steps=steps,
+                              timeout_ms=timeout_ms):
+        search = getattr(caught, "trace", None)
+        out.append((caught if search is None else replace(caught, trace=None),
+                    getattr(search, "depth", None) if caught.method == "bmc" else None,
+                    bool(getattr(search, "complete", True))))
+    return out
+
+
+def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN,
+                    workers: int | None = None) -> Phase:
     """Every form of every seeded bug is caught: the proofs, the BMC and the lockstep can fail.
 
     A shard takes the catalogue's bugs ``i`` with ``i mod N == I - 1``, each with all its forms.
+    The bugs are checked in ``workers`` processes (default: one per core); the cases keep the
+    catalogue's order.
     """
     # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.bugs import BUGS, forms
-    from kvpool.bugs.check import every_check
 
     phase = Phase("seeded-bugs")
     mine = {name: bug for i, (name, bug) in enumerate(BUGS.items()) if shard.takes(i)}
@@ -166,23 +190,33 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
              "bmc": ("BMC finds", "found by the BMC"), "lockstep": ("the lockstep catches",
                                                                     "caught by the lockstep")}
     bug_seconds = min(budget.bmc_seconds, BUG_SEARCH_SECONDS)
-    for name, bug in mine.items():
-        for caught in every_check(name, bmc_seconds=bug_seconds,
-                                  runs=max(8, budget.runs), steps=budget.steps,
-                                  timeout_ms=budget.timeout_ms):
+    args = (bug_seconds, max(8, budget.runs), budget.steps, budget.timeout_ms)
+
+    def record(name: str, checks: list[tuple[Caught, int | None, bool]]) -> None:
+        bug = mine[name]
+        for caught, depth, complete in checks:
             found = list(caught.by)
             method = "inductive" if caught.method == "order" else caught.method
             bugs.append({"name": name, "story": bug.story, "refuted_by": found, "method": method})
             title, missed = verbs[caught.method]
-            search = getattr(caught, "trace", None) if caught.method == "bmc" else None
             why = (f" (its search was cut by the time budget, {bug_seconds:g} s, after depth "
-                   f"{search.depth}: a busy machine?)"
-                   if search is not None and not search.complete and not found else "")
+                   f"{depth}: a busy machine?)" if depth is not None and not complete and not found
+                   else "")
             phase.cases.append(Case(
                 f"seeded-bugs/{caught.method}/{name}", f"{title} {name}", bool(found), caught.seconds,
                 None if found else failure("violation", f"seeded bug {name} is not {missed}{why}",
                                            f"{bug.story}\n{caught.detail}")))
             progress.advance(f"{name}: {', '.join(found) or 'NOT ' + missed}")
+
+    workers = min(len(mine), (os.cpu_count() or 1) if workers is None else workers)
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+            futures = {name: ex.submit(_bug_checks, name, *args) for name in mine}
+            for name, future in futures.items():
+                record(name, future.result())
+    else:
+        for name in mine:
+            record(name, _bug_checks(name, *args))
     phase.seconds = time.perf_counter() - start
     phase.extra = {"bugs": bugs}
     return phase
