@@ -192,7 +192,7 @@ class Session:
         if not self.current:
             raise RuntimeError("this pool was replaced by a newer one in its process")
         first = len(self.log) + 1
-        name = lambda i: f"call {first + i} ({calls[min(i, len(calls) - 1)][0]})"  # noqa: E731
+        name: Callable[[int], str] = lambda i: f"call {first + i} ({calls[min(i, len(calls) - 1)][0]})"  # noqa: E731
         proc = self.process
         if encoded is None:
             encoded = [protocol.encode({"op": op, "args": args}) for op, args in calls]
