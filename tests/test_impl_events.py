@@ -98,6 +98,21 @@ def test_use_event_classes_switches_and_returns_the_previous_ones() -> None:
     assert [type(e) for e in _all_event_kinds()] == [ev.BlockStored, ev.BlockRemoved, ev.AllBlocksCleared]
 
 
+def test_block_removed_builds_one_entrys_event_of_the_classes_in_use() -> None:
+    """The one-entry builder benchmarks/event_cost.py times: kvpool's class, or the classes set."""
+    own = ev.block_removed(b"k" * 8, "GPU", 3)
+    assert type(own) is ev.BlockRemoved
+    assert (own.block_hashes, own.medium, own.group_idx) == ([b"k" * 8], "GPU", 3)
+    stored, removed, cleared = _fake_event_classes()
+    previous = ev.use_event_classes(stored, removed, cleared)
+    try:
+        theirs = ev.block_removed(b"k" * 8, "CPU", 1)
+    finally:
+        ev.use_event_classes(*previous)
+    assert type(theirs) is removed
+    assert theirs.kw == {"block_hashes": [b"k" * 8], "medium": "CPU", "group_idx": 1}
+
+
 def test_use_vllm_event_classes_takes_them_from_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     stored, removed, cleared = _fake_event_classes()
     fake = types.ModuleType("vllm.distributed.kv_events")
