@@ -16,9 +16,12 @@ search.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable
+from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from kvpool.shard import Shard
@@ -111,10 +114,13 @@ def refinement_failure(out: Refinement) -> dict[str, Any]:
     return made
 
 
-def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., Any] | None = None,
-                   name: str = "kvpool.impl:BlockPool", shard: Shard | None = None) -> Phase:
-    """kvpool.impl (or ``factory``'s pools) against the model on every call sequence of small
-    pools, up to each one's depth.  A shard takes the pools ``j`` with ``j mod N == I - 1``."""
+_Pool = tuple[int, int, bool, bool, int]
+_Outcome = tuple[Case, "dict[str, Any] | None", "dict[str, int]", str]
+
+
+def _one_pool(factory: Callable[..., Any] | None, pool: _Pool, budget: Budget) -> _Outcome:
+    """One pool's exploration as its case, its figures, its operations and a progress note (plain
+    data, so that a worker process can send it back); ``factory`` None: kvpool's own pool."""
     # lazy: the oracle, the BMC and the pool load when the phase runs
     from kvpool.oracle.refinement import Shape
 
@@ -122,7 +128,32 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
         from kvpool.impl import BlockPool  # lazy: kvpool's own pool, only as the default target
 
         factory = BlockPool
+    blocks, hbs, caching, events, depth = pool
+    shape = Shape(blocks, hbs, caching, events)
+    if budget.refinement_depth is not None:
+        depth = budget.refinement_depth
+    try:
+        out = refine(factory, shape, depth, budget.refinement_seconds, budget.refinement_symmetry)
+    except Exception as exc:  # a crash of the search itself
+        return (Case(f"refinement/{shape.slug}", f"refinement {shape.name}", False, 0.0,
+                     failure("crash", f"{type(exc).__name__}: {exc}")), None, {}, f"{shape.name}: CRASHED")
+    fail = (refinement_failure(out) if not out.ok else None if out.complete else
+            cut_failure(f"refinement {shape.name}", budget.refinement_seconds, depth, out.depth,
+                        "--refinement-seconds"))
+    note = (f"{shape.name}: depth {out.depth}/{depth}"
+            f"{'' if out.complete or not out.ok else ' (out of time)'}, {out.states:,} "
+            f"states, {out.transitions:,} sequences, {out.cpu_seconds:.1f}s CPU"
+            + ("" if out.ok else ": DIVERGED"))
+    return (Case(f"refinement/{shape.slug}", f"refinement {shape.name}", fail is None, out.seconds, fail),
+            figures(out), dict(out.operations), note)
 
+
+def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., Any] | None = None,
+                   name: str = "kvpool.impl:BlockPool", shard: Shard | None = None) -> Phase:
+    """kvpool.impl (or ``factory``'s pools) against the model on every call sequence of small
+    pools, up to each one's depth.  A shard takes the pools ``j`` with ``j mod N == I - 1``.
+    kvpool's own pool is explored in parallel processes, one per core (another factory may not
+    cross to a process); the cases keep the budget's order."""
     phase = Phase("refinement")
     shard = shard or Shard()
     mine = [p for j, p in enumerate(budget.refinement_pools) if shard.takes(j)]
@@ -130,28 +161,26 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
     runs = []
     operations: Counter[str] = Counter()
     start = time.perf_counter()
-    for blocks, hbs, caching, events, depth in mine:
-        shape = Shape(blocks, hbs, caching, events)
-        if budget.refinement_depth is not None:
-            depth = budget.refinement_depth
-        try:
-            out = refine(factory, shape, depth, budget.refinement_seconds, budget.refinement_symmetry)
-        except Exception as exc:  # a crash of the search itself
-            phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", False, 0.0,
-                                    failure("crash", f"{type(exc).__name__}: {exc}")))
-            progress.advance(f"{shape.name}: CRASHED")
-            continue
-        runs.append(figures(out))
-        operations.update(out.operations)
-        fail = (refinement_failure(out) if not out.ok else None if out.complete else
-                cut_failure(f"refinement {shape.name}", budget.refinement_seconds, depth, out.depth,
-                            "--refinement-seconds"))
-        phase.cases.append(Case(f"refinement/{shape.slug}", f"refinement {shape.name}", fail is None,
-                                out.seconds, fail))
-        progress.advance(f"{shape.name}: depth {out.depth}/{depth}"
-                         f"{'' if out.complete or not out.ok else ' (out of time)'}, {out.states:,} "
-                         f"states, {out.transitions:,} sequences, {out.cpu_seconds:.1f}s CPU"
-                         + ("" if out.ok else ": DIVERGED"))
+
+    def record(outcome: _Outcome) -> None:
+        case, run, ops, note = outcome
+        phase.cases.append(case)
+        if run is not None:
+            runs.append(run)
+        operations.update(ops)
+        progress.advance(note)
+
+    workers = min(len(mine), os.cpu_count() or 1) if factory is None else 1
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+            # the largest, deepest pool first: it bounds the wall time
+            order = sorted(range(len(mine)), key=lambda j: (-mine[j][4], -mine[j][0], mine[j][1]))
+            futures = {j: ex.submit(_one_pool, None, mine[j], budget) for j in order}
+            for j in range(len(mine)):
+                record(futures[j].result())
+    else:
+        for pool in mine:
+            record(_one_pool(factory, pool, budget))
     phase.seconds = time.perf_counter() - start
     phase.extra = {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
                    "sequences": sum(r["sequences"] for r in runs),
