@@ -12,15 +12,13 @@ pools run in parallel processes, one per core.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .budget import Budget, pool_depths
-from .phases import Case, Phase, cut_failure, failure
+from .phases import Case, Phase, cut_failure, failure, in_order
 from .progress import Progress
 
 if TYPE_CHECKING:  # the proofs (and z3) are imported when the phase runs
@@ -67,18 +65,11 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
             for i, (b, h, d) in enumerate(pool_depths(budget.agreement_pools, budget.agreement_depth))]
     workers = min(len(jobs), os.cpu_count() or 1)
     results: list[tuple[Report, Sampled]] = []
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            # the deepest, then the largest pool first: it bounds the wall time
-            order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][2], jobs[i][1]))
-            futures = {i: ex.submit(_one_pool, *jobs[i]) for i in order}
-            for i in range(len(jobs)):
-                results.append(futures[i].result())
-                progress.advance(_pool_note(results[-1][0]))
-    else:
-        for job in jobs:
-            results.append(_one_pool(*job))
-            progress.advance(_pool_note(results[-1][0]))
+    # the deepest, then the largest pool first: it bounds the wall time
+    first = sorted(range(len(jobs)), key=lambda i: (-jobs[i][2], jobs[i][1]))
+    for result in in_order(_one_pool, jobs, workers, first):
+        results.append(result)
+        progress.advance(_pool_note(result[0]))
     phase.cases = _pool_cases(results, budget) + _cases(results, progress)
     phase.seconds = time.perf_counter() - start
     phase.extra = _figures(results, budget)

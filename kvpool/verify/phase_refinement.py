@@ -16,18 +16,16 @@ search.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable
-from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 from kvpool.shard import Shard
 
 from .budget import Budget
-from .phases import Case, Phase, cut_failure, divergence_failure, failure
+from .phases import Case, Phase, cut_failure, divergence_failure, failure, in_order
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -171,16 +169,10 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
         progress.advance(note)
 
     workers = min(len(mine), os.cpu_count() or 1) if factory is None else 1
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            # the largest, deepest pool first: it bounds the wall time
-            order = sorted(range(len(mine)), key=lambda j: (-mine[j][4], -mine[j][0], mine[j][1]))
-            futures = {j: ex.submit(_one_pool, None, mine[j], budget) for j in order}
-            for j in range(len(mine)):
-                record(futures[j].result())
-    else:
-        for pool in mine:
-            record(_one_pool(factory, pool, budget))
+    # the deepest, then the largest pool first: it bounds the wall time
+    first = sorted(range(len(mine)), key=lambda j: (-mine[j][4], -mine[j][0], mine[j][1]))
+    for outcome in in_order(_one_pool, [(factory, pool, budget) for pool in mine], workers, first):
+        record(outcome)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
                    "sequences": sum(r["sequences"] for r in runs),

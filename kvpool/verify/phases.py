@@ -17,11 +17,11 @@ import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvpool.oracle.adapter import Adapter
 from kvpool.shard import Shard
@@ -30,6 +30,7 @@ from .budget import Budget, pool_depths
 from .progress import Progress
 
 WHOLE_RUN = Shard()
+T = TypeVar("T")
 
 if TYPE_CHECKING:  # the proofs (and z3) are imported when the proofs phase runs
     from kvpool.bugs.check import Caught
@@ -67,6 +68,19 @@ class Phase:
         return {"name": self.name, "ok": self.ok, "seconds": round(self.seconds, 3),
                 "skipped": self.skipped, "elsewhere": self.elsewhere,
                 "cases": [asdict(c) for c in self.cases], **self.extra}
+
+
+def in_order(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int,
+             first: Sequence[int] | None = None) -> Iterator[T]:
+    """``fn(*job)`` for each job, yielded in the jobs' order: in ``workers`` spawned processes when
+    more than one, submitted in ``first``'s order (the longest first bounds the wall time)."""
+    if workers <= 1:
+        yield from (fn(*job) for job in jobs)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = {i: ex.submit(fn, *jobs[i]) for i in (range(len(jobs)) if first is None else first)}
+        for i in range(len(jobs)):
+            yield futures[i].result()
 
 
 def failure(kind: str, message: str, details: str = "",
@@ -209,14 +223,9 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
             progress.advance(f"{name}: {', '.join(found) or 'NOT ' + missed}")
 
     workers = min(len(mine), (os.cpu_count() or 1) if workers is None else workers)
-    if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            futures = {name: ex.submit(_bug_checks, name, *args) for name in mine}
-            for name, future in futures.items():
-                record(name, future.result())
-    else:
-        for name in mine:
-            record(name, _bug_checks(name, *args))
+    for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
+                            strict=True):
+        record(name, checks)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"bugs": bugs}
     return phase

@@ -350,7 +350,7 @@ class PoolProcess:
         return answers
 
     def check_unasked(self, name: str) -> None:
-        """Fail if a line came back that no call asked for (read with the answers, or waiting).
+        """Fail if a line no call asked for came in the reads that brought the answers.
 
         The caller checks the answers first: a log line read as an answer is reported as what it
         is, and the line after it, pushed one place on, is not what goes wrong first."""
