@@ -249,8 +249,11 @@ def load_object(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise LoadError(f"{spec!r}: expected MODULE:NAME")
-    if os.getcwd() not in sys.path and "" not in sys.path:  # as ``python -m`` would find it
-        sys.path.insert(0, os.getcwd())
+    # A module in the current directory is found, as ``python -m`` would, but after the installed
+    # packages: in front, a checkout's kvpool/ folder shadowed the installed kvpool in every process
+    # spawned later with this sys.path (the verify phases' workers).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:

@@ -24,7 +24,7 @@ import pytest
 
 from kvpool.cli import conform
 from kvpool.impl import BlockPool
-from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
+from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter, load_object
 
 # ------------------------------------------------------------------ seeded bugs
 
@@ -145,6 +145,20 @@ def test_usage_errors_exit_2_in_one_line(argv: list[str], says: str,
     err = capsys.readouterr().err
     assert status == 2 and text == ""
     assert err.count("\n") == 1 and says in err and "Traceback" not in err, err
+
+
+def test_a_pool_in_the_current_directory_is_found_after_the_installed_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # In front, the current directory's folders shadow installed packages for the rest of the
+    # process and in every process spawned with its sys.path (a checkout's kvpool/ broke them).
+    (tmp_path / "pool_here.py").write_text("Pool = 'here'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "pool_here", raising=False)
+    before = list(sys.path)
+    assert load_object("pool_here:Pool") == "here"
+    assert sys.path == [*before, str(tmp_path)]
+    sys.modules.pop("pool_here", None)
 
 
 def test_usage_error_from_the_command_line_has_no_traceback(tmp_path: Path) -> None:
