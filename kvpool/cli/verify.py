@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
                "  kvpool verify --profile deep --shard 3/32 --json shard-3.json   # then kvpool merge",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
-                   help="budget preset: ci (default, under a minute), dev, deep")
+                   help="budget preset: ci (default, minutes), dev, deep, pool")
     p.add_argument("--impl", action="append", default=[], metavar="MODULE:CLASS",
                    help="a pool class with the reference API to check for conformance (repeatable)")
     p.add_argument("--adapter", action="append", default=[], metavar="MODULE:FACTORY",

@@ -86,9 +86,10 @@ PROFILES: dict[str, Budget] = {
     "pool": Budget(steps=5000, runs=8, examples=200,
                    skip=("proofs", "agreement", "seeded-bugs", "bmc", "lockstep", "refinement")),
 }
-"""ci: under a minute on 2 quiet cores (its time budgets hold on a loaded machine too); dev: a
-few minutes; deep: an hour-scale campaign (on one runner its 5-block BMC is cut before depth 4,
-and fails: shard it, docs/scale.md);
+"""ci: about four minutes on 2 cores (docs/verification.md measures each phase; its time budgets
+are safety nets that hold on a loaded machine too); dev: depth 3 on 4-block pools; deep: an
+hour-scale campaign (on one runner its 5-block BMC is cut before depth 4, and fails: shard it,
+docs/scale.md);
 pool: only the pool under test (``--impl``/``--adapter``) and the traces given, for its author."""
 
 
