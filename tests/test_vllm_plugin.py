@@ -1,12 +1,13 @@
 """kvpool inside vLLM: the plugin, and every member of a pool that vLLM's own code reaches.
 
 The scan reads the installed vLLM's source; the plugin tests start vLLM's own plugin
-loader in a fresh interpreter.  Both skip when vLLM is not installed; ``.ci/run``
+loader in an interpreter that has imported vLLM, forked once per configuration.  Both skip when vLLM is not installed; ``.ci/run``
 runs them in its vLLM venv.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -15,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -247,37 +249,86 @@ def test_insert_block_hash_refuses_misuse_and_changes_nothing(case: str) -> None
 
 
 # --------------------------------------------------------------------------
-# The plugin, loaded by vLLM's own loader in a fresh interpreter.
+# The plugin, loaded by vLLM's own loader in a fresh interpreter (forked per configuration).
 
 _PROBE = r"""
-import json, logging, sys
-records = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        records.append(record.getMessage())
-logging.getLogger("vllm.plugins.kvpool").addHandler(Keep())
-if sys.argv[1] != "-":
-    import vllm
-    vllm.__version__ = sys.argv[1]
+import json, logging, os, sys
+# Imported once (about 10 s of CPU); each configuration then loads the plugins in a child forked
+# from here, as a fresh interpreter that has imported the same modules would.
+import vllm
 import vllm.v1.core.single_type_kv_cache_manager  # bound BlockPool before the plugins load
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-import importlib
-import kvpool.impl
-from kvpool.impl.events import EventClasses
-bound = {}
-for name in sys.argv[2:]:
-    module = importlib.import_module(name)
-    bound[name] = module.BlockPool is kvpool.impl.BlockPool
-from vllm.v1.hisparse.block_pool import SharedEventQueueBlockPool
-from vllm.distributed.kv_events import BlockStored
-print(json.dumps({
-    "bound": bound,
-    "subclass": issubclass(SharedEventQueueBlockPool, kvpool.impl.BlockPool),
-    "vllm_events": EventClasses.stored is BlockStored,
-    "log": [r for r in records if "kvpool" in r],
-}))
+configs, modules = json.loads(sys.argv[1]), sys.argv[2:]
+
+
+def probe(plugins, version):
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+    logging.getLogger("vllm.plugins.kvpool").addHandler(Keep())
+    os.environ.pop("VLLM_PLUGINS", None)
+    if plugins is not None:
+        os.environ["VLLM_PLUGINS"] = plugins
+    if version != "-":
+        vllm.__version__ = version
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    import importlib
+    import kvpool.impl
+    from kvpool.impl.events import EventClasses
+    bound = {name: importlib.import_module(name).BlockPool is kvpool.impl.BlockPool for name in modules}
+    from vllm.v1.hisparse.block_pool import SharedEventQueueBlockPool
+    from vllm.distributed.kv_events import BlockStored
+    # What vLLM's manager sees of a pool built through vLLM's own module after the plugins loaded.
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.utils.hashing import sha256
+    from vllm.v1.request import Request
+    from vllm.sampling_params import SamplingParams
+    init_none_hash(sha256)
+    pool = BlockPool(8, True, 4, enable_kv_cache_events=True)
+    req = Request("r", list(range(8)), SamplingParams(max_tokens=1), None, None,
+                  block_hasher=get_request_block_hasher(4, sha256))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 4, 0)
+    pool._maybe_evict_cached_block(blocks[1])
+    return {
+        "bound": bound,
+        "subclass": issubclass(SharedEventQueueBlockPool, kvpool.impl.BlockPool),
+        "vllm_events": EventClasses.stored is BlockStored,
+        "events": [type(e).__module__ + "." + type(e).__name__ for e in pool.take_events()],
+        "pool_module": type(pool).__module__,
+        "log": [r for r in records if "kvpool" in r],
+    }
+
+
+out = {}
+for name, (plugins, version) in configs.items():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            result = json.dumps(probe(plugins, version))
+        except BaseException as exc:
+            result = json.dumps({"error": repr(exc)})
+        with os.fdopen(write, "w") as pipe:
+            pipe.write(result)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    out[name] = json.loads(text)
+print(json.dumps(out))
 """
+
+_CONFIGS = {  # name: (VLLM_PLUGINS, or None for unset; vllm.__version__ faked, or "-")
+    "kvpool": ("kvpool", "-"),
+    "every plugin": (None, "-"),
+    "another plugin": ("some_other_plugin", "-"),
+    "vllm 0.33.0": ("kvpool", "0.33.0"),
+}
 
 
 def _modules_binding_the_pool() -> list[str]:
@@ -292,13 +343,15 @@ def _modules_binding_the_pool() -> list[str]:
     return out
 
 
-def _probe(plugins: str | None, version: str = "-", modules: tuple[str, ...] = ()) -> dict[str, object]:
+@functools.cache
+def _probes() -> dict[str, dict[str, Any]]:
+    """Each configuration's probe, in one interpreter that imports vLLM once (per test worker)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
-    if plugins is not None:
-        env["VLLM_PLUGINS"] = plugins
-    done = subprocess.run([sys.executable, "-P", "-W", "ignore", "-c", _PROBE, version, *modules],
+    done = subprocess.run([sys.executable, "-P", "-W", "ignore", "-c", _PROBE, json.dumps(_CONFIGS),
+                           *_modules_binding_the_pool()],
                           env=env, capture_output=True, text=True, timeout=300, check=True)
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not [r for r in result.values() if "error" in r], result
     return result
 
 
@@ -308,12 +361,12 @@ def test_the_entry_point_is_registered() -> None:
 
 
 @needs_vllm
-@pytest.mark.parametrize("plugins", ["kvpool", None])
-def test_vllm_loads_kvpool_everywhere_it_bound_its_pool(plugins: str | None) -> None:
+@pytest.mark.parametrize("config", ["kvpool", "every plugin"])
+def test_vllm_loads_kvpool_everywhere_it_bound_its_pool(config: str) -> None:
     """Named in VLLM_PLUGINS, or with every plugin allowed (VLLM_PLUGINS unset)."""
     modules = _modules_binding_the_pool()
     assert "vllm.v1.core.kv_cache_coordinator" in modules
-    got = _probe(plugins, modules=tuple(modules))
+    got = _probes()[config]
     assert got["bound"] == dict.fromkeys(modules, True)
     assert got["subclass"] is True
     assert got["vllm_events"] is True
@@ -321,15 +374,16 @@ def test_vllm_loads_kvpool_everywhere_it_bound_its_pool(plugins: str | None) -> 
 
 @needs_vllm
 def test_the_plugin_is_off_when_not_selected() -> None:
-    got = _probe("some_other_plugin", modules=("vllm.v1.core.kv_cache_coordinator",))
-    assert got["bound"] == {"vllm.v1.core.kv_cache_coordinator": False}
+    got = _probes()["another plugin"]
+    assert got["bound"] == dict.fromkeys(_modules_binding_the_pool(), False)
     assert got["vllm_events"] is False and got["log"] == []
+    assert got["pool_module"] == "vllm.v1.core.block_pool"
 
 
 @needs_vllm
 def test_the_plugin_refuses_a_vllm_whose_pool_api_it_does_not_follow() -> None:
-    got = _probe("kvpool", version="0.33.0", modules=("vllm.v1.core.kv_cache_coordinator",))
-    assert got["bound"] == {"vllm.v1.core.kv_cache_coordinator": False}
+    got = _probes()["vllm 0.33.0"]
+    assert got["bound"] == dict.fromkeys(_modules_binding_the_pool(), False)
     assert got["vllm_events"] is False
     log = got["log"]
     assert isinstance(log, list) and len(log) == 1
@@ -339,28 +393,7 @@ def test_the_plugin_refuses_a_vllm_whose_pool_api_it_does_not_follow() -> None:
 @needs_vllm
 def test_vllms_manager_recognises_kvpools_events_through_the_plugin() -> None:
     """Without vLLM's event classes the manager leaves ``kv_cache_spec_kind`` unset."""
-    code = r"""
-import json
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.utils.hashing import sha256
-from vllm.v1.request import Request
-from vllm.sampling_params import SamplingParams
-init_none_hash(sha256)
-pool = BlockPool(8, True, 4, enable_kv_cache_events=True)
-req = Request("r", list(range(8)), SamplingParams(max_tokens=1), None, None,
-              block_hasher=get_request_block_hasher(4, sha256))
-blocks = pool.get_new_blocks(2)
-pool.cache_full_blocks(req, blocks, 0, 2, 4, 0)
-pool._maybe_evict_cached_block(blocks[1])
-print(json.dumps([type(e).__module__ + "." + type(e).__name__ for e in pool.take_events()]
-                 + [type(pool).__module__]))
-"""
-    env = {**os.environ, "VLLM_PLUGINS": "kvpool"}
-    done = subprocess.run([sys.executable, "-P", "-W", "ignore", "-c", code], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got == ["vllm.distributed.kv_events.BlockStored", "vllm.distributed.kv_events.BlockRemoved",
-                   "kvpool.impl.pool"]
+    got = _probes()["kvpool"]
+    assert got["events"] == ["vllm.distributed.kv_events.BlockStored",
+                             "vllm.distributed.kv_events.BlockRemoved"]
+    assert got["pool_module"] == "kvpool.impl.pool"
