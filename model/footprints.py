@@ -28,9 +28,6 @@ class Footprint:
     blocks: frozenset[BlockId] = frozenset()
     keys: frozenset[Key] = frozenset()
 
-    def __or__(self, other: Footprint) -> Footprint:
-        return Footprint(self.blocks | other.blocks, self.keys | other.keys)
-
 
 NOTHING = Footprint()
 

@@ -10,6 +10,9 @@ besides its result (reuse notices, metrics notices, its events) is that call's `
 
 from __future__ import annotations
 
+import hashlib
+import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -18,7 +21,7 @@ import pytest
 
 from kvpool.impl import BlockPool
 from kvpool.impl import events as ev
-from kvpool.impl.hashing import get_request_block_hasher
+from kvpool.impl.hashing import generate_block_hash_extra_keys, get_request_block_hasher
 from kvpool.impl.keys import make_block_hash_with_group_id
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
 from kvpool.model import (
@@ -34,7 +37,8 @@ from kvpool.model import (
 )
 from kvpool.model.events import Cleared, Event, Removed, Stored
 from kvpool.model.refusals import Refusal, RefusalKind
-from kvpool.model.state import Key
+from kvpool.model.request import chunk_keys, untagged
+from kvpool.model.state import Key, Queue, QueuedTwice
 from kvpool.oracle.abstraction import model_event, pool_event
 from kvpool.oracle.observe import snapshot
 
@@ -944,6 +948,49 @@ def test_invariant_decorator_registers_and_returns_the_predicate(monkeypatch: py
     assert invariants.invariant(never_holds) is never_holds
     assert invariants.INVARIANTS["never_holds"] is never_holds
     assert invariants.violated(initial_state(4, True, 2)) == ["never_holds"]
+
+
+def test_a_block_queued_twice_is_named_and_a_queue_prints_in_order() -> None:
+    said = r"^block 3 is queued already: the free queue holds each block once$"
+    with pytest.raises(QueuedTwice, match=said) as caught:
+        Queue([3, 1, 3])
+    assert caught.value.block == 3
+    assert repr(Queue([2, 1])) == "Queue([2, 1])"
+
+
+class _Tensor:
+    """Just enough of a torch tensor of one byte per token: slicing, and viewing it as bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __getitem__(self, idx: slice) -> _Tensor:
+        return _Tensor(self.data[idx])
+
+    def flatten(self) -> _Tensor:
+        return self
+
+    def contiguous(self) -> _Tensor:
+        return self
+
+    def view(self, dtype: Any) -> _Tensor:
+        return self
+
+    def numpy(self) -> bytes:
+        return self.data
+
+
+@pytest.mark.parametrize("tensor", [False, True], ids=["buffer", "tensor"])
+def test_the_models_prompt_embeds_key_is_the_pools(tensor: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workloads make no prompt embeddings: this is the model's one check against the pool.
+    if tensor:
+        monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(uint8="uint8"))
+    data = bytes(range(40, 48))
+    req = Request("e", list(range(8)), prompt_embeds=_Tensor(data) if tensor else data)
+    digest = hashlib.sha256(data[2:6]).digest()
+    pools, _ = generate_block_hash_extra_keys(req, 2, 6, 0)
+    assert chunk_keys(req, 2, 6) == pools == (("prompt_embeds", digest),)
+    assert untagged(pools) == (digest,)  # as events publish it
 
 
 def test_hit_events_carry_only_the_hit_tokens() -> None:
