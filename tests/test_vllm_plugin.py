@@ -1,8 +1,8 @@
 """kvpool inside vLLM: the plugin, and every member of a pool that vLLM's own code reaches.
 
 The scan reads the installed vLLM's source; the plugin tests start vLLM's own plugin
-loader in an interpreter that has imported vLLM, forked once per configuration.  Both skip when vLLM is not installed; ``.ci/run``
-runs them in its vLLM venv.
+loader in an interpreter that has imported vLLM, forked once per configuration.  Both skip
+when vLLM is not installed; ``.ci/run`` runs them in its vLLM venv.
 """
 
 from __future__ import annotations
