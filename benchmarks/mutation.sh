@@ -20,7 +20,9 @@
 # Environment: MUTATION_VENV (default .venv-mutation), MUTATION_WORK (default
 # .venv-mutation/work; one folder per target, kept for `mutmut show NAME` afterwards),
 # MUTATION_PYTHON (default python3), MUTATION_MEM_KB (virtual memory cap of the mutmut run,
-# default 6000000).  Exit status 0 (numbers are a report, not a gate).
+# default 6000000), MUTATION_WORKERS (mutmut's children, default 1), MUTATION_ONLY (mutant
+# name globs, space-separated, e.g. 'kvpool.model.pool.*': a full run tests only those, and the
+# report scores the checked mutants, module by module).  Exit status 0 (numbers are a report, not a gate).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${1:-all}
@@ -56,6 +58,7 @@ for t in "${targets[@]}"; do
     names=()
     if [ "$mode" = full ] || [ ! -d "$stage/mutants" ]; then
         "$venv/bin/python" "$root/benchmarks/mutation_run.py" stage "$t" "$stage"
+        read -r -a names <<< "${MUTATION_ONLY:-}"
     else
         "$venv/bin/python" "$root/benchmarks/mutation_run.py" refresh-tests "$t" "$stage"
         mapfile -t names < <("$venv/bin/python" "$root/benchmarks/mutation_run.py" undetected "$t" "$stage")
@@ -71,7 +74,7 @@ for t in "${targets[@]}"; do
         # again, so every test would fail to import kvpool (mutmut: "failed to run pytest").
         mkdir -p "$stage/mutants"
         (cd "$stage" && ulimit -v "${MUTATION_MEM_KB:-6000000}" \
-            && PYTHONPATH="$stage/mutants${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/mutmut" run --max-children 1 "${names[@]}") > "$stage/mutmut-$mode.log" 2>&1 \
+            && PYTHONPATH="$stage/mutants${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/mutmut" run --max-children "${MUTATION_WORKERS:-1}" "${names[@]}") > "$stage/mutmut-$mode.log" 2>&1 \
             || { tail -n 40 "$stage/mutmut-$mode.log"; echo "mutmut failed on $t (log: $stage/mutmut-$mode.log)" >&2
                  exit 1; }
         tr '\r' '\n' < "$stage/mutmut-$mode.log" | grep -v '^\s*$' | tail -n 2

@@ -175,20 +175,33 @@ def tally(dest: Path) -> tuple[Counter[str], dict[str, str]]:
 
 def report(target: str, dest: Path) -> int:
     counts, status_of = tally(dest)
-    total = sum(counts.values())
+    checked = sum(counts.values()) - counts["not checked"]
     detected = counts["killed"] + counts["timeout"] + counts["caught by type check"]
-    scored = total - counts["equivalent"]
+    scored = checked - counts["equivalent"]
     score = 100.0 * detected / scored if scored else 0.0
     print(f"== mutation score of {target}/ (mutmut, killers: {' '.join(KILLERS[target])})")
-    other = total - sum(counts[s] for s in ("killed", "survived", "timeout", "equivalent", "no tests"))
-    print(f"mutants {total}  killed {counts['killed']}  survived {counts['survived']}  "
+    other = checked - sum(counts[s] for s in ("killed", "survived", "timeout", "equivalent", "no tests"))
+    print(f"mutants {checked}  killed {counts['killed']}  survived {counts['survived']}  "
           f"timed out {counts['timeout']}  equivalent {counts['equivalent']}  "
           f"no tests {counts['no tests']}  other {other}")
     print(f"score {score:.1f}% = (killed + timed out) / (mutants - equivalent) = {detected}/{scored}")
+    if counts["not checked"]:
+        # a run limited to some modules (MUTATION_ONLY): the score is theirs; each module's below
+        print(f"not checked {counts['not checked']} (outside MUTATION_ONLY): the score is of the "
+              "checked mutants only")
+    by_module: dict[str, Counter[str]] = {}
+    for name, status in status_of.items():
+        by_module.setdefault(name.split(".x", 1)[0], Counter())[status] += 1
+    for module, c in sorted(by_module.items()):
+        mod_checked = sum(c.values()) - c["not checked"]
+        if mod_checked:
+            mod_detected = c["killed"] + c["timeout"] + c["caught by type check"]
+            print(f"  {module}: {mod_detected}/{mod_checked - c['equivalent']} "
+                  f"({c['equivalent']} equivalent, {c['not checked']} not checked)")
     for name, status in sorted(status_of.items()):
-        if status not in ("killed", "timeout", "equivalent"):
+        if status not in ("killed", "timeout", "equivalent", "not checked"):
             print(f"  {status}: {name}")
-    stale = sorted(set(EQUIVALENT) - {n for n, s in status_of.items() if s == "equivalent"})
+    stale = sorted(set(EQUIVALENT) - {n for n, s in status_of.items() if s in ("equivalent", "not checked")})
     for name in stale:
         if name.startswith(f"kvpool.{target}."):
             print(f"  listed as equivalent but {status_of.get(name, 'absent')}: {name}")
