@@ -1003,6 +1003,20 @@ def test_hit_events_carry_only_the_hit_tokens() -> None:
     assert event.token_ids == list(range(8)) and event.parent_block_hash is None and event.block_size == 4
 
 
+def test_hit_events_publish_each_blocks_extra_keys() -> None:
+    # Multimodal items in the first and in the second block, and a salt: each block's keys are
+    # those of its own token range.
+    items = [MultiModalFeature("a", PlaceholderRange(1, 2)), MultiModalFeature("b", PlaceholderRange(6, 3))]
+    req = Request("m", list(range(12)), block_hasher=get_request_block_hasher(2), mm_features=items,
+                  cache_salt="s")
+    pool = BlockPool(4, True, 2, enable_kv_cache_events=True)
+    pool.emit_cached_block_events(req, 2, 4, 0)
+    state, _ = ACTIONS["emit_cached_block_events"](initial_state(4, True, 2, events_on=True), req, 2, 4, 0)
+    (event,) = cast(list[Any], pool.take_events())
+    assert [model_event(e) for e in state.events] == [pool_event(event)]
+    assert event.extra_keys == [(("a", 1), "s"), (("b", 2),)]
+
+
 def test_one_token_partial_entry_with_one_token_chunks() -> None:
     req = Request("o", [7, 8, 9], block_hasher=get_request_block_hasher(1))
     pool = BlockPool(4, True, 1)
