@@ -28,6 +28,7 @@ from kvpool.model import (
     ACTIONS,
     INVARIANTS,
     NULL,
+    OPERATIONS,
     QUERIES,
     Output,
     PoolState,
@@ -36,6 +37,7 @@ from kvpool.model import (
     violated,
 )
 from kvpool.model.events import Cleared, Event, Removed, Stored
+from kvpool.model.properties import broken_by, policy_queue
 from kvpool.model.refusals import Refusal, RefusalKind
 from kvpool.model.request import chunk_keys, untagged
 from kvpool.model.state import Key, Queue, QueuedTwice
@@ -1015,6 +1017,16 @@ def test_hit_events_publish_each_blocks_extra_keys() -> None:
     (event,) = cast(list[Any], pool.take_events())
     assert [model_event(e) for e in state.events] == [pool_event(event)]
     assert event.extra_keys == [(("a", 1), "s"), (("b", 2),)]
+
+
+def test_the_policy_queue_of_an_allocation_is_the_queue_without_its_head() -> None:
+    # queue_follows_eviction_policy leaves allocations to allocation_takes_queue_head; the
+    # declaration's policy must still say what an allocation leaves.
+    s = initial_state(4, True, 2)  # free queue: 1, 2, 3
+    after, taken = ACTIONS["get_new_blocks"](s.copy(), 2)
+    t = OPERATIONS["get_new_blocks"].transition(s, after, (2,), taken, out=after.out)
+    assert taken == [1, 2] and policy_queue(t) == tuple(after.free) == (3,)
+    assert not broken_by(t)
 
 
 def test_one_token_partial_entry_with_one_token_chunks() -> None:
