@@ -16,6 +16,7 @@ import pytest
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import ACTIONS, CALLER_ACTIONS, CONTRACTS, ContractBroken, initial_state, violated
+from kvpool.model.refusals import Refusal, RefusalKind
 from kvpool.model.request import EMPTY, compatible, extends
 from kvpool.model.state import PoolState
 
@@ -87,6 +88,13 @@ def test_writes_need_a_holder() -> None:
     s = _held()
     _broken(s, "writes_extend_unless_writable", "write_block", 2, A, 1)  # block 2 is free
     _broken(s, "writes_extend_unless_writable", "write_block", 0, A, 1)  # the null block
+
+
+def test_a_write_past_the_requests_tokens_is_refused_as_an_invalid_argument() -> None:
+    s = _held()
+    with pytest.raises(Refusal, match=r"^request has only 4 tokens$") as refused:
+        CALLER_ACTIONS["write_block"](s.copy(), 1, A, 5)
+    assert refused.value.kind is RefusalKind.INVALID_ARGUMENT
 
 
 def test_a_shared_block_is_not_writable() -> None:
