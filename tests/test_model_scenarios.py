@@ -1029,6 +1029,17 @@ def test_the_policy_queue_of_an_allocation_is_the_queue_without_its_head() -> No
     assert not broken_by(t)
 
 
+@pytest.mark.parametrize("events", [False, True])
+def test_an_inserted_key_is_announced_only_with_events_on(events: bool) -> None:
+    # The caller announces an inserted key (no event); the model notes it as live only where
+    # events exist, as for every other entry.
+    req = Request("i", list(range(4)), block_hasher=get_request_block_hasher(2))
+    s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2, events_on=events), 1)
+    s, _ = ACTIONS["_insert_block_hash"](s, req, 2, 0, 1, 2)
+    key = (req.block_hashes[0], 0)
+    assert s.announced == ({(key, 1)} if events else set()) and not s.events
+
+
 def test_one_token_partial_entry_with_one_token_chunks() -> None:
     req = Request("o", [7, 8, 9], block_hasher=get_request_block_hasher(1))
     pool = BlockPool(4, True, 1)
