@@ -116,12 +116,14 @@ def check_hashed(request: Any, hbs: int, size: int, needed: int) -> None:
 
 def check_conflicts(s: PoolState, new_ids: Sequence[BlockId], picked: Sequence[tuple[int, BlockId]],
                     size: int) -> None:
-    """A block may only be re-cached at a longer prefix (a partial entry being promoted)."""
+    """A block may only be re-cached at a longer prefix (a partial entry being promoted).
+
+    Against what it covered before the call: a block listed again later in the call is listed at a
+    longer prefix, which is allowed."""
     covered = {b: p.num_tokens for b in new_ids if (p := s.primary[b]) is not None}
     for i, b in picked:
         if b in covered and covered[b] >= (i + 1) * size:
             raise Refusal(RefusalKind.HASH_CONFLICT, f"block {b} is already cached at a prefix this long")
-        covered[b] = (i + 1) * size
 
 
 # --------------------------------------------------------------------------

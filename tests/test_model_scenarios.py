@@ -1040,6 +1040,16 @@ def test_an_inserted_key_is_announced_only_with_events_on(events: bool) -> None:
     assert s.announced == ({(key, 1)} if events else set()) and not s.events
 
 
+@pytest.mark.parametrize("prefix_tokens", [3, 6], ids=["not-whole-chunks", "past-the-hashes"])
+def test_an_insert_needs_a_key_of_the_requests_whole_chunks(prefix_tokens: int) -> None:
+    # The key the model's insert names is the request's hash of its first prefix_tokens tokens.
+    req = Request("k", list(range(4)), block_hasher=get_request_block_hasher(2))  # two hashes
+    s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2), 1)
+    with pytest.raises(Refusal, match=rf"^no key names the first {prefix_tokens} tokens$") as refused:
+        ACTIONS["_insert_block_hash"](s.copy(), req, prefix_tokens, 0, 1, 2)
+    assert refused.value.kind is RefusalKind.INVALID_ARGUMENT
+
+
 def test_one_token_partial_entry_with_one_token_chunks() -> None:
     req = Request("o", [7, 8, 9], block_hasher=get_request_block_hasher(1))
     pool = BlockPool(4, True, 1)
