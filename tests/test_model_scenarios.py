@@ -37,9 +37,10 @@ from kvpool.model import (
     violated,
 )
 from kvpool.model.events import Cleared, Event, Removed, Stored
+from kvpool.model.footprints import NOTHING, Footprint, changed_outside
 from kvpool.model.properties import broken_by, policy_queue
 from kvpool.model.refusals import Refusal, RefusalKind
-from kvpool.model.request import chunk_keys, untagged
+from kvpool.model.request import EMPTY, chunk_keys, untagged
 from kvpool.model.state import Key, Queue, QueuedTwice
 from kvpool.oracle.abstraction import model_event, pool_event
 from kvpool.oracle.observe import snapshot
@@ -976,19 +977,33 @@ class _Tensor:
         return self
 
     def view(self, dtype: Any) -> _Tensor:
+        if dtype != "uint8":
+            raise TypeError(f"viewed as {dtype!r}, not as bytes")
         return self
 
     def numpy(self) -> bytes:
         return self.data
 
 
-@pytest.mark.parametrize("tensor", [False, True], ids=["buffer", "tensor"])
-def test_the_models_prompt_embeds_key_is_the_pools(tensor: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+class _Buffer(bytes):
+    """A buffer with a ``numpy`` method but no ``flatten``: not a tensor."""
+
+    def __getitem__(self, idx: Any) -> Any:
+        return _Buffer(bytes(self)[idx])
+
+    def numpy(self) -> bytes:
+        raise AssertionError("a buffer is hashed through memoryview, not as a tensor")
+
+
+@pytest.mark.parametrize(("torch_loaded", "kind"), [(False, bytes), (True, bytes), (False, _Buffer),
+                                                    (True, _Tensor)],
+                         ids=["buffer", "buffer-beside-torch", "buffer-with-numpy", "tensor"])
+def test_the_models_prompt_embeds_key_is_the_pools(torch_loaded: bool, kind: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # The workloads make no prompt embeddings: this is the model's one check against the pool.
-    if tensor:
-        monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(uint8="uint8"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(uint8="uint8") if torch_loaded else None)
     data = bytes(range(40, 48))
-    req = Request("e", list(range(8)), prompt_embeds=_Tensor(data) if tensor else data)
+    req = Request("e", list(range(8)), prompt_embeds=kind(data))
     digest = hashlib.sha256(data[2:6]).digest()
     pools, _ = generate_block_hash_extra_keys(req, 2, 6, 0)
     assert chunk_keys(req, 2, 6) == pools == (("prompt_embeds", digest),)
@@ -1048,6 +1063,32 @@ def test_an_insert_needs_a_key_of_the_requests_whole_chunks(prefix_tokens: int) 
     with pytest.raises(Refusal, match=rf"^no key names the first {prefix_tokens} tokens$") as refused:
         ACTIONS["_insert_block_hash"](s.copy(), req, prefix_tokens, 0, 1, 2)
     assert refused.value.kind is RefusalKind.INVALID_ARGUMENT
+
+
+def test_changed_outside_names_each_change_the_footprint_does_not_cover() -> None:
+    # What changes_stay_in_footprint reports: every kind of change, each named once, none inside.
+    req = Request("f", list(range(4)), block_hasher=get_request_block_hasher(2))
+    s, _ = ACTIONS["get_new_blocks"](initial_state(6, True, 2, events_on=True), 2)  # free: 3, 4, 5
+    s, _ = ACTIONS["cache_full_blocks"](s, req, [1, 2], 0, 2, 2, 0)
+    s.watchers[4] = _watcher  # the same watcher before and after: not a change
+    after = s.copy()
+    after.ref[3] = after.holders[3] = 1
+    after.watchers[3] = _watcher
+    after.free = Queue([4, 3, 5])
+    key = (req.block_hashes[0], 0)
+    after.index[key] = (1, 2)
+    after.names[key] = EMPTY
+    after.announced.discard((key, 1))
+    short = f"…{key[0][-3:].hex()}/g0"
+    assert changed_outside(s, after, NOTHING) == [
+        "block 3's ref", "block 3's holders", "block 3's watcher",
+        "the untouched blocks' places in the free queue", f"the index entries of key {short}",
+        f"the name of key {short}", "1 announcement(s) of untouched entries"]
+    assert changed_outside(s, after, Footprint(frozenset({1, 2, 3, 4, 5}), frozenset(s.index))) == []
+
+
+def _watcher(block_id: int) -> None:
+    return None
 
 
 def test_one_token_partial_entry_with_one_token_chunks() -> None:
