@@ -38,8 +38,8 @@ class Split:
     """A call as z3 steps, and what the model's verdict requires of them."""
 
     steps: tuple[StepCall, ...]
-    accept: bool
-    """The model accepted the call: every step must be enabled, in turn."""
+    """Run in turn: the model's verdict (the agreement check reads it from the model) says
+    whether each must be enabled."""
     exhaust: str | None = None
     """After the steps, this step must be disabled for every block (a refused ``get_new_blocks``)."""
 
@@ -52,39 +52,39 @@ class Split:
 IDENTITY = ("identity", ())
 
 
-def per_block(step: str, blocks: Sequence[BlockId], accept: bool) -> Split:
-    return Split(tuple((step, (b,)) for b in blocks), accept)
+def per_block(step: str, blocks: Sequence[BlockId]) -> Split:
+    return Split(tuple((step, (b,)) for b in blocks))
 
 
 def get_new_blocks(s: PoolState, accept: bool, result: Any, num_blocks: int) -> Split:
     if accept:
-        return per_block("alloc", result, True)
-    return Split(tuple(("alloc", (b,)) for b in s.free), False, exhaust="alloc")
+        return per_block("alloc", result)
+    return Split(tuple(("alloc", (b,)) for b in s.free), exhaust="alloc")
 
 
 def free_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
-    return per_block("release", block_ids, accept)
+    return per_block("release", block_ids)
 
 
 def touch(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
-    return per_block("touch", block_ids, accept)
+    return per_block("touch", block_ids)
 
 
 def unpin_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId],
                  on_reuse: Any) -> Split:
-    return per_block("unpin", block_ids, accept)
+    return per_block("unpin", block_ids)
 
 
 def evict_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
-    return per_block("evict", block_ids, accept)
+    return per_block("evict", block_ids)
 
 
 def maybe_evict_cached_block(s: PoolState, accept: bool, result: Any, block_id: BlockId) -> Split:
-    return per_block("evict", [block_id], accept)
+    return per_block("evict", [block_id])
 
 
 def reset_prefix_cache(s: PoolState, accept: bool, result: Any) -> Split:
-    return Split((("reset", ()),), accept and result is not False)
+    return Split((("reset", ()),))
 
 
 def cache_full_blocks(
@@ -95,11 +95,11 @@ def cache_full_blocks(
     hbs = s.hash_block_size
     picked = chosen(block_ids, num_cached_blocks, num_full_blocks, block_mask)
     if num_cached_blocks >= num_full_blocks or not picked:
-        return Split((IDENTITY,), accept)
+        return Split((IDENTITY,))
     return Split(tuple(
         ("cache_full", (b, (block_hash(request, hbs, block_size, i), kv_cache_group_id), (i + 1) * block_size,
                         content(request, (i + 1) * block_size, hbs)))
-        for i, b in picked), accept)
+        for i, b in picked))
 
 
 def cache_partial_block(
@@ -107,15 +107,15 @@ def cache_partial_block(
     kv_cache_group_id: int, block_size: int, replace_existing_hashes: bool = False,
 ) -> Split:
     if block_id == NULL:
-        return Split((IDENTITY,), accept)
+        return Split((IDENTITY,))
     hbs = s.hash_block_size
     key = prefix_key(request, num_tokens, hbs, kv_cache_group_id)
     return Split((("cache_partial", (block_id, key, num_tokens, content(request, num_tokens, hbs),
-                                     replace_existing_hashes)),), accept)
+                                     replace_existing_hashes)),))
 
 
 def move_block_hashes(s: PoolState, accept: bool, result: Any, src_id: BlockId, dst_id: BlockId) -> Split:
-    return Split((("move", (src_id, dst_id)),), accept)
+    return Split((("move", (src_id, dst_id)),))
 
 
 def insert_block_hash(
@@ -125,14 +125,14 @@ def insert_block_hash(
     hbs = s.hash_block_size
     key = prefix_key(request, prefix_tokens, hbs, kv_cache_group_id)
     prefix = content(request, prefix_tokens, hbs)
-    return Split((("insert", (block_id, key, num_tokens or 0, prefix)),), accept)
+    return Split((("insert", (block_id, key, num_tokens or 0, prefix)),))
 
 
 def write_block(s: PoolState, accept: bool, result: Any, block_id: BlockId, request: Any,
                 num_tokens: int) -> Split:
-    return Split((("write", (block_id, content(request, num_tokens, s.hash_block_size))),), accept)
+    return Split((("write", (block_id, content(request, num_tokens, s.hash_block_size))),))
 
 
 def unchanged(s: PoolState, accept: bool, result: Any, *args: Any) -> Split:
     """Event-only operations: the abstraction sees no change."""
-    return Split((IDENTITY,), accept)
+    return Split((IDENTITY,))
