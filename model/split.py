@@ -94,7 +94,7 @@ def cache_full_blocks(
 ) -> Split:
     hbs = s.hash_block_size
     picked = chosen(block_ids, num_cached_blocks, num_full_blocks, block_mask)
-    if num_cached_blocks >= num_full_blocks or not picked:
+    if not picked:  # none chosen: also when num_cached_blocks >= num_full_blocks
         return Split((IDENTITY,))
     return Split(tuple(
         ("cache_full", (b, (block_hash(request, hbs, block_size, i), kv_cache_group_id), (i + 1) * block_size,
