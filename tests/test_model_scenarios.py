@@ -1085,6 +1085,10 @@ def test_changed_outside_names_each_change_the_footprint_does_not_cover() -> Non
         "the untouched blocks' places in the free queue", f"the index entries of key {short}",
         f"the name of key {short}", "1 announcement(s) of untouched entries"]
     assert changed_outside(s, after, Footprint(frozenset({1, 2, 3, 4, 5}), frozenset(s.index))) == []
+    # A footprint of the blocks and the other key: only this key's changes are outside it.
+    other = (req.block_hashes[1], 0)
+    assert changed_outside(s, after, Footprint(frozenset({1, 2, 3, 4, 5}), frozenset({other}))) == [
+        f"the index entries of key {short}", f"the name of key {short}"]
 
 
 def _watcher(block_id: int) -> None:
