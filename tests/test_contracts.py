@@ -33,14 +33,15 @@ def _call(s: PoolState, op: str, *args: Any) -> PoolState:
     return nxt
 
 
-def _broken(s: PoolState, contract: str, op: str, *args: Any) -> None:
-    """``op`` on ``s`` breaks ``contract`` and changes nothing."""
+def _broken(s: PoolState, contract: str, op: str, *args: Any, says: str | None = None) -> None:
+    """``op`` on ``s`` breaks ``contract`` (saying ``says``, when given) and changes nothing."""
     fn = ACTIONS.get(op) or CALLER_ACTIONS[op]
     before = s.copy()
     with pytest.raises(ContractBroken) as caught:
         fn(s, *args)
     assert caught.value.contract == contract
     assert str(caught.value).startswith(f"caller broke {contract}: ")
+    assert says is None or str(caught.value) == f"caller broke {contract}: {says}"
     assert s == before
 
 
@@ -86,7 +87,8 @@ def test_a_writable_block_takes_any_write_from_its_owner() -> None:
 
 def test_writes_need_a_holder() -> None:
     s = _held()
-    _broken(s, "writes_extend_unless_writable", "write_block", 2, A, 1)  # block 2 is free
+    _broken(s, "writes_extend_unless_writable", "write_block", 2, A, 1,  # block 2 is free
+            says="block 2 has no holder to write into it")
     _broken(s, "writes_extend_unless_writable", "write_block", 0, A, 1)  # the null block
 
 
@@ -115,7 +117,8 @@ def test_moves_go_onto_the_callers_own_copy() -> None:
     s = _call(_held(2), "cache_full_blocks", A, [1], 0, 1, 1, 0)
     s = _call(s, "touch", [2])  # block 2 now has two holders
     _broken(s, "moves_onto_the_callers_copy", "move_block_hashes", 1, 2)
-    _broken(s, "moves_onto_the_callers_copy", "move_block_hashes", 1, 3)  # free, nobody's copy
+    _broken(s, "moves_onto_the_callers_copy", "move_block_hashes", 1, 3,  # free, nobody's copy
+            says="block 3 has 0 references: it is not the caller's own copy")
     s = _call(s, "free_blocks", [2])
     s = _call(s, "move_block_hashes", 1, 2)
     assert s.index == {(A.block_hashes[0], 0): (2,)}

@@ -959,6 +959,7 @@ def test_a_block_queued_twice_is_named_and_a_queue_prints_in_order() -> None:
         Queue([3, 1, 3])
     assert caught.value.block == 3
     assert repr(Queue([2, 1])) == "Queue([2, 1])"
+    assert Queue([1, 2]) == Queue([1, 2]) and Queue([1, 2]) != Queue([2, 1]) != Queue([2])
 
 
 class _Tensor:
