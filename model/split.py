@@ -15,7 +15,7 @@ declaration (:mod:`.operations`) lists the steps its split may use.
 for the ``n`` blocks handed out (they are distinct, so the model's "take
 them all, then update each" equals the sequence); ``cache_full_blocks`` is
 ``cache_full(b, key, tokens, prefix)`` per chosen block (its conflict check
-on the running map of covered tokens is each step's ``ptok < tokens``).
+against what each block covered is each step's ``ptok < tokens``).
 Calls that change nothing the abstraction sees are the ``identity`` step.
 """
 

@@ -1,9 +1,13 @@
 """Helpers of the pool's unit tests (``tests/test_impl_*.py``): pools, requests, keys and events
-as the tests compare them, and recording callbacks.  ``tests/conftest.py`` puts this folder on
+as the tests compare them, and recording callbacks; and a fake torch tensor, which the hashing
+tests of the pool and of the model share.  ``tests/conftest.py`` puts this folder on
 ``sys.path`` (tests are no package), so a test file imports it by name.
 """
 
 
+from __future__ import annotations
+
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,3 +131,35 @@ class RecordingWatcher:
 
 
 TOKENS = list(range(100, 116))  # 16 tokens: 8 hash chunks, 4 full blocks
+
+
+# --------------------------------------------------------------------------- prompt embeddings
+
+
+class FakeTorch(types.ModuleType):
+    """Just enough of the torch module for the prompt-embeddings hashing: its uint8 dtype."""
+
+    uint8 = "uint8"
+
+
+class FakeTensor:
+    """Just enough of a torch tensor: slicing, flatten, contiguous, view(uint8), numpy."""
+
+    def __init__(self, rows: list[bytes]) -> None:
+        self.rows = rows
+
+    def __getitem__(self, idx: slice) -> FakeTensor:
+        return FakeTensor(self.rows[idx])
+
+    def flatten(self) -> FakeTensor:
+        return FakeTensor([b"".join(self.rows)])
+
+    def contiguous(self) -> FakeTensor:
+        return self
+
+    def view(self, dtype: Any) -> FakeTensor:
+        assert dtype == "uint8"
+        return self
+
+    def numpy(self) -> bytes:
+        return b"".join(self.rows)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from impl_helpers import FakeTensor, FakeTorch
 
 from kvpool.impl import COMPILED, BlockPool
 from kvpool.impl import events as ev
@@ -324,33 +325,6 @@ def test_block_hash_is_sha256_of_the_documented_encoding(extra: Any, tokens: lis
 # --------------------------------------------------------------- prompt embeds
 
 
-class _FakeTorch(types.ModuleType):
-    uint8 = "uint8"
-
-
-class _FakeTensor:
-    """Just enough of a torch tensor: slicing, flatten, contiguous, view(uint8), numpy."""
-
-    def __init__(self, rows: list[bytes]) -> None:
-        self.rows = rows
-
-    def __getitem__(self, idx: slice) -> _FakeTensor:
-        return _FakeTensor(self.rows[idx])
-
-    def flatten(self) -> _FakeTensor:
-        return _FakeTensor([b"".join(self.rows)])
-
-    def contiguous(self) -> _FakeTensor:
-        return self
-
-    def view(self, dtype: Any) -> _FakeTensor:
-        assert dtype == "uint8"
-        return self
-
-    def numpy(self) -> bytes:
-        return b"".join(self.rows)
-
-
 def _embeds_keys(embeds: Any, start: int, end: int) -> tuple[Any, ...] | None:
     req = Request("e", list(range(8)), prompt_embeds=embeds)
     return generate_block_hash_extra_keys(req, start, end, 0)[0]
@@ -362,9 +336,9 @@ def test_prompt_embeds_key_is_the_digest_of_the_chunk_bytes() -> None:
 
 
 def test_prompt_embeds_of_a_tensor_hash_its_raw_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch", _FakeTorch("torch"))
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch("torch"))
     rows = [bytes([i, i + 100]) for i in range(8)]
-    got = _embeds_keys(_FakeTensor(rows), 2, 6)
+    got = _embeds_keys(FakeTensor(rows), 2, 6)
     assert got == (("prompt_embeds", hashlib.sha256(b"".join(rows[2:6])).digest()),)
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
 import pytest
+from impl_helpers import FakeTensor, FakeTorch
 
 from kvpool.impl import BlockPool
 from kvpool.impl import events as ev
@@ -962,30 +962,6 @@ def test_a_block_queued_twice_is_named_and_a_queue_prints_in_order() -> None:
     assert Queue([1, 2]) == Queue([1, 2]) and Queue([1, 2]) != Queue([2, 1]) != Queue([2])
 
 
-class _Tensor:
-    """Just enough of a torch tensor of one byte per token: slicing, and viewing it as bytes."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __getitem__(self, idx: slice) -> _Tensor:
-        return _Tensor(self.data[idx])
-
-    def flatten(self) -> _Tensor:
-        return self
-
-    def contiguous(self) -> _Tensor:
-        return self
-
-    def view(self, dtype: Any) -> _Tensor:
-        if dtype != "uint8":
-            raise TypeError(f"viewed as {dtype!r}, not as bytes")
-        return self
-
-    def numpy(self) -> bytes:
-        return self.data
-
-
 class _Buffer(bytes):
     """A buffer with a ``numpy`` method but no ``flatten``: not a tensor."""
 
@@ -997,14 +973,15 @@ class _Buffer(bytes):
 
 
 @pytest.mark.parametrize(("torch_loaded", "kind"), [(False, bytes), (True, bytes), (False, _Buffer),
-                                                    (True, _Tensor)],
+                                                    (True, FakeTensor)],
                          ids=["buffer", "buffer-beside-torch", "buffer-with-numpy", "tensor"])
 def test_the_models_prompt_embeds_key_is_the_pools(torch_loaded: bool, kind: Any,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # The workloads make no prompt embeddings: this is the model's one check against the pool.
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(uint8="uint8") if torch_loaded else None)
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch("torch") if torch_loaded else None)
     data = bytes(range(40, 48))
-    req = Request("e", list(range(8)), prompt_embeds=kind(data))
+    embeds = FakeTensor([bytes([x]) for x in data]) if kind is FakeTensor else kind(data)
+    req = Request("e", list(range(8)), prompt_embeds=embeds)
     digest = hashlib.sha256(data[2:6]).digest()
     pools, _ = generate_block_hash_extra_keys(req, 2, 6, 0)
     assert chunk_keys(req, 2, 6) == pools == (("prompt_embeds", digest),)
