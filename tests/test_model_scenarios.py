@@ -1038,9 +1038,9 @@ def test_an_insert_needs_a_key_of_the_requests_whole_chunks(prefix_tokens: int) 
     # The key the model's insert names is the request's hash of its first prefix_tokens tokens.
     req = Request("k", list(range(4)), block_hasher=get_request_block_hasher(2))  # two hashes
     s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2), 1)
-    with pytest.raises(Refusal, match=rf"^no key names the first {prefix_tokens} tokens$") as refused:
-        ACTIONS["_insert_block_hash"](s.copy(), req, prefix_tokens, 0, 1, 2)
-    assert refused.value.kind is RefusalKind.INVALID_ARGUMENT
+    said = assert_refused(RefusalKind.INVALID_ARGUMENT, ACTIONS["_insert_block_hash"], s, req, prefix_tokens,
+                          0, 1, 2)
+    assert said == f"no key names the first {prefix_tokens} tokens"
 
 
 def test_changed_outside_names_each_change_the_footprint_does_not_cover() -> None:
@@ -1048,10 +1048,10 @@ def test_changed_outside_names_each_change_the_footprint_does_not_cover() -> Non
     req = Request("f", list(range(4)), block_hasher=get_request_block_hasher(2))
     s, _ = ACTIONS["get_new_blocks"](initial_state(6, True, 2, events_on=True), 2)  # free: 3, 4, 5
     s, _ = ACTIONS["cache_full_blocks"](s, req, [1, 2], 0, 2, 2, 0)
-    s.watchers[4] = _watcher  # the same watcher before and after: not a change
+    s.watchers[4] = make_watcher()  # the same watcher before and after: not a change
     after = s.copy()
     after.ref[3] = after.holders[3] = 1
-    after.watchers[3] = _watcher
+    after.watchers[3] = make_watcher()
     after.free = Queue([4, 3, 5])
     key = (req.block_hashes[0], 0)
     after.index[key] = (1, 2)
@@ -1067,10 +1067,6 @@ def test_changed_outside_names_each_change_the_footprint_does_not_cover() -> Non
     other = (req.block_hashes[1], 0)
     assert changed_outside(s, after, Footprint(frozenset({1, 2, 3, 4, 5}), frozenset({other}))) == [
         f"the index entries of key {short}", f"the name of key {short}"]
-
-
-def _watcher(block_id: int) -> None:
-    return None
 
 
 def test_one_token_partial_entry_with_one_token_chunks() -> None:
