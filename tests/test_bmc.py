@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import replace
@@ -32,6 +33,7 @@ from kvpool.model.properties import (
     policy_queue,
 )
 from kvpool.proofs import bmc
+from kvpool.proofs.bmc.domains import scope_of
 
 SMALL = bmc.Bounds(blocks=4)
 NET = 3600.0
@@ -309,3 +311,79 @@ def _in_function(b: Any, names: set[str]) -> bool:
             if first <= b.line < first + len(body):
                 return True
     return False
+
+
+# The domains' own promises (their docstrings): which calls each one offers, exactly.  A search
+# passes with a domain that offers more or fewer calls; these tests are what pins one.
+
+def _domain(name: str, s: PoolState, cfg: bmc.Bounds) -> list[tuple[Any, ...]]:
+    return list(OPERATIONS[name].domain(s, scope_of(cfg)))
+
+
+def _one_step_states(cfg: bmc.Bounds) -> list[PoolState]:
+    states: list[PoolState] = []
+    assert bmc.explore(cfg, 1, NET, visit=states.append).ok
+    return states
+
+
+@pytest.mark.parametrize(("hbs", "counts"), [(1, {1, 2, 3, 4}), (2, {2, 4})])
+def test_writes_and_inserts_cover_each_whole_chunk_of_a_request(hbs: int, counts: set[int]) -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=hbs)
+    s = cfg.initial()
+    assert {nt for _b, _r, nt in _domain("write_block", s, cfg)} == counts  # requests: 4 tokens
+    assert {nt for _r, nt, _g, _b, _n in _domain("_insert_block_hash", s, cfg)} == counts
+
+
+def test_an_insert_is_a_primary_exactly_where_the_block_has_none() -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states = [s for s in _one_step_states(cfg) if any(p is not None for p in s.primary)]
+    assert states
+    for s in states:
+        for _r, nt, _g, b, primary_tokens in _domain("_insert_block_hash", s, cfg):
+            assert primary_tokens == (nt if s.primary[b] is None else None)
+
+
+def test_the_sized_operations_take_the_hash_block_size_and_twice_it() -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    s = cfg.initial()
+    calls = _domain("emit_cached_block_events", s, cfg)
+    assert {bs for _r, _n, bs, _g in calls} == {2, 4}
+    assert {n for _r, n, _bs, _g in calls} == {1}  # a hit on the first block of the request
+    assert len(calls) == len(set(map(repr, calls))) == 3 * 2 * 2
+    assert {a[4] for a in _domain("cache_full_blocks", s, cfg)} == {2, 4}
+    assert {a[4] for a in _domain("cache_partial_block", s, cfg)} == {2, 4}
+
+
+def test_a_partial_entry_ends_inside_a_block_unless_it_replaces_the_whole_request() -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    s = cfg.initial()
+    calls = _domain("cache_partial_block", s, cfg)
+    at_boundary = [c for c in calls if c[4] == cfg.hash_block_size]
+    assert at_boundary and all(nt == len(r.all_token_ids) and g == cfg.groups[0] and rep is True
+                               for r, _b, nt, g, _bs, rep in at_boundary)
+    assert len(at_boundary) == len(cfg.requests()) * cfg.blocks
+    inside = [c for c in calls if c[4] != cfg.hash_block_size]
+    assert all(nt % bs for _r, _b, nt, _g, bs, _rep in inside)
+    assert {(nt, g, rep) for _r, _b, nt, g, _bs, rep in inside} == {
+        (2, g, rep) for g in cfg.groups for rep in (False, True)}
+
+
+def test_full_block_ranges_cache_something_new_but_one_no_op_per_request_size_and_group() -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    calls = _domain("cache_full_blocks", cfg.initial(), cfg)
+    no_ops = [c for c in calls if c[2] >= c[3]]
+    assert no_ops and all(c[1] == [0, 0] for c in no_ops)
+    assert len({(c[0].request_id, c[4], c[5]) for c in no_ops}) == len(no_ops)
+    assert all(type(c[3]) is int for c in calls)  # noqa: E721 - a count, never a float
+    assert {(c[1][0], c[2]) for c in calls if len(c[1]) == 2 and c[2]} == {(0, 1)}
+    pairs = {(a, b) for a in range(cfg.blocks) for b in range(cfg.blocks)}
+    for r, bs, g in itertools.product(cfg.requests(), (2, 4), cfg.groups):
+        fresh = {tuple(c[1]) for c in calls if c[0] == r and c[4] == bs and c[5] == g and c[2] == 0}
+        assert {(b,) for b in range(cfg.blocks)} | pairs <= fresh
+
+
+def test_two_block_unpins_carry_the_first_watcher() -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    calls = _domain("unpin_blocks", cfg.initial(), cfg)
+    assert {w for ids, w in calls if len(ids) == 2} == {bmc.WATCHERS[0]}
+    assert {w for ids, w in calls if len(ids) == 1} == set(bmc.WATCHERS)
