@@ -374,7 +374,7 @@ def test_full_block_ranges_cache_something_new_but_one_no_op_per_request_size_an
     no_ops = [c for c in calls if c[2] >= c[3]]
     assert no_ops and all(c[1] == [0, 0] for c in no_ops)
     assert len({(c[0].request_id, c[4], c[5]) for c in no_ops}) == len(no_ops)
-    assert all(type(c[3]) is int for c in calls)  # noqa: E721 - a count, never a float
+    assert all(type(c[3]) is int for c in calls)  # a count, never a float
     assert {(c[1][0], c[2]) for c in calls if len(c[1]) == 2 and c[2]} == {(0, 1)}
     pairs = {(a, b) for a in range(cfg.blocks) for b in range(cfg.blocks)}
     for r, bs, g in itertools.product(cfg.requests(), (2, 4), cfg.groups):

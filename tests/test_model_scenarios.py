@@ -38,6 +38,7 @@ from kvpool.model import (
 )
 from kvpool.model.events import Cleared, Event, Removed, Stored
 from kvpool.model.footprints import NOTHING, Footprint, changed_outside
+from kvpool.model.invariants import Around
 from kvpool.model.properties import broken_by, policy_queue
 from kvpool.model.refusals import Refusal, RefusalKind
 from kvpool.model.request import EMPTY, chunk_keys, untagged
@@ -1181,3 +1182,26 @@ def test_model_initial_state_defaults_are_the_pools() -> None:
     state = initial_state(4, True, 2)
     assert (state.events_on, state.medium) == (pool.enable_kv_cache_events, pool.medium) == (False, "GPU")
     assert state.null_counted is True and state.free == (1, 2, 3) and state.ref == [0, 0, 0, 0]
+
+
+def test_an_inserted_second_copy_of_a_live_key_is_counted_with_the_first() -> None:
+    # Block 1 holds key K (announced by caching); the caller inserts K into block 2 as well and
+    # announces it itself: K then has two live announcements, one per index entry.
+    req = Request("c", list(range(4)), block_hasher=get_request_block_hasher(2))
+    s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2, events_on=True), 2)
+    s, _ = ACTIONS["cache_full_blocks"](s, req, [1], 0, 1, 2, 0)
+    before = s.copy()
+    after, result = ACTIONS["_insert_block_hash"](s, req, 2, 0, 2, 2)
+    k = (req.block_hashes[0], 0)
+    assert set(after.index[k]) == {1, 2} and after.announced == {(k, 1), (k, 2)}
+    t = OPERATIONS["_insert_block_hash"].transition(before, after, (req, 2, 0, 2, 2), result, out=after.out)
+    assert not broken_by(t)
+
+
+def test_a_check_around_some_blocks_reads_only_those_blocks() -> None:
+    # The refinement checks only what a call touched: a fault elsewhere is not that call's.
+    s = initial_state(4, True, 2)
+    s.ref[3] = 5  # held, yet queued as free; and no holder says so
+    broken = ["free_queue_holds_exactly_idle_blocks", "ref_counts_equal_holders"]
+    assert violated(s) == violated(s, Around(blocks=(3,), keys=(), entries=())) == broken
+    assert violated(s, Around(blocks=(1,), keys=(), entries=())) == []
