@@ -45,6 +45,7 @@ from kvpool.model.request import EMPTY, chunk_keys, untagged
 from kvpool.model.state import Key, Queue, QueuedTwice
 from kvpool.oracle.abstraction import model_event, pool_event
 from kvpool.oracle.observe import snapshot
+from kvpool.proofs import bmc
 
 HBS = 4
 """Default hash block size, equal to the block size unless a test says otherwise."""
@@ -1205,3 +1206,37 @@ def test_a_check_around_some_blocks_reads_only_those_blocks() -> None:
     broken = ["free_queue_holds_exactly_idle_blocks", "ref_counts_equal_holders"]
     assert violated(s) == violated(s, Around(blocks=(3,), keys=(), entries=())) == broken
     assert violated(s, Around(blocks=(1,), keys=(), entries=())) == []
+
+
+def _outcome(fn: Callable[..., Any], s: PoolState, *args: Any) -> tuple[Any, ...]:
+    """What ``fn(copy of s, *args)`` returns or raises, with the state it leaves."""
+    work = s.copy()
+    try:
+        return "returned", fn(work, *args), work
+    except Exception as error:  # the outcome is compared, whatever it is
+        return "raised", type(error), str(error), work
+
+
+@pytest.mark.parametrize("name", [n for n, op in OPERATIONS.items() if any(a.optional for a in op.args)])
+def test_every_part_of_a_declaration_defaults_what_the_declaration_defaults(name: str) -> None:
+    # Callers omit the optional arguments (a mask, the replace flag): each part of the
+    # operation then reads the declared default, as if it had been passed.
+    op = OPERATIONS[name]
+    required = sum(not a.optional for a in op.args)
+    defaults = tuple(a.default for a in op.args[required:])
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states: list[PoolState] = []
+    assert bmc.explore(cfg, 1, 600, visit=states.append).ok
+    compared = 0
+    for s in states:
+        for name_, domain_args in bmc.calls(s, cfg, cfg.requests()):
+            if name_ != name:
+                continue
+            short = tuple(domain_args[:required])
+            args = short + defaults  # the domain's arguments, the optional ones at their defaults
+            for part in (op.guard, op.requires, op.next, op.footprint):
+                assert _outcome(part, s, *short) == _outcome(part, s, *args), (part.__name__, args)
+            for accept in (False, True):
+                assert op.split(s, accept, None, *short) == op.split(s, accept, None, *args)
+            compared += 1
+    assert compared > 10
