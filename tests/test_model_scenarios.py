@@ -1240,3 +1240,39 @@ def test_every_part_of_a_declaration_defaults_what_the_declaration_defaults(name
                 assert op.split(s, accept, None, *short) == op.split(s, accept, None, *args)
             compared += 1
     assert compared > 10
+
+
+def test_changed_outside_reads_every_key_the_index_or_the_names_had_or_have() -> None:
+    # Each key counts whether it is in the index or in the names, before or after, and
+    # whether its entries changed, its name, or both; a key inside the footprint hides only itself.
+    req = Request("g", list(range(8)), block_hasher=get_request_block_hasher(2))  # four keys
+    s, _ = ACTIONS["get_new_blocks"](initial_state(6, True, 2, events_on=True), 2)
+    s, _ = ACTIONS["cache_full_blocks"](s, req, [1, 2], 0, 2, 2, 0)  # k0 on block 1, k1 on block 2
+    k = [(h, 0) for h in req.block_hashes]
+    entries, name = ([f"the {what} of key …{key[0][-3:].hex()}/g0" for key in k]
+                     for what in ("index entries", "name"))
+    every_block = Footprint(frozenset(range(6)), frozenset())
+
+    def outside(change: Callable[[PoolState], None], start: PoolState = s,
+                fp: Footprint = every_block) -> list[str]:
+        after = start.copy()
+        change(after)
+        return changed_outside(start, after, fp)
+
+    assert outside(lambda a: a.index.update({k[0]: (1, 2)})) == [entries[0]]
+    assert outside(lambda a: a.names.update({k[0]: EMPTY})) == [name[0]]
+    assert outside(lambda a: a.index.update({k[2]: (3,)})) == [entries[2]]  # a key new to the index
+    assert outside(lambda a: a.names.update({k[3]: EMPTY})) == [name[3]]  # a key new to the names
+    unnamed = s.copy()
+    unnamed.index[k[2]] = (3,)
+    assert outside(lambda a: a.index.pop(k[2]), start=unnamed) == [entries[2]]  # a key gone
+
+    def change_three(a: PoolState) -> None:
+        a.index.update({k[0]: (1, 2), k[1]: (1, 2), k[2]: (3,)})
+
+    for hidden in range(3):
+        fp = Footprint(every_block.blocks, frozenset({k[hidden]}))
+        assert sorted(outside(change_three, fp=fp)) == sorted(entries[i] for i in range(3) if i != hidden)
+    # An announcement of a key in the footprint, on a block outside it, is inside.
+    key_only = Footprint(frozenset(), frozenset({k[0]}))
+    assert outside(lambda a: a.announced.discard((k[0], 1)), fp=key_only) == []
