@@ -387,3 +387,17 @@ def test_two_block_unpins_carry_the_first_watcher() -> None:
     calls = _domain("unpin_blocks", cfg.initial(), cfg)
     assert {w for ids, w in calls if len(ids) == 2} == {bmc.WATCHERS[0]}
     assert {w for ids, w in calls if len(ids) == 1} == set(bmc.WATCHERS)
+
+
+def test_allocations_ask_for_one_block_up_to_every_real_block() -> None:
+    cfg = bmc.Bounds(blocks=4, hash_block_size=2)
+    assert _domain("get_new_blocks", cfg.initial(), cfg) == [(1,), (2,), (3,)]
+
+
+def test_masks_skip_either_block_of_two_new_ones_and_only_there() -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    masks: dict[int, set[Any]] = {}
+    for _r, _ids, nc, nf, _bs, _g, mask in _domain("cache_full_blocks", cfg.initial(), cfg):
+        masks.setdefault(nf - nc, set()).add(None if mask is None else tuple(mask))
+    assert masks[2] == {None, (True, False), (False, True)}
+    assert all(m == {None} for new, m in masks.items() if new != 2)

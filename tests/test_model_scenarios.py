@@ -1276,3 +1276,12 @@ def test_changed_outside_reads_every_key_the_index_or_the_names_had_or_have() ->
     # An announcement of a key in the footprint, on a block outside it, is inside.
     key_only = Footprint(frozenset(), frozenset({k[0]}))
     assert outside(lambda a: a.announced.discard((k[0], 1)), fp=key_only) == []
+
+
+def test_a_refused_call_has_no_footprint_even_when_its_blocks_do_not_exist() -> None:
+    # A refused call changes nothing, so it touches nothing; its arguments may name blocks the
+    # pool does not have (the refinement's misuse makes such calls), which no footprint could read.
+    s = initial_state(4, True, 2)
+    t = OPERATIONS["free_blocks"].transition(s, s.copy(), ([99],), refusal="block 99 does not exist")
+    assert t.refused and t.footprint is None and not broken_by(t)
+    assert OPERATIONS["free_blocks"].transition(s, s.copy(), ([1],)).footprint is not None
