@@ -108,9 +108,11 @@ def test_a_shared_block_is_not_writable() -> None:
 def test_only_the_sole_owner_replaces() -> None:
     s = _call(_held(), "cache_partial_block", A, 1, 3, 0, 4)
     shared = _call(s, "touch", [1])
-    _broken(shared, "replaced_by_its_sole_owner", "cache_partial_block", B, 1, 1, 0, 4, True)
+    _broken(shared, "replaced_by_its_sole_owner", "cache_partial_block", B, 1, 1, 0, 4, True,
+            says="block 1 has 2 references, not one")
     idle = _call(s, "free_blocks", [1])
-    _broken(idle, "replaced_by_its_sole_owner", "cache_partial_block", B, 1, 1, 0, 4, True)
+    _broken(idle, "replaced_by_its_sole_owner", "cache_partial_block", B, 1, 1, 0, 4, True,
+            says="block 1 has 0 references, not one")
 
 
 def test_moves_go_onto_the_callers_own_copy() -> None:
@@ -131,8 +133,17 @@ def test_a_colliding_hash_is_a_broken_contract() -> None:
     liar.block_hashes.append(A.block_hashes[0])  # names a's prefix, holds other tokens
     _broken(s, "hashes_name_one_prefix", "cache_full_blocks", liar, [2], 0, 1, 1, 0)
     _broken(s, "hashes_name_one_prefix", "cache_partial_block", liar, 2, 1, 0, 4)
+    _broken(s, "hashes_name_one_prefix", "_insert_block_hash", liar, 1, 0, 2, 1,
+            says=f"key …{A.block_hashes[0][-3:].hex()}/g0 already names another prefix")
     # another group is another key: no collision
+    _call(s, "_insert_block_hash", liar, 1, 1, 2, 1)
     _call(s, "cache_full_blocks", A, [2], 0, 1, 1, 1)
+
+
+def test_an_insert_copies_into_a_held_block() -> None:
+    s = _held()
+    _broken(s, "writes_extend_unless_writable", "_insert_block_hash", A, 1, 0, 2, 1,  # block 2 is free
+            says="block 2 has no holder to copy KV into it")
 
 
 def test_one_call_caches_a_block_at_one_position() -> None:

@@ -1206,6 +1206,23 @@ def test_a_check_around_some_blocks_reads_only_those_blocks() -> None:
     broken = ["free_queue_holds_exactly_idle_blocks", "ref_counts_equal_holders"]
     assert violated(s) == violated(s, Around(blocks=(3,), keys=(), entries=())) == broken
     assert violated(s, Around(blocks=(1,), keys=(), entries=())) == []
+    s.ref[3], s.ref[1] = 0, 5  # now the fault is at block 1, the first real block
+    assert violated(s, Around(blocks=(1,), keys=(), entries=())) == broken
+    # A block the pool does not have is nothing to check (a misuse call may name one).
+    assert violated(initial_state(4, True, 2), Around(blocks=(-1, 4, 9), keys=(), entries=())) == []
+
+
+def test_a_check_around_the_null_block_or_some_keys_reads_them() -> None:
+    s = initial_state(4, True, 2)
+    s.secondary[0] = ((b"xyz", 0),)  # a secondary key on the null block, in no index entry
+    null_faults = ["null_block_inert", "index_matches_block_hashes", "secondary_entries_need_primary"]
+    assert violated(s, Around(blocks=(0,), keys=(), entries=())) == violated(s) == null_faults
+    s = initial_state(4, True, 2)
+    k = (b"abc", 0)
+    s.index[k] = ()  # a key with no entries
+    assert violated(s, Around(blocks=(), keys=(k,), entries=())) == violated(s) == [
+        "index_matches_block_hashes", "index_entries_are_sound"]
+    assert violated(s, Around(blocks=(), keys=(), entries=())) == []
 
 
 def _outcome(fn: Callable[..., Any], s: PoolState, *args: Any) -> tuple[Any, ...]:
@@ -1285,3 +1302,15 @@ def test_a_refused_call_has_no_footprint_even_when_its_blocks_do_not_exist() -> 
     t = OPERATIONS["free_blocks"].transition(s, s.copy(), ([99],), refusal="block 99 does not exist")
     assert t.refused and t.footprint is None and not broken_by(t)
     assert OPERATIONS["free_blocks"].transition(s, s.copy(), ([1],)).footprint is not None
+
+
+def test_footprints_name_only_what_the_call_touches() -> None:
+    # An allocation of more blocks than are free is refused and touches nothing (no walk of
+    # the queue); a masked-out block is not cached, so it is not in the footprint.
+    s = initial_state(4, True, 2)  # free: 1, 2, 3
+    alloc = OPERATIONS["get_new_blocks"].footprint
+    assert alloc(s, 4) == NOTHING and alloc(s, 2) == Footprint(frozenset({1, 2}))
+    req = Request("m", list(range(4)), block_hasher=get_request_block_hasher(2))
+    s, _ = ACTIONS["get_new_blocks"](s, 2)
+    fp = OPERATIONS["cache_full_blocks"].footprint(s, req, [1, 2], 0, 2, 2, 0, [True, False])
+    assert fp == Footprint(frozenset({1}), frozenset({(req.block_hashes[0], 0)}))
