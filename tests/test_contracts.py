@@ -101,7 +101,8 @@ def test_a_write_past_the_requests_tokens_is_refused_as_an_invalid_argument() ->
 
 def test_a_shared_block_is_not_writable() -> None:
     s = _call(_call(_held(), "write_block", 1, A, 2), "touch", [1])
-    _broken(s, "writes_extend_unless_writable", "write_block", 1, B, 2)
+    _broken(s, "writes_extend_unless_writable", "write_block", 1, B, 2,
+            says="block 1 holds a prefix that 2 written chunk(s) do not extend, and it is not writable")
     _call(s, "write_block", 1, A, 3)  # an extension is still fine
 
 
@@ -149,7 +150,8 @@ def test_an_insert_copies_into_a_held_block() -> None:
 def test_one_call_caches_a_block_at_one_position() -> None:
     """vLLM would announce the first position's key after removing it (a router's count drifts)."""
     s = _held()
-    _broken(s, "cached_once_per_call", "cache_full_blocks", A, [1, 1], 0, 2, 1, 0)
+    _broken(s, "cached_once_per_call", "cache_full_blocks", A, [1, 1], 0, 2, 1, 0,
+            says="blocks [1, 1] list one block at two positions")
     _call(s, "cache_full_blocks", A, [1, 0], 0, 2, 1, 0)  # the null block may repeat
     _call(s, "cache_full_blocks", A, [1, 1], 0, 2, 1, 0, [True, False])  # masked out: one position
 

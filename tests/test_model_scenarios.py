@@ -960,6 +960,10 @@ def test_a_block_queued_twice_is_named_and_a_queue_prints_in_order() -> None:
     with pytest.raises(QueuedTwice, match=said) as caught:
         Queue([3, 1, 3])
     assert caught.value.block == 3
+    for push in (Queue.push_head, Queue.push_tail):
+        with pytest.raises(QueuedTwice, match=r"^block 2 is queued already") as caught:
+            push(Queue([1, 2]), [2])
+        assert caught.value.block == 2
     assert repr(Queue([2, 1])) == "Queue([2, 1])"
     assert Queue([1, 2]) == Queue([1, 2]) and Queue([1, 2]) != Queue([2, 1]) != Queue([2])
 
@@ -1310,6 +1314,7 @@ def test_footprints_name_only_what_the_call_touches() -> None:
     s = initial_state(4, True, 2)  # free: 1, 2, 3
     alloc = OPERATIONS["get_new_blocks"].footprint
     assert alloc(s, 4) == NOTHING and alloc(s, 2) == Footprint(frozenset({1, 2}))
+    assert OPERATIONS["free_blocks"].footprint(s, [4, -1, 3]) == Footprint(frozenset({3}))  # 4: no such block
     req = Request("m", list(range(4)), block_hasher=get_request_block_hasher(2))
     s, _ = ACTIONS["get_new_blocks"](s, 2)
     fp = OPERATIONS["cache_full_blocks"].footprint(s, req, [1, 2], 0, 2, 2, 0, [True, False])
