@@ -36,6 +36,7 @@ from kvpool.model import (
     initial_state,
     violated,
 )
+from kvpool.model import request as model_request
 from kvpool.model.events import Cleared, Event, Removed, Stored
 from kvpool.model.footprints import NOTHING, Footprint, changed_outside
 from kvpool.model.invariants import Around
@@ -1319,3 +1320,29 @@ def test_footprints_name_only_what_the_call_touches() -> None:
     s, _ = ACTIONS["get_new_blocks"](s, 2)
     fp = OPERATIONS["cache_full_blocks"].footprint(s, req, [1, 2], 0, 2, 2, 0, [True, False])
     assert fp == Footprint(frozenset({1}), frozenset({(req.block_hashes[0], 0)}))
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 4), (4, 8), (2, 6)])
+def test_the_models_chunk_keys_are_the_pools_tags_included(start: int, end: int) -> None:
+    # The model keeps vLLM's tagged keys (the tag says how events untag them): every kind at once.
+    req = Request("t", list(range(8)), lora_request=LoRARequest("ad", 3, "/p"), cache_salt="s",
+                  mm_features=_features([(1, 2), (5, 2)]), prompt_embeds=bytes(range(8)))
+    pools, _ = generate_block_hash_extra_keys(req, start, end, 0)
+    assert chunk_keys(req, start, end) == pools
+    assert {k[0] for k in pools or ()} >= {"lora", "mm", "prompt_embeds"}
+
+
+def test_a_requests_prefixes_are_read_once_per_hash_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A call reads only the chunks no call read before (the model's cost does not grow with a
+    # request's length); another hash block size reads its own chunks.
+    read: list[tuple[int, int]] = []
+    real = model_request.chunk_keys
+    monkeypatch.setattr(model_request, "chunk_keys", lambda r, a, b: read.append((a, b)) or real(r, a, b))
+    req = Request("p", list(range(8)))
+    first = model_request.content(req, 4, 1)
+    assert read == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert model_request.content(req, 4, 1) is first and len(read) == 4
+    model_request.content(req, 6, 1)
+    assert read[4:] == [(4, 5), (5, 6)]
+    by_two = model_request.content(req, 4, 2)
+    assert by_two is model_request.content(Request("q", list(range(8))), 4, 2) and by_two is not first
