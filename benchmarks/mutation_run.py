@@ -236,6 +236,9 @@ def main(argv: list[str]) -> int:
         _copy_tree(dest, tests_only=True)
         if (dest / "mutants").is_dir():
             _copy_tree(dest / "mutants", tests_only=True)
+            # mutmut maps each test to the functions it calls, and re-maps only tests that are
+            # new: a killer added to an existing test would never run for the mutant it kills.
+            (dest / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     elif cmd == "undetected":
         _, status_of = tally(dest)
         for name, status in sorted(status_of.items()):
