@@ -10,8 +10,10 @@ besides its result (reuse notices, metrics notices, its events) is that call's `
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -1346,3 +1348,62 @@ def test_a_requests_prefixes_are_read_once_per_hash_block_size(monkeypatch: pyte
     assert read[4:] == [(4, 5), (5, 6)]
     by_two = model_request.content(req, 4, 2)
     assert by_two is model_request.content(Request("q", list(range(8))), 4, 2) and by_two is not first
+
+
+class _Unreferable:
+    """A request that cannot be referred to weakly (slots, no ``__weakref__``), as a trace line's."""
+
+    __slots__ = ("all_token_ids", "cache_salt", "lora_request", "mm_features")
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.all_token_ids, self.mm_features = list(tokens), ()
+        self.cache_salt = self.lora_request = None
+
+
+def test_requests_that_cannot_be_referred_to_weakly_are_read_one_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[tuple[int, int]] = []
+    real = model_request.chunk_keys
+    monkeypatch.setattr(model_request, "chunk_keys", lambda r, a, b: read.append((a, b)) or real(r, a, b))
+    a, b = _Unreferable([1, 2, 3, 4]), _Unreferable([5, 6, 7, 8])
+    first_a = model_request.content(a, 4, 2)
+    assert model_request.content(a, 4, 2) is first_a and read == [(0, 2), (2, 4)]  # the last one is kept
+    first_b = model_request.content(b, 4, 2)
+    assert first_b is not first_a and first_b is model_request.content(Request("b", [5, 6, 7, 8]), 4, 2)
+    assert model_request.content(a, 4, 2) is first_a  # read again (only the last request is kept)
+    assert model_request.content(a, 4, 1) is model_request.content(Request("a", [1, 2, 3, 4]), 4, 1)
+
+
+def test_the_model_forgets_a_request_once_it_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the model keeps of a request lives as long as the request: a day of calls does not
+    # accumulate every request ever read.  Read at two hash block sizes, it was kept twice.
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    req = Request("gone", list(range(8)))
+    alive = weakref.ref(req)
+    kept = len(model_request._chains)
+    model_request.content(req, 8, 2)
+    assert len(model_request._chains) == kept + 1
+    model_request.content(req, 8, 1)
+    del req
+    gc.collect()
+    assert alive() is None and len(model_request._chains) == kept and unraisable == []
+
+
+def test_an_evicted_keys_name_is_forgotten_with_its_last_entry() -> None:
+    req = Request("n", list(range(4)), block_hasher=get_request_block_hasher(2))
+    s, _ = ACTIONS["get_new_blocks"](initial_state(4, True, 2), 1)
+    s, _ = ACTIONS["cache_full_blocks"](s, req, [1], 0, 1, 2, 0)
+    s, _ = ACTIONS["free_blocks"](s, [1])
+    s, _ = ACTIONS["evict_blocks"](s, [1])
+    assert s.index == {} and s.names == {}
+
+
+def test_binding_fills_in_the_declared_defaults_and_names_what_is_wrong() -> None:
+    partial = OPERATIONS["cache_partial_block"]
+    assert partial.bind(("r", 1, 2, 0, 4)) == ("r", 1, 2, 0, 4, False)
+    assert partial.bind(("r", 1, 2, 0, 4), {"replace_existing_hashes": True})[5] is True
+    with pytest.raises(TypeError, match=r"^free_blocks\(\) takes 1 arguments, 2 given$"):
+        OPERATIONS["free_blocks"].bind(([1], [2]))
+    with pytest.raises(TypeError, match=r"^free_blocks\(\) missing argument 'block_ids'$"):
+        OPERATIONS["free_blocks"].bind(())
