@@ -1407,3 +1407,28 @@ def test_binding_fills_in_the_declared_defaults_and_names_what_is_wrong() -> Non
         OPERATIONS["free_blocks"].bind(([1], [2]))
     with pytest.raises(TypeError, match=r"^free_blocks\(\) missing argument 'block_ids'$"):
         OPERATIONS["free_blocks"].bind(())
+    with pytest.raises(TypeError, match=r"^free_blocks\(\) got unexpected argument\(s\) \['a', 'b'\]$"):
+        OPERATIONS["free_blocks"].bind(([1],), {"b": 1, "a": 2})
+
+
+def test_a_fresh_pool_has_told_nothing_and_an_empty_queue_fills_from_either_end() -> None:
+    assert initial_state(4, True, 2).out == Output()
+    for push in (Queue.push_head, Queue.push_tail):
+        q = Queue()
+        assert list(q) == [] and len(q) == 0
+        push(q, [3, 1])
+        assert list(q) == [3, 1] and q == Queue([3, 1])
+
+
+@pytest.mark.parametrize("boundary_partials", [False, True])
+def test_partial_entries_at_a_block_boundary_follow_the_pools_setting(boundary_partials: bool) -> None:
+    # vLLM 0.33's setting: a partial entry may end at a block boundary without replacing.
+    req = Request("b", list(range(4)), block_hasher=get_request_block_hasher(2))
+    s = initial_state(4, True, 2, boundary_partials=boundary_partials)
+    assert s.boundary_partials is boundary_partials
+    s, _ = ACTIONS["get_new_blocks"](s, 1)
+    if boundary_partials:
+        s, key = ACTIONS["cache_partial_block"](s, req, 1, 2, 0, 2)
+        assert key == (req.block_hashes[0], 0)
+    else:
+        assert_refused(RefusalKind.INVALID_ARGUMENT, ACTIONS["cache_partial_block"], s, req, 1, 2, 0, 2)
