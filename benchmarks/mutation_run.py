@@ -175,10 +175,15 @@ def tally(dest: Path) -> tuple[Counter[str], dict[str, str]]:
     return counts, status_of
 
 
+def _detected(counts: Counter[str]) -> int:
+    """Mutants a test or the type checker caught (timeouts count, as mutmut counts them)."""
+    return counts["killed"] + counts["timeout"] + counts["caught by type check"]
+
+
 def report(target: str, dest: Path) -> int:
     counts, status_of = tally(dest)
     checked = sum(counts.values()) - counts["not checked"]
-    detected = counts["killed"] + counts["timeout"] + counts["caught by type check"]
+    detected = _detected(counts)
     scored = checked - counts["equivalent"]
     score = 100.0 * detected / scored if scored else 0.0
     print(f"== mutation score of {target}/ (mutmut, killers: {' '.join(KILLERS[target])})")
@@ -197,8 +202,7 @@ def report(target: str, dest: Path) -> int:
     for module, c in sorted(by_module.items()):
         mod_checked = sum(c.values()) - c["not checked"]
         if mod_checked:
-            mod_detected = c["killed"] + c["timeout"] + c["caught by type check"]
-            print(f"  {module}: {mod_detected}/{mod_checked - c['equivalent']} "
+            print(f"  {module}: {_detected(c)}/{mod_checked - c['equivalent']} "
                   f"({c['equivalent']} equivalent, {c['not checked']} not checked)")
     for name, status in sorted(status_of.items()):
         if status not in ("killed", "timeout", "equivalent", "not checked"):

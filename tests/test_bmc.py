@@ -268,10 +268,19 @@ settings: the refinement and the lockstep build them), and a hash collision (its
 apart: the contract is the one assumption, checked only where a key is reused)."""
 
 
-def test_the_domains_reach_every_argument_shape_the_declarations_allow() -> None:
+def _domain(name: str, s: PoolState, cfg: bmc.Bounds) -> list[tuple[Any, ...]]:
+    return list(OPERATIONS[name].domain(s, scope_of(cfg)))
+
+
+def _one_step_states(cfg: bmc.Bounds) -> list[PoolState]:
     states: list[PoolState] = []
+    assert bmc.explore(cfg, 1, NET, visit=states.append).ok
+    return states
+
+
+def test_the_domains_reach_every_argument_shape_the_declarations_allow() -> None:
     cfg = bmc.Bounds(blocks=3, hash_block_size=2)
-    assert bmc.explore(cfg, 1, 600, visit=states.append).ok
+    states = _one_step_states(cfg)
     assert bmc.missing_shapes(states, cfg) == {}
     assert bmc.missing_shapes(states[:1], cfg)  # a fresh pool holds no block: no unpin of one
     seen = {label for s in states for name, args in bmc.calls(s, cfg, cfg.requests())
@@ -315,16 +324,6 @@ def _in_function(b: Any, names: set[str]) -> bool:
 
 # The domains' own promises (their docstrings): which calls each one offers, exactly.  A search
 # passes with a domain that offers more or fewer calls; these tests are what pins one.
-
-def _domain(name: str, s: PoolState, cfg: bmc.Bounds) -> list[tuple[Any, ...]]:
-    return list(OPERATIONS[name].domain(s, scope_of(cfg)))
-
-
-def _one_step_states(cfg: bmc.Bounds) -> list[PoolState]:
-    states: list[PoolState] = []
-    assert bmc.explore(cfg, 1, NET, visit=states.append).ok
-    return states
-
 
 @pytest.mark.parametrize(("hbs", "counts"), [(1, {1, 2, 3, 4}), (2, {2, 4})])
 def test_writes_and_inserts_cover_each_whole_chunk_of_a_request(hbs: int, counts: set[int]) -> None:

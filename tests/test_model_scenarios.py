@@ -1334,12 +1334,19 @@ def test_the_models_chunk_keys_are_the_pools_tags_included(start: int, end: int)
     assert {k[0] for k in pools or ()} >= {"lora", "mm", "prompt_embeds"}
 
 
-def test_a_requests_prefixes_are_read_once_per_hash_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A call reads only the chunks no call read before (the model's cost does not grow with a
-    # request's length); another hash block size reads its own chunks.
+@pytest.fixture
+def chunks_read(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The token ranges whose chunk keys the model reads, in order, from now on."""
     read: list[tuple[int, int]] = []
     real = model_request.chunk_keys
     monkeypatch.setattr(model_request, "chunk_keys", lambda r, a, b: read.append((a, b)) or real(r, a, b))
+    return read
+
+
+def test_a_requests_prefixes_are_read_once_per_hash_block_size(chunks_read: list[tuple[int, int]]) -> None:
+    # A call reads only the chunks no call read before (the model's cost does not grow with a
+    # request's length); another hash block size reads its own chunks.
+    read = chunks_read
     req = Request("p", list(range(8)))
     first = model_request.content(req, 4, 1)
     assert read == [(0, 1), (1, 2), (2, 3), (3, 4)]
@@ -1361,10 +1368,8 @@ class _Unreferable:
 
 
 def test_requests_that_cannot_be_referred_to_weakly_are_read_one_at_a_time(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    read: list[tuple[int, int]] = []
-    real = model_request.chunk_keys
-    monkeypatch.setattr(model_request, "chunk_keys", lambda r, a, b: read.append((a, b)) or real(r, a, b))
+        chunks_read: list[tuple[int, int]]) -> None:
+    read = chunks_read
     a, b = _Unreferable([1, 2, 3, 4]), _Unreferable([5, 6, 7, 8])
     first_a = model_request.content(a, 4, 2)
     assert model_request.content(a, 4, 2) is first_a and read == [(0, 2), (2, 4)]  # the last one is kept
