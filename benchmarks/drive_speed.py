@@ -106,9 +106,9 @@ def answered_rates(binary: str, pool: dict[str, object], work: list[tuple[str, d
 def lockstep_rates(binary: str, runs: int, steps: int) -> dict[str, tuple[int, int, float]]:
     """Lockstep calls, protocol calls and seconds of the seeded campaign, per pool."""
     from kvpool.impl import BlockPool
-    from kvpool.oracle.adapter import adapter_factory
-    from kvpool.oracle.campaign import run_one
+    from kvpool.oracle.core.adapter import adapter_factory
     from kvpool.oracle.drive import DriveAdapter
+    from kvpool.oracle.search.campaign import run_one
 
     out: dict[str, tuple[int, int, float]] = {}
     started = time.perf_counter()

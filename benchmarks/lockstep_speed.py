@@ -7,9 +7,9 @@ asserts nothing about time (timings belong in a report, not a flaky test).
 
 Two drivers are measured:
 
-* the seeded random campaign (``oracle/campaign.py``), one process per core,
+* the seeded random campaign (``oracle/search/campaign.py``), one process per core,
   seeds split between them (what ``kvpool conform`` runs);
-* the Hypothesis state machine (``oracle/machine.py``) in one process, which
+* the Hypothesis state machine (``oracle/search/machine.py``) in one process, which
   adds Hypothesis's drawing and bookkeeping on top of the lockstep calls.
 
     python benchmarks/lockstep_speed.py [--workers 2] [--runs 8] [--steps 2000] [--examples 100]
@@ -33,7 +33,7 @@ TARGET = 5_000
 def _campaign_worker(seeds: list[int], steps: int) -> tuple[int, float]:
     """Run one seeded campaign run per seed; (lockstep calls, busy seconds)."""
     from kvpool.impl import BlockPool
-    from kvpool.oracle.campaign import run_one
+    from kvpool.oracle.search.campaign import run_one
 
     calls = 0
     started = time.perf_counter()
@@ -57,8 +57,8 @@ def machine_rate(examples: int, step_count: int) -> tuple[int, int, float]:
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvpool.oracle.adapter import kvpool_adapter
-    from kvpool.oracle.machine import machine_for
+    from kvpool.oracle.core.adapter import kvpool_adapter
+    from kvpool.oracle.search.machine import machine_for
 
     totals = {"calls": 0, "examples": 0}
     base = machine_for(kvpool_adapter())

@@ -6,7 +6,7 @@ step) on one long-lived pool, measured four ways, each as CPU seconds per call
 and as a ratio against a baseline measured in the same run:
 
 * ``model``: the model alone (``kvpool.model`` operations), at 64 to 1,048,576 blocks;
-* ``lockstep``: kvpool's pool against the model (``oracle.lockstep``), the same sizes;
+* ``lockstep``: kvpool's pool against the model (``oracle.core.lockstep``), the same sizes;
 * ``check-trace``: a recorded trace of the same workload replayed on the model,
   the same sizes, and against merely parsing the trace's JSON lines (target: within 15x);
 * ``check-events``: the same traces read as a router would (``kvpool check-events``);
@@ -36,9 +36,9 @@ from kvpool.impl import BlockPool
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
 from kvpool.model import OPERATIONS, Refusal, initial_state
-from kvpool.oracle.events_check import check_stream, load_events
-from kvpool.oracle.events_warnings import add_warnings
-from kvpool.oracle.lockstep import Lockstep
+from kvpool.oracle.core.lockstep import Lockstep
+from kvpool.oracle.events.check import check_stream, load_events
+from kvpool.oracle.events.warnings import add_warnings
 from kvpool.oracle.trace import check_trace
 from kvpool.oracle.trace.write import encode_args, encode_model_result, model_event_to_json
 

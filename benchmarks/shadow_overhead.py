@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvpool.oracle.adapter import vllm_adapter
-from kvpool.oracle.lockstep import Lockstep
+from kvpool.oracle.core.adapter import vllm_adapter
+from kvpool.oracle.core.lockstep import Lockstep
+from kvpool.oracle.generate.workload import RunConfig, Workload
 from kvpool.oracle.shadow import shadow_of, shadowed_class
-from kvpool.oracle.workload import RunConfig, Workload
 
 TARGET = 15.0
 

@@ -3,7 +3,7 @@
 Requests sharing system prompts are admitted (lookup, touch, allocate, cache),
 decode a few tokens (allocate, cache) and finish (free), against
 kvpool.impl.BlockPool with KV events on.  Every ``--check-every`` operations
-the pool's structural invariants are checked (kvpool.oracle.observe) and a
+the pool's structural invariants are checked (kvpool.oracle.core.observe) and a
 line reports throughput and memory, so drift or a leak shows as a trend.
 
     python benchmarks/soak.py [--ops 10000000] [--blocks 1536] [--check-every 10000]
@@ -28,7 +28,7 @@ if importlib.util.find_spec("kvpool") is None:  # run from a checkout without in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvpool.impl import BlockPool, Request
-from kvpool.oracle.observe import pool_invariant_errors
+from kvpool.oracle.core.observe import pool_invariant_errors
 
 BLOCK_SIZE = 16
 

@@ -16,10 +16,10 @@ import random
 import sys
 import time
 
-from kvpool.oracle.adapter import kvpool_adapter
-from kvpool.oracle.lockstep import Lockstep
-from kvpool.oracle.long_lived import workload_class
-from kvpool.oracle.workload import RunConfig, second_pool
+from kvpool.oracle.core.adapter import kvpool_adapter
+from kvpool.oracle.core.lockstep import Lockstep
+from kvpool.oracle.generate.long_lived import workload_class
+from kvpool.oracle.generate.workload import RunConfig, second_pool
 
 
 def per_call(blocks: int, steps: int, long_lived: bool, seed: int = 0) -> float:

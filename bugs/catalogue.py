@@ -10,7 +10,7 @@ block-pool mistake, told once, and written as it would appear in each layer:
 * ``action`` — a broken model action: the bounded model checker must reach a
   state that breaks an invariant or a step property (:mod:`kvpool.proofs.bmc`);
 * ``pool`` — a broken pool: the lockstep against the model must diverge
-  (:mod:`kvpool.oracle.campaign`).
+  (:mod:`kvpool.oracle.search.campaign`).
 
 :mod:`.check` runs each form; ``kvpool verify``'s ``seeded-bugs`` phase runs
 them all, and the tests check that every invariant and every step property

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvpool.model import ACTIONS
-from kvpool.oracle.adapter import kvpool_adapter
-from kvpool.oracle.campaign import run_one
-from kvpool.oracle.lockstep import Divergence
+from kvpool.oracle.core.adapter import kvpool_adapter
+from kvpool.oracle.core.lockstep import Divergence
+from kvpool.oracle.search.campaign import run_one
 from kvpool.proofs import bmc
 from kvpool.proofs.inductive import COUNTEREXAMPLE, SCOPE, TIMEOUT_MS, find_counterexample
 from kvpool.proofs.invariants import SYM_INVARIANTS

@@ -54,9 +54,11 @@ def load_readers(instrument: bool = False) -> None:
         import atheris  # lazy: libFuzzer's binding, installed only where the fuzzer runs
 
         with atheris.instrument_imports(include=["kvpool"]):
-            from kvpool.oracle import events_check, trace  # here: atheris instruments this import
+            from kvpool.oracle import trace  # here: atheris instruments this import
+            from kvpool.oracle.events import check as events_check  # here: atheris instruments this import
     else:
-        from kvpool.oracle import events_check, trace  # here: the same import, not instrumented
+        from kvpool.oracle import trace  # here: the same import, not instrumented
+        from kvpool.oracle.events import check as events_check  # here: the same import, not instrumented
     check_trace, check_events, TraceError = trace.check_trace, events_check.check_events, trace.TraceError
 
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kvpool.model.state import Key, PoolState
-from kvpool.oracle.abstraction import model_event, published
-from kvpool.oracle.lockstep import Divergence
-from kvpool.oracle.observe import Observation, observe_model
+from kvpool.oracle.core.abstraction import model_event, published
+from kvpool.oracle.core.lockstep import Divergence
+from kvpool.oracle.core.observe import Observation, observe_model
 
 Label = Callable[[Key], str]
 Picture = dict[str, Any]

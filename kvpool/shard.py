@@ -16,7 +16,7 @@ What shard ``I`` of ``N`` does in each phase (``docs/scale.md``):
 * ``conformance``: the campaign's runs as the lockstep's; the state machine's
   examples shared out (``examples // N``, one more for the first
   ``examples mod N`` shards), each shard with its own Hypothesis seed
-  (:class:`kvpool.oracle.conform.Options`).
+  (:class:`kvpool.oracle.search.conform.Options`).
 
 ``kvpool merge`` (:mod:`.merge`) joins the shards' documents into the
 document of one run.

@@ -4,7 +4,7 @@ A pool announces its prefix cache to consumers (routers, KV-aware schedulers)
 with three kinds of event.  The model states them in its own vocabulary:
 hashes are the opaque values the request carries, a key's group is a plain
 int.  How a pool spells them (vLLM's ``BlockStored`` with a hash published as
-its low 64 bits, say) is the oracle's business (``kvpool.oracle.abstraction``).
+its low 64 bits, say) is the oracle's business (``kvpool.oracle.core.abstraction``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ queue relative to the other untouched blocks; every other key keeps its
 index entries, name and announcements.  The bounded model checker checks
 that on every transition, the lockstep in its debug mode; the lockstep
 compares a pool with the model on the footprint after every call, and on
-the whole pool every few calls (``kvpool.oracle.lockstep``).
+the whole pool every few calls (``kvpool.oracle.core.lockstep``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A refused call changes nothing.  Every pool under test must refuse the same
 calls; how it spells a refusal (kvpool's typed errors, vLLM's ``ValueError``)
-is mapped onto these kinds by the oracle (``kvpool.oracle.abstraction``).
+is mapped onto these kinds by the oracle (``kvpool.oracle.core.abstraction``).
 """
 
 from __future__ import annotations

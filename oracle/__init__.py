@@ -1,10 +1,15 @@
 """kvpool.oracle: the model against any pool with the reference API, call by call.
 
-:mod:`.adapter` reaches a pool, :mod:`.abstraction` reads its keys, events and
-refusals as the model's, :mod:`.observe` sees it (black box, white box where
-vLLM's internals are there), :mod:`.lockstep` runs one call on both sides and
-compares what it touched; :mod:`.workload`, :mod:`.campaign` and :mod:`.machine`
-generate the calls, :mod:`.conform` runs both phases; :mod:`.trace` reads and
-writes traces, :mod:`.events_check` and :mod:`.routers` read KV-event streams.
+Its rooms:
+
+* :mod:`.core`: one call on the model and on a pool, compared (adapter, abstraction,
+  observation, lockstep);
+* :mod:`.generate`: which calls to make (workloads, directed calls, the legal corpus);
+* :mod:`.search`: generators run against a pool until the two differ (campaigns, the
+  state machine, bounded refinement, shrinking, coverage, the conformance phases);
+* :mod:`.trace`, :mod:`.drive`, :mod:`.shadow`: the front ends for a recorded trace,
+  a pool in another process, a pool inside a running engine;
+* :mod:`.events`: KV-event streams as routers read them.
+
 The files are listed in ``docs/ARCHITECTURE.md``.
 """

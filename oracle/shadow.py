@@ -47,9 +47,9 @@ from kvpool.model import OPERATIONS, POOL_OPERATIONS, REFERENCES, Operation, ini
 from kvpool.model.request import Prefix
 from kvpool.model.state import Key
 
-from .abstraction import key_of, refusal_name, same_refusal, vllm_refusal
-from .lockstep import CallerBrokeContract, CallRecord, Divergence, Lockstep, Watcher, short_args
-from .observe import Observer
+from .core.abstraction import key_of, refusal_name, same_refusal, vllm_refusal
+from .core.lockstep import CallerBrokeContract, CallRecord, Divergence, Lockstep, Watcher, short_args
+from .core.observe import Observer
 from .trace.check import model_call
 from .trace.read import TraceStep, parse_call, parse_header
 from .trace.record import RecordingLockstep

@@ -22,11 +22,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from kvpool.impl import BlockPool
-from kvpool.oracle.events_check import check_stream, load_events
-from kvpool.oracle.events_warnings import add_warnings
-from kvpool.oracle.routers import PROFILES, check_trace_routers, profile_factory
+from kvpool.oracle.events.check import check_stream, load_events
+from kvpool.oracle.events.routers import PROFILES, check_trace_routers, profile_factory
+from kvpool.oracle.events.warnings import add_warnings
+from kvpool.oracle.generate.workload import RunConfig
 from kvpool.oracle.trace import record
-from kvpool.oracle.workload import RunConfig
 
 
 def seeds(count: int) -> list[int]:

@@ -5,7 +5,7 @@ when ``hypothesis-crosshair`` is installed) draws examples by symbolic execution
 instead of at random, so branches random inputs rarely reach get solved for.
 ``KVPOOL_EXAMPLE_DB`` names the example database: a directory, or
 ``redis://HOST:PORT/N`` shared between machines so a failure found on one replays
-first on all (``kvpool.oracle.database``).
+first on all (``kvpool.oracle.search.database``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-from kvpool.oracle.database import example_database, from_env
+from kvpool.oracle.search.database import example_database, from_env
 
 # Tests are no package: the helpers shared by several test files (impl_helpers.py) are
 # imported by name from this folder, their asserts rewritten as a test module's are (so they

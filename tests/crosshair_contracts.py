@@ -42,10 +42,10 @@ from kvpool.impl.pool import BlockPool
 from kvpool.model import ACTIONS, OPERATIONS, ContractBroken, Refusal, initial_state
 from kvpool.model.operations import Translate
 from kvpool.model.state import PoolState
-from kvpool.oracle.abstraction import event_differences, refusal_kind
-from kvpool.oracle.lockstep import MetricsRecorder
-from kvpool.oracle.observe import Observation, observe_model, observe_pool
-from kvpool.oracle.refinement import model_watcher, requests_for
+from kvpool.oracle.core.abstraction import event_differences, refusal_kind
+from kvpool.oracle.core.lockstep import MetricsRecorder
+from kvpool.oracle.core.observe import Observation, observe_model, observe_pool
+from kvpool.oracle.search.refinement import model_watcher, requests_for
 
 QueueView = tuple[int, tuple[int, ...]]
 """(num_free_blocks, ids walked head to tail), or (-1, ()) when the links are broken."""
@@ -358,7 +358,7 @@ def pool_free_after_touch(n: int, held: int, ids: list[int]) -> tuple[int, tuple
 # ------------------------------------------------------- the pool, from reached states
 #
 # The wrappers above start from fresh pools.  These start from states the
-# bounded refinement (:mod:`kvpool.oracle.refinement`) reaches on 4 blocks,
+# bounded refinement (:mod:`kvpool.oracle.search.refinement`) reaches on 4 blocks,
 # hash_block_size 1, caching and events on: REACHED holds one call sequence
 # per state, CrossHair picks one by a symbolic index, and the pool and the
 # model are rebuilt by replaying it (once, at import; each call unpickles a

@@ -290,7 +290,7 @@ def test_the_domains_reach_every_argument_shape_the_declarations_allow() -> None
 
 @pytest.mark.slow
 def test_the_domains_reach_every_branch_of_every_action() -> None:
-    from kvpool.oracle.coverage import measure
+    from kvpool.oracle.search.coverage import measure
 
     def run() -> None:
         for cfg, depth in DOMAIN_RUNS:

@@ -29,7 +29,7 @@ from kvpool.impl import (
     get_request_block_hasher,
     maybe_convert_block_hash,
 )
-from kvpool.oracle.observe import free_queue_link_errors
+from kvpool.oracle.core.observe import free_queue_link_errors
 
 HBS = 2
 BS = 4

@@ -24,7 +24,7 @@ import pytest
 
 from kvpool.cli import conform
 from kvpool.impl import BlockPool
-from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter, load_object
+from kvpool.oracle.core.adapter import ClassAdapter, kvpool_adapter, load_object
 
 # ------------------------------------------------------------------ seeded bugs
 

@@ -181,7 +181,7 @@ def test_prefix_relations() -> None:
 
 def test_the_lockstep_names_the_broken_contract_and_does_not_run_the_call() -> None:
     from kvpool.impl import BlockPool
-    from kvpool.oracle.lockstep import CallerBrokeContract, Lockstep
+    from kvpool.oracle.core.lockstep import CallerBrokeContract, Lockstep
 
     pair = Lockstep.fresh(BlockPool, 5, True, 1, True)
     pair.call("get_new_blocks", 1)
@@ -197,8 +197,8 @@ def test_the_lockstep_names_the_broken_contract_and_does_not_run_the_call() -> N
 
 def test_conform_counts_a_broken_contract_as_the_callers_fault() -> None:
     from kvpool.cli.conform import exit_code
-    from kvpool.oracle.conform import Failure, PhaseResult, _failure
-    from kvpool.oracle.lockstep import CallerBrokeContract, Divergence
+    from kvpool.oracle.core.lockstep import CallerBrokeContract, Divergence
+    from kvpool.oracle.search.conform import Failure, PhaseResult, _failure
 
     broke = _failure(CallerBrokeContract("caller broke x at step 1: why", "x", 1), None, 0)
     assert broke.kind == "contract"

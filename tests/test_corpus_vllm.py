@@ -1,4 +1,4 @@
-"""The corpus of legal call sequences (``oracle/corpus``: vLLM's own tests, the workloads).
+"""The corpus of legal call sequences (``oracle/generate/corpus``: vLLM's own tests, the workloads).
 
 Each trace is what one pool of one of vLLM 0.31.0's ``tests/v1/core`` tests was
 asked, under the shadow (``KVPOOL_SHADOW_KEEP=1 bash scripts/vllm-own-tests.sh``,
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvpool.oracle.legal import check_legal, legal_traces
+from kvpool.oracle.generate.legal import check_legal, legal_traces
 from kvpool.oracle.trace import check_trace
 
 CORPUS = [p for p in legal_traces() if p.parent.name == "vllm"]

@@ -3,7 +3,7 @@
 A branch of the model's operations (their updates ``model/pool.py``, guards
 ``model/guards.py`` and contracts ``model/contracts.py``) that a phase never
 takes is one on which no pool is compared with the model by that phase.  So, measured with
-:mod:`kvpool.oracle.coverage` (what ``kvpool conform --coverage`` prints):
+:mod:`kvpool.oracle.search.coverage` (what ``kvpool conform --coverage`` prints):
 
 * without misuse (how vLLM's pool and third-party pools are checked), each
   phase takes every branch but the refusals (branches into ``raise
@@ -37,9 +37,9 @@ import pytest
 
 from kvpool.cli import conform
 from kvpool.model import ACTIONS, initial_state
-from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
-from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
-from kvpool.oracle.coverage import Branch, PhaseCoverage, measure, measure_phase
+from kvpool.oracle.core.adapter import ClassAdapter, kvpool_adapter
+from kvpool.oracle.search.conform import Options, run_campaign_phase, run_machine_phase
+from kvpool.oracle.search.coverage import Branch, PhaseCoverage, measure, measure_phase
 
 UNREACHABLE = {
     ("if b == NULL and not s.null_counted:", "continue"):

@@ -294,7 +294,7 @@ def test_the_reached_states_are_the_refinements() -> None:
     domain from the state before it, none breaks a contract, and kvpool.impl agrees with the
     model all along; together they hold everything a fresh pool does not."""
     from kvpool.impl import BlockPool
-    from kvpool.oracle.refinement import Shape, model_watcher, replay, requests_for
+    from kvpool.oracle.search.refinement import Shape, model_watcher, replay, requests_for
     from kvpool.verify.phase_refinement import bmc_domain
 
     shape = Shape(4, 1)

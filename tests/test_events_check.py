@@ -19,7 +19,7 @@ from kvpool.cli.events import check_events_main
 from kvpool.impl import BlockPool
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import Request
-from kvpool.oracle.events_check import check_event_list, check_events, load_events
+from kvpool.oracle.events.check import check_event_list, check_events, load_events
 from kvpool.oracle.trace import (
     Recording,
     RecordingLockstep,
@@ -57,7 +57,7 @@ CLEARED = {"type": "AllBlocksCleared"}
 
 def _event_seeds(count: int, start: int = 0) -> list[int]:
     """Seeds whose drawn configuration has events on (RunConfig.draw's first draws)."""
-    from kvpool.oracle.workload import RunConfig
+    from kvpool.oracle.generate.workload import RunConfig
 
     seeds, seed = [], start
     while len(seeds) < count:

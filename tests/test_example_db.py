@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kvpool.cli import conform as conform_cli
-from kvpool.oracle.database import ExampleDatabaseError, describe, example_database
+from kvpool.oracle.search.database import ExampleDatabaseError, describe, example_database
 
 BROKEN = "kvpool.bugs.pools:FreeHashedToHead"
 ARGS = ["--impl", BROKEN, "--runs", "1", "--steps", "30", "--examples", "60", "--machine-steps", "25"]

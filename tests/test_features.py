@@ -1,8 +1,8 @@
 """Feature-interaction coverage: every legal pair of call features meets in one call, in each phase.
 
 Branch coverage of the model says which branches a phase reached, not
-whether features met in one call.  :mod:`kvpool.oracle.features` names the
-shape features of a call and the legal pairs; :mod:`kvpool.oracle.directed`
+whether features met in one call.  :mod:`kvpool.oracle.generate.features` names the
+shape features of a call and the legal pairs; :mod:`kvpool.oracle.generate.directed`
 makes the pairs a run missed.  At ``kvpool conform``'s defaults (4 runs of
 1,000 steps; 200 state-machine examples, seed 0), each phase makes every
 legal pair, misuse on and off; the plain workload alone does not.
@@ -18,11 +18,9 @@ from kvpool.impl import BlockPool
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import MultiModalFeature, PlaceholderRange, Request
 from kvpool.model import initial_state
-from kvpool.oracle.adapter import kvpool_adapter
-from kvpool.oracle.campaign import run_one
-from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
-from kvpool.oracle.directed import SCENARIOS, Directed
-from kvpool.oracle.features import (
+from kvpool.oracle.core.adapter import kvpool_adapter
+from kvpool.oracle.generate.directed import SCENARIOS, Directed
+from kvpool.oracle.generate.features import (
     FEATURES,
     IMPOSSIBLE,
     FeatureLog,
@@ -30,6 +28,8 @@ from kvpool.oracle.features import (
     legal_pairs,
     pair_coverage,
 )
+from kvpool.oracle.search.campaign import run_one
+from kvpool.oracle.search.conform import Options, run_campaign_phase, run_machine_phase
 
 
 @pytest.mark.parametrize("misuse", [False, True], ids=["no-misuse", "misuse"])

@@ -19,7 +19,7 @@ from kvpool.impl import (
     NotEnoughFreeBlocksError,
     UnknownBlockError,
 )
-from kvpool.oracle.observe import free_queue_link_errors
+from kvpool.oracle.core.observe import free_queue_link_errors
 
 # ---------------------------------------------------------- FreeKVCacheBlockQueue
 

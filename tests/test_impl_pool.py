@@ -48,7 +48,7 @@ from kvpool.impl import (
 )
 from kvpool.impl.hashing import resolve_block_hashes
 from kvpool.model import ACTIONS, QUERIES, initial_state
-from kvpool.oracle.observe import free_queue_link_errors, snapshot
+from kvpool.oracle.core.observe import free_queue_link_errors, snapshot
 
 # --------------------------------------------------------------------- construction
 

@@ -177,10 +177,10 @@ def _lint(stage: Path) -> subprocess.CompletedProcess[str]:
     ("model/state.py", "import kvpool.impl.keys", "Layers"),
     ("model/state.py", "import z3", "The model and the pool are plain Python"),
     ("impl/pool.py", "import kvpool.model", "Layers"),
-    ("proofs/finite.py", "import kvpool.oracle.observe", "Layers"),
+    ("proofs/finite.py", "import kvpool.oracle.core.observe", "Layers"),
     ("proofs/finite.py", "import kvpool.impl.pool", "The proofs are about the model"),
-    ("oracle/abstraction.py", "import kvpool.impl.keys", "The oracle compares through its own"),
-    ("oracle/lockstep.py", "import kvpool.pictures", "Layers"),
+    ("oracle/core/abstraction.py", "import kvpool.impl.keys", "The oracle compares through its own"),
+    ("oracle/core/lockstep.py", "import kvpool.pictures", "Layers"),
 ])
 def test_the_linter_refuses_a_seeded_violation(tmp_path: Path, target: str, line: str,
                                                 contract: str) -> None:

@@ -13,8 +13,8 @@ import pytest
 
 from kvpool.bugs.pools import AllocKeepsOldHash, FreeHashedToHead
 from kvpool.impl import BlockPool
-from kvpool.oracle.campaign import run_campaign, run_one
-from kvpool.oracle.lockstep import Divergence
+from kvpool.oracle.core.lockstep import Divergence
+from kvpool.oracle.search.campaign import run_campaign, run_one
 
 
 @pytest.mark.parametrize("seed", range(12))

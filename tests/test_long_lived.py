@@ -1,4 +1,4 @@
-"""Engine-sized and long-lived workloads (``--blocks``, ``--long-lived``; ``oracle/long_lived.py``).
+"""Engine-sized and long-lived workloads (``--blocks``, ``--long-lived``; ``oracle/generate/long_lived.py``).
 
 The planted bug is ``tests/third_party/lazy_queue.py``: a pool whose free
 queue deletes lazily and whose compaction breaks the eviction order.  The
@@ -23,13 +23,13 @@ import pytest
 from kvpool.cli import main as cli_main
 from kvpool.cli.conform import main as conform_main
 from kvpool.model import OPERATIONS, initial_state
-from kvpool.oracle import observe
-from kvpool.oracle.adapter import adapter_for_class, kvpool_adapter
-from kvpool.oracle.campaign import run_one
-from kvpool.oracle.lockstep import Lockstep
-from kvpool.oracle.long_lived import LONG_LIVED_BLOCKS, LongLived, pool_blocks
+from kvpool.oracle.core import observe
+from kvpool.oracle.core.adapter import adapter_for_class, kvpool_adapter
+from kvpool.oracle.core.lockstep import Lockstep
+from kvpool.oracle.generate.long_lived import LONG_LIVED_BLOCKS, LongLived, pool_blocks
+from kvpool.oracle.generate.workload import MAX_RUNNING, SCAN_LIMIT, RunConfig, Workload, second_pool
+from kvpool.oracle.search.campaign import run_one
 from kvpool.oracle.trace import check_trace, record_adapter
-from kvpool.oracle.workload import MAX_RUNNING, SCAN_LIMIT, RunConfig, Workload, second_pool
 
 THIRD_PARTY = Path(__file__).parent / "third_party"
 

@@ -17,9 +17,9 @@ from kvpool.bugs.pools import TouchLeavesBlockFree
 from kvpool.impl import BlockPool
 from kvpool.impl.errors import BlockPoolError, NotEnoughFreeBlocksError
 from kvpool.model import ACTIONS, QUERIES
-from kvpool.oracle.abstraction import same_refusal
-from kvpool.oracle.adapter import ClassAdapter, kvpool_adapter
-from kvpool.oracle.machine import MachineFailure, machine_for
+from kvpool.oracle.core.abstraction import same_refusal
+from kvpool.oracle.core.adapter import ClassAdapter, kvpool_adapter
+from kvpool.oracle.search.machine import MachineFailure, machine_for
 
 GREEN = settings(max_examples=300, stateful_step_count=30, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow])
@@ -162,7 +162,7 @@ for every kind of campaign step and directed calls, missed in its default 200 ex
 @pytest.mark.parametrize("bug", CAMPAIGN_ONLY)
 def test_the_machine_finds_what_only_the_campaign_found(bug: str) -> None:
     from kvpool.bugs import pools
-    from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+    from kvpool.oracle.search.conform import Options, run_campaign_phase, run_machine_phase
 
     adapter = kvpool_adapter(getattr(pools, bug))
     assert not run_campaign_phase(adapter, Options(shrink=False)).ok
@@ -173,7 +173,7 @@ def test_the_machine_finds_what_only_the_campaign_found(bug: str) -> None:
 
 def test_every_kind_of_campaign_step_is_a_rule_of_the_machine() -> None:
     """``workload_step`` plays each of the campaign's steps by name, misuse included, and agrees."""
-    from kvpool.oracle.workload import RunConfig, Workload
+    from kvpool.oracle.generate.workload import RunConfig, Workload
 
     machine = machine_for(kvpool_adapter())()
     machine.setup(RunConfig(num_blocks=12, caching=True, hash_block_size=2, block_sizes={0: 4, 1: 2},

@@ -28,7 +28,7 @@ from kvpool.impl import (
     UnknownBlockError,
     get_request_block_hasher,
 )
-from kvpool.oracle.observe import snapshot
+from kvpool.oracle.core.observe import snapshot
 
 HBS = 2
 BS = 4
@@ -234,7 +234,7 @@ MISUSES: list[Misuse] = [
            lambda w: w.pool.move_block_hashes(KVCacheBlock(2), w.pool.blocks[9]),
            UnknownBlockError),
     # ---- two wrong arguments: the refusal the model checks first (found by the bounded
-    # refinement, oracle/refinement.py: the pool used to refuse the other one)
+    # refinement, oracle/search/refinement.py: the pool used to refuse the other one)
     Misuse("free_idle_block_then_block_of_no_pool",
            lambda w: w.pool.free_blocks([w.idle_cached[0], KVCacheBlock(3)]), UnknownBlockError),
     Misuse("unpin_null_block_then_block_of_other_pool",

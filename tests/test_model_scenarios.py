@@ -46,8 +46,8 @@ from kvpool.model.properties import broken_by, policy_queue
 from kvpool.model.refusals import Refusal, RefusalKind
 from kvpool.model.request import EMPTY, chunk_keys, untagged
 from kvpool.model.state import Key, Queue, QueuedTwice
-from kvpool.oracle.abstraction import model_event, pool_event
-from kvpool.oracle.observe import snapshot
+from kvpool.oracle.core.abstraction import model_event, pool_event
+from kvpool.oracle.core.observe import snapshot
 from kvpool.proofs import bmc
 
 HBS = 4

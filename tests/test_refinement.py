@@ -1,4 +1,4 @@
-"""Bounded refinement (oracle/refinement.py): kvpool.impl beside the model on every call sequence.
+"""Bounded refinement (oracle/search/refinement.py): kvpool.impl beside the model on every call sequence.
 
 The real pool agrees with the model on every sequence of small pools to a
 small depth (the ``refinement`` phase of ``kvpool verify`` goes deeper);
@@ -18,9 +18,9 @@ import pytest
 from kvpool.bugs import BUGS
 from kvpool.impl import BlockPool
 from kvpool.model import ACTIONS, CALLER_ACTIONS, CONTRACTS, QUERIES, RefusalKind
-from kvpool.oracle.lockstep import Divergence
-from kvpool.oracle.observe import observe_pool
-from kvpool.oracle.refinement import Carried, Memo, Shape, fresh_pair, model_watcher, requests_for
+from kvpool.oracle.core.lockstep import Divergence
+from kvpool.oracle.core.observe import observe_pool
+from kvpool.oracle.search.refinement import Carried, Memo, Shape, fresh_pair, model_watcher, requests_for
 from kvpool.pictures import pictured_steps
 from kvpool.verify import Budget, Progress, run_refinement
 from kvpool.verify.phase_refinement import refine

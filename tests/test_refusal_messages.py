@@ -32,7 +32,7 @@ from kvpool.impl.errors import (
 from kvpool.impl.hashing import resolve_block_hashes
 from kvpool.impl.keys import make_block_hash_with_group_id
 from kvpool.model import ACTIONS, QUERIES, PoolState, Refusal, RefusalKind, initial_state
-from kvpool.oracle.abstraction import refusal_kind
+from kvpool.oracle.core.abstraction import refusal_kind
 
 # ------------------------------------------------------------ refusals, named
 # Every refusal says what was wrong: the argument, its value, the block.  The same call is

@@ -52,9 +52,9 @@ from kvpool.model import (
 from kvpool.model.invariants import DERIVED_FROM
 from kvpool.model.operations import REQUIRED, ArgKind, ResultKind
 from kvpool.model.properties import EVENT_LOG, QUEUE_ORDER, STEP_PROPERTIES
-from kvpool.oracle import refinement
-from kvpool.oracle.adapter import REQUIRED_API, ReferencePool
-from kvpool.oracle.campaign import run_one
+from kvpool.oracle.core.adapter import REQUIRED_API, ReferencePool
+from kvpool.oracle.search import refinement
+from kvpool.oracle.search.campaign import run_one
 from kvpool.oracle.trace import schema
 from kvpool.proofs import bmc
 from kvpool.proofs import transitions as T
@@ -335,7 +335,7 @@ def test_every_operation_a_consumer_names_is_declared() -> None:
     """Calls written out by name in the oracle's workloads and the seeded bugs name declared
     operations (a renamed operation left behind here would never run)."""
     pattern = re.compile(r'(?:call\(|yield |_act\(|action=\()\s*"(_?[a-z][a-z_]+)"')
-    files = [*(ROOT / "oracle").glob("*.py"), ROOT / "bugs" / "actions.py", ROOT / "bugs" / "catalogue.py"]
+    files = [*(ROOT / "oracle").rglob("*.py"), ROOT / "bugs" / "actions.py", ROOT / "bugs" / "catalogue.py"]
     named = {m.group(1): f.name for f in files for m in pattern.finditer(f.read_text())}
     assert len(named) >= 12, named  # the pattern still finds the calls
     assert {n: f for n, f in named.items() if n not in OPERATIONS} == {}
@@ -420,7 +420,7 @@ def test_every_step_property_is_registered_and_documented_in_one_line() -> None:
 
 def test_every_layer_names_properties_as_the_model_does() -> None:
     """One name per property: z3's invariants and order properties, the event checker's rules."""
-    from kvpool.oracle import events_check
+    from kvpool.oracle.events import check as events_check
     from kvpool.proofs.invariants import NOT_ENCODED, SYM_INVARIANTS
     from kvpool.proofs.order import LEMMAS, ORDER_PROPERTIES
 

@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 from kvpool.cli.events import check_events_main
 from kvpool.cli.trace import check_trace_main
 from kvpool.impl import BlockPool
-from kvpool.oracle.events_check import check_stream, load_events
-from kvpool.oracle.events_warnings import WARNINGS, add_warnings, find_warnings
-from kvpool.oracle.routers import (
+from kvpool.oracle.events.check import check_stream, load_events
+from kvpool.oracle.events.routers import (
     PROFILES,
     REACTION_KINDS,
     RouterReport,
@@ -31,6 +30,7 @@ from kvpool.oracle.routers import (
     parse_options,
     profile_factory,
 )
+from kvpool.oracle.events.warnings import WARNINGS, add_warnings, find_warnings
 from kvpool.oracle.trace import check_trace, record
 
 CORPUS = Path(__file__).resolve().parent / "routers"
@@ -314,8 +314,8 @@ def _fuzz_stored(hashes: list[int], parent: int | None, group: int, size: int, t
               st.integers(0, 5), st.integers(0, 1)),
     st.just({"type": "AllBlocksCleared"})), max_size=14))
 def test_any_stream_reads_through_every_profile_and_the_warnings(events: list[dict[str, Any]]) -> None:
-    from kvpool.oracle.events_check import Position
-    from kvpool.oracle.routers import Query
+    from kvpool.oracle.events.check import Position
+    from kvpool.oracle.events.routers import Query
 
     positioned = [(Position(i + 1), e) for i, e in enumerate(events)]
     for w in find_warnings(positioned):

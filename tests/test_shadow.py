@@ -23,11 +23,11 @@ import pytest
 from kvpool.bugs import pools as seeded
 from kvpool.impl import BlockPool, Request, get_request_block_hasher
 from kvpool.oracle import shadow as sh
-from kvpool.oracle.adapter import adapter_for_class
-from kvpool.oracle.lockstep import Divergence, Lockstep
+from kvpool.oracle.core.adapter import adapter_for_class
+from kvpool.oracle.core.lockstep import Divergence, Lockstep
+from kvpool.oracle.generate.workload import RunConfig, Workload
 from kvpool.oracle.shadow import Shadow, ShadowDivergence, ShadowPool, shadow_of, shadowed_class
 from kvpool.oracle.trace import check_trace
-from kvpool.oracle.workload import RunConfig, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 

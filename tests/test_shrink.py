@@ -12,11 +12,11 @@ import io
 from kvpool.bugs.pools import PartialKeptAfterPromotion
 from kvpool.cli import conform
 from kvpool.impl import BlockPool
-from kvpool.oracle.adapter import kvpool_adapter
-from kvpool.oracle.campaign import run_one
-from kvpool.oracle.conform import Options, run_campaign_phase
-from kvpool.oracle.lockstep import Divergence, Lockstep
-from kvpool.oracle.shrink import CallLog, ddmin, replay, shrink_log
+from kvpool.oracle.core.adapter import kvpool_adapter
+from kvpool.oracle.core.lockstep import Divergence, Lockstep
+from kvpool.oracle.search.campaign import run_one
+from kvpool.oracle.search.conform import Options, run_campaign_phase
+from kvpool.oracle.search.shrink import CallLog, ddmin, replay, shrink_log
 
 
 def test_ddmin_finds_the_smallest_failing_subset() -> None:

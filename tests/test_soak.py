@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from kvpool.impl import BlockPool
-from kvpool.oracle.observe import pool_invariant_errors
+from kvpool.oracle.core.observe import pool_invariant_errors
 
 SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 

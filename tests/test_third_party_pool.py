@@ -416,8 +416,8 @@ def test_both_phases_find_the_interaction_bugs_with_short_traces(bug: str) -> No
     """Once found by the campaign alone (the machine missed them in thousands of examples) and
     reported as the last 12 of some 1,800 calls: now each phase finds them at its defaults, the
     campaign's run shrunk to a few calls, the machine's to a few steps."""
-    from kvpool.oracle.adapter import adapter_for_class
-    from kvpool.oracle.conform import Options, run_campaign_phase, run_machine_phase
+    from kvpool.oracle.core.adapter import adapter_for_class
+    from kvpool.oracle.search.conform import Options, run_campaign_phase, run_machine_phase
 
     adapter = adapter_for_class(getattr(mypool_interactions, bug), strict_messages=False)
     campaign = run_campaign_phase(adapter, Options())

@@ -59,7 +59,7 @@ def test_round_trip(tmp_path: Path, seed: int) -> None:
 
 
 def test_record_through_an_adapter(tmp_path: Path) -> None:
-    from kvpool.oracle.adapter import kvpool_adapter
+    from kvpool.oracle.core.adapter import kvpool_adapter
 
     rec = record_adapter(kvpool_adapter(), 5, 150)
     assert rec.divergence is None

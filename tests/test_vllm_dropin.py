@@ -14,9 +14,9 @@ import pytest
 
 from kvpool.impl import BlockPool, UnknownBlockError
 from kvpool.impl.events import event_fields, use_event_classes, use_vllm_event_classes
-from kvpool.oracle.abstraction import vllm_refusal
-from kvpool.oracle.campaign import run_campaign
-from kvpool.oracle.observe import observe_pool
+from kvpool.oracle.core.abstraction import vllm_refusal
+from kvpool.oracle.core.observe import observe_pool
+from kvpool.oracle.search.campaign import run_campaign
 
 vllm_pool = pytest.importorskip("vllm.v1.core.block_pool")
 vllm_request = pytest.importorskip("vllm.v1.request")

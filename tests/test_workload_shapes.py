@@ -23,9 +23,9 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvpool.impl import BlockPool
-from kvpool.oracle.adapter import ClassAdapter
-from kvpool.oracle.campaign import run_one
-from kvpool.oracle.machine import machine_for
+from kvpool.oracle.core.adapter import ClassAdapter
+from kvpool.oracle.search.campaign import run_one
+from kvpool.oracle.search.machine import machine_for
 
 
 class Pool033(BlockPool):

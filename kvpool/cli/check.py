@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvpool.oracle.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
+from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 
 from .usage import add_scale_options, check_blocks
 
@@ -76,8 +76,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         args.steps, args.runs = steps, runs
         return check_exec(args)
     # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
-    from kvpool.oracle.adapter import adapter_for_class, misuse_setting
-    from kvpool.oracle.campaign import run_campaign
+    from kvpool.oracle.core.adapter import adapter_for_class, misuse_setting
+    from kvpool.oracle.search.campaign import run_campaign
 
     from .usage import import_or_exit  # lazy: with the oracle it checks for
 

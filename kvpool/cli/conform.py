@@ -1,12 +1,12 @@
 """``kvpool conform``: check any block pool implementation against the model.
 
-Two phases run against the implementation (:mod:`kvpool.oracle.conform`), each
+Two phases run against the implementation (:mod:`kvpool.oracle.search.conform`), each
 compared call by call with the model:
 
-* ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
+* ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.search.campaign.run_one`),
   ``--runs`` runs of ``--steps`` calls each: long and fast; a divergence is shrunk by
-  delta debugging over the run's calls (:mod:`kvpool.oracle.shrink`);
-* ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
+  delta debugging over the run's calls (:mod:`kvpool.oracle.search.shrink`);
+* ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.search.machine`),
   ``--examples`` examples of up to ``--machine-steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.
 
@@ -60,7 +60,7 @@ as one line without a traceback.
                      "why": "needs misuse" | "caller contract" | "caller action"
                             | "another --reference" | "reachable without misuse"}, ...],
          "pairs": {"met": 197, "legal": 197, "missed": ["mask+second_pool", ...]},
-                                              # features met in one call (oracle/features.py)
+                                              # features met in one call (oracle/generate/features.py)
          "pool": {"covered": 269, "total": 410,  # the pool's own source's branches
                   "files": [["/.../pool.py", 120, 150], ...]}}
       ]
@@ -107,8 +107,10 @@ from traceback import format_exception
 from typing import Any, TextIO
 
 from kvpool.model import REFERENCES
-from kvpool.oracle.adapter import Adapter, misuse_setting
-from kvpool.oracle.conform import (
+from kvpool.oracle.core.adapter import Adapter, misuse_setting
+from kvpool.oracle.drive.adapter import DriveAdapter
+from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
+from kvpool.oracle.search.conform import (
     Failure,
     Options,
     PhaseResult,
@@ -116,10 +118,8 @@ from kvpool.oracle.conform import (
     run_campaign_phase,
     run_machine_phase,
 )
-from kvpool.oracle.coverage import PhaseCoverage, measure_phase
-from kvpool.oracle.database import describe, use_cache_dir
-from kvpool.oracle.drive.adapter import DriveAdapter
-from kvpool.oracle.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
+from kvpool.oracle.search.coverage import PhaseCoverage, measure_phase
+from kvpool.oracle.search.database import describe, use_cache_dir
 from kvpool.pictures import pictured_steps
 from kvpool.shard import Shard, ShardError
 
@@ -154,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
                              "kvpool.impl's pool and its subclasses must refuse misuse with "
                              "the model's typed errors, other classes run without misuse")
     target.add_argument("--adapter", metavar="MODULE:FACTORY",
-                        help="a callable returning a kvpool.oracle.adapter.Adapter")
+                        help="a callable returning a kvpool.oracle.core.adapter.Adapter")
     target.add_argument("--exec", metavar='"CMD ARGS"',
                         help="a pool in another process (any language), spoken to over its stdin and "
                              "stdout in the drive protocol (oracle/DRIVE_PROTOCOL.md)")

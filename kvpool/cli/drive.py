@@ -116,9 +116,9 @@ def meta_of(command: Sequence[str], tool: str, seed: int) -> dict[str, Any]:
 def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     """``kvpool check --exec``: the seeded campaign against the process, as for a Python pool."""
     # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
-    from kvpool.oracle.adapter import misuse_setting
-    from kvpool.oracle.conform import Options, run_campaign_phase
+    from kvpool.oracle.core.adapter import misuse_setting
     from kvpool.oracle.drive.failure import DriveRun
+    from kvpool.oracle.search.conform import Options, run_campaign_phase
 
     out = out or sys.stdout
     try:

@@ -1,6 +1,6 @@
 """``kvpool check-events``: a KV-event stream read as a router rebuilding the prefix index reads it.
 
-The checks and their rules are :mod:`kvpool.oracle.events_check`'s; this is
+The checks and their rules are :mod:`kvpool.oracle.events.check`'s; this is
 its command line: the file, the block sizes, and the report as text or JSON.
 """
 
@@ -11,9 +11,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kvpool.oracle.events_check import EventsReport, Stream, check_stream, load_events
-from kvpool.oracle.events_warnings import add_warnings
-from kvpool.oracle.routers import RouterReport, check_stream_router, profile_factory
+from kvpool.oracle.events.check import EventsReport, Stream, check_stream, load_events
+from kvpool.oracle.events.routers import RouterReport, check_stream_router, profile_factory
+from kvpool.oracle.events.warnings import add_warnings
 from kvpool.oracle.trace import TraceError
 
 

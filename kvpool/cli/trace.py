@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 
 from kvpool.model import REFERENCES
-from kvpool.oracle.adapter import adapter_for_class, misuse_setting
-from kvpool.oracle.long_lived import LONG_LIVED_STEPS
-from kvpool.oracle.routers import check_trace_routers, profile_factory
+from kvpool.oracle.core.adapter import adapter_for_class, misuse_setting
+from kvpool.oracle.events.routers import check_trace_routers, profile_factory
+from kvpool.oracle.generate.long_lived import LONG_LIVED_STEPS
 from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record_adapter
 
 from .events import router_name

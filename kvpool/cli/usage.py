@@ -1,7 +1,7 @@
 """Mistakes on the command line: one line on stderr, exit status 2, before any work.
 
 The library below the command line raises its own errors (the oracle's
-:class:`~kvpool.oracle.adapter.LoadError` for a ``module:name`` that names no
+:class:`~kvpool.oracle.core.adapter.LoadError` for a ``module:name`` that names no
 usable pool); this module turns them into :class:`UsageError`, with the flag
 that was given in front, so that every subcommand reports them the same way.
 """
@@ -12,10 +12,10 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from kvpool.oracle.adapter import LoadError, load_object
+from kvpool.oracle.core.adapter import LoadError, load_object
 
 if TYPE_CHECKING:
-    from kvpool.oracle.adapter import Adapter
+    from kvpool.oracle.core.adapter import Adapter
 
 __all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "import_or_exit",
            "import_spec", "load_adapter"]
@@ -50,7 +50,7 @@ def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any
 
 def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True) -> Adapter:
     """The adapter named by ``--impl`` or ``--adapter``; a bad one raises :class:`UsageError`."""
-    from kvpool.oracle.conform import load_adapter as load  # hypothesis: only when asked
+    from kvpool.oracle.search.conform import load_adapter as load  # hypothesis: only when asked
 
     try:
         return load(impl, adapter, strict_messages)
@@ -76,7 +76,7 @@ def example_db_option() -> str | None:
     """``KVPOOL_EXAMPLE_DB``, checked before the run: a directory that can be created or a
     ``redis://`` server that answers; anything else raises :class:`UsageError`."""
     # lazy: Hypothesis' database only when a command needs one
-    from kvpool.oracle.database import ENV, ExampleDatabaseError, example_database, from_env
+    from kvpool.oracle.search.database import ENV, ExampleDatabaseError, example_database, from_env
 
     spec = from_env()
     if spec is None:

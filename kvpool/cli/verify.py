@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", action="append", default=[], metavar="MODULE:CLASS",
                    help="a pool class with the reference API to check for conformance (repeatable)")
     p.add_argument("--adapter", action="append", default=[], metavar="MODULE:FACTORY",
-                   help="a callable returning a kvpool.oracle.adapter.Adapter (repeatable)")
+                   help="a callable returning a kvpool.oracle.core.adapter.Adapter (repeatable)")
     p.add_argument("--trace", action="append", default=[], metavar="FILE",
                    help="a recorded JSONL trace to replay on the model (repeatable)")
     p.add_argument("--events", action="append", default=[], metavar="FILE",

@@ -3,7 +3,7 @@
 One case per pool configuration of the budget (``refinement_pools``): every
 sequence of up to the configuration's depth of calls from a fresh pool,
 breadth first, run on kvpool.impl and the model side by side
-(:mod:`kvpool.oracle.refinement`), compared after every call.  The calls
+(:mod:`kvpool.oracle.search.refinement`), compared after every call.  The calls
 are the bounded model checker's (:func:`kvpool.proofs.bmc.calls`: every
 contract-respecting call over small domains, the owner's writes included),
 the queries, and deliberate misuse; states are deduplicated by the model's
@@ -30,7 +30,7 @@ from .progress import Progress
 
 if TYPE_CHECKING:
     from kvpool.model.state import PoolState
-    from kvpool.oracle.refinement import CallDomain, Refinement, Shape
+    from kvpool.oracle.search.refinement import CallDomain, Refinement, Shape
 
 
 def bmc_domain(shape: Shape, symmetry: bool = True
@@ -40,11 +40,11 @@ def bmc_domain(shape: Shape, symmetry: bool = True
     With ``symmetry`` the key is the BMC's, up to renaming blocks, groups and
     watchers: sound for a pool that treats them alike, as the model does, and
     about half the states; without, the model's exact variables
-    (:func:`kvpool.oracle.refinement.exact_key`), so a pool that treats group 1
+    (:func:`kvpool.oracle.search.refinement.exact_key`), so a pool that treats group 1
     or block 2 differently is explored in every state it can be in.
     """
     # lazy: the oracle, the BMC and the pool load when the phase runs
-    from kvpool.oracle.refinement import exact_key, requests_for
+    from kvpool.oracle.search.refinement import exact_key, requests_for
     from kvpool.proofs import bmc
 
     cfg = bmc.Bounds(blocks=shape.blocks, hash_block_size=shape.hash_block_size,
@@ -74,7 +74,7 @@ def refine(factory: Callable[..., Any], shape: Shape, depth: int, seconds: float
            symmetry: bool = True, **options: Any) -> Refinement:
     """Explore ``factory``'s pools of ``shape`` to ``depth`` over the BMC's domain plus misuse."""
     # lazy: the oracle, the BMC and the pool load when the phase runs
-    from kvpool.oracle.refinement import explore
+    from kvpool.oracle.search.refinement import explore
 
     calls, requests, key = bmc_domain(shape, symmetry)
     return explore(factory, shape, depth, calls, requests, key=key, seconds=seconds, **options)
@@ -99,7 +99,7 @@ def figures(out: Refinement) -> dict[str, Any]:
 def refinement_failure(out: Refinement) -> dict[str, Any]:
     """A divergence as a Failure: the lockstep's message and pictures, and the whole sequence."""
     # lazy: the oracle, the BMC and the pool load when the phase runs
-    from kvpool.oracle.refinement import show_call
+    from kvpool.oracle.search.refinement import show_call
 
     exc = out.divergence
     assert exc is not None
@@ -120,7 +120,7 @@ def _one_pool(factory: Callable[..., Any] | None, pool: _Pool, budget: Budget) -
     """One pool's exploration as its case, its figures, its operations and a progress note (plain
     data, so that a worker process can send it back); ``factory`` None: kvpool's own pool."""
     # lazy: the oracle, the BMC and the pool load when the phase runs
-    from kvpool.oracle.refinement import Shape
+    from kvpool.oracle.search.refinement import Shape
 
     if factory is None:
         from kvpool.impl import BlockPool  # lazy: kvpool's own pool, only as the default target

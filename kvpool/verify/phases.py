@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvpool.oracle.adapter import Adapter
+from kvpool.oracle.core.adapter import Adapter
 from kvpool.shard import Shard
 
 from .budget import Budget, pool_depths
@@ -325,10 +325,10 @@ def shapes_case() -> Case:
 
 
 def legal_case() -> Case:
-    """Every caller contract accepts the legal corpus whole (:mod:`kvpool.oracle.legal`): a contract
+    """Every caller contract accepts the legal corpus whole (:mod:`kvpool.oracle.generate.legal`): a contract
     too strong, which the searches would silently obey by exploring less, fails here."""
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.oracle.legal import check_legal
+    from kvpool.oracle.generate.legal import check_legal
 
     began = time.perf_counter()
     out = check_legal()
@@ -371,7 +371,7 @@ def part_from_json(data: dict[str, Any]) -> Any:
 def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str, Any]:
     """A lockstep divergence (or a crash of the pool) as a Failure with pictures."""
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.oracle.lockstep import CallerBrokeContract, Divergence
+    from kvpool.oracle.core.lockstep import CallerBrokeContract, Divergence
 
     text = str(exc) if isinstance(exc, Divergence) else f"{type(exc).__name__}: {exc}"
     kind = ("contract" if isinstance(exc, CallerBrokeContract)
@@ -391,7 +391,7 @@ def run_lockstep(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -
     """
     # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.impl import BlockPool
-    from kvpool.oracle.campaign import run_one
+    from kvpool.oracle.search.campaign import run_one
 
     phase = Phase("lockstep")
     mine = [run for run in range(budget.runs) if shard.takes(run)]
@@ -440,12 +440,12 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
                     progress: Progress, shard: Shard = WHOLE_RUN, database: str | None = None) -> Phase:
     """Each implementation against the model: the campaign, then the state machine.
 
-    A shard runs its part of both (:class:`kvpool.oracle.conform.Options`); ``database``
+    A shard runs its part of both (:class:`kvpool.oracle.search.conform.Options`); ``database``
     is Hypothesis' example database (``KVPOOL_EXAMPLE_DB``).
     """
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.oracle.adapter import misuse_setting
-    from kvpool.oracle.conform import (
+    from kvpool.oracle.core.adapter import misuse_setting
+    from kvpool.oracle.search.conform import (
         Options,
         observation_level,
         run_campaign_phase,
@@ -500,7 +500,7 @@ def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
                progress: Progress) -> Phase:
     """Recorded traces replayed on the model; event streams read as a router reads them."""
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.oracle.events_check import check_events
+    from kvpool.oracle.events.check import check_events
     from kvpool.oracle.trace import TraceError, check_trace
 
     phase = Phase("traces", skipped=not (traces or events))

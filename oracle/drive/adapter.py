@@ -1,4 +1,4 @@
-"""The oracle's :class:`~kvpool.oracle.adapter.Adapter` for a pool in another process.
+"""The oracle's :class:`~kvpool.oracle.core.adapter.Adapter` for a pool in another process.
 
 ``construct`` sends a header to one of (at most) two copies of the command
 and returns a :class:`~.facade.DrivenPool` over it: the workloads use two pools
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..abstraction import names_refusal
-from ..adapter import ReferencePool
+from ..core.abstraction import names_refusal
+from ..core.adapter import ReferencePool
 from ..trace.read import Header
 from ..trace.schema import DEFAULT_REFERENCE
 from . import protocol

@@ -11,7 +11,7 @@ answer says fired are called with their blocks.
 What the lockstep observes depends on the process.  When its answers carry
 an observation, the proxies show ``ref_cnt``/``block_hash``, and the free
 queue, index, secondary keys and watchers it wrote are mirrored under vLLM's
-attribute names, so :class:`~kvpool.oracle.observe.Observer` reads them as
+attribute names, so :class:`~kvpool.oracle.core.observe.Observer` reads them as
 it reads a Python pool.  When they do not, the pool is seen only through
 calls (the observer's ``api-only`` level): :meth:`DrivenPool.observe_calls`
 sends the free count, every block's ``is_block_writable`` and the probed
@@ -29,7 +29,7 @@ from typing import Any
 
 from kvpool.model import OPERATIONS, Operation
 
-from ..abstraction import EVENT_FIELDS, key_of, published
+from ..core.abstraction import EVENT_FIELDS, key_of, published
 from ..trace.read import Header, TraceStep
 from ..trace.schema import Json
 from ..trace.write import request_to_json

@@ -23,8 +23,8 @@ from typing import Any
 
 from kvpool.model import QUERIES
 
-from ..conform import Failure, Options, PhaseResult
-from ..shrink import HANDS_OUT, LISTS_OF_HELD, ddmin, renamed, sources
+from ..search.conform import Failure, Options, PhaseResult
+from ..search.shrink import HANDS_OUT, LISTS_OF_HELD, ddmin, renamed, sources
 from ..trace.check import CheckReport, check_trace
 from ..trace.read import Header
 from ..trace.schema import Json

@@ -24,9 +24,9 @@ from kvpool.model import OPERATIONS
 from kvpool.model.operations import Translate
 from kvpool.model.request import prefix_key
 
-from ..abstraction import concrete_key
-from ..adapter import LoadError, load_object
-from ..observe import Observer
+from ..core.abstraction import concrete_key
+from ..core.adapter import LoadError, load_object
+from ..core.observe import Observer
 from ..trace.read import Header, TraceStep, json_lines, parse_header
 from ..trace.schema import FieldError, Json, TraceError
 from ..trace.write import encode_result, event_to_json, observation_to_json

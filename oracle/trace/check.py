@@ -17,9 +17,9 @@ from typing import Any
 from kvpool.model import ACTIONS, OPERATIONS, QUERIES, REFERENCES, ContractBroken, initial_state
 from kvpool.model.state import Key, PoolState
 
-from ..abstraction import names_refusal, refusal_name, removals_in_order
-from ..lockstep import Watcher
-from ..observe import observe_model
+from ..core.abstraction import names_refusal, refusal_name, removals_in_order
+from ..core.lockstep import Watcher
+from ..core.observe import observe_model
 from .read import TraceStep, iter_trace
 from .schema import EVENT_FIELDS, OBSERVATION_FIELDS, USAGE_TOLERANCE, Json, is_int, show
 from .write import encode_model_result, model_event_to_json, observation_to_json

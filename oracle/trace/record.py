@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from ..abstraction import any_value_error, same_refusal, vllm_refusal
-from ..lockstep import Divergence, Lockstep, Watcher
-from ..long_lived import pool_blocks, workload_class
-from ..observe import Observation
-from ..workload import RunConfig
+from ..core.abstraction import any_value_error, same_refusal, vllm_refusal
+from ..core.lockstep import Divergence, Lockstep, Watcher
+from ..core.observe import Observation
+from ..generate.long_lived import pool_blocks, workload_class
+from ..generate.workload import RunConfig
 from .schema import DEFAULT_REFERENCE, VERSION, Json
 from .write import encode_args, encode_result, event_to_json, observation_to_json
 
@@ -32,7 +32,7 @@ class _Tap:
 
     def __init__(self, pool: Any):
         self._pool = pool
-        self.wrapped = pool  # what the lockstep observes (kvpool.oracle.lockstep)
+        self.wrapped = pool  # what the lockstep observes (kvpool.oracle.core.lockstep)
         self._armed: str | None = None
         self.outcome: tuple[Any, BaseException | None] = (None, None)
 
@@ -222,7 +222,7 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
                    reference: str = DEFAULT_REFERENCE, misuse: bool | None = None,
                    path: str | Path | None = None, blocks: int | None = None,
                    long_lived: bool = False) -> Recording:
-    """:func:`record` through an ``oracle.adapter.Adapter``: its constructor, observation,
+    """:func:`record` through an ``oracle.core.adapter.Adapter``: its constructor, observation,
     error pairing and misuse setting (``misuse`` None: whatever the adapter supports)."""
 
     def factory(num_blocks: int, caching: bool, hash_block_size: int,

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpool.model import ACTIONS, OPERATIONS, QUERIES
 
-from .. import abstraction
+from ..core import abstraction
 
 VERSION = 1
 DEFAULT_REFERENCE = "0.31"
@@ -73,7 +73,7 @@ def schema_gaps() -> set[str]:
     """Event types whose trace schema and the oracle's abstraction disagree (empty when in step).
 
     The operations' tables are read off the model's declarations; the event
-    fields are written twice (here and in :mod:`kvpool.oracle.abstraction`),
+    fields are written twice (here and in :mod:`kvpool.oracle.core.abstraction`),
     so a renamed field is named here rather than silently missing from traces
     (a test asserts it is empty).
     """

@@ -1,7 +1,7 @@
 """Writing trace lines: a pool's (or the model's) calls, results and events in the trace's JSON form.
 
 Bytes become lowercase hex, blocks their ids, keys the pool's concrete form
-(:mod:`kvpool.oracle.abstraction`), so that a trace written here reads the
+(:mod:`kvpool.oracle.core.abstraction`), so that a trace written here reads the
 same as one written by a pool in another language.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from kvpool.model import OPERATIONS, Event
 
-from .. import abstraction
-from ..lockstep import Watcher
-from ..observe import Observation
+from ..core import abstraction
+from ..core.lockstep import Watcher
+from ..core.observe import Observation
 from .schema import ARG_KINDS, RESULT_KINDS, Json
 
 _SCALARS = frozenset((int, str, bool, float, type(None)))
@@ -35,7 +35,7 @@ def to_json(value: Any) -> Json:
 
 def event_to_json(event: Any) -> dict[str, Json]:
     """One event of a pool (any classes named like vLLM's) as a trace/event-stream object:
-    :func:`kvpool.oracle.abstraction.pool_event`'s fields in their JSON form, in one pass."""
+    :func:`kvpool.oracle.core.abstraction.pool_event`'s fields in their JSON form, in one pass."""
     kind = abstraction.event_type(event)
     if kind is None:
         return {"type": type(event).__name__}

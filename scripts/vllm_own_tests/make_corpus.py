@@ -1,7 +1,7 @@
 """A corpus of legal call sequences: the traces the shadow wrote while vLLM's own tests ran.
 
     KVPOOL_SHADOW_KEEP=1 bash scripts/vllm-own-tests.sh .venv-vllm 0.31.0
-    python scripts/vllm_own_tests/make_corpus.py reports/vllm-own-tests/shadow oracle/corpus/vllm
+    python scripts/vllm_own_tests/make_corpus.py reports/vllm-own-tests/shadow oracle/generate/corpus/vllm
 
 Every pool vLLM's tests built wrote its calls (``KVPOOL_SHADOW_KEEP=1``).  A
 trace is kept when ``kvpool check-trace`` accepts it whole (no divergence, no

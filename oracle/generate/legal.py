@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .trace import check_trace
-from .trace.check import CheckReport
+from ..trace import check_trace
+from ..trace.check import CheckReport
 
 CORPORA = ("vllm", "workloads")
 """The folders of ``corpus/``, each a set of legal traces."""
@@ -31,7 +31,7 @@ CORPORA = ("vllm", "workloads")
 
 def legal_traces() -> list[Path]:
     """Every legal trace shipped with the package, by corpus then name."""
-    root = resources.files("kvpool.oracle").joinpath("corpus")
+    root = resources.files("kvpool.oracle.generate").joinpath("corpus")
     out: list[Path] = []
     for name in CORPORA:
         folder = Path(str(root.joinpath(name)))

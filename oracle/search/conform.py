@@ -1,13 +1,13 @@
 """Check any block pool implementation against the model: the two conformance phases.
 
 Two phases run against the implementation, each compared call by call with
-the model through :class:`~kvpool.oracle.lockstep.Lockstep`:
+the model through :class:`~kvpool.oracle.core.lockstep.Lockstep`:
 
-* ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.campaign.run_one`),
+* ``campaign`` -- seeded random workloads (:func:`kvpool.oracle.search.campaign.run_one`),
   ``runs`` runs of ``steps`` calls each: long and fast; a divergence is shrunk by delta
   debugging over the run's calls (:mod:`.shrink`); each run then makes the feature pairs
   of its share it missed (:mod:`.directed`);
-* ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.machine`),
+* ``machine`` -- the Hypothesis state machine (:mod:`kvpool.oracle.search.machine`),
   ``examples`` examples of up to ``machine_steps`` rules: a failure is
   shrunk to a minimal trace of readable steps.
 
@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
-from .adapter import (
+from ..core.adapter import (
     Adapter,
     LoadError,
     adapter_factory,
@@ -42,10 +42,10 @@ from .adapter import (
     load_object,
     missing_api,
 )
+from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep
+from ..generate.features import FeatureLog
 from .campaign import run_one
 from .database import describe, example_database
-from .features import FeatureLog
-from .lockstep import CallerBrokeContract, Divergence, Lockstep
 from .machine import MachineFailure, machine_for
 from .shrink import shrink_log
 
@@ -65,7 +65,7 @@ def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = 
 
     Checked enough to fail early and clearly: a bad spec, a class without the
     pool API, a factory that returns no adapter or a pool that cannot be built
-    raise :class:`~kvpool.oracle.adapter.LoadError`, whose message starts with
+    raise :class:`~kvpool.oracle.core.adapter.LoadError`, whose message starts with
     the spec (a command line puts its flag in front).
     """
     if impl is not None:

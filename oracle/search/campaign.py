@@ -9,13 +9,13 @@ from typing import Any, TextIO
 
 from kvpool.model import OPERATIONS
 
-from .abstraction import same_refusal
-from .directed import Directed, missed_share
-from .features import FeatureLog
-from .lockstep import Divergence, Lockstep
-from .long_lived import pool_blocks, workload_class
+from ..core.abstraction import same_refusal
+from ..core.lockstep import Divergence, Lockstep
+from ..generate.directed import Directed, missed_share
+from ..generate.features import FeatureLog
+from ..generate.long_lived import pool_blocks, workload_class
+from ..generate.workload import RunConfig, second_pool
 from .shrink import CallLog
-from .workload import RunConfig, second_pool
 
 
 def run_one(

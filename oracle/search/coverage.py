@@ -31,11 +31,11 @@ from kvpool.model import contracts as model_contracts
 from kvpool.model import guards as model_guards
 from kvpool.model import pool as model_pool
 
-from .adapter import adapter_factory
-from .features import PairCoverage, pair_coverage
+from ..core.adapter import adapter_factory
+from ..generate.features import PairCoverage, pair_coverage
 
 if TYPE_CHECKING:
-    from .adapter import Adapter
+    from ..core.adapter import Adapter
     from .conform import Options, PhaseResult
 
 T = TypeVar("T")

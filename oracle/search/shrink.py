@@ -24,8 +24,8 @@ from typing import Any
 
 from kvpool.model import OPERATIONS, QUERIES, Refusal, RefusalKind
 
-from .lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher, short_args
-from .workload import free_across
+from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher, short_args
+from ..generate.workload import free_across
 
 Lines = list[dict[str, Any]]
 

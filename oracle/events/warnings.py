@@ -42,7 +42,9 @@ from typing import Any
 
 from kvpool.model.state import PoolState
 
-from .events_check import (
+from ..trace import TraceError, TraceStep, canonical_hash
+from ..trace.check import agreeing_steps
+from .check import (
     EventsReport,
     Key,
     Position,
@@ -53,8 +55,6 @@ from .events_check import (
     _key,
     step_events,
 )
-from .trace import TraceError, TraceStep, canonical_hash
-from .trace.check import agreeing_steps
 
 WARNINGS: dict[str, str] = {
     "stored-again": "a store of a key the stream holds: a re-announced hit or a second copy",

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events_check import Position
+from ..check import Position
 from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
 
 _REPO = "ai-dynamo/dynamo"

@@ -6,7 +6,7 @@ as objects with ``block_id``, ``ref_cnt`` and ``block_hash``.
 :class:`ReferencePool` spells that API out; :class:`Lockstep` calls it with
 block ids translated and observes the pool through its public surface,
 adding vLLM's internals where the pool has them
-(:mod:`kvpool.oracle.observe`).
+(:mod:`kvpool.oracle.core.observe`).
 
 An :class:`Adapter` is the small part that differs between implementations:
 how to build a pool, how its refusals pair with the model's, and whether it
@@ -17,7 +17,7 @@ mymodule:MyPool`` wraps it in a :class:`ClassAdapter`.  An implementation
 with a different surface (another language behind FFI, say) writes one::
 
     from dataclasses import dataclass
-    from kvpool.oracle.abstraction import vllm_refusal
+    from kvpool.oracle.core.abstraction import vllm_refusal
 
     @dataclass
     class MyAdapter:
@@ -36,7 +36,7 @@ with a different surface (another language behind FFI, say) writes one::
 
 ``construct`` may leave out ``metrics_collector`` (metrics calls are then not
 compared).  An adapter may also define ``observe(pool, probes)`` returning an
-:class:`~kvpool.oracle.observe.Observation`, to observe what the public
+:class:`~kvpool.oracle.core.observe.Observation`, to observe what the public
 surface cannot show.
 """
 
@@ -70,7 +70,7 @@ class ReferencePool(Protocol):
     Besides the operations, the observation reads ``blocks`` (each with
     ``block_id``, ``ref_cnt``, ``block_hash``) and ``free_block_queue`` (with
     ``get_all_free_blocks()`` and ``num_free_blocks``); vLLM's internals are
-    read where present (:class:`~kvpool.oracle.observe.Observer`).
+    read where present (:class:`~kvpool.oracle.core.observe.Observer`).
     """
 
     blocks: list[Any]

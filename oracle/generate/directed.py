@@ -30,9 +30,9 @@ from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange
 from kvpool.model.request import block_hash
 from kvpool.model.state import NULL
 
-from .abstraction import same_refusal
+from ..core.abstraction import same_refusal
+from ..core.lockstep import Lockstep
 from .features import ALL, FEATURES, IMPOSSIBLE, FeatureLog, Pair, legal_pairs
-from .lockstep import Lockstep
 
 HBS, BS = 2, 6
 """The hash block size and the block size of directed calls (three chunks: two boundaries inside)."""

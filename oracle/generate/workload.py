@@ -5,7 +5,7 @@ touch, allocate, cache), decode token by token (allocate, cache, partial
 entries and their promotion), finish (free, or unpin for a reader), and get
 preempted when the pool runs dry.  Evictions, resets, hash moves, event
 takes and deliberate misuse are mixed in.  Every call goes through a
-:class:`~kvpool.oracle.lockstep.Lockstep`, which compares pool and model.
+:class:`~kvpool.oracle.core.lockstep.Lockstep`, which compares pool and model.
 
 Every legal shape of a call is made, misuse or not, because a pool can be
 wrong on any of them: a block listed several times in one ``free_blocks``,
@@ -34,9 +34,9 @@ from kvpool.model import OPERATIONS, QUERIES, Refusal
 from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
-from .abstraction import refusal_name
+from ..core.abstraction import refusal_name
+from ..core.lockstep import CallRecord, Lockstep
 from .features import call_features
-from .lockstep import CallRecord, Lockstep
 
 SCAN_LIMIT = 256
 """Pools up to this size are scanned whole when a step picks blocks; on a larger pool a step

@@ -41,6 +41,7 @@ from kvpool.model.pool import keys_of
 from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
+from ..generate.features import FeatureLog, call_features, kept
 from .abstraction import (
     concrete_key,
     event_differences,
@@ -51,7 +52,6 @@ from .abstraction import (
     same_refusal,
     short,
 )
-from .features import FeatureLog, call_features, kept
 from .observe import (
     WHITE_BOX,
     Observation,
@@ -93,7 +93,7 @@ class Divergence(AssertionError):
     unobservable: str | None
     window: tuple[int, int] | None
     log: Any
-    """The run's calls (a :class:`~kvpool.oracle.shrink.CallLog`), when the run kept them."""
+    """The run's calls (a :class:`~kvpool.oracle.search.shrink.CallLog`), when the run kept them."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
@@ -202,7 +202,7 @@ class Lockstep(Translate):
     After every call it compares results and refusals, the events, the reuse
     watchers' calls and, when a metrics collector is attached, what it was
     told; then the call's footprint, at the level the pool allows
-    (:class:`~kvpool.oracle.observe.Observer`), and the model's invariants
+    (:class:`~kvpool.oracle.core.observe.Observer`), and the model's invariants
     there; and every ``full_every`` calls the whole pool.
     """
 
@@ -239,7 +239,7 @@ class Lockstep(Translate):
     ops_seen: Counter[str] = field(default_factory=Counter)
     refusals_seen: Counter[str] = field(default_factory=Counter)
     log: Any = None
-    """A :class:`~kvpool.oracle.shrink.CallLog` that keeps every call, for a shrink (None: none)."""
+    """A :class:`~kvpool.oracle.search.shrink.CallLog` that keeps every call, for a shrink (None: none)."""
     which: int = 0
     """Which pool of the run this is (0: the first, 1: a second pool of the same implementation)."""
     features: FeatureLog | None = None

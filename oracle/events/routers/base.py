@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..events_check import Position
-from ..trace import canonical_hash
+from ...trace import canonical_hash
+from ..check import Position
 
 
 @dataclass(frozen=True)

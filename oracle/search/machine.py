@@ -1,8 +1,8 @@
 """A Hypothesis state machine that drives the model and any pool in lockstep.
 
 :func:`machine_for` builds a ``RuleBasedStateMachine`` for one
-:class:`~kvpool.oracle.adapter.Adapter`.  Every call goes through a
-:class:`~kvpool.oracle.lockstep.Lockstep`, which compares results, error
+:class:`~kvpool.oracle.core.adapter.Adapter`.  Every call goes through a
+:class:`~kvpool.oracle.core.lockstep.Lockstep`, which compares results, error
 types, the whole observation, pending events and watcher firings, and checks
 every model invariant after each call; the ``@invariant`` runs the same
 check on the fresh pool (later states only arise through calls, each
@@ -44,7 +44,7 @@ like any block not of the pool: the model sees an id outside the pool, as
 :class:`Lockstep`'s ``foreign`` block).
 
 Use it from pytest as ``TestMyPool = machine_for(my_adapter).TestCase``, or
-through ``kvpool conform`` (:mod:`kvpool.oracle.conform`).
+through ``kvpool conform`` (:mod:`kvpool.oracle.search.conform`).
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange
 from kvpool.model import Refusal
 from kvpool.model.state import NULL
 
-from .adapter import Adapter, adapter_factory
-from .directed import SCENARIOS, Directed
-from .features import FEATURES as FEATURE_NAMES
-from .features import FeatureLog
-from .lockstep import Lockstep
-from .workload import RunConfig, Running, Workload, free_across, partial_spots, rekey, rewritable
+from ..core.adapter import Adapter, adapter_factory
+from ..core.lockstep import Lockstep
+from ..generate.directed import SCENARIOS, Directed
+from ..generate.features import FEATURES as FEATURE_NAMES
+from ..generate.features import FeatureLog
+from ..generate.workload import RunConfig, Running, Workload, free_across, partial_spots, rekey, rewritable
 
 LORA_IDS = {"lora1": 1, "lora2": 2}
 MISUSES = (

@@ -32,7 +32,7 @@ import hashlib
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..events_check import Position
+from ..check import Position
 from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
 
 _REPO = "llm-d/llm-d-kv-cache"

@@ -53,8 +53,8 @@ from typing import Any
 
 from kvpool.model.request import prefix_key
 
-from .trace import FieldError, TraceError, TraceStep, canonical_hash, json_lines, parse_event
-from .trace.read import iter_trace
+from ..trace import FieldError, TraceError, TraceStep, canonical_hash, json_lines, parse_event
+from ..trace.read import iter_trace
 
 Key = tuple[Any, Any]  # (hash in int form, group_idx)
 _LOW_64 = (1 << 64) - 1

@@ -29,11 +29,11 @@ from typing import Any
 from kvpool.model.request import hashes_at
 from kvpool.model.state import PoolState
 
-from ..events_check import Position, step_events
-from ..events_warnings import find_warnings, pool_copies
-from ..trace import CheckReport, TraceStep, check_trace, json_lines
-from ..trace.read import parse_header
-from ..trace.schema import FieldError
+from ...trace import CheckReport, TraceStep, check_trace, json_lines
+from ...trace.read import parse_header
+from ...trace.schema import FieldError
+from ..check import Position, step_events
+from ..warnings import find_warnings, pool_copies
 from .base import Cause, Profile, Query, Reaction, Rule
 
 _LOW_64 = (1 << 64) - 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from ..events_check import Key, Position
+from ..check import Key, Position
 from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Rule, event_group, event_hashes
 
 

@@ -50,8 +50,8 @@ from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange
 from kvpool.model import CALLER_ACTIONS, EVERYWHERE, Around, ContractBroken, Operation, Refusal, violated
 from kvpool.model.state import NULL, PoolState
 
-from .lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher
-from .observe import Observation, observe_pool
+from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher
+from ..core.observe import Observation, observe_pool
 
 Call = tuple[str, tuple[Any, ...]]
 """An operation's name and its arguments, blocks named by id."""
