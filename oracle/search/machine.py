@@ -72,9 +72,12 @@ from kvpool.model.state import NULL
 from ..core.adapter import Adapter, adapter_factory
 from ..core.lockstep import Lockstep
 from ..generate.directed import SCENARIOS, Directed
+from ..generate.entries import partial_spots, rekey, rewritable
 from ..generate.features import FEATURES as FEATURE_NAMES
 from ..generate.features import FeatureLog
-from ..generate.workload import RunConfig, Running, Workload, free_across, partial_spots, rekey, rewritable
+from ..generate.runs import RunConfig, Running
+from ..generate.two_pools import free_across
+from ..generate.workload import Workload
 
 LORA_IDS = {"lora1": 1, "lora2": 2}
 MISUSES = (
