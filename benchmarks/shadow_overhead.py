@@ -26,7 +26,8 @@ from typing import Any
 
 from kvpool.oracle.core.adapter import vllm_adapter
 from kvpool.oracle.core.lockstep import Lockstep
-from kvpool.oracle.generate.workload import RunConfig, Workload
+from kvpool.oracle.generate.runs import RunConfig
+from kvpool.oracle.generate.workload import Workload
 from kvpool.oracle.shadow import shadow_of, shadowed_class
 
 TARGET = 15.0

@@ -19,7 +19,8 @@ import time
 from kvpool.oracle.core.adapter import kvpool_adapter
 from kvpool.oracle.core.lockstep import Lockstep
 from kvpool.oracle.generate.long_lived import workload_class
-from kvpool.oracle.generate.workload import RunConfig, second_pool
+from kvpool.oracle.generate.runs import RunConfig
+from kvpool.oracle.generate.two_pools import second_pool
 
 
 def per_call(blocks: int, steps: int, long_lived: bool, seed: int = 0) -> float:

@@ -25,7 +25,7 @@ from kvpool.impl import BlockPool
 from kvpool.oracle.events.check import check_stream, load_events
 from kvpool.oracle.events.routers import PROFILES, check_trace_routers, profile_factory
 from kvpool.oracle.events.warnings import add_warnings
-from kvpool.oracle.generate.workload import RunConfig
+from kvpool.oracle.generate.runs import RunConfig
 from kvpool.oracle.trace import record
 
 

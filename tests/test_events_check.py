@@ -57,7 +57,7 @@ CLEARED = {"type": "AllBlocksCleared"}
 
 def _event_seeds(count: int, start: int = 0) -> list[int]:
     """Seeds whose drawn configuration has events on (RunConfig.draw's first draws)."""
-    from kvpool.oracle.generate.workload import RunConfig
+    from kvpool.oracle.generate.runs import RunConfig
 
     seeds, seed = [], start
     while len(seeds) < count:

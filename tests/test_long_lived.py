@@ -27,7 +27,9 @@ from kvpool.oracle.core import observe
 from kvpool.oracle.core.adapter import adapter_for_class, kvpool_adapter
 from kvpool.oracle.core.lockstep import Lockstep
 from kvpool.oracle.generate.long_lived import LONG_LIVED_BLOCKS, LongLived, pool_blocks
-from kvpool.oracle.generate.workload import MAX_RUNNING, SCAN_LIMIT, RunConfig, Workload, second_pool
+from kvpool.oracle.generate.runs import RunConfig
+from kvpool.oracle.generate.two_pools import second_pool
+from kvpool.oracle.generate.workload import MAX_RUNNING, SCAN_LIMIT, Workload
 from kvpool.oracle.search.campaign import run_one
 from kvpool.oracle.trace import check_trace, record_adapter
 

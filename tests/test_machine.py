@@ -173,7 +173,8 @@ def test_the_machine_finds_what_only_the_campaign_found(bug: str) -> None:
 
 def test_every_kind_of_campaign_step_is_a_rule_of_the_machine() -> None:
     """``workload_step`` plays each of the campaign's steps by name, misuse included, and agrees."""
-    from kvpool.oracle.generate.workload import RunConfig, Workload
+    from kvpool.oracle.generate.runs import RunConfig
+    from kvpool.oracle.generate.workload import Workload
 
     machine = machine_for(kvpool_adapter())()
     machine.setup(RunConfig(num_blocks=12, caching=True, hash_block_size=2, block_sizes={0: 4, 1: 2},

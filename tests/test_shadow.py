@@ -25,7 +25,8 @@ from kvpool.impl import BlockPool, Request, get_request_block_hasher
 from kvpool.oracle import shadow as sh
 from kvpool.oracle.core.adapter import adapter_for_class
 from kvpool.oracle.core.lockstep import Divergence, Lockstep
-from kvpool.oracle.generate.workload import RunConfig, Workload
+from kvpool.oracle.generate.runs import RunConfig
+from kvpool.oracle.generate.workload import Workload
 from kvpool.oracle.shadow import Shadow, ShadowDivergence, ShadowPool, shadow_of, shadowed_class
 from kvpool.oracle.trace import check_trace
 

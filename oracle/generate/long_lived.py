@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from kvpool.impl.request import Request
 from kvpool.model import Refusal
 
-from .workload import MAX_RUNNING, Running, Workload
+from .runs import Running
+from .workload import MAX_RUNNING, Workload
 
 LONG_TOKENS = 160
 """A long-running request finishes once it holds this many tokens."""

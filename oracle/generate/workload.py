@@ -18,6 +18,12 @@ than are cached; hash moves of unhashed blocks; blocks of a second pool of
 the same class freed through the first.  Each call keeps to the model's
 caller contracts (a block is written only with its owner's prefix, replaced
 only by its sole owner), so a correct pool never diverges.
+
+This module holds the engine-like steps and the loop that draws them; a
+run's shape and requests in flight are :mod:`.runs`, what requests read
+:mod:`.requests`, the legal entries on a request's own blocks
+:mod:`.entries`, the second pool :mod:`.two_pools`, and the deliberately
+wrong calls :mod:`.misuse`.
 """
 
 from __future__ import annotations
@@ -29,14 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.impl.hashing import get_request_block_hasher
-from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import OPERATIONS, QUERIES, Refusal
+from kvpool.impl.request import Request
+from kvpool.model import Refusal
 from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
-from ..core.abstraction import refusal_name
-from ..core.lockstep import CallRecord, Lockstep
-from .features import call_features
+from ..core.lockstep import Lockstep
+from .entries import partial_spots, rekey, rewritable, writable
+from .misuse import wrong_call
+from .requests import draw_documents, random_request
+from .runs import RunConfig, Running
+from .two_pools import free_across
 
 SCAN_LIMIT = 256
 """Pools up to this size are scanned whole when a step picks blocks; on a larger pool a step
@@ -46,185 +55,6 @@ MAX_RUNNING = 24
 """Requests in flight at most (an engine's ``max_num_seqs``).  A pool of the default shapes (at
 most 24 blocks) never holds this many, each request holding a block it allocated itself; an
 engine-sized one would otherwise admit requests without end."""
-SECOND_POOL_BLOCKS = 64
-"""The second pool's size at most: blocks of another pool need not be as many as this pool's."""
-
-
-@dataclass
-class Running:
-    """A request in flight: its block table per KV-cache group."""
-
-    request: Request
-    tables: dict[int, list[int]]
-    cached: dict[int, int]
-
-
-@dataclass
-class RunConfig:
-    """The shape of one run."""
-
-    num_blocks: int
-    caching: bool
-    hash_block_size: int
-    block_sizes: dict[int, int]  # group id -> block size (a multiple of hash_block_size)
-    events: bool
-    extra_keys: bool
-    metrics: bool = False
-    """Whether the pool is built with a metrics collector, compared call by call."""
-
-    @classmethod
-    def draw(cls, rng: random.Random, run: int | None = None, blocks: int | None = None) -> RunConfig:
-        """A random shape; runs with events on always carry extra keys, which the events publish.
-
-        ``blocks`` is the pool's size (the rest is drawn as without it, from the same dice).
-
-        ``run`` (a campaign's seed) fixes what decides which branches of the
-        pool run at all, so that any four runs in a row see all of it: every
-        fourth run has no prefix caching, the others give the first group
-        blocks of three, two and one hash chunks (partial entries need
-        several); one run in three has no events (over twelve runs in a
-        row, every pairing); every fourth run, starting with the first, has
-        a second KV-cache group (its keys and events carry a group id other
-        than zero); odd runs get at least 8 blocks, so that a pool
-        small enough to run dry (even runs) does not starve the shapes that
-        need blocks to spare.  Without ``run`` all of it is drawn (caching
-        85%, events 70%).
-        """
-        hbs = rng.choice([1, 2, 4])
-        groups = rng.choice([1, 1, 2])
-        sizes = {g: hbs * rng.choice([1, 2, 3]) for g in range(groups)}
-        num_blocks, caching, events = rng.randint(2, 24), rng.random() < 0.85, rng.random() < 0.7
-        extra_keys, metrics = rng.random() < 0.4, rng.random() < 0.5
-        if run is not None:
-            caching, events = run % 4 != 3, run % 3 != 1
-            num_blocks = max(num_blocks, 8) if run % 2 else num_blocks
-            sizes[0] = hbs * (3, 2, 1, 3)[run % 4]
-            if run % 4 == 0 and len(sizes) == 1:
-                sizes[1] = hbs * rng.choice([1, 2, 3])
-        if blocks is not None:
-            num_blocks = blocks
-        return cls(num_blocks=num_blocks, caching=caching, hash_block_size=hbs, block_sizes=sizes,
-                   events=events, extra_keys=events or extra_keys, metrics=metrics)
-
-
-def second_pool(pool_factory: Callable[..., Any], cfg: RunConfig, reference: str,
-                errors_match: Callable[[Exception, Exception | None], bool]) -> Callable[[], Lockstep]:
-    """How a run builds its second pool: the same class and shape, with its own model."""
-
-    def build() -> Lockstep:
-        pair = Lockstep.fresh(pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS), cfg.caching,
-                              cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics)
-        pair.errors_match = errors_match
-        pair.which = 1
-        return pair
-
-    return build
-
-
-def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, int]]) -> None:
-    """One ``free_blocks`` on the first pool listing blocks of both pools, in ``listed`` order.
-
-    vLLM's ``free_blocks`` hands a block of another pool back to that pool.
-    :class:`Lockstep` names blocks by id within one pool, so this call is
-    checked here: the first model frees the first pool's ids, the second
-    model the second's (each in listed order); a refusal by either model (a
-    double free) must be the pool's refusal with neither pool changed.
-    Then each pool is compared with its model as after any call (the footprint; the whole
-    pool when due).
-    """
-    free = OPERATIONS["free_blocks"]
-    mine, theirs = [b for p, b in listed if p is first], [b for p, b in listed if p is second]
-    shape = None if first.features is None else call_features(
-        first.model, "free_blocks", (mine,), second=True, metrics=first.metrics is not None)
-    footprints = [(pair, free.footprint(pair.model, ids)) for pair, ids in ((first, mine), (second, theirs))]
-    noted = [(pair, fp, pair._note(fp)) for pair, fp in footprints]
-    m_error: Exception | None = None
-    try:  # both guards first: a refusal by either changes neither model
-        free.prepare(first.model, (mine,))
-        free.prepare(second.model, (theirs,))
-    except Refusal as exc:
-        m_error = exc
-    p_error: Exception | None = None
-    try:
-        first.pool.free_blocks([p.pool.blocks[b] for p, b in listed])
-    except Exception as exc:
-        p_error = exc
-    first.steps += 1
-    second.steps += 1
-    if first.log is not None:
-        first.log.add_across([(0 if p is first else 1, b) for p, b in listed])
-    names = [str(b) if p is first else f"second:{b}" for p, b in listed]
-    for pair in (first, second):  # either may be the one found to differ: both traces show the call
-        pair.trace.append(CallRecord("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
-    if (m_error is None) != (p_error is None) or (
-            m_error is not None and not first.errors_match(m_error, p_error)):
-        raise first._diverged("free_blocks", f"model raised {m_error!r}, pool raised {p_error!r}",
-                              ["refusal"])
-    if m_error is None:
-        free.next(first.model, mine)
-        free.next(second.model, theirs)
-        if shape is not None and first.features is not None:
-            first.features.add(shape)
-    for pair, fp, before in noted:  # as after any call: the footprint, the whole pool when due
-        if pair.steps - pair.last_full >= (pair.full_every or 1):
-            pair.check()
-        else:
-            pair._check_footprint("free_blocks", fp, before)
-
-
-def partial_offsets(block_size: int, hash_block_size: int, boundary: bool) -> list[int]:
-    """Where a partial entry may end, counted from its block's start.
-
-    At every hash-chunk boundary inside the block; at the block's end too
-    when the reference allows block-boundary partials (vLLM 0.33).
-    """
-    inside = list(range(hash_block_size, block_size, hash_block_size))
-    return [*inside, block_size] if boundary else inside
-
-
-def partial_spots(run: Running, group: int, cfg: RunConfig, boundary: bool) -> list[tuple[int, int]]:
-    """Every legal partial entry of a request's blocks in ``group``: (table index, tokens).
-
-    At each chunk boundary (:func:`partial_offsets`) of each real block, up
-    to the last whole chunk the request has written: the entry names a
-    prefix of what the block holds, so the block's contents stay as they are.
-    """
-    hbs, bs = cfg.hash_block_size, cfg.block_sizes[group]
-    upto = (run.request.num_tokens // hbs) * hbs
-    return [(i, i * bs + off) for i, b in enumerate(run.tables[group]) if b != NULL
-            for off in partial_offsets(bs, hbs, boundary) if i * bs + off <= upto]
-
-
-def rewritable(pair: Lockstep, run: Running, group: int, cfg: RunConfig) -> list[tuple[int, int]]:
-    """The blocks of a request's table in ``group`` it alone holds: (table index, chunks it wrote there).
-
-    Only these may be rewritten (re-keyed with ``replace_existing_hashes``):
-    a write into a block is its sole owner's.
-    """
-    hbs, bs = cfg.hash_block_size, cfg.block_sizes[group]
-    upto = (run.request.num_tokens // hbs) * hbs
-    return [(i, (min(upto, (i + 1) * bs) - i * bs) // hbs) for i, b in enumerate(run.tables[group])
-            if b != NULL and pair.model.ref[b] == 1 and i * bs < upto]
-
-
-def rekey(pair: Lockstep, run: Running, group: int, cfg: RunConfig, i: int, chunks: int) -> None:
-    """The request rewrote block ``i`` of its table up to ``chunks`` chunks in: re-key it.
-
-    A block with hashes is not writable (the model's ``is_block_writable``),
-    so its entries are evicted first, as vLLM does before it overwrites a
-    state block; then ``replace_existing_hashes`` registers what it holds now.
-    """
-    block, bs = run.tables[group][i], cfg.block_sizes[group]
-    if not writable(pair, block):
-        pair.call("evict_blocks", [block])
-    pair.call("cache_partial_block", run.request, block, i * bs + cfg.hash_block_size * chunks, group, bs,
-              True)  # replace_existing_hashes, positional so that traces show it
-
-
-def writable(pair: Lockstep, block: int) -> bool:
-    """Whether the model says the block's sole owner may write into it (ref 1, no hash)."""
-    result: bool = QUERIES["is_block_writable"](pair.model, block)
-    return result
 
 
 @dataclass
@@ -251,7 +81,7 @@ class Workload:
     """The blocks handed out, hit and released lately: where a step on a large pool picks."""
 
     def __post_init__(self) -> None:
-        self.documents = [[self.rng.randrange(50) for _ in range(48)] for _ in range(3)]
+        self.documents = draw_documents(self.rng)
         self.hasher = get_request_block_hasher(self.cfg.hash_block_size)
 
     @property
@@ -268,35 +98,7 @@ class Workload:
 
     def _new_request(self) -> Request:
         self.counter += 1
-        doc = self.rng.choice(self.documents)
-        tokens = doc[: self.rng.randint(1, 24)] + [
-            self.rng.randrange(50) for _ in range(self.rng.choice([0, 0, 1, 3]))]
-        kw: dict[str, Any] = {}
-        if self.cfg.extra_keys:
-            if self.rng.random() < 0.3:
-                kw["lora_request"] = LoRARequest(f"lora{self.rng.randint(1, 2)}", 7, "/a")
-            if self.rng.random() < 0.2:
-                kw["cache_salt"] = self.rng.choice(["s1", "s2"])
-            if self.rng.random() < 0.25 and len(tokens) > 1:
-                kw["mm_features"] = self._images(len(tokens))
-        return Request(f"r{self.counter}", tokens, block_hasher=self.hasher,
-                       session_id=self.rng.choice([None, "sess"]), **kw)
-
-    def _images(self, num_tokens: int) -> list[MultiModalFeature]:
-        """One to three multimodal items in the prompt, sorted by offset, never overlapping.
-
-        One to four tokens long, often adjacent: items shorter than a hash
-        chunk, several items in one chunk, and chunks that cut an item.
-        """
-        items: list[MultiModalFeature] = []
-        at = self.rng.randrange(num_tokens - 1)
-        for _ in range(self.rng.randint(1, 3)):
-            size = self.rng.randint(1, 4)
-            if at + size > num_tokens:
-                break
-            items.append(MultiModalFeature(f"img{self.rng.randint(1, 2)}", PlaceholderRange(at, size)))
-            at += size + self.rng.choice([0, 0, 1, 3])
-        return items
+        return random_request(self.rng, self.documents, self.hasher, f"r{self.counter}", self.cfg.extra_keys)
 
     def _hashes(self, req: Request, group: int) -> Any:
         return hashes_at(req, self.cfg.hash_block_size, self.cfg.block_sizes[group])
@@ -656,118 +458,9 @@ class Workload:
     def take(self) -> None:
         self.pair.call("take_events")
 
-    # ---------------------------------------------------------------- misuse
-
     def misuse(self) -> None:
-        """A deliberately wrong call; both sides must refuse it the same way (and change nothing).
-
-        One per refusal of the model: unknown, idle, over-freed, null and
-        foreign blocks; bad counts, group ids, block sizes, watchers, masks
-        and lengths; hashes a request lacks; conflicting, disabled and
-        misplaced cache entries.
-        """
-        m = self.pair.model
-        scope = self.scope()
-        idle = [b for b in scope if b != NULL and m.ref[b] == 0]
-        used = self._held()
-        unhashed = [b for b in scope if b != NULL and m.primary[b] is None] or [NULL]
-        bs = self.cfg.block_sizes[0]
-        cached_whole = [b for b in scope if (p := m.primary[b]) is not None and p.num_tokens >= bs]
-        req = self._new_request()
-        hbs = self.cfg.hash_block_size
-        kind = self.rng.choice(self.MISUSES)
-        if not self.cfg.caching and kind in self.CACHE_ENTRY_MISUSES:
-            kind = "cache_disabled"  # a pool without caching refuses any cache entry as such
-        call = self.pair.call
-        if kind == "free_idle" and idle:
-            call("free_blocks", [self.rng.choice(idle)])
-        elif kind == "over_free" and used:
-            b = self.rng.choice(used)
-            call("free_blocks", [b] * (m.ref[b] + 1))
-        elif kind == "unpin_null":
-            call("unpin_blocks", [0], self.pair.watcher("bad"))
-        elif kind == "touch_unknown":  # refused after taking earlier blocks: it must give them back
-            call("touch", [*used[:1], *idle[-1:], m.num_blocks + self.rng.randint(0, 3)])
-        elif kind == "bad_count":
-            call("get_new_blocks", self.rng.choice([-1, len(m.free) + 1]))
-        elif kind == "mask_length" and used:  # without caching: refused as disabled
-            call("cache_full_blocks", req, [self.rng.choice(used)], 0, 1, bs, 0, [True, False])
-        elif kind == "evict_unknown":
-            call("evict_blocks", [self.rng.choice([-1, m.num_blocks])])
-        elif kind == "move_onto_hashed" and used:
-            hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
-            if hashed:
-                call("move_block_hashes", self.rng.choice(used), self.rng.choice(hashed))
-        elif kind == "partial_bad_tokens" and used:
-            call("cache_partial_block", req, self.rng.choice(used), self.rng.choice([0, -hbs]), 0, bs * 2)
-        elif kind == "move_onto_null":
-            hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
-            if hashed:
-                call("move_block_hashes", self.rng.choice(hashed), NULL)
-        elif kind == "bad_group":
-            group, op = self.rng.choice([-1, 2**32]), self.rng.randrange(3)
-            if op == 0:
-                call("cache_full_blocks", req, used[:1], 0, 1, bs, group)
-            elif op == 1:
-                call("emit_cached_block_events", req, 0, bs, group)
-            else:
-                call("get_cached_block", b"\0" * 32, [0, group])
-        elif kind == "bad_block_size":
-            sizes = [0, -hbs] + ([hbs + 1] if hbs > 1 else [])  # not a positive multiple of hbs
-            call("cache_full_blocks", req, used[:1], 0, 1, self.rng.choice(sizes), 0)
-        elif kind == "uncallable_watcher" and used and not self.traceable_only:
-            call("unpin_blocks", used[:1], None)
-        elif kind == "full_beyond_list" and used:
-            call("cache_full_blocks", req, used[:1], 0, 2, bs, 0)
-        elif kind == "full_too_few_hashes":  # on an unhashed block: one fault per call
-            call("cache_full_blocks", self._empty_request(), [self.rng.choice(unhashed)], 0, 1, bs, 0)
-        elif kind == "partial_too_few_hashes":
-            call("cache_partial_block", self._empty_request(), self.rng.choice(unhashed), hbs, 0, 2 * bs)
-        elif kind == "emit_too_many":  # refused only with events on
-            call("emit_cached_block_events", req, len(req.block_hashes) + 1, hbs, 0)
-        elif kind == "cache_conflict" and cached_whole:
-            self._cache_again(self.rng.choice(cached_whole))
-        elif kind == "partial_at_block_end" and not m.boundary_partials:  # refused before it writes
-            call("cache_partial_block", self._request_of(bs), self.rng.randrange(1, m.num_blocks), bs, 0, bs)
-        elif kind == "cache_disabled":  # both would be legal on a pool with caching
-            block = self.rng.randrange(1, m.num_blocks)
-            call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
-            call("cache_partial_block", self._request_of(hbs), block, hbs, 0, 2 * hbs)
-            if self.pair.supports("_insert_block_hash"):
-                call("_insert_block_hash", self._request_of(hbs), hbs, 0, block, hbs)
-        elif kind == "insert_bad" and self.pair.supports("_insert_block_hash"):
-            # the null block, a primary key without its token count, a key naming no prefix
-            for target, upto, tokens in ((NULL, hbs, hbs), (self.rng.choice(unhashed), hbs, None),
-                                         (self.rng.choice(used or unhashed), 0, hbs)):
-                call("_insert_block_hash", self._request_of(hbs), upto, 0, target, tokens)
-        elif kind == "other_over_free" and self.theirs and self.other is not None:
-            other, b = self.other, self.theirs[0]
-            once_too_often = [(other, b)] * (other.model.ref[b] + 1)
-            free_across(self.pair, other, [(self.pair, a) for a in used[:1]] + once_too_often)
-
-    MISUSES = ("free_idle", "over_free", "unpin_null", "touch_unknown", "bad_count", "mask_length",
-               "evict_unknown", "move_onto_hashed", "partial_bad_tokens", "move_onto_null", "bad_group",
-               "bad_block_size", "uncallable_watcher", "full_beyond_list", "full_too_few_hashes",
-               "partial_too_few_hashes", "emit_too_many", "cache_conflict", "partial_at_block_end",
-               "insert_bad", "other_over_free")
-    """The kinds of deliberately wrong call, drawn uniformly."""
-    CACHE_ENTRY_MISUSES = frozenset({"move_onto_hashed", "move_onto_null", "cache_conflict",
-                                     "partial_at_block_end", "insert_bad"})
-    """Kinds that need a pool with caching; without it they become ``cache_disabled``."""
-
-    def _empty_request(self) -> Request:
-        """A request without tokens, so without block hashes."""
-        return self._request_of(0)
-
-    def _request_of(self, num_tokens: int) -> Request:
-        """A plain request reading the first ``num_tokens`` tokens of a document."""
-        self.counter += 1
-        return Request(f"r{self.counter}", self.documents[0][:num_tokens], block_hasher=self.hasher)
-
-    def _cache_again(self, block: int) -> None:
-        """Index a cached block again as a request's first block: it is cached at a prefix this long."""
-        bs = self.cfg.block_sizes[0]
-        self.pair.call("cache_full_blocks", self._request_of(bs), [block], 0, 1, bs, 0)
+        """A deliberately wrong call, of a kind drawn among :data:`.misuse.MISUSES`."""
+        wrong_call(self)
 
     STEPS: tuple[tuple[str, float], ...] = (
              ("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),

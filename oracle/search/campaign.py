@@ -14,7 +14,8 @@ from ..core.lockstep import Divergence, Lockstep
 from ..generate.directed import Directed, missed_share
 from ..generate.features import FeatureLog
 from ..generate.long_lived import pool_blocks, workload_class
-from ..generate.workload import RunConfig, second_pool
+from ..generate.runs import RunConfig
+from ..generate.two_pools import second_pool
 from .shrink import CallLog
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from kvpool.model import OPERATIONS, QUERIES, Refusal, RefusalKind
 
 from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher, short_args
-from ..generate.workload import free_across
+from ..generate.two_pools import free_across
 
 Lines = list[dict[str, Any]]
 

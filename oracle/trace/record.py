@@ -18,7 +18,7 @@ from ..core.abstraction import any_value_error, same_refusal, vllm_refusal
 from ..core.lockstep import Divergence, Lockstep, Watcher
 from ..core.observe import Observation
 from ..generate.long_lived import pool_blocks, workload_class
-from ..generate.workload import RunConfig
+from ..generate.runs import RunConfig
 from .schema import DEFAULT_REFERENCE, VERSION, Json
 from .write import encode_args, encode_result, event_to_json, observation_to_json
 

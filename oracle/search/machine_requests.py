@@ -1,0 +1,247 @@
+"""The state machine's rules on requests: scheduled, decoded, finished, continued, cached as an engine does.
+
+A request's life as vLLM's KV-cache manager plays it, each choice a drawn
+argument: its prefix looked up and touched (with sliding-window null
+placeholders), its blocks allocated and cached after every step (block
+masks, partial entries and their promotion), preempted when the pool runs
+dry, freed or unpinned for a reader when it finishes, continued by a
+follow-up turn or sampled again while it runs.  The partial entries and
+re-keying a request may make on its own blocks are the workload's legal
+options (:mod:`kvpool.oracle.generate.entries`), picked by drawn indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import consumes, multiple, rule
+
+from kvpool.impl.request import Request
+from kvpool.model.state import NULL
+
+from ..generate.entries import partial_spots, rekey, rewritable
+from ..generate.runs import Running
+from .machine_draws import Prompt, masks, prompts, skips
+from .machine_state import MachineState, finished, runs
+
+
+class RequestRules(MachineState):
+    """Rules that serve requests (see the module docstring)."""
+
+    @rule(target=finished, prompt=prompts)
+    def served(self, prompt: Prompt) -> Any:
+        """A short request admitted and finished at once: its prefix stays cached and idle.
+
+        Later requests hit it (touching idle blocks, announcing hits) and
+        ``follow_up`` continues the conversation.
+        """
+        run = self._admit(self._request(self._fitted(prompt)), False, False, False, None, 0)
+        if not isinstance(run, Running):
+            return multiple()
+        self._drop(run)
+        return run
+
+    @rule(target=runs, prompt=prompts, skip_lookup=st.booleans(), emit=st.booleans(),
+          skip_partial=skips, mask=masks, window=st.integers(0, 2))
+    def admit(self, prompt: Prompt, skip_lookup: bool, emit: bool, skip_partial: bool,
+              mask: tuple[bool, ...] | None, window: int) -> Any:
+        """Schedule a new request: look up its prefix, touch the hits, allocate, cache.
+
+        ``window`` leading hits become the null block, as a sliding-window
+        manager does for blocks that left the window; ``emit`` announces the
+        hits to event consumers.  A prompt is cut to half of what the pool
+        holds, as a scheduler admits no request the pool cannot hold (a
+        small pool still runs dry, with several requests).
+        """
+        return self._admit(self._request(self._fitted(prompt)), skip_lookup, emit, skip_partial, mask,
+                           window)
+
+    def _fitted(self, prompt: Prompt) -> Prompt:
+        """``prompt`` cut to half the tokens the pool's real blocks hold in every group."""
+        cfg = self.cfg
+        per_group = (cfg.num_blocks - 1) // len(cfg.block_sizes)
+        half = max(1, per_group * min(cfg.block_sizes.values()) // 2)
+        return prompt if prompt.length <= half else replace(prompt, length=half)
+
+    @rule(target=runs, run=consumes(finished), more=st.lists(st.integers(0, 49), max_size=4),
+          skip_lookup=st.booleans(), emit=st.booleans(), skip_partial=skips, mask=masks,
+          window=st.integers(0, 2))
+    def follow_up(self, run: Running, more: list[int], skip_lookup: bool, emit: bool,
+                  skip_partial: bool, mask: tuple[bool, ...] | None, window: int) -> Any:
+        """The next turn of a finished conversation: its whole text plus ``more`` tokens.
+
+        It hits what the finished request cached and what is still cached
+        (decoded blocks and partial entries included), touching idle blocks;
+        ``window`` leading hits are null placeholders (sliding window).
+        """
+        return self._admit(self._continued(run, more), skip_lookup, emit, skip_partial, mask, window)
+
+    @rule(target=runs, run=runs, more=st.lists(st.integers(0, 49), max_size=2), emit=st.booleans(),
+          skip_partial=skips, window=st.integers(0, 2))
+    def fork(self, run: Running, more: list[int], emit: bool, skip_partial: bool, window: int) -> Any:
+        """Another sample of a live request's prompt (parallel sampling, n > 1).
+
+        It reads the same text with the same extra keys, so it hits the
+        blocks the first one cached while they are in use: both hold them.
+        ``window`` leading hits are null placeholders (sliding window), so
+        the null block is touched.
+        """
+        if not self._alive(run):
+            return multiple()
+        return self._admit(self._continued(run, more), False, emit, skip_partial, None, window)
+
+    def _continued(self, run: Running, more: list[int]) -> Request:
+        """A new request reading ``run``'s whole text and ``more``, with its extra keys."""
+        old = run.request
+        self.counter += 1
+        return Request(f"r{self.counter}", [*old.all_token_ids, *more],
+                       block_hasher=self.work.hasher, lora_request=old.lora_request,
+                       cache_salt=old.cache_salt, mm_features=list(old.mm_features),
+                       session_id=old.session_id)
+
+    def _admit(self, req: Request, skip_lookup: bool, emit: bool, skip_partial: bool,
+               mask: tuple[bool, ...] | None, window: int) -> Any:
+        run = Running(req, {}, {})
+        for group, bs in self.cfg.block_sizes.items():
+            hits = [] if skip_lookup else self.work.lookup(req, group)  # as the workload looks up
+            cut = min(window, max(len(hits) - 1, 0))
+            hits[:cut] = [NULL] * cut
+            self.lock.call("touch", hits)
+            run.tables[group] = hits
+            run.cached[group] = len(hits)
+            if emit:  # with no hits, or events off, there is nothing to announce
+                self.lock.call("emit_cached_block_events", req, len(hits), bs, group)
+            if not self.work._grow(run, group):
+                self.work._release(run, unpin=False)
+                return multiple()
+            self._cache(run, group, skip_partial, mask)
+        self.live[req.request_id] = run
+        return run
+
+    @rule(run=runs, tokens=st.lists(st.integers(0, 49), min_size=1, max_size=6),
+          per_step=st.integers(1, 4), skip_partial=skips, mask=masks, slide=st.integers(0, 4))
+    def decode(self, run: Running, tokens: list[int], per_step: int, skip_partial: bool,
+               mask: tuple[bool, ...] | None, slide: int) -> None:
+        """Engine steps: slide the window, then ``per_step`` tokens a step (append, grow, cache).
+
+        ``slide`` above 2 frees ``slide - 2`` leading blocks (sliding window).
+        Several tokens a step are speculative decoding; several steps in a
+        row grow the partial entry of the last block until it fills and is
+        promoted.  A step the pool cannot grow preempts the request.
+        """
+        if not self._alive(run):
+            return
+        for group in run.tables:
+            self._slide(run, group, slide - 2)
+        for start in range(0, len(tokens), per_step):
+            run.request.append_output_token_ids(tokens[start:start + per_step])
+            for group in run.tables:
+                if not self.work._grow(run, group):
+                    self._drop(run)  # preempted
+                    return
+                self._cache(run, group, skip_partial, mask)
+
+    @rule(target=finished, run=consumes(runs),
+          reader=st.sampled_from([None, "reader1", "reader2"]))
+    def finish(self, run: Running, reader: str | None) -> Any:
+        """Free a finished request's blocks, tail first; or unpin them for a ``reader``.
+
+        Unpinned blocks stay readable until reused; the reader's watcher fires then.
+        """
+        if not self._alive(run):
+            return multiple()
+        if reader is None:
+            self._drop(run)
+            return run
+        self.live.pop(run.request.request_id)
+        for table in run.tables.values():
+            self.lock.call("unpin_blocks", [b for b in reversed(table) if b != NULL],
+                           self.lock.watcher(reader))
+        return run
+
+    @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 31), again=st.booleans())
+    def partial_inside(self, run: Running, group: int, pick: int, again: bool) -> None:
+        """A partial entry at a chunk boundary of one of a request's blocks, up to what it wrote.
+
+        A block cached further keeps its primary key and gains a secondary
+        one (the shape eviction, promotion and moves must treat as a
+        whole); the last, partly written block gains an entry shorter than
+        its own, or its first, which the next step's entry replaces; at the
+        boundary a block is cached at (its end, under vLLM 0.33), nothing
+        changes.  With ``again`` it is registered twice: no change, no
+        second event.
+        """
+        if not self.cfg.caching or not self._alive(run) or group not in run.tables:
+            return
+        spots = partial_spots(run, group, self.cfg, self.lock.model.boundary_partials)
+        if not spots:
+            return
+        i, tokens = spots[pick % len(spots)]
+        for _ in range(1 + again):
+            self.lock.call("cache_partial_block", run.request, run.tables[group][i], tokens, group,
+                           self.cfg.block_sizes[group])
+
+    @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 15), position=st.integers(0, 15))
+    def rewrite(self, run: Running, group: int, pick: int, position: int) -> None:
+        """A request rewrote a block it alone holds (a state checkpoint) and re-keys it.
+
+        The entries the block had are evicted first, which makes it writable
+        (the model's ``is_block_writable``), then ``replace_existing_hashes``
+        registers it at a chunk boundary of what the request has written
+        into it, its end included.
+        """
+        if not self.cfg.caching or not self._alive(run) or group not in run.tables:
+            return
+        options = rewritable(self.lock, run, group, self.cfg)
+        if not options:
+            return
+        i, chunks = options[pick % len(options)]
+        rekey(self.lock, run, group, self.cfg, i, 1 + position % chunks)
+
+    @rule(run=runs, group=st.integers(0, 1), fewer=st.integers(0, 15))
+    def sparse_cache(self, run: Running, group: int, fewer: int) -> None:
+        """vLLM's sparse-attention coordinator asks to cache fewer blocks than are cached: a no-op."""
+        if not self._alive(run) or group not in run.tables or not run.cached[group]:
+            return
+        cached = run.cached[group]
+        self.lock.call("cache_full_blocks", run.request, run.tables[group], cached, fewer % cached,
+                       self.cfg.block_sizes[group], group)
+
+    def _cache(self, run: Running, group: int, skip_partial: bool,
+               mask: tuple[bool, ...] | None) -> None:
+        """Index what filled up, and (unless skipped) the partial last block.
+
+        Like the engine after each step: when ``hash_block_size`` is smaller
+        than the block size, the prefix that ends inside the last block is
+        made reachable too, and promoted when the block fills; under vLLM
+        0.33 also a prefix that ends at a block's end.
+        """
+        cfg, req = self.cfg, run.request
+        bs = cfg.block_sizes[group]
+        full = req.num_tokens // bs
+        if not cfg.caching:
+            return
+        new = full - run.cached[group]
+        args: list[Any] = [req, run.tables[group], run.cached[group], full, bs, group]
+        if mask is not None and new > 0:
+            args.append([mask[i % len(mask)] for i in range(new)])
+        self.lock.call("cache_full_blocks", *args)
+        run.cached[group] = max(run.cached[group], full)
+        upto = (req.num_tokens // cfg.hash_block_size) * cfg.hash_block_size
+        if not skip_partial and upto and (upto % bs or self.lock.model.boundary_partials):
+            self.lock.call("cache_partial_block", req, run.tables[group][(upto - 1) // bs], upto,
+                           group, bs)
+
+    def _slide(self, run: Running, group: int, cut: int) -> None:
+        """Sliding window: cached blocks before ``cut`` are freed and become the null block."""
+        table = run.tables[group]
+        limit = len(table) - 1
+        if self.cfg.caching:
+            limit = min(limit, run.cached[group])
+        cut = min(cut, limit)
+        gone = [b for b in table[:cut] if b != NULL]
+        if cut > 0 and gone:
+            table[:cut] = [NULL] * cut
+            self.lock.call("free_blocks", list(reversed(gone)))
