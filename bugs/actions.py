@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from types import ModuleType
 from typing import Any
 
 from kvpool.model import ACTIONS, CALLER_ACTIONS
@@ -30,16 +29,17 @@ Action = Callable[..., tuple[PoolState, Any]]
 
 
 @contextlib.contextmanager
-def patched(module: ModuleType, **names: Any) -> Iterator[None]:
-    """Temporarily replace helpers inside one of the model's modules."""
-    old = {k: getattr(module, k) for k in names}
+def patched(target: object, **names: Any) -> Iterator[None]:
+    """Temporarily replace attributes: helpers of one of the model's modules, flags of a state
+    or of a pool."""
+    old = {k: getattr(target, k) for k in names}
     for k, v in names.items():
-        setattr(module, k, v)
+        setattr(target, k, v)
     try:
         yield
     finally:
         for k, v in old.items():
-            setattr(module, k, v)
+            setattr(target, k, v)
 
 
 def _act(name: str, s: PoolState, *args: Any) -> tuple[PoolState, Any]:
@@ -85,11 +85,8 @@ def evict_forgets_index(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, An
 
 def evict_without_events(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
     """Eviction that tells no event consumer: their view of the cache goes stale."""
-    on, s.events_on = s.events_on, False
-    try:
+    with patched(s, events_on=False):
         return _act("evict_blocks", s, ids)
-    finally:
-        s.events_on = on
 
 
 def touch_leaves_block_free(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -259,20 +256,14 @@ def stored_event_when_disabled(s: PoolState, *args: Any) -> tuple[PoolState, Any
     cached block for the life of the engine.  Needs ``Bounds(events_on=False)``
     (see the catalogue's ``bmc`` overrides).
     """
-    on, s.events_on = s.events_on, True
-    try:
+    with patched(s, events_on=True):
         return _act("cache_full_blocks", s, *args)
-    finally:
-        s.events_on = on
 
 
 def alloc_keeps_old_hash(s: PoolState, num_blocks: int) -> tuple[PoolState, Any]:
     """Allocation without lazy eviction: the old hash still serves the new owner's block."""
-    on, s.caching = s.caching, False
-    try:
+    with patched(s, caching=False):
         return _act("get_new_blocks", s, num_blocks)
-    finally:
-        s.caching = on
 
 
 def unpin_keeps_reference(s: PoolState, ids: Sequence[int], on_reuse: Any) -> tuple[PoolState, Any]:

@@ -23,20 +23,11 @@ from kvpool.impl import BlockPool, NotEnoughFreeBlocksError, UnknownBlockError
 from kvpool.impl.block import KVCacheBlock
 from kvpool.model import POOL_OPERATIONS
 
+from .actions import patched
+
 OPERATIONS: tuple[str, ...] = POOL_OPERATIONS
 """The pool's operations, the private ones vLLM's engine calls included (as the model declares
 them): a mutant is active while any of them runs."""
-
-
-@contextlib.contextmanager
-def _flag(obj: Any, name: str, value: Any) -> Iterator[None]:
-    """Set one attribute of the pool (or of one of its blocks) for the duration of a call."""
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
 
 
 def _queue_blocks(pool: BlockPool) -> list[KVCacheBlock]:
@@ -88,7 +79,7 @@ class FreeHashedToHead(BlockPool):
     """Cached blocks rejoin the free queue at the head, so hot prefixes are evicted first."""
 
     def free_blocks(self, ordered_blocks: Any) -> None:
-        with _flag(self, "enable_caching", False):
+        with patched(self, enable_caching=False):
             super().free_blocks(ordered_blocks)
 
 
@@ -161,7 +152,7 @@ class AllocKeepsOldHash(BlockPool):
     """Allocation without lazy eviction: a reallocated block keeps its hash; a hit serves stale KV."""
 
     def get_new_blocks(self, num_blocks: int) -> Any:
-        with _flag(self, "enable_caching", False):
+        with patched(self, enable_caching=False):
             return super().get_new_blocks(num_blocks)
 
 
@@ -169,7 +160,7 @@ class AllocForgetsPrimaryOnly(BlockPool):
     """Allocation clears the block's hash but not the index: a writable block stays reachable."""
 
     def get_new_blocks(self, num_blocks: int) -> Any:
-        with _flag(self, "enable_caching", False):
+        with patched(self, enable_caching=False):
             got = super().get_new_blocks(num_blocks)
         for block in got:
             block._block_hash = block._block_hash_num_tokens = None
@@ -232,7 +223,7 @@ class NullBlockHashed(BlockPool):
     """Caching does not skip the null block: sliding-window placeholders get hashed."""
 
     def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        with _flag(self.null_block, "is_null", False):
+        with patched(self.null_block, is_null=False):
             super().cache_full_blocks(*args, **kwargs)
 
 
@@ -251,7 +242,7 @@ class MoveOntoNull(BlockPool):
     """move_block_hashes moves hashes onto the null block, which then stands in the index."""
 
     def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
-        with _flag(self.null_block, "is_null", False):
+        with patched(self.null_block, is_null=False):
             super().move_block_hashes(src_block, dst_block)
 
 
@@ -259,7 +250,7 @@ class InsertIndexesNull(BlockPool):
     """_insert_block_hash without the null-block check, as vLLM's has none: the null block is indexed."""
 
     def _insert_block_hash(self, block_hash_with_group_id: Any, block: Any, num_tokens: Any) -> None:
-        with _flag(self.null_block, "is_null", False):
+        with patched(self.null_block, is_null=False):
             super()._insert_block_hash(block_hash_with_group_id, block, num_tokens)
 
 
@@ -308,7 +299,7 @@ class EvictWithoutEvents(BlockPool):
     """Eviction tells no event consumer: a router's view of the cache goes stale."""
 
     def evict_blocks(self, block_ids: Any) -> None:
-        with _flag(self, "enable_kv_cache_events", False):
+        with patched(self, enable_kv_cache_events=False):
             super().evict_blocks(block_ids)
 
 
@@ -330,11 +321,11 @@ class CacheWithoutCaching(BlockPool):
     """A pool built without prefix caching indexes blocks anyway."""
 
     def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        with _flag(self, "enable_caching", True):
+        with patched(self, enable_caching=True):
             super().cache_full_blocks(*args, **kwargs)
 
     def cache_partial_block(self, *args: Any, **kwargs: Any) -> Any:
-        with _flag(self, "enable_caching", True):
+        with patched(self, enable_caching=True):
             return super().cache_partial_block(*args, **kwargs)
 
 
@@ -342,7 +333,7 @@ class ResetWhileInUse(BlockPool):
     """The prefix cache is reset even while blocks are in use."""
 
     def reset_prefix_cache(self) -> bool:
-        with _flag(self, "get_num_free_blocks", lambda: self.num_gpu_blocks - 1):
+        with patched(self, get_num_free_blocks=lambda: self.num_gpu_blocks - 1):
             return super().reset_prefix_cache()
 
 
@@ -398,7 +389,7 @@ class StoredEventWhenDisabled(BlockPool):
     """cache_full_blocks queues BlockStored although events are off: the queue grows forever."""
 
     def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        with _flag(self, "enable_kv_cache_events", True):
+        with patched(self, enable_kv_cache_events=True):
             super().cache_full_blocks(*args, **kwargs)
 
 

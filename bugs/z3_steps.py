@@ -112,7 +112,7 @@ def cache_without_caching(s: SymState, b: Expr, k: Expr, n: Expr, c: Expr) -> Sy
     return SymStep(pre=_without(st.pre, s.caching), post=st.post)
 
 
-def reset_requeues_everything(s: SymState) -> SymStep:
+def reset_while_in_use(s: SymState) -> SymStep:
     """Reset with no in-use guard that rebuilds the free queue from every real block."""
     x = z3.Const("lam.x", s.free.domain())
     st = t.reset(s)
@@ -176,7 +176,7 @@ def cache_full_without_conflict_check(s: SymState, b: Expr, k: Expr, n: Expr, c:
     return replace(st, pre=_without(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] < n)))
 
 
-def reset_while_in_use(s: SymState) -> SymStep:
+def reset_forgets_blocks_in_use(s: SymState) -> SymStep:
     """Reset with no in-use guard: hashes and watchers of blocks in use are forgotten."""
     return replace(t.reset(s), pre=z3.BoolVal(True))
 
@@ -245,7 +245,7 @@ def evict_spares_blocks_in_use(s: SymState, b: Expr) -> SymStep:
 # The free queue with places (the eviction order).
 
 
-def release_cached_to_head(s: QState, b: Expr) -> QStep:
+def free_hashed_to_head(s: QState, b: Expr) -> QStep:
     """Freed cached blocks go to the head like unhashed ones: the freshest prefix is evicted first."""
     st = release(replace(s, cached=z3.K(Block, z3.BoolVal(False))), b)
     return QStep(pre=st.pre, post=replace(st.post, cached=s.cached))
@@ -272,6 +272,10 @@ def alloc_takes_any_free_block(s: QState, b: Expr) -> QStep:
     """get_new_blocks takes any free block, not the head: the eviction order means nothing."""
     st = alloc(s, b)
     return QStep(pre=z3.And(b != NULL, s.free[b]), post=st.post)
+
+
+QUEUE_ARGS = {"touch_swap_remove": (("b", Block), ("t", Block))}
+"""Queue forms that take other arguments than the step they break: the block hit and the tail."""
 
 
 def step(name: str, fn: t.StepFn) -> StepSpec:

@@ -11,25 +11,10 @@ state in place, touching only the blocks and keys of the call's footprint
 (:mod:`.footprints`), and returns the call's result.  :mod:`.operations`
 declares each operation with all of these parts.
 
-Decisions the reference (vLLM 0.31.0) leaves open, and the choice made:
-
-* A block listed ``k`` times in one ``free_blocks``/``unpin_blocks`` call
-  drops ``k`` references (more than it has is refused as a double free).
-* ``free_blocks``/``touch`` of the null block stay legal (engines keep it in
-  block tables); its counter moves as in vLLM 0.31 (0.33 leaves it alone and
-  tells no metrics collector: ``null_counted=False``); it never enters the
-  free queue and is never hashed.
-* A metrics collector is told, in vLLM's order, of every block handed out
-  (evicted first when caching is on, then allocated), every block touched
-  (accessed), every block listed to ``evict_blocks`` (evicted, hashed or
-  not) and every successful reset.
-* ``unpin_blocks`` of a hashed block is allowed: the block keeps its hash, is
-  evicted last, can still be hit (``touch``); its watcher stays registered
-  until ``get_new_blocks`` hands the block out or the cache is reset.
-* A block's secondary keys are kept in insertion order, so removal events
-  and ``move_block_hashes`` are deterministic (the reference uses a ``set``).
-* The ghost ``names`` forgets a key when its last entry goes: a name is
-  needed only while the key is in use.
+Where the reference (vLLM 0.31.0) leaves a choice open, the choice is stated
+where it is made: refusals in :mod:`.guards`, updates below, the settings in
+which vLLM releases differ in :class:`~.state.PoolState`;
+``oracle/REFERENCE_DIFFERENCES.md`` sets each against vLLM.
 """
 
 from __future__ import annotations
@@ -141,7 +126,8 @@ def get_new_blocks(s: PoolState, num_blocks: int) -> list[BlockId]:
 
 def free_blocks(s: PoolState, block_ids: Sequence[BlockId]) -> None:
     """Drop one reference per listing.  Idle unhashed blocks go to the head of the queue
-    (reused first), idle hashed ones to the tail (evicted last), in the order listed."""
+    (reused first), idle hashed ones to the tail (evicted last), in the order listed; the
+    null block never enters it."""
     hand(s, block_ids, -1)
     first: list[BlockId] = []
     last: list[BlockId] = []

@@ -17,6 +17,9 @@ them all, then update each" equals the sequence); ``cache_full_blocks`` is
 ``cache_full(b, key, tokens, prefix)`` per chosen block (its conflict check
 against what each block covered is each step's ``ptok < tokens``).
 Calls that change nothing the abstraction sees are the ``identity`` step.
+
+Each split takes the state before the call, the model's result (``None``
+when it refused) and the call's arguments.
 """
 
 from __future__ import annotations
@@ -56,39 +59,39 @@ def per_block(step: str, blocks: Sequence[BlockId]) -> Split:
     return Split(tuple((step, (b,)) for b in blocks))
 
 
-def get_new_blocks(s: PoolState, accept: bool, result: Any, num_blocks: int) -> Split:
-    if accept:
+def get_new_blocks(s: PoolState, result: Any, num_blocks: int) -> Split:
+    if result is not None:
         return per_block("alloc", result)
     return Split(tuple(("alloc", (b,)) for b in s.free), exhaust="alloc")
 
 
-def free_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
+def free_blocks(s: PoolState, result: Any, block_ids: Sequence[BlockId]) -> Split:
     return per_block("release", block_ids)
 
 
-def touch(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
+def touch(s: PoolState, result: Any, block_ids: Sequence[BlockId]) -> Split:
     return per_block("touch", block_ids)
 
 
-def unpin_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId],
+def unpin_blocks(s: PoolState, result: Any, block_ids: Sequence[BlockId],
                  on_reuse: Any) -> Split:
     return per_block("unpin", block_ids)
 
 
-def evict_blocks(s: PoolState, accept: bool, result: Any, block_ids: Sequence[BlockId]) -> Split:
+def evict_blocks(s: PoolState, result: Any, block_ids: Sequence[BlockId]) -> Split:
     return per_block("evict", block_ids)
 
 
-def maybe_evict_cached_block(s: PoolState, accept: bool, result: Any, block_id: BlockId) -> Split:
+def maybe_evict_cached_block(s: PoolState, result: Any, block_id: BlockId) -> Split:
     return per_block("evict", [block_id])
 
 
-def reset_prefix_cache(s: PoolState, accept: bool, result: Any) -> Split:
+def reset_prefix_cache(s: PoolState, result: Any) -> Split:
     return Split((("reset", ()),))
 
 
 def cache_full_blocks(
-    s: PoolState, accept: bool, result: Any, request: Any, block_ids: Sequence[BlockId],
+    s: PoolState, result: Any, request: Any, block_ids: Sequence[BlockId],
     num_cached_blocks: int, num_full_blocks: int, block_size: int, kv_cache_group_id: int,
     block_mask: Sequence[bool] | None = None,
 ) -> Split:
@@ -103,7 +106,7 @@ def cache_full_blocks(
 
 
 def cache_partial_block(
-    s: PoolState, accept: bool, result: Any, request: Any, block_id: BlockId, num_tokens: int,
+    s: PoolState, result: Any, request: Any, block_id: BlockId, num_tokens: int,
     kv_cache_group_id: int, block_size: int, replace_existing_hashes: bool = False,
 ) -> Split:
     if block_id == NULL:
@@ -114,12 +117,12 @@ def cache_partial_block(
                                      replace_existing_hashes)),))
 
 
-def move_block_hashes(s: PoolState, accept: bool, result: Any, src_id: BlockId, dst_id: BlockId) -> Split:
+def move_block_hashes(s: PoolState, result: Any, src_id: BlockId, dst_id: BlockId) -> Split:
     return Split((("move", (src_id, dst_id)),))
 
 
 def insert_block_hash(
-    s: PoolState, accept: bool, result: Any, request: Any, prefix_tokens: int, kv_cache_group_id: int,
+    s: PoolState, result: Any, request: Any, prefix_tokens: int, kv_cache_group_id: int,
     block_id: BlockId, num_tokens: int | None,
 ) -> Split:
     hbs = s.hash_block_size
@@ -128,11 +131,11 @@ def insert_block_hash(
     return Split((("insert", (block_id, key, num_tokens or 0, prefix)),))
 
 
-def write_block(s: PoolState, accept: bool, result: Any, block_id: BlockId, request: Any,
+def write_block(s: PoolState, result: Any, block_id: BlockId, request: Any,
                 num_tokens: int) -> Split:
     return Split((("write", (block_id, content(request, num_tokens, s.hash_block_size))),))
 
 
-def unchanged(s: PoolState, accept: bool, result: Any, *args: Any) -> Split:
+def unchanged(s: PoolState, result: Any, *args: Any) -> Split:
     """Event-only operations: the abstraction sees no change."""
     return Split((IDENTITY,))

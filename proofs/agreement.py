@@ -439,10 +439,11 @@ Plan = Split
 """A call as z3 steps (the declaration's split, :mod:`kvpool.model.split`)."""
 
 
-def plan(s: PoolState, name: str, args: Sequence[Any], accept: bool, result: Any) -> Plan:
-    """The per-block decomposition of one call, as its declaration states it."""
+def plan(s: PoolState, name: str, args: Sequence[Any], result: Any) -> Plan:
+    """The per-block decomposition of one call, as its declaration states it (``result``: the
+    model's, ``None`` when it refused)."""
     op = OPERATIONS[name]
-    return op.split(s, accept, result, *op.bind(args))
+    return op.split(s, result, *op.bind(args))
 
 
 def _block_arg(spec: StepSpec) -> int | None:
@@ -685,7 +686,7 @@ def _check_call(run: _Run, s: PoolState, interp: Interp, memo: dict[tuple[Any, .
     else:
         verdict = "accepted"
     accepted = nxt is not None
-    p = plan(s, name, args, accepted, result)
+    p = plan(s, name, args, result)
     if name == "reset_prefix_cache" and result is False:
         verdict, accepted = "refused (blocks in use)", False
     rep.transitions += 1

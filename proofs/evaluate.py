@@ -224,10 +224,6 @@ class _Arr:
         self.build = build
 
 
-def _sort_kind(s: z3.SortRef) -> int:
-    return int(s.kind())
-
-
 class _Compiler:
     def __init__(self, names: Mapping[str, str], domain: Carriers, kleene: bool = False) -> None:
         self.names = names

@@ -281,7 +281,7 @@ def test_every_accepted_call_is_a_sequence_of_queue_steps() -> None:
     s = HBS1.initial()
     s, _ = ACTIONS["get_new_blocks"](s, 2)
     after = s.copy()
-    p = agreement.plan(s, "free_blocks", ([1, 2],), True, None)
+    p = agreement.plan(s, "free_blocks", ([1, 2],), None)
     assert agreement.queue_plan(p, after) == [("open_batch", (2,)), ("release", (1,)), ("release", (2,))]
 
 

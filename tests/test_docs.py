@@ -36,7 +36,8 @@ def _tables() -> dict[str, set[str]]:
 def _files(folder: str) -> set[str]:
     base = ROOT / folder
     return {str(p.relative_to(base)) for p in base.rglob("*")
-            if p.is_file() and p.suffix in (".py", ".md", ".css", ".typed") and "__pycache__" not in p.parts}
+            if p.is_file() and p.suffix in (".py", ".md", ".css", ".toml", ".typed")
+            and "__pycache__" not in p.parts}
 
 
 def test_every_module_is_listed_and_every_listed_file_exists() -> None:

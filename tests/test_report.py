@@ -266,6 +266,19 @@ def test_sparse_documents_render(passing: dict[str, Any]) -> None:
     assert "Proofs skipped." in md and "BMC not run." in md
 
 
+def test_every_format_draws_every_element() -> None:
+    """Renderers find an element's method by its class name: a new element needs one in each."""
+    from kvpool.report import elements
+    from kvpool.report.html import Html
+    from kvpool.report.markdown import Markdown
+
+    drawn = {n for n in re.findall(r"\w+", f"{elements.Inline} {elements.Block}")
+             if n[0].isupper() and n not in {"Inline", "Wording", "Layout"}}
+    assert len(drawn) > 15
+    for renderer in (Html, Markdown):
+        assert [n for n in sorted(drawn) if not callable(getattr(renderer, n.lower(), None))] == [], renderer
+
+
 def test_a_step_that_changes_nothing_is_not_drawn_again(failing: dict[str, Any]) -> None:
     conformance = next(p for p in failing["phases"] if p["name"] == "conformance")
     failure = conformance["cases"][1]["failure"]

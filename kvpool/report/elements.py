@@ -2,7 +2,9 @@
 
 The renderers (``markdown.py``, ``html.py``) draw these and nothing else, so they
 know about sections, tables, grids, lists, pool pictures and traces, never about
-proofs or BMC: a new section or number is written once, in ``view.py``.
+proofs or BMC: a new section or number is written once, in ``view.py``.  Each is
+a :class:`Renderer`, which walks a view the same way for every format and asks
+the format only how each element looks.
 
 The two formats have always worded a few things differently (Markdown spells
 out what colour and layout say on the page).  Where they do, the view states
@@ -16,8 +18,9 @@ per document and drawn twice, and neither renderer may change it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 # --------------------------------------------------------------------------
 # Inline elements: text within a paragraph, cell or list item.
@@ -379,3 +382,46 @@ class Report:
 
     title: str
     sections: tuple[Section, ...]
+
+
+# --------------------------------------------------------------------------
+# The walk every format shares.
+
+
+class Renderer:
+    """A format: a method per element, named after its class in lower case (``para``, ``code``).
+
+    The walk (text, parts, :class:`Wording`, :class:`Layout`) is the same for
+    every format, so a renderer says only how each element looks, and ``side``
+    picks its half of each :class:`Wording` and :class:`Layout`.
+    """
+
+    side: ClassVar[Literal["markdown", "html"]]
+
+    def text(self, s: str) -> str:
+        """Plain text, escaped for the format."""
+        raise NotImplementedError
+
+    def inline(self, x: Inline) -> str:
+        """A piece of text: its parts in order, each element drawn by its method."""
+        if isinstance(x, str):
+            return self.text(x)
+        if isinstance(x, tuple):
+            return "".join(self.inline(part) for part in x)
+        if isinstance(x, Wording):
+            return self.inline(x.markdown if self.side == "markdown" else x.html)
+        return self._draw(x)
+
+    def blocks(self, blocks: Iterable[Block]) -> list[str]:
+        """Each block drawn, a :class:`Layout` as this format's blocks."""
+        out: list[str] = []
+        for block in blocks:
+            if isinstance(block, Layout):
+                out += self.blocks(block.markdown if self.side == "markdown" else block.html)
+            else:
+                out.append(self._draw(block))
+        return out
+
+    def _draw(self, element: object) -> str:
+        draw: Callable[[Any], str] = getattr(self, type(element).__name__.lower())
+        return draw(element)

@@ -12,41 +12,9 @@ The class names are the stylesheet's vocabulary and, with the section ids and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from importlib import resources
 
-from kvpool.report.elements import (
-    Alerts,
-    Bars,
-    Blank,
-    Block,
-    BlockCell,
-    Cell,
-    Code,
-    Failure,
-    Grid,
-    Heading,
-    Inline,
-    Layout,
-    Link,
-    Listing,
-    Names,
-    Panels,
-    Para,
-    Picture,
-    Prose,
-    Report,
-    Row,
-    Section,
-    Stats,
-    Status,
-    StepView,
-    Strong,
-    Swatch,
-    Table,
-    Tinted,
-    Verdict,
-)
+from kvpool.report import elements as e
 from kvpool.report.markup import code, escape, markdown_to_html, table
 
 __all__ = ["render"]
@@ -64,7 +32,7 @@ def _css() -> str:
     return resources.files("kvpool.report").joinpath("style.css").read_text(encoding="utf-8")
 
 
-def render(report: Report) -> str:
+def render(report: e.Report) -> str:
     """The page: a header with the verdict and a link per section, then the sections."""
     nav = "".join(f'<a href="#{escape(s.id)}">{escape(s.nav)}</a>' for s in report.sections)
     title = escape(report.title)
@@ -76,12 +44,12 @@ def render(report: Report) -> str:
             f"<main>{''.join(_section(s) for s in report.sections)}</main></body></html>\n")
 
 
-def _section(section: Section) -> str:
+def _section(section: e.Section) -> str:
     """A section with a stable id; its title carries the count and state badge."""
     title = section.title if section.count is None else f"{section.title} ({section.count})"
     badge = f" {_badge(section.status)}" if section.status else ""
     return (f'<section id="{escape(section.id)}"><h2>{escape(title)}{badge}</h2>'
-            f"{_blocks(section.blocks)}</section>")
+            f"{HTML.join(section.blocks)}</section>")
 
 
 def _badge(word: str) -> str:
@@ -89,95 +57,138 @@ def _badge(word: str) -> str:
     return f'<span class="badge {BADGE.get(word, "skip")}">{escape(word)}</span>'
 
 
-def _inline(x: Inline) -> str:
-    """Inline elements, escaped."""
-    if isinstance(x, str):
-        return escape(x)
-    if isinstance(x, tuple):
-        return "".join(_inline(part) for part in x)
-    if isinstance(x, Code):
+class Html(e.Renderer):
+    """Each element as HTML, escaped."""
+
+    side = "html"
+
+    def text(self, s: str) -> str:
+        return escape(s)
+
+    def join(self, blocks: tuple[e.Block, ...]) -> str:
+        """Blocks one after another."""
+        return "".join(self.blocks(blocks))
+
+    # Inline elements.
+
+    def code(self, x: e.Code) -> str:
         return code(x.text)
-    if isinstance(x, Strong):
+
+    def strong(self, x: e.Strong) -> str:
         return f"<b>{escape(x.text)}</b>"
-    if isinstance(x, Status):
+
+    def status(self, x: e.Status) -> str:
         return _badge(x.word)
-    if isinstance(x, Link):
-        return f'<a href="#{escape(x.anchor)}">{_inline(x.content)}</a>'
-    if isinstance(x, Names):
+
+    def link(self, x: e.Link) -> str:
+        return f'<a href="#{escape(x.anchor)}">{self.inline(x.content)}</a>'
+
+    def names(self, x: e.Names) -> str:
         return " ".join(code(n) for n in x.names)
-    if isinstance(x, Swatch):
+
+    def swatch(self, x: e.Swatch) -> str:
         return f'<span class="legend st-{escape(x.status)}">{escape(x.text)}</span>'
-    if isinstance(x, Tinted):
+
+    def tinted(self, x: e.Tinted) -> str:
         return f'<span class="{"yes" if x.tone == "good" else "muted"}">{escape(x.text)}</span>'
-    return _inline(x.html)
 
+    # Blocks.
 
-# --------------------------------------------------------------------------
-# Blocks.
-
-
-def _blocks(blocks: Iterable[Block]) -> str:
-    """Blocks one after another, each :class:`Layout` as its HTML blocks."""
-    return "".join(_blocks(b.html) if isinstance(b, Layout) else _block(b) for b in blocks)
-
-
-def _block(block: Block) -> str:
-    """One block."""
-    if isinstance(block, Para):
+    def para(self, block: e.Para) -> str:
         cls = ' class="muted"' if block.muted else ""
-        return f"<p{cls}>{_inline(block.content)}</p>"
-    if isinstance(block, Heading):
+        return f"<p{cls}>{self.inline(block.content)}</p>"
+
+    def heading(self, block: e.Heading) -> str:
         anchor = f' id="{escape(block.anchor)}"' if block.anchor else ""
         return f"<h3{anchor}>{escape(block.text)}</h3>"
-    if isinstance(block, Listing):
+
+    def listing(self, block: e.Listing) -> str:
         tag = "ol" if block.numbered else "ul"
         cls = f' class="{escape(block.style)}"' if block.style else ""
-        return f"<{tag}{cls}>" + "".join(f"<li>{_inline(i)}</li>" for i in block.items) + f"</{tag}>"
-    if isinstance(block, Table):
-        head = "".join(f"<th>{_inline(h)}</th>" for h in block.headers)
+        return f"<{tag}{cls}>" + "".join(f"<li>{self.inline(i)}</li>" for i in block.items) + f"</{tag}>"
+
+    def table(self, block: e.Table) -> str:
+        head = "".join(f"<th>{self.inline(h)}</th>" for h in block.headers)
         return (f'<table class="{escape(block.style)}"><thead><tr>{head}</tr></thead>'
-                f'<tbody>{"".join(_row(r) for r in block.rows)}</tbody></table>')
-    if isinstance(block, Grid):
-        return _grid(block)
-    if isinstance(block, Bars):
-        return table([_inline(h) for h in block.headers] + [""], (
+                f'<tbody>{"".join(self._row(r) for r in block.rows)}</tbody></table>')
+
+    def _row(self, row: e.Row) -> str:
+        """A table row; a group row's first cell is its heading."""
+        cells = [self.inline(c) for c in row.cells]
+        cls = f' class="{ROW_CLASS[row.kind]}"' if row.kind else ""
+        first = f"<th>{cells[0]}</th>" if row.kind == "group" and cells else ""
+        rest = cells[1:] if first else cells
+        return f"<tr{cls}>{first}" + "".join(f"<td>{c}</td>" for c in rest) + "</tr>"
+
+    def grid(self, grid: e.Grid) -> str:
+        """A status matrix; a note row spans the table with its long form."""
+        head = "".join(f"<th>{escape(c)}</th>" for c in (grid.corner, *grid.fixed, *grid.keys))
+        rows = []
+        for row in grid.rows:
+            cls = f' class="{ROW_CLASS[row.kind]}"' if row.kind else ""
+            if row.kind == "note":
+                body = f'<td colspan="{len(grid.fixed) + len(grid.keys)}">{escape(row.long)}</td>'
+            else:
+                body = "".join(_cell(c) for c in row.cells)
+            rows.append(f"<tr{cls}><th>{self.inline(row.label)}</th>{body}</tr>")
+        return (f'<div class="scroll"><table class="matrix"><thead><tr>{head}</tr></thead>'
+                f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+    def bars(self, block: e.Bars) -> str:
+        return table([self.inline(h) for h in block.headers] + [""], (
             [code(name), escape(count), f'<span class="bar" style="width:{pct:.1f}%"></span>']
             for name, count, pct in block.items), "bars")
-    if isinstance(block, Stats):
+
+    def stats(self, block: e.Stats) -> str:
         return ('<div class="stats">' + "".join(
             f'<div class="stat"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in block.items)
             + "</div>")
-    if isinstance(block, Panels):
+
+    def panels(self, block: e.Panels) -> str:
         return ('<div class="cols">' + "".join(
-            f"<div><h3>{escape(p.title)}</h3>{_blocks(p.blocks)}</div>" for p in block.panels) + "</div>")
-    if isinstance(block, Verdict):
-        return _verdict(block)
-    if isinstance(block, Alerts):
+            f"<div><h3>{escape(p.title)}</h3>{self.join(p.blocks)}</div>" for p in block.panels) + "</div>")
+
+    def verdict(self, verdict: e.Verdict) -> str:
+        """The verdict banner, the settings as chips, and where the run came from."""
+        facts = "".join(f"<span>{escape(f.label)} <b>{escape(f.value)}</b></span>" for f in verdict.facts)
+        chips = "".join(f'<span class="chip">{escape(k)}=<b>{escape(v)}</b></span>'
+                        for k, v in verdict.settings)
+        return (f'<div class="verdict {"pass" if verdict.ok else "fail"}"><span class="big">'
+                f"{escape(verdict.word)}</span>{facts}</div>"
+                f'<p class="budget">{escape(verdict.settings_label)} {chips}</p>'
+                f'<p class="muted">{self.inline(verdict.byline)}</p>')
+
+    def alerts(self, block: e.Alerts) -> str:
         return (f'<div class="failing-list"><b>{escape(block.lead)}:</b><ol>'
-                + "".join(f"<li>{_inline(i)}</li>" for i in block.items) + "</ol></div>")
-    if isinstance(block, Prose):
+                + "".join(f"<li>{self.inline(i)}</li>" for i in block.items) + "</ol></div>")
+
+    def prose(self, block: e.Prose) -> str:
         body = (markdown_to_html(block.markdown, shift=block.shift) if block.markdown
                 else f'<p class="muted">{escape(block.empty)}</p>')
         return f'<div class="prose">{body}</div>'
-    if isinstance(block, Failure):
-        return _failure(block)
-    return _blocks(block.html)
+
+    def failure(self, failure: e.Failure) -> str:
+        """A failing case in full: message, details, and its counterexample trace."""
+        details = (f'<pre class="details">{escape(failure.details)}</pre>' if failure.details is not None
+                   else "")
+        steps = (f"<p>Counterexample, {len(failure.steps)} step(s):</p>"
+                 f'<ol class="trace">{"".join(_step(s) for s in failure.steps)}</ol>' if failure.steps
+                 else f'<p class="muted">{escape(failure.no_trace)}</p>')
+        return (f'<article class="failure" id="{escape(failure.anchor)}"><h3>{failure.number}. '
+                f'{escape(failure.title)} <span class="badge fail">{escape(failure.kind)}</span></h3>'
+                f'<p class="muted">{escape(failure.phase)} · {code(failure.case_id)} · '
+                f"{escape(failure.seconds)}</p>"
+                f'<p class="message">{escape(failure.message)}</p>{details}{steps}</article>')
 
 
-def _row(row: Row) -> str:
-    """A table row; a group row's first cell is its heading."""
-    cells = [_inline(c) for c in row.cells]
-    cls = f' class="{ROW_CLASS[row.kind]}"' if row.kind else ""
-    first = f"<th>{cells[0]}</th>" if row.kind == "group" and cells else ""
-    rest = cells[1:] if first else cells
-    return f"<tr{cls}>{first}" + "".join(f"<td>{c}</td>" for c in rest) + "</tr>"
+HTML = Html()
 
 
-def _cell(cell: Cell) -> str:
+def _cell(cell: e.Cell) -> str:
     """A grid cell coloured by status; a failed one links to its counterexample."""
     if cell is None:
         return '<td class="na">—</td>'
-    if isinstance(cell, Blank):
+    if isinstance(cell, e.Blank):
         return '<td class="na"></td>'
     text = f'{escape(cell.mark)} <span class="t">{escape(cell.seconds)}</span>'
     if cell.link:
@@ -185,49 +196,11 @@ def _cell(cell: Cell) -> str:
     return f'<td class="st-{escape(cell.status)}" title="{escape(cell.status)}">{text}</td>'
 
 
-def _grid(grid: Grid) -> str:
-    """A status matrix; a note row spans the table with its long form."""
-    head = "".join(f"<th>{escape(c)}</th>" for c in (grid.corner, *grid.fixed, *grid.keys))
-    rows = []
-    for row in grid.rows:
-        cls = f' class="{ROW_CLASS[row.kind]}"' if row.kind else ""
-        if row.kind == "note":
-            body = f'<td colspan="{len(grid.fixed) + len(grid.keys)}">{escape(row.long)}</td>'
-        else:
-            body = "".join(_cell(c) for c in row.cells)
-        rows.append(f"<tr{cls}><th>{_inline(row.label)}</th>{body}</tr>")
-    return (f'<div class="scroll"><table class="matrix"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>')
-
-
-def _verdict(verdict: Verdict) -> str:
-    """The verdict banner, the settings as chips, and where the run came from."""
-    facts = "".join(f"<span>{escape(f.label)} <b>{escape(f.value)}</b></span>" for f in verdict.facts)
-    chips = "".join(f'<span class="chip">{escape(k)}=<b>{escape(v)}</b></span>' for k, v in verdict.settings)
-    return (f'<div class="verdict {"pass" if verdict.ok else "fail"}"><span class="big">'
-            f"{escape(verdict.word)}</span>{facts}</div>"
-            f'<p class="budget">{escape(verdict.settings_label)} {chips}</p>'
-            f'<p class="muted">{_inline(verdict.byline)}</p>')
-
-
 # --------------------------------------------------------------------------
-# Failures, traces and pictures.
+# Traces and pictures.
 
 
-def _failure(failure: Failure) -> str:
-    """A failing case in full: message, details, and its counterexample trace."""
-    details = f'<pre class="details">{escape(failure.details)}</pre>' if failure.details is not None else ""
-    steps = (f"<p>Counterexample, {len(failure.steps)} step(s):</p>"
-             f'<ol class="trace">{"".join(_step(s) for s in failure.steps)}</ol>' if failure.steps
-             else f'<p class="muted">{escape(failure.no_trace)}</p>')
-    return (f'<article class="failure" id="{escape(failure.anchor)}"><h3>{failure.number}. '
-            f'{escape(failure.title)} <span class="badge fail">{escape(failure.kind)}</span></h3>'
-            f'<p class="muted">{escape(failure.phase)} · {code(failure.case_id)} · '
-            f"{escape(failure.seconds)}</p>"
-            f'<p class="message">{escape(failure.message)}</p>{details}{steps}</article>')
-
-
-def _step(step: StepView) -> str:
+def _step(step: e.StepView) -> str:
     """One trace step; the diverging one draws model and implementation side by side."""
     diverging = step.actual is not None
     changes = "".join(f"<li>{code(c)}</li>" for c in step.changes)
@@ -254,7 +227,7 @@ def _field(name: str, content: str, diff: frozenset[str]) -> str:
     return f'<div class="f f-{name}{" diff" if name in diff else ""}">{content}</div>'
 
 
-def _block_cell(block: BlockCell) -> str:
+def _block_cell(block: e.BlockCell) -> str:
     """A block as a cell: id, ref count, queue place, primary key with tokens, extra keys, marks."""
     diff = block.differs
     cls = (f"block-cell {block.state}" + (" watched" if "watched" in block.marks else "")
@@ -276,7 +249,7 @@ def _block_cell(block: BlockCell) -> str:
             + "</div>")
 
 
-def _picture(pic: Picture, side: str) -> str:
+def _picture(pic: e.Picture, side: str) -> str:
     """The pool after a step: blocks in a row, the index and free queue beside them, pending events."""
     mark = {p: " diff" if p in pic.differs else "" for p in ("free", "index", "num_free", "events", "blocks")}
     index_rows = "".join(f"<tr><td>{code(key)}</td><td>{escape(blocks)}</td></tr>"

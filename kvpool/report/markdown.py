@@ -14,38 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-from kvpool.report.elements import (
-    Alerts,
-    Bars,
-    Blank,
-    Block,
-    BlockCell,
-    Cell,
-    Code,
-    Failure,
-    Grid,
-    Heading,
-    Inline,
-    Layout,
-    Link,
-    Listing,
-    Names,
-    Panels,
-    Para,
-    Picture,
-    Prose,
-    Report,
-    Row,
-    Section,
-    Stats,
-    Status,
-    StepView,
-    Strong,
-    Swatch,
-    Table,
-    Tinted,
-    Verdict,
-)
+from kvpool.report import elements as e
 
 __all__ = ["render"]
 
@@ -56,16 +25,16 @@ STATUS_MARK = {"passed": "✅", "failed": "❌", "skipped": "⏭", "not run": "�
 """A mark per state word, so a state reads without colour."""
 
 
-def render(report: Report) -> str:
+def render(report: e.Report) -> str:
     """The whole report; the first section sits directly under the report's title."""
     lead, *rest = report.sections
-    parts = [f"# {_text(report.title)}", *_blocks(lead.blocks), *(_section(s) for s in rest)]
+    parts = [f"# {_text(report.title)}", *MD.blocks(lead.blocks), *(_section(s) for s in rest)]
     return "\n\n".join(parts).rstrip() + "\n"
 
 
-def _section(section: Section) -> str:
+def _section(section: e.Section) -> str:
     """A section under a plain ``##`` heading."""
-    return "\n\n".join([f"## {_text(section.title)}", *_blocks(section.blocks)])
+    return "\n\n".join([f"## {_text(section.title)}", *MD.blocks(section.blocks)])
 
 
 # --------------------------------------------------------------------------
@@ -78,7 +47,7 @@ def _text(s: str) -> str:
     return out.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
-def _code(s: str, in_table: bool) -> str:
+def _code(s: str, in_table: bool = False) -> str:
     """An inline code span that survives backticks (and pipes, inside a table)."""
     text = s.replace("\r", " ").replace("\n", " ")
     if in_table:
@@ -94,86 +63,118 @@ def _fence(text: str) -> str:
     return f"{ticks}\n{text.rstrip()}\n{ticks}"
 
 
-def _status(status: Status) -> str:
-    """A state with its mark; a loud one in bold, as it alone sinks the run."""
-    mark = STATUS_MARK.get(status.word, "")
-    word = f"**{_text(status.word)}**" if status.loud else _text(status.word)
-    return f"{mark} {word}".strip()
+class Markdown(e.Renderer):
+    """Each element as Markdown; links become their text (GitHub has no anchors for them).
 
+    ``in_table`` for table cells, where a pipe would end the cell.
+    """
 
-def _inline(x: Inline, in_table: bool = False) -> str:
-    """Inline elements; links become their text (GitHub has no anchors for them)."""
-    if isinstance(x, str):
-        return _text(x)
-    if isinstance(x, tuple):
-        return "".join(_inline(part, in_table) for part in x)
-    if isinstance(x, Code):
-        return _code(x.text, in_table)
-    if isinstance(x, Strong):
+    side = "markdown"
+
+    def __init__(self, in_table: bool = False) -> None:
+        self.in_table = in_table
+
+    def text(self, s: str) -> str:
+        return _text(s)
+
+    # Inline elements.
+
+    def code(self, x: e.Code) -> str:
+        return _code(x.text, self.in_table)
+
+    def strong(self, x: e.Strong) -> str:
         return f"**{_text(x.text)}**"
-    if isinstance(x, Status):
-        return _status(x)
-    if isinstance(x, Link):
-        return _inline(x.content, in_table)
-    if isinstance(x, Names):
-        return ", ".join(_code(n, in_table) for n in x.names)
-    if isinstance(x, (Swatch, Tinted)):
+
+    def status(self, x: e.Status) -> str:
+        """A state with its mark; a loud one in bold, as it alone sinks the run."""
+        word = f"**{_text(x.word)}**" if x.loud else _text(x.word)
+        return f"{STATUS_MARK.get(x.word, '')} {word}".strip()
+
+    def link(self, x: e.Link) -> str:
+        return self.inline(x.content)
+
+    def names(self, x: e.Names) -> str:
+        return ", ".join(_code(n, self.in_table) for n in x.names)
+
+    def swatch(self, x: e.Swatch) -> str:
         return _text(x.text)
-    return _inline(x.markdown, in_table)
 
+    def tinted(self, x: e.Tinted) -> str:
+        return _text(x.text)
 
-# --------------------------------------------------------------------------
-# Blocks.
+    # Blocks; blocks are separated by a blank line.
 
+    def para(self, block: e.Para) -> str:
+        return self.inline(block.content)
 
-def _blocks(blocks: Iterable[Block]) -> list[str]:
-    """Each block as Markdown, with :class:`Layout` replaced by its Markdown blocks."""
-    out: list[str] = []
-    for block in blocks:
-        if isinstance(block, Layout):
-            out += _blocks(block.markdown)
-        else:
-            out.append(_block(block))
-    return out
-
-
-def _block(block: Block) -> str:
-    """One block; blocks are separated by a blank line."""
-    if isinstance(block, Para):
-        return _inline(block.content)
-    if isinstance(block, Heading):
+    def heading(self, block: e.Heading) -> str:
         return f"### {_text(block.text)}"
-    if isinstance(block, Listing):
-        return "\n".join(f"{f'{i}.' if block.numbered else '-'} {_inline(item)}"
+
+    def listing(self, block: e.Listing) -> str:
+        return "\n".join(f"{f'{i}.' if block.numbered else '-'} {self.inline(item)}"
                          for i, item in enumerate(block.items, 1))
-    if isinstance(block, Table):
-        return _table([_inline(h, True) for h in block.headers], (_row(row) for row in block.rows))
-    if isinstance(block, Grid):
-        return _grid(block)
-    if isinstance(block, Bars):
-        return _table([_inline(h, True) for h in block.headers],
+
+    def table(self, block: e.Table) -> str:
+        return _table([CELL.inline(h) for h in block.headers], (_row(row) for row in block.rows))
+
+    def grid(self, grid: e.Grid) -> str:
+        """A status matrix as a table; a note row repeats its short form, as cells cannot span."""
+        headers = [_text(grid.corner), *(_text(f) for f in grid.fixed), *(_code(k, True) for k in grid.keys)]
+        rows = []
+        for row in grid.rows:
+            label = CELL.inline(row.label)
+            if row.kind == "note":
+                rows.append([label, *[_text(row.short)] * (len(grid.fixed) + len(grid.keys))])
+            else:
+                rows.append([f"*{label}*" if row.kind == "aside" else label, *(_cell(c) for c in row.cells)])
+        return _table(headers, rows)
+
+    def bars(self, block: e.Bars) -> str:
+        return _table([CELL.inline(h) for h in block.headers],
                       ([_code(name, True), _text(count)] for name, count, _pct in block.items))
-    if isinstance(block, Stats):
+
+    def stats(self, block: e.Stats) -> str:
         return " · ".join(f"{_text(value)} {_text(label)}" for label, value in block.items)
-    if isinstance(block, Panels):
+
+    def panels(self, block: e.Panels) -> str:
         return "\n\n".join(part for panel in block.panels
-                           for part in [f"{_text(panel.title)}:", *_blocks(panel.blocks)])
-    if isinstance(block, Verdict):
-        return _verdict(block)
-    if isinstance(block, Alerts):
+                           for part in [f"{_text(panel.title)}:", *self.blocks(panel.blocks)])
+
+    def verdict(self, verdict: e.Verdict) -> str:
+        """The verdict line, then the settings and provenance as a short list."""
+        facts = " · ".join(f"{_text(f.label)} {_code(f.value) if f.code else _text(f.value)}"
+                           for f in verdict.facts)
+        settings = ", ".join(f"{k}={v}" for k, v in verdict.settings) or "—"
+        return (f"**{_text(verdict.word)}** · {facts}\n\n"
+                f"- {_text(verdict.settings_label)}: {_code(settings)}\n- {self.inline(verdict.byline)}")
+
+    def alerts(self, block: e.Alerts) -> str:
         see_anchor, see_title = block.see
         return (f"**{_text(block.lead)}** — see [{_text(see_title)}](#{see_anchor}):\n\n"
-                + "\n".join(f"{i}. {_inline(item)}" for i, item in enumerate(block.items, 1)))
-    if isinstance(block, Prose):
+                + "\n".join(f"{i}. {self.inline(item)}" for i, item in enumerate(block.items, 1)))
+
+    def prose(self, block: e.Prose) -> str:
         return _shift_headings(block.markdown, block.shift) if block.markdown else _text(block.empty)
-    if isinstance(block, Failure):
-        return _failure(block)
-    return "\n\n".join(_blocks(block.markdown))
+
+    def failure(self, failure: e.Failure) -> str:
+        """A failure in full: where, what, the details verbatim, then the trace step by step."""
+        parts = [f"### {failure.number}. {_text(failure.title)}",
+                 f"{_text(failure.phase)} · {_code(failure.case_id)} · {_text(failure.kind)} · "
+                 f"{_text(failure.seconds)}\n\n**{_text(failure.message)}**"]
+        if failure.details is not None:
+            parts.append(_fence(failure.details))
+        n = len(failure.steps)
+        parts.append(f"Counterexample trace ({n} steps):" if n else _text(failure.no_trace))
+        parts += [_step(s) for s in failure.steps]
+        return "\n\n".join(parts)
 
 
-def _row(row: Row) -> list[str]:
+MD, CELL = Markdown(), Markdown(in_table=True)
+
+
+def _row(row: e.Row) -> list[str]:
     """A table row's cells; a group row's first cell in bold, as text has no heading cells."""
-    cells = [_inline(c, True) for c in row.cells]
+    cells = [CELL.inline(c) for c in row.cells]
     return [f"**{cells[0]}**", *cells[1:]] if row.kind == "group" and cells else cells
 
 
@@ -184,35 +185,13 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _cell(cell: Cell) -> str:
+def _cell(cell: e.Cell) -> str:
     """A grid cell: status mark and time; a dash for a result the run did not produce."""
     if cell is None:
         return "—"
-    if isinstance(cell, Blank):
+    if isinstance(cell, e.Blank):
         return ""
     return f"{cell.mark} {cell.seconds}"
-
-
-def _grid(grid: Grid) -> str:
-    """A status matrix as a table; a note row repeats its short form, as cells cannot span."""
-    headers = [_text(grid.corner), *(_text(f) for f in grid.fixed), *(_code(k, True) for k in grid.keys)]
-    rows = []
-    for row in grid.rows:
-        label = _inline(row.label, True)
-        if row.kind == "note":
-            rows.append([label, *[_text(row.short)] * (len(grid.fixed) + len(grid.keys))])
-        else:
-            rows.append([f"*{label}*" if row.kind == "aside" else label, *(_cell(c) for c in row.cells)])
-    return _table(headers, rows)
-
-
-def _verdict(verdict: Verdict) -> str:
-    """The verdict line, then the settings and provenance as a short list."""
-    facts = " · ".join(f"{_text(f.label)} {_code(f.value, False) if f.code else _text(f.value)}"
-                       for f in verdict.facts)
-    settings = ", ".join(f"{k}={v}" for k, v in verdict.settings) or "—"
-    return (f"**{_text(verdict.word)}** · {facts}\n\n"
-            f"- {_text(verdict.settings_label)}: {_code(settings, False)}\n- {_inline(verdict.byline)}")
 
 
 def _shift_headings(text: str, by: int) -> str:
@@ -232,30 +211,17 @@ def _shift_headings(text: str, by: int) -> str:
 # Failures, traces and pictures.
 
 
-def _failure(failure: Failure) -> str:
-    """A failure in full: where, what, the details verbatim, then the trace step by step."""
-    parts = [f"### {failure.number}. {_text(failure.title)}",
-             f"{_text(failure.phase)} · {_code(failure.case_id, False)} · {_text(failure.kind)} · "
-             f"{_text(failure.seconds)}\n\n**{_text(failure.message)}**"]
-    if failure.details is not None:
-        parts.append(_fence(failure.details))
-    n = len(failure.steps)
-    parts.append(f"Counterexample trace ({n} steps):" if n else _text(failure.no_trace))
-    parts += [_step(s) for s in failure.steps]
-    return "\n\n".join(parts)
-
-
-def _step(step: StepView) -> str:
+def _step(step: e.StepView) -> str:
     """One trace step: the call, its outcome, what changed, and the pool afterwards."""
-    lines = [f"**Step {_text(step.index)}.** {_code(step.call, False)} → {_code(step.outcome, False)}"]
+    lines = [f"**Step {_text(step.index)}.** {_code(step.call)} → {_code(step.outcome)}"]
     if step.changes:
-        lines.append("\n".join(f"- {_code(c, False)}" for c in step.changes))
+        lines.append("\n".join(f"- {_code(c)}" for c in step.changes))
     if step.actual is not None and step.picture is not None:
         lines.append("Model (expected), `*` = differs from the implementation:")
         lines.append(_fence(_picture(step.picture)))
         lines.append("Implementation (actual):")
         lines.append(_fence(_picture(step.actual)))
-        lines.append("Differs: " + (", ".join(_code(d, False) for d in step.differs) or "nothing drawn"))
+        lines.append("Differs: " + (", ".join(_code(d) for d in step.differs) or "nothing drawn"))
     elif step.unchanged:
         lines.append("*Pool unchanged.*")
     elif step.picture is not None:
@@ -263,7 +229,7 @@ def _step(step: StepView) -> str:
     return "\n\n".join(lines)
 
 
-PICTURE_ROWS: list[tuple[str, Callable[[BlockCell], str], str]] = [
+PICTURE_ROWS: list[tuple[str, Callable[[e.BlockCell], str], str]] = [
     ("block", lambda b: b.id, ""),
     ("ref", lambda b: b.ref, "ref"),
     ("queue", lambda b: b.queue, "free_pos"),
@@ -275,7 +241,7 @@ PICTURE_ROWS: list[tuple[str, Callable[[BlockCell], str], str]] = [
 """A text picture's rows: label, what a block shows, and the field whose difference stars it."""
 
 
-def _picture(pic: Picture) -> str:
+def _picture(pic: e.Picture) -> str:
     """A pool picture as a text table: a row per field, a column per block; ``*`` marks differences."""
     blocks = list(pic.blocks)
     out: list[str] = []

@@ -17,7 +17,7 @@ picture of the pool.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from kvpool.report.elements import (
@@ -68,11 +68,19 @@ MARK = {"proven": "✓", "counterexample": "✗", "unknown": "?"}
 SLOWEST = 5
 """How many of the slowest proofs to list: where the solver budget goes."""
 
-SECTION_OF_PHASE = {"proofs": "proof-matrix", "agreement": "proof-matrix", "seeded-bugs": "seeded-bugs",
-                    "bmc": "bmc", "lockstep": "lockstep", "refinement": "refinement",
-                    "conformance": "conformance", "traces": "traces"}
-"""Which section shows each phase (the proofs phase is the matrix; the agreement of the
-encoding with the model is about the same proofs)."""
+PHASE_SECTIONS = {"proofs": ("proof-matrix", "Proof matrix", "Proofs", "Proofs"),
+                  "seeded-bugs": ("seeded-bugs", "Seeded bugs", "Seeded bugs", "Seeded bugs"),
+                  "bmc": ("bmc", "Bounded model checking", "BMC", "BMC"),
+                  "lockstep": ("lockstep", "Differential statistics", "Differential", "Lockstep"),
+                  "refinement": ("refinement", "Bounded refinement", "Refinement", "Refinement"),
+                  "conformance": ("conformance", "Conformance", "Conformance", "Conformance"),
+                  "traces": ("traces", "Trace and event files", "Traces", "Traces")}
+"""A phase's section: its id, title and name in the contents, and how it names the phase
+when the phase did not run, in the order the report shows them."""
+
+SECTION_OF_PHASE = {"agreement": "proof-matrix", **{p: s[0] for p, s in PHASE_SECTIONS.items()}}
+"""Which section shows each phase (the agreement of the encoding with the model is about the
+proofs of the matrix)."""
 
 Failing = list[tuple[str, Mapping[str, Any]]]
 """Failing cases with their phase name, in document order (numbered from 1 on the page)."""
@@ -81,8 +89,11 @@ Failing = list[tuple[str, Mapping[str, Any]]]
 def build(doc: Doc) -> Report:
     """The report for ``doc``; sections always appear, in this order, whatever the run included."""
     failing = _failing_cases(doc)
-    rest = (_invariants(doc), _claims(doc), _proofs(doc, failing), _seeded(doc), _bmc(doc),
-            _lockstep(doc), _refinement(doc), _conformance(doc), _traces(doc), _reference(doc))
+    bodies: dict[str, Callable[[Mapping[str, Any]], Sequence[Block]]] = {
+        "proofs": lambda p: _proofs(doc, p, failing), "seeded-bugs": _seeded, "bmc": _bmc,
+        "lockstep": _lockstep, "refinement": _refinement, "conformance": _conformance, "traces": _traces}
+    rest = (_invariants(doc), _claims(doc),
+            *(_phase_section(doc, name, bodies[name]) for name in PHASE_SECTIONS), _reference(doc))
     if failing:  # a failed run opens with its counterexamples, step by step
         return Report(f"kvpool verify — {_verdict(doc)}",
                       (_summary(doc, failing), _failures(doc, failing), *rest))
@@ -155,11 +166,16 @@ def _joined(sep: str, parts: Iterable[Inline]) -> tuple[Inline, ...]:
     return tuple(out)
 
 
-def _not_run(sid: str, title: str, nav: str, name: str, phase: Mapping[str, Any] | None) -> Section:
-    """The section of a phase that did not run: it stays, so the report's shape never changes."""
+def _phase_section(doc: Doc, name: str, body: Callable[[Mapping[str, Any]], Sequence[Block]]) -> Section:
+    """A phase's section: ``body`` where the phase ran, else what became of it (the section stays,
+    so the report's shape never changes)."""
+    sid, title, nav, said = PHASE_SECTIONS[name]
+    phase = _phase(doc, name)
     state = _phase_state(phase)
-    return Section(sid, title, nav, (Para(Wording(f"{name} {state}.", f"This phase was {state}."),
-                                          muted=True),), state)
+    if phase is None or phase.get("skipped"):
+        return Section(sid, title, nav, (Para(Wording(f"{said} {state}.", f"This phase was {state}."),
+                                              muted=True),), state)
+    return Section(sid, title, nav, tuple(body(phase)), state)
 
 
 # --------------------------------------------------------------------------
@@ -272,11 +288,8 @@ def _mark_and_time(r: Mapping[str, Any] | None) -> str:
     return "—" if r is None else f"{_mark(r)} {_secs(r.get('seconds'))}"
 
 
-def _proofs(doc: Doc, failing: Failing) -> Section:
+def _proofs(doc: Doc, proofs: Mapping[str, Any], failing: Failing) -> Sequence[Block]:
     """The action x invariant matrix, with what is not encoded, coverage and what took longest."""
-    proofs = _phase(doc, "proofs")
-    if proofs is None or proofs.get("skipped"):
-        return _not_run("proof-matrix", "Proof matrix", "Proofs", "Proofs", proofs)
     steps = list(proofs.get("steps") or proofs.get("matrix", {}).keys())
     matrix, initial = proofs.get("matrix", {}), proofs.get("initial", {})
     not_encoded, links = proofs.get("not_encoded", {}), _proof_links(proofs, failing)
@@ -319,7 +332,7 @@ def _proofs(doc: Doc, failing: Failing) -> Section:
                 numbered=True, style="slowest"))))
     if proofs.get("order"):
         blocks += _order(proofs["order"])
-    return Section("proof-matrix", "Proof matrix", "Proofs", tuple(blocks), _phase_state(proofs))
+    return blocks
 
 
 def _order(order: Mapping[str, Any]) -> list[Block]:
@@ -341,32 +354,24 @@ def _order(order: Mapping[str, Any]) -> list[Block]:
 # The other phases.
 
 
-def _seeded(doc: Doc) -> Section:
+def _seeded(phase: Mapping[str, Any]) -> Sequence[Block]:
     """Deliberately broken transitions, and what caught each: evidence the checks have teeth."""
-    phase = _phase(doc, "seeded-bugs")
-    if phase is None or phase.get("skipped"):
-        return _not_run("seeded-bugs", "Seeded bugs", "Seeded bugs", "Seeded bugs", phase)
     rows = tuple(Row((Code(str(b.get("name"))), str(b.get("story", "")),
                       Names(tuple(str(r) for r in b["refuted_by"])) if b.get("refuted_by")
                       else Status("not refuted", loud=True), str(b.get("method", ""))))
                  for b in phase.get("bugs", []))
-    return Section("seeded-bugs", "Seeded bugs", "Seeded bugs",
-                   (Table(("bug", "story", "refuted by", "method"), rows),), _phase_state(phase))
+    return [Table(("bug", "story", "refuted by", "method"), rows)]
 
 
-def _bmc(doc: Doc) -> Section:
+def _bmc(phase: Mapping[str, Any]) -> Sequence[Block]:
     """Each bounded run: how deep it got against its target, and how much it explored."""
-    phase = _phase(doc, "bmc")
-    if phase is None or phase.get("skipped"):
-        return _not_run("bmc", "Bounded model checking", "BMC", "BMC", phase)
     rows = tuple(Row((Code(str(r.get("name"))), Status(_passed(r.get("ok"))), _num(r.get("blocks")),
                       _num(r.get("hash_block_size")),
                       f"{_num(r.get('depth'))} / {_num(r.get('depth_target'))}", _num(r.get("states")),
                       _num(r.get("transitions")), _yes(r.get("complete")), _secs(r.get("seconds"))))
                  for r in phase.get("runs", []))
-    return Section("bmc", "Bounded model checking", "BMC", (Table(
-        ("run", "status", "blocks", "hbs", "depth reached / target", "states", "transitions", "complete",
-         "time"), rows, "num"),), _phase_state(phase))
+    return [Table(("run", "status", "blocks", "hbs", "depth reached / target", "states", "transitions",
+                   "complete", "time"), rows, "num")]
 
 
 def _counts(counts: Mapping[str, Any], what: str, unit: str) -> Bars:
@@ -377,11 +382,8 @@ def _counts(counts: Mapping[str, Any], what: str, unit: str) -> Bars:
                 tuple((str(k), _num(v), 100 * float(v or 0) / top) for k, v in items))
 
 
-def _lockstep(doc: Doc) -> Section:
+def _lockstep(phase: Mapping[str, Any]) -> Sequence[Block]:
     """Differential statistics: volume, speed, and how much of the API and its refusals it exercised."""
-    phase = _phase(doc, "lockstep")
-    if phase is None or phase.get("skipped"):
-        return _not_run("lockstep", "Differential statistics", "Differential", "Lockstep", phase)
     impl = Code(str(phase.get("implementation")))
     runs, calls = _num(phase.get("runs")), _num(phase.get("calls"))
     rate, secs = _num(phase.get("calls_per_second")), _secs(phase.get("seconds"))
@@ -391,7 +393,7 @@ def _lockstep(doc: Doc) -> Section:
                          _num(c.get("hash_block_size")), _yes(c.get("events"))))
                     for c in phase.get("configs", []))
     none = Para("none", muted=True)
-    return Section("lockstep", "Differential statistics", "Differential", (
+    return [
         Layout((Para((Status(_phase_state(phase)), " · implementation ", impl,
                       f" · {runs} runs · {calls} calls · {rate} calls/s · {secs}")),),
                (Para(("implementation ", impl)),
@@ -401,14 +403,11 @@ def _lockstep(doc: Doc) -> Section:
             Panel("Errors exercised", (errs if errs.items else none,)),
             Panel("Configurations", (Table(("seed", "blocks", "caching", Wording("hash block size", "hbs"),
                                              "events"), configs, "num"),)),
-        ))), _phase_state(phase))
+        ))]
 
 
-def _refinement(doc: Doc) -> Section:
+def _refinement(phase: Mapping[str, Any]) -> Sequence[Block]:
     """Each small pool: every call sequence to a depth, kvpool.impl beside the model."""
-    phase = _phase(doc, "refinement")
-    if phase is None or phase.get("skipped"):
-        return _not_run("refinement", "Bounded refinement", "Refinement", "Refinement", phase)
     rows = tuple(Row((str(r.get("name")), Status(_passed(r.get("ok"))),
                       f"{_num(r.get('depth'))} / {_num(r.get('depth_target'))}", _num(r.get("states")),
                       _num(r.get("sequences")), _num(sum((r.get("misuse") or {}).values())),
@@ -420,20 +419,17 @@ def _refinement(doc: Doc) -> Section:
             refusals[kind] = refusals.get(kind, 0) + int(count or 0)
     none = Para("none", muted=True)
     ops = _counts(phase.get("operations", {}), "operation", "calls")
-    return Section("refinement", "Bounded refinement", "Refinement", (
+    return [
         Table(("pool", "status", "depth reached / target", "model states", "sequences", "misuse calls",
                "contract breaches skipped", "complete", "time"), rows, "num"),
         Panels((Panel("Operations covered", (ops if ops.items else none,)),
                 Panel("Refusals exercised", (_counts(refusals, "refusal", "times")
                                              if refusals else none,)))),
-    ), _phase_state(phase))
+    ]
 
 
-def _conformance(doc: Doc) -> Section:
+def _conformance(phase: Mapping[str, Any]) -> Sequence[Block]:
     """Per implementation: each conformance phase, how much it executed and whether it agreed."""
-    phase = _phase(doc, "conformance")
-    if phase is None or phase.get("skipped"):
-        return _not_run("conformance", "Conformance", "Conformance", "Conformance", phase)
     rows = []
     for t in phase.get("targets", []):
         rows.append(Row((str(t.get("name")), Code(str(t.get("spec"))), Status(_passed(t.get("ok"))), "",
@@ -443,8 +439,7 @@ def _conformance(doc: Doc) -> Section:
     headers = ("implementation", "spec / phase", "status", "executed", "time")
     body: Block = (Table(headers, tuple(rows), "conf") if rows
                    else Para("No implementation given.", muted=True))
-    return Section("conformance", "Conformance", "Conformance",
-                   (body, *_targets_described(phase.get("targets", []))), _phase_state(phase))
+    return [body, *_targets_described(phase.get("targets", []))]
 
 
 def _targets_described(targets: Sequence[Mapping[str, Any]]) -> list[Block]:
@@ -465,16 +460,13 @@ def _targets_described(targets: Sequence[Mapping[str, Any]]) -> list[Block]:
     return out
 
 
-def _traces(doc: Doc) -> Section:
+def _traces(phase: Mapping[str, Any]) -> Sequence[Block]:
     """Recorded traces and event streams checked, one row each."""
-    phase = _phase(doc, "traces")
-    if phase is None or phase.get("skipped"):
-        return _not_run("traces", "Trace and event files", "Traces", "Traces", phase)
     rows = tuple(Row((Code(str(f.get("path"))), str(f.get("kind")), Status(_passed(f.get("ok"))),
                       _num(f.get("steps")))) for f in phase.get("files", []))
     body: Block = (Table(("file", "kind", "status", "steps"), rows) if rows
                    else Para("No file given.", muted=True))
-    return Section("traces", "Trace and event files", "Traces", (body,), _phase_state(phase))
+    return [body]
 
 
 def _reference(doc: Doc) -> Section:

@@ -22,31 +22,15 @@ summary), :mod:`.progress`, :mod:`.shard` (what shard ``I`` of ``N`` runs),
 from kvpool.shard import Shard, ShardError
 
 from .budget import PHASES, PROFILES, SCHEMA, Budget
-from .outputs import document, invariants_table, junit_xml, reference_differences, summary, write_outputs
+from .outputs import summary, write_outputs
 from .phase_agreement import run_agreement
 from .phase_refinement import run_refinement
-from .phases import (
-    Case,
-    Phase,
-    Target,
-    bmc_failure,
-    divergence_failure,
-    failure,
-    run_bmc,
-    run_conformance,
-    run_lockstep,
-    run_proofs,
-    run_seeded_bugs,
-    run_traces,
-)
+from .phases import Target, run_bmc, run_conformance, run_lockstep, run_proofs, run_seeded_bugs, run_traces
 from .plan import Settings, run
-from .progress import Progress, RichProgress, make_progress
+from .progress import Progress, make_progress
 
 __all__ = [
-    "PHASES", "PROFILES", "SCHEMA", "Budget", "Case", "Phase", "Progress", "RichProgress", "Settings",
-    "Shard", "ShardError", "Target", "bmc_failure", "divergence_failure", "document", "failure",
-    "invariants_table",
-    "junit_xml", "make_progress", "reference_differences", "run", "run_agreement", "run_bmc",
-    "run_conformance", "run_lockstep", "run_proofs", "run_refinement", "run_seeded_bugs", "run_traces",
-    "summary", "write_outputs",
+    "PHASES", "PROFILES", "SCHEMA", "Budget", "Progress", "Settings", "Shard", "ShardError", "Target",
+    "make_progress", "run", "run_agreement", "run_bmc", "run_conformance", "run_lockstep", "run_proofs",
+    "run_refinement", "run_seeded_bugs", "run_traces", "summary", "write_outputs",
 ]

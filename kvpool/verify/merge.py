@@ -230,13 +230,9 @@ def _merge_bmc(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[st
                      "transitions": transitions, "complete": all(r["complete"] for r in mine),
                      "ok": all(r["ok"] for r in mine), "seconds": round(sum(r["seconds"] for r in mine), 3),
                      "part": None})
-        bad = next((c for c in kases if not c["ok"]), None)
-        cases.append({**kases[0], "ok": bad is None, "seconds": sum(c["seconds"] for c in kases),
-                      "failure": None if bad is None else bad["failure"]})
+        cases.append(_one_case(kases))
     for i in range(len(runs), len(ran[0]["cases"])):  # cases of no run (the legal corpus): every shard's
-        kases = [p["cases"][i] for p in ran]
-        bad = next((c for c in kases if not c["ok"]), None)
-        cases.append({**kases[0], "ok": bad is None, "failure": None if bad is None else bad["failure"]})
+        cases.append(_one_case([p["cases"][i] for p in ran], summed=False))
     return cases, {"runs": runs}
 
 
@@ -245,21 +241,29 @@ def _merge_conformance(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     for i, row in enumerate(ran[0]["targets"]):
         mine = [p["targets"][i] for p in ran]
         kases = [p["cases"][i] for p in ran]
-        phases = []
-        for j, ph in enumerate(row["phases"]):
-            each = [r["phases"][j] for r in mine]
-            phases.append({"name": ph["name"], "ok": all(e["ok"] for e in each),
-                           "seconds": round(sum(e["seconds"] for e in each), 3),
-                           "executed": sum(e["executed"] for e in each),
-                           "replayed": any(e.get("replayed", False) for e in each)})
+        phases = [_conform_phase([r["phases"][j] for r in mine]) for j in range(len(row["phases"]))]
         rows.append({**row, "ok": all(r["ok"] for r in mine),
                      "seconds": round(sum(r["seconds"] for r in mine), 3), "phases": phases,
                      "operations": _sum_counts([r["operations"] for r in mine]),
                      "refusals": _sum_counts([r["refusals"] for r in mine])})
-        bad = next((c for c in kases if not c["ok"]), None)
-        cases.append({**kases[0], "ok": bad is None, "seconds": sum(c["seconds"] for c in kases),
-                      "failure": None if bad is None else bad["failure"]})
+        cases.append(_one_case(kases))
     return cases, {"targets": rows}
+
+
+def _one_case(kases: list[dict[str, Any]], summed: bool = True) -> dict[str, Any]:
+    """A case every shard ran: passed where it passed on each, else the first shard's failure;
+    its seconds the shards' sum (``summed``) or the first shard's."""
+    bad = next((c for c in kases if not c["ok"]), None)
+    seconds = {"seconds": sum(c["seconds"] for c in kases)} if summed else {}
+    return {**kases[0], "ok": bad is None, **seconds, "failure": None if bad is None else bad["failure"]}
+
+
+def _conform_phase(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """A conformance phase every shard ran its share of: the calls and examples summed."""
+    return {"name": each[0]["name"], "ok": all(e["ok"] for e in each),
+            "seconds": round(sum(e["seconds"] for e in each), 3),
+            "executed": sum(e["executed"] for e in each),
+            "replayed": any(e.get("replayed", False) for e in each)}
 
 
 # ------------------------------------------------------------------ kvpool conform
@@ -268,14 +272,10 @@ def _merge_conformance(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
 def _merge_conform(docs: list[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     first = docs[0]
     phases = []
-    for j, ph in enumerate(first["phases"]):
+    for j in range(len(first["phases"])):
         each = [d["phases"][j] for d in docs]
         bad = next((e for e in each if not e["ok"]), None)
-        phases.append({"name": ph["name"], "ok": bad is None,
-                       "seconds": round(sum(e["seconds"] for e in each), 3),
-                       "executed": sum(e["executed"] for e in each),
-                       "replayed": any(e.get("replayed", False) for e in each),
-                       "failure": None if bad is None else bad["failure"]})
+        phases.append({**_conform_phase(each), "failure": None if bad is None else bad["failure"]})
     failures = [p["failure"] for p in phases if not p["ok"]]
     code = 0 if not failures else 3 if all(f and f["kind"] == "contract" for f in failures) else 1
     settings = {**first["settings"], "shard": [1, 1]}
@@ -293,8 +293,6 @@ def _seconds(doc: dict[str, Any]) -> float:
 
 def conform_junit(doc: dict[str, Any]) -> bytes:
     """JUnit XML of a merged ``kvpool conform`` document, as ``kvpool conform --junit`` writes it."""
-    # lazy: the BMC (z3) only to join BMC parts
-
     suites = ET.Element("testsuites")
     suite = ET.SubElement(suites, "testsuite", name="kvpool.conform", tests=str(len(doc["phases"])),
                           failures=str(sum(not p["ok"] for p in doc["phases"])), errors="0",

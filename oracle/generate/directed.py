@@ -20,7 +20,7 @@ shrinks to the few that matter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -282,9 +282,4 @@ class Scene:
         self.call(op)
 
 
-def scenario_pairs(scenarios: Sequence[tuple[str, frozenset[str]]] = SCENARIOS) -> set[Pair]:
-    """The pairs the scenarios' feature sets name (what making each of them once can meet)."""
-    return {p for _op, s in scenarios for p in combinations(sorted(s), 2)}
-
-
-__all__ = ["BS", "HBS", "SCENARIOS", "Directed", "Scene", "missed_share", "scenario_pairs"]
+__all__ = ["BS", "HBS", "SCENARIOS", "Directed", "Scene", "missed_share"]

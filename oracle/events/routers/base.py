@@ -32,9 +32,6 @@ class Rule:
     source: str
     """Where it is written: repository, file and revision (or kvpool's own page)."""
 
-    def cite(self) -> str:
-        return f"{self.id} ({self.source})"
-
 
 @dataclass(frozen=True)
 class Reaction:
