@@ -465,29 +465,17 @@ class Lockstep(Translate):
     def _note(self, fp: Footprint) -> _Before:
         """Before the update: the queue neighbours of the footprint's blocks, and its entries."""
         s = self.model
-        neighbours: set[int] = set()
         entries: set[tuple[Key, int]] = set()
-        for b in fp.blocks:
-            if b in s.free:
-                neighbours.update(x for x in s.free.neighbours(b) if x is not None)
-            if self.local_invariants:
-                entries.update((k, b) for k in keys_of(s, b))
-        if not self.local_invariants:
-            return _Before(neighbours, entries)
-        for k in fp.keys:
-            entries.update((k, b) for b in s.index.get(k, ()))
-        return _Before(neighbours, entries)
+        if self.local_invariants:
+            entries = {(k, b) for b in fp.blocks for k in keys_of(s, b)}
+            entries |= {(k, b) for k in fp.keys for b in s.index.get(k, ())}
+        return _Before(_queue_neighbours(s, fp.blocks), entries)
 
     def _check_footprint(self, op: str, fp: Footprint, noted: _Before) -> None:
         """The call's footprint on both sides, and the model's invariants there."""
         s = self.model
-        blocks = set(fp.blocks) | noted.neighbours
-        for b in fp.blocks:
-            if b in s.free:
-                blocks.update(x for x in s.free.neighbours(b) if x is not None)
-        keys = set(fp.keys)
-        for b in fp.blocks:
-            keys.update(keys_of(s, b))
+        blocks = set(fp.blocks) | noted.neighbours | _queue_neighbours(s, fp.blocks)
+        keys = set(fp.keys).union(*(keys_of(s, b) for b in fp.blocks))
         if self.local_invariants:
             entries = noted.entries | {(k, b) for k in keys for b in s.index.get(k, ())}
             broken = self.invariants(s, Around(blocks, keys, entries))
@@ -590,6 +578,11 @@ class Lockstep(Translate):
         except Exception as exc:  # a broken pool may not even be observable
             error.unobservable = repr(exc)
         return error
+
+
+def _queue_neighbours(s: PoolState, blocks: Iterable[int]) -> set[int]:
+    """The free-queue neighbours of those of ``blocks`` that are queued."""
+    return {x for b in blocks if b in s.free for x in s.free.neighbours(b) if x is not None}
 
 
 def comparable_pool(observer: Observer) -> Observation:
