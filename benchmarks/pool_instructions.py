@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from callgrind_summary import parse
-from pool_throughput import BLOCK_SIZE, OPS, Runs, _vllm_pool, bind, kvpool_pools, record
+from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, vllm_pool
 from workloads import WORKLOADS
 
 _SENTINEL = object()
@@ -62,7 +62,7 @@ POOLS = ["none", "compiled", "plain", "vllm"]
 
 def _pool_class(name: str) -> Callable[..., Any] | None:
     if name == "vllm":
-        return _vllm_pool()
+        return vllm_pool()
     return kvpool_pools().get(name)
 
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
 
     wanted = [p for p in args.pools.split(",") if p]
-    have = {*kvpool_pools(), "none"} | ({"vllm"} if _vllm_pool() is not None else set())
+    have = {*kvpool_pools(), "none"} | ({"vllm"} if vllm_pool() is not None else set())
     pools = [p for p in POOLS if p in wanted and p in have]
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(args.keep or tmp)

@@ -34,14 +34,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from itertools import starmap
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pool_throughput import BLOCK_SIZE, OPS, Runs, _vllm_pool, bind, kvpool_pools, record, replay
+from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, replay, vllm_pool
 from workloads import WORKLOADS
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = WORKLOADS[args.workload]
     builds = kvpool_pools()
     if args.pool == "vllm":
-        cls = _vllm_pool()
+        cls = vllm_pool()
         if cls is None:
             return 1
     else:
@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Recorded on the plain build, so that a profiler of compiled code sees the replay only.
     trace, _results = record(fresh(builds["plain"]), workload, data, args.seed)
-    counts: dict[str, int] = {}
-    for op, _n, _name, _args in trace:
-        counts[op] = counts.get(op, 0) + 1
+    counts = Counter(op for op, _n, _name, _args in trace)
     print("calls:", "  ".join(f"{op} {n}" for op, n in counts.items()))
     # Every round's pool and calls made first, so that the profiled part is the replays alone.
     rounds = [bind(trace, fresh()) for _ in range(args.rounds)]
