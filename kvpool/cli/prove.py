@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpool.model.invariants import DERIVED_FROM
@@ -33,7 +33,7 @@ def result_json(r: Result) -> dict[str, Any]:
     return {"status": r.status, "seconds": round(r.seconds, 4), "detail": r.detail}
 
 
-def _print_matrix(corner: str, names: Sequence[str], initial: Callable[[str], Result | None],
+def _print_matrix(corner: str, names: Collection[str], initial: Callable[[str], Result | None],
                   matrix: Mapping[str, Mapping[str, Result]], enabled: Mapping[str, Result]) -> None:
     """A matrix of checks: a row per name (its initial check, if any, then one per step), then
     each step's precondition."""
@@ -56,7 +56,7 @@ def _proven(results: Iterable[Result]) -> str:
 
 def print_proofs(p: Proofs) -> None:
     """Both matrices, the unencoded invariants, the action -> step cover, the counts."""
-    _print_matrix("invariant", list(SYM_INVARIANTS), p.initial.__getitem__, p.matrix, p.enabled)
+    _print_matrix("invariant", SYM_INVARIANTS, p.initial.__getitem__, p.matrix, p.enabled)
     for name, why in NOT_ENCODED.items():
         print(f"not encoded: {name}: {why}")
     print("model actions -> steps: "
