@@ -339,8 +339,6 @@ def legal_case() -> Case:
 
 def part_json(part: Any) -> dict[str, Any]:
     """A BMC part's figures; ``beyond`` packed as base64 of zlib'd (8-byte digest, 4-byte calls) rows."""
-    # lazy: a phase's modules load when it runs (module docstring)
-
     rows = b"".join(d + made.to_bytes(4, "big") for d, made in sorted(part.beyond.items()))
     return {"index": part.index + 1, "count": part.count, "split_depth": part.split_depth,
             "frontier": part.frontier, "owned": part.owned, "prefix_states": part.prefix_states,
