@@ -373,13 +373,12 @@ class Lockstep(Translate):
             p_error = None
         except Exception as exc:
             p_error, p_result = exc, None
-        outcome = refusal_name(m_error) if m_error else short(m_result)
-        self._record(op, args, outcome, refusal_name(m_error) if m_error else None)
+        refused = refusal_name(m_error) if m_error is not None else None
+        self._record(op, args, refused or short(m_result), refused)
         if self.log is not None:
-            self.log.add(self.which, op, args, None if m_error else m_result,
-                         refusal_name(m_error) if m_error else None)
-        if m_error is not None:
-            self.refusals_seen[refusal_name(m_error)] += 1
+            self.log.add(self.which, op, args, None if m_error else m_result, refused)
+        if refused is not None:
+            self.refusals_seen[refused] += 1
         if (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
