@@ -3,8 +3,9 @@
 Times every check ``kvpool prove`` runs (:func:`kvpool.proofs.prove.prove_all`:
 initial state per invariant, the step x invariant preservation matrix, the
 precondition sanity checks, the lemmas, the step properties, and the same for
-the free-queue order of ``proofs/order.py``), one after another in this process, as the issue's speed target is stated for the
-whole suite on the 2-core CI machine (target <= 10 s, aim <= 5 s).  Prints the
+the free-queue order of ``proofs/order.py``), one after another in this
+process, as the issue's speed target is stated for the whole suite on the
+2-core CI machine (target <= 10 s, aim <= 5 s).  Prints the
 total, the five slowest checks, and the depth the BMC fully explores within a
 10 s budget.  It asserts nothing about time: the numbers are for reading.
 
