@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from callgrind_summary import parse
 from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, vllm_pool
-from workloads import WORKLOADS
+from workloads import WORKLOADS, add_options
 
 _SENTINEL = object()
 _SINK: deque[Any] = deque(maxlen=0)
@@ -125,11 +125,7 @@ def measure(pool: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
-    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
+    add_options(ap)
     ap.add_argument("--pools", default=",".join(POOLS), help="of " + ",".join(POOLS))
     ap.add_argument("--keep", metavar="DIR",
                     help="keep the callgrind files there (callgrind_summary.py reads the compiled one)")

@@ -42,18 +42,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, replay, vllm_pool
-from workloads import WORKLOADS
+from workloads import WORKLOADS, add_options
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
+    add_options(ap)
     ap.add_argument("--pool", choices=["installed", "plain", "vllm"], default="installed")
-    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-events", action="store_true")
     ap.add_argument("--collect", choices=OPS, help="run this class's calls from C (see collect)")
     ap.add_argument("--perf", metavar="FILE", help="sample the replay alone with perf record into FILE")
     ap.add_argument("--instrument", action="store_true",

@@ -50,7 +50,7 @@ if importlib.util.find_spec("kvpool") is None:  # run from a checkout without in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import BLOCK_SIZE, WORKLOADS, Workload
+from workloads import BLOCK_SIZE, WORKLOADS, Workload, add_options
 
 OPS = ["lookup", "touch", "allocate", "cache", "free", "emit", "events"]
 
@@ -302,12 +302,8 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="mixed")
-    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
+    add_options(ap, every=True)
     ap.add_argument("--repeat", type=int, default=7, help="interleaved rounds")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
     ap.add_argument("--vllm-events", action="store_true",
                     help="kvpool emits vLLM's event classes, as under its vLLM plugin")
     ap.add_argument("--gc", action="store_true", help="leave the garbage collector on while timing")

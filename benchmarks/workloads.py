@@ -20,6 +20,7 @@ replays them.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import random
 from collections import deque
@@ -273,3 +274,13 @@ WORKLOADS: dict[str, Workload] = {
     "mixed": Workload("mixed", mixed_requests, mixed, 3000, 8192),
     "serving": Workload("serving", serving_turns, serving, 2000, 4096),
 }
+
+
+def add_options(ap: argparse.ArgumentParser, every: bool = False) -> None:
+    """What every script playing these workloads asks: which one (``every``: or all), how many
+    requests on how many blocks, the seed, and whether KV events are off."""
+    ap.add_argument("--workload", choices=[*WORKLOADS, *(["all"] if every else [])], default="mixed")
+    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
+    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
