@@ -38,8 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from callgrind_summary import parse
-from pool_throughput import BLOCK_SIZE, OPS, Runs, _vllm_pool, bind, kvpool_pools, record
-from workloads import WORKLOADS
+from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, vllm_pool
+from workloads import WORKLOADS, add_options
 
 _SENTINEL = object()
 _SINK: deque[Any] = deque(maxlen=0)
@@ -62,7 +62,7 @@ POOLS = ["none", "compiled", "plain", "vllm"]
 
 def _pool_class(name: str) -> Callable[..., Any] | None:
     if name == "vllm":
-        return _vllm_pool()
+        return vllm_pool()
     return kvpool_pools().get(name)
 
 
@@ -125,11 +125,7 @@ def measure(pool: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
-    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
+    add_options(ap)
     ap.add_argument("--pools", default=",".join(POOLS), help="of " + ",".join(POOLS))
     ap.add_argument("--keep", metavar="DIR",
                     help="keep the callgrind files there (callgrind_summary.py reads the compiled one)")
@@ -140,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
 
     wanted = [p for p in args.pools.split(",") if p]
-    have = {*kvpool_pools(), "none"} | ({"vllm"} if _vllm_pool() is not None else set())
+    have = {*kvpool_pools(), "none"} | ({"vllm"} if vllm_pool() is not None else set())
     pools = [p for p in POOLS if p in wanted and p in have]
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(args.keep or tmp)

@@ -34,26 +34,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from itertools import starmap
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pool_throughput import BLOCK_SIZE, OPS, Runs, _vllm_pool, bind, kvpool_pools, record, replay
-from workloads import WORKLOADS
+from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, replay, vllm_pool
+from workloads import WORKLOADS, add_options
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=list(WORKLOADS), default="mixed")
+    add_options(ap)
     ap.add_argument("--pool", choices=["installed", "plain", "vllm"], default="installed")
-    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-events", action="store_true")
     ap.add_argument("--collect", choices=OPS, help="run this class's calls from C (see collect)")
     ap.add_argument("--perf", metavar="FILE", help="sample the replay alone with perf record into FILE")
     ap.add_argument("--instrument", action="store_true",
@@ -63,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = WORKLOADS[args.workload]
     builds = kvpool_pools()
     if args.pool == "vllm":
-        cls = _vllm_pool()
+        cls = vllm_pool()
         if cls is None:
             return 1
     else:
@@ -76,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Recorded on the plain build, so that a profiler of compiled code sees the replay only.
     trace, _results = record(fresh(builds["plain"]), workload, data, args.seed)
-    counts: dict[str, int] = {}
-    for op, _n, _name, _args in trace:
-        counts[op] = counts.get(op, 0) + 1
+    counts = Counter(op for op, _n, _name, _args in trace)
     print("calls:", "  ".join(f"{op} {n}" for op, n in counts.items()))
     # Every round's pool and calls made first, so that the profiled part is the replays alone.
     rounds = [bind(trace, fresh()) for _ in range(args.rounds)]

@@ -40,7 +40,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from itertools import starmap
 from pathlib import Path
@@ -50,7 +50,7 @@ if importlib.util.find_spec("kvpool") is None:  # run from a checkout without in
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import BLOCK_SIZE, WORKLOADS, Workload
+from workloads import BLOCK_SIZE, WORKLOADS, Workload, add_options
 
 OPS = ["lookup", "touch", "allocate", "cache", "free", "emit", "events"]
 
@@ -151,7 +151,8 @@ def clock_floor(samples: int = 2001) -> float:
     return statistics.median(spans)
 
 
-def _vllm_pool() -> Callable[..., Any] | None:
+def vllm_pool() -> Callable[..., Any] | None:
+    """vLLM's BlockPool, configured as a running engine configures it (None: vLLM absent)."""
     try:
         envs = importlib.import_module("vllm.envs")
         pool_mod = importlib.import_module("vllm.v1.core.block_pool")
@@ -253,17 +254,16 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
             del pool, runs
         rounds.append(this)
 
-    calls: dict[str, int] = defaultdict(int)
-    blocks: dict[str, int] = defaultdict(int)
+    calls = Counter(op for op, _n, _name, _args in trace)
+    blocks: Counter[str] = Counter()
     for op, n, _name, _args in trace:
-        calls[op] += 1
         blocks[op] += n
     ops = [op for op in OPS if calls[op]]
-    runs_of: dict[str, int] = defaultdict(int)
-    for op, _method, _arglist in bind(trace, pools[names[0]](nblocks, True, BLOCK_SIZE)):
-        runs_of[op] += 1
+    runs_of = Counter(op for op, _method, _arglist in bind(trace, pools[names[0]](nblocks, True, BLOCK_SIZE)))
     # The clock is read around each run, and around each take_events alone (see replay).
-    spans = {op: calls[op] if op == "events" else runs_of[op] for op in ops}
+    spans = Counter({op: calls[op] if op == "events" else runs_of[op] for op in ops})
+    for count in (calls, blocks, runs_of, spans):
+        count["mix"] = sum(count.values())
     print(f"\nworkload {workload.name}: {nreq} requests, {nblocks} blocks of {BLOCK_SIZE} tokens, "
           f"{len(trace)} pool calls, events {'off' if args.no_events else 'on'}"
           f"{' (kvpool emits vLLM classes)' if args.vllm_events and not args.no_events else ''}, "
@@ -280,16 +280,11 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
         def total(rnd: dict[str, dict[str, int]], name: str, op: str = op) -> int:
             return sum(rnd[name].values()) if op == "mix" else rnd[name][op]
 
-        nspans = sum(spans.values()) if op == "mix" else spans[op]
-
-        def net(r: int, name: str, nspans: int = nspans) -> float:
-            return max(total(rounds[r], name) - floors[r] * nspans, 1.0)
-        ncalls = len(trace) if op == "mix" else calls[op]
-        nblk = sum(blocks.values()) if op == "mix" else blocks[op]
-        nruns = sum(runs_of.values()) if op == "mix" else runs_of[op]
-        line = f"{op:<10}{ncalls:>8}{nruns:>8}{nblk:>9}"
+        def net(r: int, name: str, op: str = op) -> float:
+            return max(total(rounds[r], name) - floors[r] * spans[op], 1.0)
+        line = f"{op:<10}{calls[op]:>8}{runs_of[op]:>8}{blocks[op]:>9}"
         for n in names:
-            line += f"{statistics.median(total(rnd, n) for rnd in rounds) / ncalls:>18,.1f}"
+            line += f"{statistics.median(total(rnd, n) for rnd in rounds) / calls[op]:>18,.1f}"
         if "vllm" in pools:
             for n in builds:
                 ratios = [total(rnd, "vllm") / total(rnd, n) for rnd in rounds]
@@ -307,12 +302,8 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="mixed")
-    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
-    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
+    add_options(ap, every=True)
     ap.add_argument("--repeat", type=int, default=7, help="interleaved rounds")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")
     ap.add_argument("--vllm-events", action="store_true",
                     help="kvpool emits vLLM's event classes, as under its vLLM plugin")
     ap.add_argument("--gc", action="store_true", help="leave the garbage collector on while timing")
@@ -323,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         for cls in pools.values():
             events = importlib.import_module(cls.__module__.rsplit(".", 1)[0] + ".events")
             events.use_vllm_event_classes()
-    vllm = _vllm_pool()
+    vllm = vllm_pool()
     if vllm is not None:
         pools["vllm"] = vllm
     chosen = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[args.workload]]

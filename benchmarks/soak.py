@@ -15,7 +15,6 @@ start, end and peak resident memory.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import random
 import sys
@@ -26,11 +25,12 @@ from typing import Any
 
 if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import BLOCK_SIZE, chain
 
 from kvpool.impl import BlockPool, Request
 from kvpool.oracle.core.observe import pool_invariant_errors
-
-BLOCK_SIZE = 16
 
 
 def rss_mib() -> float:
@@ -38,14 +38,6 @@ def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])
     return pages * 4096 / 2**20
-
-
-def chain(tokens: list[int], parent: bytes = b"root") -> list[bytes]:
-    out = []
-    for i in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = hashlib.sha256(parent + repr(tokens[i:i + BLOCK_SIZE]).encode()).digest()
-        out.append(parent)
-    return out
 
 
 class Soak:

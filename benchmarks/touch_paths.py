@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from pool_throughput import vllm_pool
 
 
 def _best(run: Callable[[], None], repeats: int, loops: int) -> float:
@@ -63,14 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     from kvpool.impl import BlockPool
 
     pools: dict[str, Any] = {"kvpool": BlockPool}
-    try:
-        import vllm.envs as envs
-        from vllm.v1.core.block_pool import BlockPool as VllmBlockPool
-
-        envs.enable_envs_cache()
-        pools["vllm"] = VllmBlockPool
-    except Exception as exc:
-        print(f"vLLM not importable ({type(exc).__name__}); measuring kvpool alone")
+    vllm = vllm_pool()
+    if vllm is not None:
+        pools["vllm"] = vllm
     gc.disable()
     try:
         results = {name: measure(cls, args.blocks, args.repeat, args.loops) for name, cls in pools.items()}

@@ -20,6 +20,7 @@ replays them.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import random
 from collections import deque
@@ -64,6 +65,17 @@ def chain(tokens: list[int], root: bytes = b"root") -> list[bytes]:
     return out
 
 
+def prefix_hits(pool: Any, hashes: list[bytes], call: Call) -> list[Any]:
+    """The cached blocks of the longest prefix of ``hashes`` the pool holds, one lookup each."""
+    hits: list[Any] = []
+    for h in hashes:
+        found = call("lookup", 1, pool.get_cached_block, h, [0])
+        if found is None:
+            break
+        hits.append(found[0])
+    return hits
+
+
 # ------------------------------------------------------------------------ mixed
 
 
@@ -83,12 +95,7 @@ def mixed(pool: Any, reqs: list[Req], seed: int, call: Call, max_running: int = 
     rng = random.Random(seed)
     running: list[list[Any]] = []
     for req in reqs:
-        hits: list[Any] = []
-        for h in req.block_hashes:
-            found = call("lookup", 1, pool.get_cached_block, h, [0])
-            if found is None:
-                break
-            hits.append(found[0])
+        hits = prefix_hits(pool, req.block_hashes, call)
         if hits:
             call("touch", len(hits), pool.touch, hits)
         need = -(-len(req.all_token_ids) // BLOCK_SIZE) - len(hits)
@@ -177,6 +184,14 @@ class _Running:
     computed: int = 0  # tokens whose KV is computed
     cached: int = 0  # full blocks handed to cache_full_blocks
 
+    def cache(self, pool: Any, call: Call) -> None:
+        """Hand the blocks its computed tokens have filled since the last call to the cache."""
+        full = self.computed // BLOCK_SIZE
+        if full > self.cached:
+            call("cache", full - self.cached, pool.cache_full_blocks,
+                 self.turn.req, self.blocks, self.cached, full, BLOCK_SIZE, 0)
+            self.cached = full
+
 
 def serving(pool: Any, firsts: list[Turn], seed: int, call: Call, max_running: int = 32,
             token_budget: int = 2048, arrival: float = 0.35) -> None:
@@ -211,11 +226,7 @@ def serving(pool: Any, firsts: list[Turn], seed: int, call: Call, max_running: i
                 r.blocks += call("allocate", need, pool.get_new_blocks, need)
             r.computed += chunk
             budget -= chunk
-            full = r.computed // BLOCK_SIZE
-            if full > r.cached:
-                call("cache", full - r.cached, pool.cache_full_blocks,
-                     turn.req, r.blocks, r.cached, full, BLOCK_SIZE, 0)
-                r.cached = full
+            r.cache(pool, call)
             if r.computed >= turn.prompt + turn.output:
                 running.remove(r)
                 call("free", len(r.blocks), pool.free_blocks, list(reversed(r.blocks)))
@@ -224,12 +235,8 @@ def serving(pool: Any, firsts: list[Turn], seed: int, call: Call, max_running: i
         while waiting and budget > 0 and len(running) < max_running:
             turn = waiting[0]
             req = turn.req
-            hits: list[Any] = []
-            for h in req.block_hashes[:(turn.prompt - 1) // BLOCK_SIZE]:  # the last token is always computed
-                found = call("lookup", 1, pool.get_cached_block, h, [0])
-                if found is None:
-                    break
-                hits.append(found[0])
+            # the last token is always computed
+            hits = prefix_hits(pool, req.block_hashes[:(turn.prompt - 1) // BLOCK_SIZE], call)
             computed = len(hits) * BLOCK_SIZE
             chunk = min(turn.prompt - computed, budget)
             need = -(-(computed + chunk) // BLOCK_SIZE) - len(hits)
@@ -244,11 +251,7 @@ def serving(pool: Any, firsts: list[Turn], seed: int, call: Call, max_running: i
             r = _Running(turn, hits + call("allocate", need, pool.get_new_blocks, need), computed + chunk,
                          len(hits))
             budget -= chunk
-            full = r.computed // BLOCK_SIZE
-            if full > r.cached:
-                call("cache", full - r.cached, pool.cache_full_blocks,
-                     req, r.blocks, r.cached, full, BLOCK_SIZE, 0)
-                r.cached = full
+            r.cache(pool, call)
             running.append(r)
         call("events", 0, pool.take_events)
 
@@ -271,3 +274,13 @@ WORKLOADS: dict[str, Workload] = {
     "mixed": Workload("mixed", mixed_requests, mixed, 3000, 8192),
     "serving": Workload("serving", serving_turns, serving, 2000, 4096),
 }
+
+
+def add_options(ap: argparse.ArgumentParser, every: bool = False) -> None:
+    """What every script playing these workloads asks: which one (``every``: or all), how many
+    requests on how many blocks, the seed, and whether KV events are off."""
+    ap.add_argument("--workload", choices=[*WORKLOADS, *(["all"] if every else [])], default="mixed")
+    ap.add_argument("--requests", type=int, default=0, help="default: the workload's own")
+    ap.add_argument("--blocks", type=int, default=0, help="default: the workload's own")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-events", action="store_true", help="KV events off in every pool")

@@ -5,7 +5,9 @@ result)``, updating the state in place as the model's actions do; the search
 hands it a copy) and makes one classic mistake; some are the action with
 one of the model's helpers replaced (:func:`patched`), the others are
 written out.  A broken action that changes the state before it refuses
-leaves the copy changed, which the search sees.
+leaves the copy changed, which the search sees.  The ghost holders
+(:func:`kvpool.model.pool.hand`) are kept as the correct action keeps them:
+the bugs are elsewhere.
 """
 
 from __future__ import annotations
@@ -44,11 +46,6 @@ def patched(target: object, **names: Any) -> Iterator[None]:
 
 def _act(name: str, s: PoolState, *args: Any) -> tuple[PoolState, Any]:
     return {**ACTIONS, **CALLER_ACTIONS}[name](s, *args)
-
-
-def _hand(s: PoolState, ids: Sequence[int], delta: int) -> None:
-    """The ghost holders as the correct action keeps them (the bugs below are elsewhere)."""
-    P.hand(s, ids, delta)
 
 
 def _drop_fields_only(s: PoolState, b: int, announce: bool = True) -> None:
@@ -94,7 +91,7 @@ def touch_leaves_block_free(s: PoolState, ids: Sequence[int]) -> tuple[PoolState
     G.check_ids(s, ids)
     for b in ids:
         s.ref[b] += 1
-    _hand(s, ids, +1)
+    P.hand(s, ids, +1)
     return s, None
 
 
@@ -139,7 +136,7 @@ def _free_listing(s: PoolState, ids: Sequence[int]) -> None:
     for b in ids:
         if b != NULL or s.null_counted:
             s.ref[b] -= 1
-    _hand(s, ids, -1)
+    P.hand(s, ids, -1)
 
 
 def free_appends_listing_twice(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]:
@@ -166,7 +163,7 @@ def free_pushes_head_one_by_one(s: PoolState, ids: Sequence[int]) -> tuple[PoolS
     its tail blocks are reused first, and the pool silently undoes that.
     """
     G.check_releasable(s, ids, "free")
-    _hand(s, ids, -1)
+    P.hand(s, ids, -1)
     for b in ids:
         if b == NULL:
             continue
@@ -203,7 +200,7 @@ def touch_swap_remove(s: PoolState, ids: Sequence[int]) -> tuple[PoolState, Any]
             free.pop()
             s.free = Queue(free)
         s.ref[b] += 1
-    _hand(s, ids, +1)
+    P.hand(s, ids, +1)
     return s, None
 
 

@@ -137,6 +137,14 @@ def picture_changes(before: Picture, after: Picture) -> list[str]:
     return out
 
 
+def trace_step(index: int, call: str, outcome: str = "", changes: list[str] | None = None,
+               picture: Picture | None = None) -> dict[str, Any]:
+    """One step of a failure's trace (``VERIFY_SCHEMA.md``'s TraceStep), without the pool under
+    test beside the model's (:func:`pictured_steps` adds it on the step that diverges)."""
+    return {"index": index, "call": call, "outcome": outcome, "changes": changes or [],
+            "picture": picture, "pool_picture": None, "differs": []}
+
+
 def pictured_steps(div: Divergence) -> list[dict[str, Any]]:
     """A divergence's last calls as the report shows them (``VERIFY_SCHEMA.md``'s TraceStep).
 
@@ -149,14 +157,11 @@ def pictured_steps(div: Divergence) -> list[dict[str, Any]]:
     for number, step in enumerate(div.record, start=div.first + 1):
         state = step.state if step.state is not None or number < last else div.model
         picture = picture_of_state(state) if state is not None else None
-        out.append({"index": number, "call": step.call, "outcome": step.outcome,
-                    "changes": picture_changes(before, picture) if before and picture else [],
-                    "picture": picture, "pool_picture": None, "differs": []})
+        out.append(trace_step(number, step.call, step.outcome,
+                              picture_changes(before, picture) if before and picture else [], picture))
         before = picture
     if not out and div.model is not None:  # diverged before the first call: as built
-        out.append({"index": 0, "call": "(the pool as constructed)", "outcome": "",
-                    "changes": [], "picture": picture_of_state(div.model),
-                    "pool_picture": None, "differs": []})
+        out.append(trace_step(0, "(the pool as constructed)", picture=picture_of_state(div.model)))
     if out and out[-1]["picture"] is not None:
         if div.pool is None:
             out[-1]["changes"].append(

@@ -15,7 +15,7 @@ from typing import Any
 
 import z3  # type: ignore[import-untyped]
 
-from kvpool.pictures import Picture, picture_changes
+from kvpool.pictures import Picture, picture_changes, trace_step
 from kvpool.proofs import transitions
 from kvpool.proofs.finite import domain, scoped
 from kvpool.proofs.inductive import SCOPE, TIMEOUT_MS, broken
@@ -107,14 +107,10 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
     name = step if isinstance(step, str) else "step"
     call = f"{name}({', '.join(show(a) for a in args)})"
     return [
-        {"index": 0, "call": "(a state satisfying every invariant)", "outcome": "",
-         "changes": [f"ghost: {line}" for line in ghost_before],
-         "picture": before, "pool_picture": None, "differs": []},
-        {"index": 1, "call": call, "outcome": f"breaks {invariant}",
-         "changes": picture_changes(before, after) + [
-             f"ghost: {line}" for line in ghost_after if line not in ghost_before],
-         "picture": after, "pool_picture": None,
-         "differs": []},
+        trace_step(0, "(a state satisfying every invariant)", "",
+                   [f"ghost: {line}" for line in ghost_before], before),
+        trace_step(1, call, f"breaks {invariant}", picture_changes(before, after) + [
+            f"ghost: {line}" for line in ghost_after if line not in ghost_before], after),
     ]
 
 

@@ -103,25 +103,6 @@ def cache_blocks(pool: BlockPool, request: Request, n: int, group: int = 0) -> l
     return blocks
 
 
-class RecordingMetrics:
-    """A metrics collector that records its calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, int | None]] = []
-
-    def on_block_allocated(self, block: KVCacheBlock) -> None:
-        self.calls.append(("allocated", block.block_id))
-
-    def on_block_accessed(self, block: KVCacheBlock) -> None:
-        self.calls.append(("accessed", block.block_id))
-
-    def on_block_evicted(self, block: KVCacheBlock) -> None:
-        self.calls.append(("evicted", block.block_id))
-
-    def reset(self) -> None:
-        self.calls.append(("reset", None))
-
-
 class RecordingWatcher:
     def __init__(self) -> None:
         self.seen: list[int] = []

@@ -14,7 +14,6 @@ from impl_helpers import (
     BS,
     HBS,
     TOKENS,
-    RecordingMetrics,
     RecordingWatcher,
     cache_blocks,
     ext,
@@ -48,6 +47,7 @@ from kvpool.impl import (
 )
 from kvpool.impl.hashing import resolve_block_hashes
 from kvpool.model import ACTIONS, QUERIES, initial_state
+from kvpool.oracle.core.lockstep import MetricsRecorder
 from kvpool.oracle.core.observe import free_queue_link_errors, snapshot
 
 # --------------------------------------------------------------------- construction
@@ -84,7 +84,7 @@ def test_null_block_is_block_zero_marked_null_and_not_free() -> None:
 
 
 def test_constructor_keeps_medium_and_metrics_collector() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(3, medium=MEDIUM_CPU, metrics=metrics)
     assert pool.medium == MEDIUM_CPU
     assert pool.metrics_collector is metrics
@@ -143,18 +143,18 @@ def test_get_new_blocks_evicts_hash_of_reused_cached_block_and_emits_removals() 
 
 
 def test_get_new_blocks_reports_allocation_and_eviction_to_metrics_in_reference_order() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(4, metrics=metrics)
     pool.get_new_blocks(2)
     # reference lines 690-696: evicted (via _maybe_evict_cached_block) then allocated, per block
-    assert metrics.calls == [("evicted", 1), ("allocated", 1), ("evicted", 2), ("allocated", 2)]
+    assert metrics.log == [("evicted", 1), ("allocated", 1), ("evicted", 2), ("allocated", 2)]
 
 
 def test_get_new_blocks_without_caching_reports_only_allocation() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(4, caching=False, metrics=metrics)
     pool.get_new_blocks(2)
-    assert metrics.calls == [("allocated", 1), ("allocated", 2)]
+    assert metrics.log == [("allocated", 1), ("allocated", 2)]
 
 
 # ---------------------------------------------------------------------- free_blocks
@@ -348,26 +348,26 @@ def test_touch_of_the_null_block_is_legal_and_leaves_the_free_queue_alone() -> N
 
 
 def test_touch_reports_each_access_to_metrics() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(4, metrics=metrics)
     block = pool.get_new_blocks(1)[0]
-    metrics.calls.clear()
+    metrics.log.clear()
     pool.touch([block, pool.null_block, block])
-    assert metrics.calls == [("accessed", 1), ("accessed", 0), ("accessed", 1)]
+    assert metrics.log == [("accessed", 1), ("accessed", 0), ("accessed", 1)]
 
 
 def test_touch_takes_any_iterable_of_blocks() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = BlockPool(6, True, 2, metrics_collector=metrics)
     b = pool.blocks
     pool.touch((b[2], b[3]))
     pool.touch(cast(Any, (x for x in [b[4], b[2]])))  # any iterable, not only sequences
-    assert metrics.calls == [("accessed", i) for i in (2, 3, 4, 2)]
+    assert metrics.log == [("accessed", i) for i in (2, 3, 4, 2)]
     assert [b[i].ref_cnt for i in range(1, 6)] == [0, 2, 1, 1, 0]
     with pytest.raises(UnknownBlockError):
         pool.touch(cast(Any, (x for x in [b[5], b[1], BlockPool(3, True, 2).blocks[1]])))
     assert [x.block_id for x in pool.free_block_queue.get_all_free_blocks()] == [1, 5]
-    assert b[1].ref_cnt == b[5].ref_cnt == 0 and metrics.calls == [("accessed", i) for i in (2, 3, 4, 2)]
+    assert b[1].ref_cnt == b[5].ref_cnt == 0 and metrics.log == [("accessed", i) for i in (2, 3, 4, 2)]
 
 
 def test_refused_touch_relinks_the_free_queue_both_ways() -> None:
@@ -872,30 +872,30 @@ def test_evict_blocks_of_one_duplicate_leaves_the_other_indexed() -> None:
 
 
 def test_evict_blocks_reports_every_id_to_metrics_hashed_or_not() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(6, metrics=metrics)
     cache_blocks(pool, make_request(TOKENS), 1)
-    metrics.calls.clear()
+    metrics.log.clear()
     pool.evict_blocks({0, 1, 4})
-    assert metrics.calls == [("evicted", 0), ("evicted", 1), ("evicted", 4)]
+    assert metrics.log == [("evicted", 0), ("evicted", 1), ("evicted", 4)]
 
 
 # --------------------------------------------------------------- reset_prefix_cache
 
 
 def test_reset_prefix_cache_is_refused_while_a_block_is_in_use() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(4, metrics=metrics)
     cache_blocks(pool, make_request(TOKENS), 1)
-    metrics.calls.clear()
+    metrics.log.clear()
     before = snapshot(pool)
     assert pool.reset_prefix_cache() is False
     assert snapshot(pool) == before
-    assert metrics.calls == []
+    assert metrics.log == []
 
 
 def test_reset_prefix_cache_forgets_every_hash_fires_watchers_and_emits_cleared() -> None:
-    metrics = RecordingMetrics()
+    metrics = MetricsRecorder()
     pool = make_pool(5, metrics=metrics)
     req = make_request(TOKENS)
     a, b = cache_blocks(pool, req, 2)
@@ -906,14 +906,14 @@ def test_reset_prefix_cache_forgets_every_hash_fires_watchers_and_emits_cleared(
     pool.touch([pool.null_block])  # the null block never counts as in use
     taken(pool)
     queue = free_ids(pool)
-    metrics.calls.clear()
+    metrics.log.clear()
     assert pool.reset_prefix_cache() is True
     assert all(x.block_hash is None and x.block_hash_num_tokens is None for x in pool.blocks)
     assert len(pool.cached_block_hash_to_block) == 0
     assert pool.cached_block_hashes_by_block == {}
     assert snapshot(pool)[2] == []
     assert watcher.seen == [2]
-    assert metrics.calls == [("reset", None)]
+    assert metrics.log == [("reset", None)]
     assert free_ids(pool) == queue
     assert pool.take_events() == [AllBlocksCleared()]
 

@@ -28,6 +28,7 @@ import pytest
 
 import kvpool.impl as kv
 from kvpool.impl import LoRARequest, MultiModalFeature, PlaceholderRange, Request, get_request_block_hasher
+from kvpool.oracle.core.lockstep import MetricsRecorder
 
 THIRD_PARTY = Path(__file__).parent / "third_party"
 
@@ -50,29 +51,14 @@ mypool_bugs = _load("mypool_bugs")
 # ------------------------------------------------------------------ harness
 
 
-class Recorder:
+class Recorder(MetricsRecorder):
     """Metrics collector and reuse watchers in one: every call, in order."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def on_block_allocated(self, block: Any) -> None:
-        self.calls.append(("allocated", block.block_id))
-
-    def on_block_accessed(self, block: Any) -> None:
-        self.calls.append(("accessed", block.block_id))
-
-    def on_block_evicted(self, block: Any) -> None:
-        self.calls.append(("evicted", block.block_id))
-
-    def reset(self) -> None:
-        self.calls.append(("reset",))
-
     def watcher(self, tag: str) -> Callable[[Any], None]:
-        return lambda block: self.calls.append(("reuse", tag, block.block_id))
+        return lambda block: self.log.append((f"reuse {tag}", block.block_id))
 
-    def take(self) -> list[tuple[Any, ...]]:
-        calls, self.calls = self.calls, []
+    def take(self) -> list[tuple[str, int | None]]:
+        calls, self.log = self.log, []
         return calls
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 from kvpool.verify import summary, write_outputs
@@ -68,13 +67,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     try:
         if doc["schema"] == CONFORM_SCHEMA:
-            written = []
-            if ns.json:
-                Path(ns.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-                written.append(ns.json)
-            if ns.junit:
-                Path(ns.junit).write_bytes(conform_junit(doc))
-                written.append(ns.junit)
+            written = write_outputs(doc, json_path=ns.json, junit=ns.junit, junit_of=conform_junit)
             verdict = "agrees with the model" if doc["ok"] else "DIVERGES from the model"
             executed = ", ".join(f"{p['name']} {p['executed']}" for p in doc["phases"])
             print(f"kvpool merge: {len(docs)} shards of kvpool conform {doc['implementation']}: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpool.model.invariants import DERIVED_FROM
@@ -33,17 +33,30 @@ def result_json(r: Result) -> dict[str, Any]:
     return {"status": r.status, "seconds": round(r.seconds, 4), "detail": r.detail}
 
 
+def _print_matrix(corner: str, names: Collection[str], initial: Callable[[str], Result | None],
+                  matrix: Mapping[str, Mapping[str, Result]], enabled: Mapping[str, Result]) -> None:
+    """A matrix of checks: a row per name (its initial check, if any, then one per step), then
+    each step's precondition."""
+    width = max(len(n) for n in names)
+
+    def line(label: str, first: str, cells: Iterable[str]) -> None:
+        print(f"{label:<{width}}  " + "  ".join(f"{c:>13}" for c in (first, *cells)))
+
+    line(corner, "initial", matrix)
+    for name in names:
+        first = initial(name)
+        line(name, "" if first is None else _cell(first), (_cell(matrix[s][name]) for s in matrix))
+    line("precondition satisfiable", "", (_cell(enabled[s]) for s in matrix))
+
+
+def _proven(results: Iterable[Result]) -> str:
+    every = list(results)
+    return f"{sum(r.status == PROVEN for r in every)}/{len(every)} checks proven"
+
+
 def print_proofs(p: Proofs) -> None:
     """Both matrices, the unencoded invariants, the action -> step cover, the counts."""
-    names = list(SYM_INVARIANTS)
-    width = max(len(n) for n in names)
-    steps = ["initial", *p.matrix]
-    print(f"{'invariant':<{width}}  " + "  ".join(f"{s:>13}" for s in steps))
-    for name in names:
-        row = [p.initial[name]] + [p.matrix[s][name] for s in p.matrix]
-        print(f"{name:<{width}}  " + "  ".join(f"{_cell(r):>13}" for r in row))
-    print(f"{'precondition satisfiable':<{width}}  {'':>13}  "
-          + "  ".join(f"{_cell(p.enabled[s]):>13}" for s in p.matrix))
+    _print_matrix("invariant", SYM_INVARIANTS, p.initial.__getitem__, p.matrix, p.enabled)
     for name, why in NOT_ENCODED.items():
         print(f"not encoded: {name}: {why}")
     print("model actions -> steps: "
@@ -56,23 +69,14 @@ def print_proofs(p: Proofs) -> None:
         print("    " + "  ".join(f"{st} {_cell(r)}" for st, r in by_step.items()))
     for name, why in NOT_ENCODED_STEPS.items():
         print(f"  not here: {name}: {why}")
-    every = list(p.results())
-    failed = [r for r in every if r.status != PROVEN]
-    print(f"{len(every) - len(failed)}/{len(every)} checks proven in {p.seconds:.2f}s")
+    print(f"{_proven(p.results())} in {p.seconds:.2f}s")
 
     o = p.order
     print("eviction order (free-queue places, proofs/order.py):")
-    owidth = max(len(n) for n in ORDER_PROPERTIES)
-    print(f"{'property':<{owidth}}  " + "  ".join(f"{s:>13}" for s in ["initial", *o.matrix]))
-    for name in ORDER_PROPERTIES:
-        first = f"{_cell(o.initial):>13}" if name == "queue_well_formed" else f"{'':>13}"
-        print(f"{name:<{owidth}}  {first}  "
-              + "  ".join(f"{_cell(o.matrix[s][name]):>13}" for s in o.matrix))
-    print(f"{'precondition satisfiable':<{owidth}}  {'':>13}  "
-          + "  ".join(f"{_cell(o.enabled[s]):>13}" for s in o.matrix))
-    o_every = list(o.results())
-    o_failed = [r for r in o_every if r.status != PROVEN]
-    print(f"order: {len(o_every) - len(o_failed)}/{len(o_every)} checks proven in {o.seconds:.2f}s")
+    # the initial queue's check stands in the row of the property it proves
+    _print_matrix("property", ORDER_PROPERTIES,
+                  lambda name: o.initial if name == "queue_well_formed" else None, o.matrix, o.enabled)
+    print(f"order: {_proven(o.results())} in {o.seconds:.2f}s")
 
 
 def proofs_json(p: Proofs) -> dict[str, Any]:

@@ -35,6 +35,19 @@ from kvpool.verify import (
 
 from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
 
+BUDGET_OPTIONS = (("bmc-depth", int, "BMC depth, for every pool"),
+                  ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
+                  ("agreement-depth", int, "agreement depth, for every pool"),
+                  ("agreement-seconds", float, "agreement time per pool (a cut pool fails)"),
+                  ("refinement-depth", int, "refinement depth, for every pool"),
+                  ("refinement-seconds", float, "time per refinement run (a cut run fails)"),
+                  ("steps", int, "calls per lockstep/campaign run"),
+                  ("runs", int, "lockstep/campaign runs"),
+                  ("examples", int, "state-machine examples per implementation"),
+                  ("machine-steps", int, "rules per state-machine example"),
+                  ("timeout-ms", int, "z3 timeout per proof"))
+"""The options that override one field of the profile's budget: flag, type, help."""
+
 
 def parser() -> argparse.ArgumentParser:
     """The ``kvpool verify`` parser (tests/test_recipes.py reads the CI recipes with it)."""
@@ -71,17 +84,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", metavar="I/N",
                    help="run shard I of N (1 <= I <= N) of the work; kvpool merge joins the shards' --json")
     budget = p.add_argument_group("budget (overrides the profile)")
-    for name, kind, what in (("bmc-depth", int, "BMC depth, for every pool"),
-                             ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
-                             ("agreement-depth", int, "agreement depth, for every pool"),
-                             ("agreement-seconds", float, "agreement time per pool (a cut pool fails)"),
-                             ("refinement-depth", int, "refinement depth, for every pool"),
-                             ("refinement-seconds", float, "time per refinement run (a cut run fails)"),
-                             ("steps", int, "calls per lockstep/campaign run"),
-                             ("runs", int, "lockstep/campaign runs"),
-                             ("examples", int, "state-machine examples per implementation"),
-                             ("machine-steps", int, "rules per state-machine example"),
-                             ("timeout-ms", int, "z3 timeout per proof")):
+    for name, kind, what in BUDGET_OPTIONS:
         budget.add_argument(f"--{name}", type=kind, help=what, metavar="N" if kind is int else "S")
     budget.add_argument("--seed", type=int, help="first random seed", metavar="N")
     out = p.add_argument_group("outputs")
@@ -100,8 +103,7 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]
     custom = {}
-    for name in ("bmc_depth", "bmc_seconds", "agreement_depth", "agreement_seconds", "refinement_depth",
-                 "refinement_seconds", "steps", "runs", "examples", "machine_steps", "timeout_ms", "seed"):
+    for name in [flag.replace("-", "_") for flag, _kind, _what in BUDGET_OPTIONS] + ["seed"]:
         value = getattr(ns, name)
         if value is None:
             continue

@@ -124,10 +124,7 @@ def _targets(doc: dict[str, Any]) -> list[str]:
 
 def _merge_verify(docs: list[dict[str, Any]]) -> dict[str, Any]:
     first = docs[0]
-    phases = []
-    for i, name in enumerate(p["name"] for p in first["phases"]):
-        parts = [d["phases"][i] for d in docs]
-        phases.append(_merge_phase(name, parts))
+    phases = [_merge_phase(p["name"], [d["phases"][i] for d in docs]) for i, p in enumerate(first["phases"])]
     ok = all(p["ok"] for p in phases)
     doc: dict[str, Any] = {
         **first,

@@ -244,7 +244,7 @@ def cut_failure(what: str, seconds: float, target: int, depth: int, flag: str) -
 def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
     """A BMC violation as a Failure with a picture of the pool after each call."""
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.pictures import labeller, picture_of_state
+    from kvpool.pictures import labeller, picture_of_state, trace_step
     from kvpool.proofs import bmc
 
     labels = bmc.key_labels(cfg)
@@ -252,11 +252,8 @@ def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
     trace = []
     for number, step in enumerate(out.trace, start=1):
         call = f"{step.action}({', '.join(bmc.show_arg(a) for a in step.args)})"
-        trace.append({"index": number, "call": call,
-                      "outcome": step.refusal or repr(step.result),
-                      "changes": bmc.describe(step, labels),
-                      "picture": picture_of_state(step.after, label),
-                      "pool_picture": None, "differs": []})
+        trace.append(trace_step(number, call, step.refusal or repr(step.result), bmc.describe(step, labels),
+                                picture_of_state(step.after, label)))
     return failure("violation", "breaks " + ", ".join(out.violation), bmc.format_trace(out, cfg), trace)
 
 
@@ -342,8 +339,6 @@ def legal_case() -> Case:
 
 def part_json(part: Any) -> dict[str, Any]:
     """A BMC part's figures; ``beyond`` packed as base64 of zlib'd (8-byte digest, 4-byte calls) rows."""
-    # lazy: a phase's modules load when it runs (module docstring)
-
     rows = b"".join(d + made.to_bytes(4, "big") for d, made in sorted(part.beyond.items()))
     return {"index": part.index + 1, "count": part.count, "split_depth": part.split_depth,
             "frontier": part.frontier, "owned": part.owned, "prefix_states": part.prefix_states,
@@ -451,7 +446,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
         run_campaign_phase,
         run_machine_phase,
     )
-    from kvpool.pictures import pictured_steps  # lazy: with the oracle above
+    from kvpool.pictures import pictured_steps, trace_step  # lazy: with the oracle above
 
     phase = Phase("conformance", skipped=not targets)
     if phase.skipped:
@@ -476,9 +471,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
         if bad is not None and bad.failure is not None:
             f = bad.failure
             steps = pictured_steps(f.divergence) if f.divergence is not None else []
-            steps = steps or [{"index": i + 1, "call": line, "outcome": "", "changes": [],
-                               "picture": None, "pool_picture": None, "differs": []}
-                              for i, line in enumerate(f.trace)]
+            steps = steps or [trace_step(i + 1, line) for i, line in enumerate(f.trace)]
             details = f.details if bad.name == "campaign" else "\n".join(
                 ["minimal trace, shrunk by Hypothesis:", *f.trace, "", f.details])
             fail = failure(f.kind, f"{bad.name}: {f.message}", details, steps)

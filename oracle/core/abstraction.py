@@ -221,19 +221,20 @@ def same_refusal(model_error: Exception, pool_error: Exception | None) -> bool:
     return isinstance(model_error, Refusal) and refusal_kind(pool_error) is model_error.kind
 
 
+def _out_of_blocks(error: BaseException) -> bool:
+    return isinstance(error, Refusal) and error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS
+
+
 def vllm_refusal(model_error: Exception, pool_error: Exception | None) -> bool:
     """vLLM's pool: out of blocks is a plain ``ValueError`` with the model's message."""
-    if isinstance(model_error, Refusal) and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS:
-        return isinstance(pool_error, ValueError) and (
-            refusal_kind(pool_error) in (None, RefusalKind.NOT_ENOUGH_FREE_BLOCKS)
-            and str(pool_error) == str(model_error))
-    return same_refusal(model_error, pool_error)
+    return any_value_error(model_error, pool_error) and (
+        not _out_of_blocks(model_error) or str(pool_error) == str(model_error))
 
 
 def any_value_error(model_error: Exception, pool_error: Exception | None) -> bool:
     """A pool other than kvpool's: out of blocks is any ``ValueError``, whatever its message
     (``--strict-messages`` asks for vLLM's exact one: :func:`vllm_refusal`)."""
-    if isinstance(model_error, Refusal) and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS:
+    if _out_of_blocks(model_error):
         return isinstance(pool_error, ValueError) and (
             refusal_kind(pool_error) in (None, RefusalKind.NOT_ENOUGH_FREE_BLOCKS))
     return same_refusal(model_error, pool_error)
@@ -248,8 +249,7 @@ def names_refusal(recorded: str | None, model_error: BaseException | None, *,
         return recorded == type(model_error).__name__
     if recorded == REFUSAL_NAMES[model_error.kind]:
         return True
-    return vllm_errors and model_error.kind is RefusalKind.NOT_ENOUGH_FREE_BLOCKS and (
-        recorded == "ValueError")
+    return vllm_errors and _out_of_blocks(model_error) and recorded == "ValueError"
 
 
 SHOWN_EVENTS = 4

@@ -373,13 +373,12 @@ class Lockstep(Translate):
             p_error = None
         except Exception as exc:
             p_error, p_result = exc, None
-        outcome = refusal_name(m_error) if m_error else short(m_result)
-        self._record(op, args, outcome, refusal_name(m_error) if m_error else None)
+        refused = refusal_name(m_error) if m_error is not None else None
+        self._record(op, args, refused or short(m_result), refused)
         if self.log is not None:
-            self.log.add(self.which, op, args, None if m_error else m_result,
-                         refusal_name(m_error) if m_error else None)
-        if m_error is not None:
-            self.refusals_seen[refusal_name(m_error)] += 1
+            self.log.add(self.which, op, args, None if m_error else m_result, refused)
+        if refused is not None:
+            self.refusals_seen[refused] += 1
         if (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
@@ -465,29 +464,17 @@ class Lockstep(Translate):
     def _note(self, fp: Footprint) -> _Before:
         """Before the update: the queue neighbours of the footprint's blocks, and its entries."""
         s = self.model
-        neighbours: set[int] = set()
         entries: set[tuple[Key, int]] = set()
-        for b in fp.blocks:
-            if b in s.free:
-                neighbours.update(x for x in s.free.neighbours(b) if x is not None)
-            if self.local_invariants:
-                entries.update((k, b) for k in keys_of(s, b))
-        if not self.local_invariants:
-            return _Before(neighbours, entries)
-        for k in fp.keys:
-            entries.update((k, b) for b in s.index.get(k, ()))
-        return _Before(neighbours, entries)
+        if self.local_invariants:
+            entries = {(k, b) for b in fp.blocks for k in keys_of(s, b)}
+            entries |= {(k, b) for k in fp.keys for b in s.index.get(k, ())}
+        return _Before(_queue_neighbours(s, fp.blocks), entries)
 
     def _check_footprint(self, op: str, fp: Footprint, noted: _Before) -> None:
         """The call's footprint on both sides, and the model's invariants there."""
         s = self.model
-        blocks = set(fp.blocks) | noted.neighbours
-        for b in fp.blocks:
-            if b in s.free:
-                blocks.update(x for x in s.free.neighbours(b) if x is not None)
-        keys = set(fp.keys)
-        for b in fp.blocks:
-            keys.update(keys_of(s, b))
+        blocks = set(fp.blocks) | noted.neighbours | _queue_neighbours(s, fp.blocks)
+        keys = set(fp.keys).union(*(keys_of(s, b) for b in fp.blocks))
         if self.local_invariants:
             entries = noted.entries | {(k, b) for k in keys for b in s.index.get(k, ())}
             broken = self.invariants(s, Around(blocks, keys, entries))
@@ -590,6 +577,11 @@ class Lockstep(Translate):
         except Exception as exc:  # a broken pool may not even be observable
             error.unobservable = repr(exc)
         return error
+
+
+def _queue_neighbours(s: PoolState, blocks: Iterable[int]) -> set[int]:
+    """The free-queue neighbours of those of ``blocks`` that are queued."""
+    return {x for b in blocks if b in s.free for x in s.free.neighbours(b) if x is not None}
 
 
 def comparable_pool(observer: Observer) -> Observation:

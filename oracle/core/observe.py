@@ -62,13 +62,8 @@ class Observation:
 
     def diff(self, other: Observation) -> list[str]:
         """Readable differences of the parts both observed, model side first (empty when equal)."""
-        out = []
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if mine is None or theirs is None or mine == theirs:
-                continue
-            out.append(f"{f.name}: {_differing(f.name, mine, theirs)}")
-        return out
+        return [f"{name}: {_differing(name, getattr(self, name), getattr(other, name))}"
+                for name in self.differing_parts(other)]
 
     def differing_parts(self, other: Observation) -> list[str]:
         """The names of the parts that differ."""
@@ -213,20 +208,15 @@ class Observer:
                                queue.fake_free_list_tail, len(blocks) + 2)
         else:
             free = [b.block_id for b in queue.get_all_free_blocks()]
-        lookups = []
-        for block_hash, group in probes:
-            hit = pool.get_cached_block(block_hash, [group])
-            lookups.append(((block_hash, group), hit[0].block_id if hit else None))
+        probes = list(probes)
         return Observation(
             ref=tuple(b.ref_cnt for b in blocks),
             free=tuple(free),
             num_free=queue.num_free_blocks,
-            primary=tuple(
-                None if b.block_hash is None
-                else (key_of(b.block_hash), b.block_hash_num_tokens if self.num_tokens else None)
-                for b in blocks),
-            lookups=tuple(lookups),
-            secondary=self._secondary(),
+            primary=tuple(self._primary(b) for b in blocks),
+            lookups=tuple(zip(probes, self._lookups(probes), strict=True)),
+            secondary=(tuple(self._secondary(b.block_id) for b in blocks)
+                       if self.has["secondary keys"] else None),
             index=self._index(),
             watched=tuple(pool._reuse_watchers) if self.has["registered watchers"] else None,
         )
@@ -245,10 +235,7 @@ class Observer:
         else:
             num_free = pool.get_num_free_blocks()
             writable = [pool.is_block_writable(b) for b in pool.blocks]
-            hits = []
-            for block_hash, group in probes:
-                hit = pool.get_cached_block(block_hash, [group])
-                hits.append(hit[0].block_id if hit else None)
+            hits = self._lookups(probes)
         return Observation(ref=None, free=None, num_free=num_free, primary=None,
                            lookups=tuple(zip(probes, hits, strict=True)),
                            writable=tuple(bool(w) for w in writable))
@@ -256,33 +243,34 @@ class Observer:
     def _index(self) -> tuple[tuple[Key, tuple[int, ...]], ...] | None:
         if not self.has["index multimap"]:
             return None
-        entries: dict[Key, tuple[int, ...]] = {}
-        for key, entry in self.pool.cached_block_hash_to_block._cache.items():
-            entries[key_of(key)] = tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
+        entries = {key_of(key): entry_ids(entry)
+                   for key, entry in self.pool.cached_block_hash_to_block._cache.items()}
         return tuple(sorted(entries.items()))
 
-    def _secondary(self) -> tuple[tuple[Key, ...], ...] | None:
-        if not self.has["secondary keys"]:
-            return None
-        by_block = self.pool.cached_block_hashes_by_block
-        # a set in vLLM: the order of a block's partial-entry keys is no promise, so both
-        # sides are shown sorted
-        return tuple(tuple(sorted(key_of(k) for k in by_block.get(b.block_id, ())))
-                     for b in self.pool.blocks)
+    def _lookups(self, probes: Iterable[Key]) -> list[int | None]:
+        """The block ``get_cached_block`` returns for each probed key (``None``: a miss)."""
+        get = self.pool.get_cached_block
+        return [hit[0].block_id if (hit := get(h, [group])) else None for h, group in probes]
 
     # ------------------------------------------------------------ one block or key at a time
+
+    def _primary(self, block: Any) -> tuple[Key, int | None] | None:
+        if block.block_hash is None:
+            return None
+        return key_of(block.block_hash), block.block_hash_num_tokens if self.num_tokens else None
+
+    def _secondary(self, b: int) -> tuple[Key, ...]:
+        # a set in vLLM: the order of a block's partial-entry keys is no promise, so both
+        # sides are shown sorted
+        return tuple(sorted(key_of(k) for k in self.pool.cached_block_hashes_by_block.get(b, ())))
 
     def block_view(self, b: int) -> BlockView:
         """What the pool shows of block ``b``: count, primary, secondary keys, watched, queue links."""
         pool = self.pool
         block = pool.blocks[b]
-        primary = None if block.block_hash is None else (
-            key_of(block.block_hash), block.block_hash_num_tokens if self.num_tokens else None)
-        secondary = None
-        if self.has["secondary keys"]:
-            secondary = tuple(sorted(key_of(k) for k in pool.cached_block_hashes_by_block.get(b, ())))
+        secondary = self._secondary(b) if self.has["secondary keys"] else None
         watched = (b in pool._reuse_watchers) if self.has["registered watchers"] else None
-        return BlockView(block.ref_cnt, primary, secondary, watched, self._links(block))
+        return BlockView(block.ref_cnt, self._primary(block), secondary, watched, self._links(block))
 
     def _links(self, block: Any) -> tuple[int | None, int | None] | str | None:
         """``block``'s neighbours in the free queue (None at an end), ``"out"`` when it is not
@@ -301,11 +289,8 @@ class Observer:
         lookup returns (an id, or ``None`` for a miss)."""
         if self.has["index multimap"]:
             entry = self.pool.cached_block_hash_to_block._cache.get(concrete_key(key))
-            if entry is None:
-                return ()
-            return tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
-        hit = self.pool.get_cached_block(key[0], [key[1]])
-        return hit[0].block_id if hit else None
+            return () if entry is None else entry_ids(entry)
+        return self._lookups([key])[0]
 
     def num_free(self) -> int:
         return int(self.pool.free_block_queue.num_free_blocks)
@@ -319,6 +304,11 @@ class Observer:
     def pending_events(self) -> list[Any] | None:
         """The events queued and not yet taken, if the pool shows them."""
         return self.pool.kv_event_queue if self.has["pending events"] else None
+
+
+def entry_ids(entry: Any) -> tuple[int, ...]:
+    """The block ids of one entry of vLLM's index multimap: a block, or a dict of them by id."""
+    return tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
 
 
 def observe_pool(pool: Any, probes: Iterable[Key] = ()) -> Observation:
@@ -406,11 +396,8 @@ def pool_invariant_errors(pool: Any) -> list[str]:
     by_block = pool.cached_block_hashes_by_block
     own = {(b.block_hash, b.block_id) for b in blocks if b.block_hash is not None}
     own |= {(k, bid) for bid, keys in by_block.items() for k in keys}
-    indexed = {
-        (key, bid)
-        for key, entry in pool.cached_block_hash_to_block._cache.items()
-        for bid in (entry if isinstance(entry, dict) else (entry.block_id,))
-    }
+    indexed = {(key, bid) for key, entry in pool.cached_block_hash_to_block._cache.items()
+               for bid in entry_ids(entry)}
     if own != indexed:
         errors.append(f"index and block keys differ on {len(own ^ indexed)} entries")
     return errors

@@ -16,16 +16,13 @@ workload).  ``kvpool record`` and ``kvpool check-trace`` are
 :mod:`kvpool.cli.trace`.
 """
 
-from .check import CheckReport, StepDivergence, canonical_event, canonical_hash, check_trace, compare_step
-from .read import Header, Trace, TraceStep, json_lines, parse_event, read_trace
+from .check import CheckReport, canonical_hash, check_trace
+from .read import TraceStep, json_lines, parse_event, read_trace
 from .record import Recording, RecordingLockstep, record, record_adapter, recording_pair
-from .schema import DEFAULT_REFERENCE, VERSION, FieldError, TraceError, schema_gaps
-from .write import event_to_json, model_event_to_json, observation_to_json, request_to_json, to_json
+from .schema import DEFAULT_REFERENCE, FieldError, TraceError, schema_gaps
 
 __all__ = [
-    "DEFAULT_REFERENCE", "VERSION", "CheckReport", "FieldError", "Header", "Recording",
-    "RecordingLockstep", "StepDivergence", "Trace", "TraceError", "TraceStep", "canonical_event",
-    "canonical_hash", "check_trace", "compare_step", "event_to_json", "json_lines",
-    "model_event_to_json", "observation_to_json", "parse_event", "read_trace", "record",
-    "record_adapter", "recording_pair", "request_to_json", "schema_gaps", "to_json",
+    "DEFAULT_REFERENCE", "CheckReport", "FieldError", "Recording", "RecordingLockstep", "TraceError",
+    "TraceStep", "canonical_hash", "check_trace", "json_lines", "parse_event", "read_trace", "record",
+    "record_adapter", "recording_pair", "schema_gaps",
 ]

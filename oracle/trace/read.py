@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -147,6 +147,14 @@ def _object(v: Any, where: str, allowed: Collection[str], required: Sequence[str
     return v
 
 
+def _fields(v: Any, where: str, kinds: Mapping[str, str]) -> dict[str, Any]:
+    """An object with exactly the fields of ``kinds``, each of its kind."""
+    obj = _object(v, where, kinds, list(kinds))
+    for name, kind in kinds.items():
+        _kind_ok(kind, obj[name], f"{where}.{name}")
+    return obj
+
+
 def _parse_request(v: Any, where: str) -> Request:
     fields_ = ("request_id", "all_token_ids", "block_hashes", "lora", "mm", "cache_salt",
                "session_id")
@@ -158,22 +166,14 @@ def _parse_request(v: Any, where: str) -> Request:
     hashes = [_hex(h, f"{where}.block_hashes[{i}]") for i, h in enumerate(obj["block_hashes"])]
     lora = None
     if obj.get("lora") is not None:
-        lw = f"{where}.lora"
-        lo = _object(obj["lora"], lw, ("name", "id", "path"), ("name", "id", "path"))
-        _kind_ok("str", lo["name"], f"{lw}.name")
-        _kind_ok("int", lo["id"], f"{lw}.id")
-        _kind_ok("str", lo["path"], f"{lw}.path")
+        lo = _fields(obj["lora"], f"{where}.lora", {"name": "str", "id": "int", "path": "str"})
         lora = LoRARequest(lo["name"], lo["id"], lo["path"])
     mm = obj.get("mm") or []
     if not isinstance(mm, list):
         raise FieldError(f"{where}.mm: expected a list, got {show(mm)}")
     features = []
     for i, item in enumerate(mm):
-        mw = f"{where}.mm[{i}]"
-        it = _object(item, mw, ("identifier", "offset", "length"), ("identifier", "offset", "length"))
-        _kind_ok("str", it["identifier"], f"{mw}.identifier")
-        _kind_ok("int", it["offset"], f"{mw}.offset")
-        _kind_ok("int", it["length"], f"{mw}.length")
+        it = _fields(item, f"{where}.mm[{i}]", {"identifier": "str", "offset": "int", "length": "int"})
         features.append(MultiModalFeature(it["identifier"], PlaceholderRange(it["offset"], it["length"])))
     for name in ("cache_salt", "session_id"):
         _kind_ok("str?", obj.get(name), f"{where}.{name}")
@@ -199,7 +199,7 @@ def parse_event(v: Any, where: str) -> dict[str, Json]:
     return out
 
 
-def _parse_observation(v: Any, where: str, num_blocks: int) -> dict[str, Json]:
+def _parse_observation(v: Any, where: str) -> dict[str, Json]:
     obj = _object(v, where, OBSERVATION_FIELDS, REQUIRED_OBSERVATION)
     for name in ("ref", "free", "watched"):
         if name in obj:
@@ -227,12 +227,6 @@ def _parse_observation(v: Any, where: str, num_blocks: int) -> dict[str, Json]:
         _hex(entry[0], f"{ew}[0]")
         _kind_ok("ints", entry[1], f"{ew}[1]")
     return obj
-
-
-def _vllm_errors(obj: dict[str, Any]) -> bool:
-    flag = obj.get("vllm_errors", False)
-    _kind_ok("bool", flag, "header.vllm_errors")
-    return bool(flag)
 
 
 def parse_header(v: Any) -> Header:
@@ -271,9 +265,10 @@ def parse_header(v: Any) -> Header:
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise FieldError(f"header.meta: expected an object, got {show(meta)}")
+    vllm_errors = obj.get("vllm_errors", False)
+    _kind_ok("bool", vllm_errors, "header.vllm_errors")
     return Header(obj["num_blocks"], obj["enable_caching"], obj["hash_block_size"],
-                  obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta,
-                  _vllm_errors(obj))
+                  obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta, vllm_errors)
 
 
 def parse_step(v: Any, line: int, header: Header) -> TraceStep:
@@ -341,7 +336,7 @@ def parse_outcome(obj: dict[str, Any], op: str, args: dict[str, Any], line: int,
                 raise FieldError(f"fired[{i}]: expected [watcher name, block id], got {show(f)}")
     observation = obj.get("observation")
     if observation is not None:
-        observation = _parse_observation(observation, "observation", header.num_blocks)
+        observation = _parse_observation(observation, "observation")
     return TraceStep(line, op, args, result, error, events, fired, observation)
 
 

@@ -9,10 +9,9 @@ cannot be silently left out of traces.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
-from kvpool.model import ACTIONS, OPERATIONS, QUERIES
+from kvpool.model import OPERATIONS
 
 from ..core import abstraction
 
@@ -97,11 +96,6 @@ class FieldError(Exception):
 
 
 
-def model_fn(op: str) -> Callable[..., Any]:
-    """The model's action or query named ``op``."""
-    return ACTIONS.get(op) or QUERIES[op]
-
-
 def is_int(v: Any) -> bool:
     """A JSON integer (``true`` is not one)."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -119,6 +113,6 @@ def show(v: Any) -> str:
 __all__ = [
     "ARG_KINDS", "DEFAULT_REFERENCE", "EVENT_FIELDS", "HEADER_FIELDS", "INT_MAX", "INT_MIN",
     "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "RESULT_KINDS", "STEP_FIELDS", "TRACED",
-    "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int", "model_fn",
+    "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int",
     "schema_gaps", "show",
 ]
