@@ -11,9 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kvpool.oracle.events.check import EventsReport, Stream, check_stream, load_events
-from kvpool.oracle.events.routers import RouterReport, check_stream_router, profile_factory
-from kvpool.oracle.events.warnings import add_warnings
+from kvpool.oracle.events.check import EventsReport, load_events, read_stream
+from kvpool.oracle.events.routers import RouterReport, profile_factory
 from kvpool.oracle.trace import TraceError
 
 
@@ -37,28 +36,9 @@ def router_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _full_sizes(stream: Stream, declared: dict[int, int] | None) -> dict[int, int]:
-    """Full block size per group: declared (option, then trace header), else the largest it announced."""
-    seen: dict[int, int] = {}
-    for _, e in stream.events:
-        if e["type"] == "BlockStored":
-            group = e.get("group_idx") or 0
-            seen[group] = max(seen.get(group, 0), e["block_size"])
-    return {**seen, **stream.block_sizes, **(declared or {})}
-
-
 def _json(report: EventsReport, routers: list[RouterReport]) -> str:
-    return json.dumps({
-        "file": report.path, "events": report.events, "ok": report.ok,
-        "reannounced": report.reannounced, "left_stored": report.left_stored,
-        "unverified_parents": report.unverified_parents, "empty_stores": report.empty_stores,
-        "token_mismatches": report.token_mismatches, "snapshots": report.snapshots,
-        "phantoms": report.phantoms,
-        "violations": [{"rule": v.rule, "line": v.position.line, "event": v.position.index,
-                        "message": v.message} for v in report.violations],
-        "warnings": [{"rule": w.rule, "line": w.position.line, "event": w.position.index,
-                      "message": w.message} for w in report.warnings],
-        **({"routers": [r.to_json() for r in routers]} if routers else {})})
+    extra = {"routers": [r.to_json() for r in routers]} if routers else {}
+    return json.dumps({**report.to_json(), **extra})
 
 
 def check_events_main(argv: Sequence[str] | None = None) -> int:
@@ -90,14 +70,11 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         stream = load_events(args.file)
-        report = add_warnings(check_stream(stream, args.file, args.block_sizes), stream, args.file,
-                              stream.is_trace)
+        report, routers = read_stream(stream, args.file, args.block_sizes,
+                                      [profile_factory(name) for name in args.router], facts=True)
     except TraceError as exc:
         print(f"kvpool check-events: {exc}", file=sys.stderr)
         return 2
-    sizes = _full_sizes(stream, args.block_sizes)
-    routers = [check_stream_router(stream.events, factory, name, args.file, sizes)
-               for name, factory in map(profile_factory, args.router)]
     if args.json:
         print(_json(report, routers))
     else:

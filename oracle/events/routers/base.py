@@ -14,12 +14,12 @@ made the router's index wrong.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from ...trace import canonical_hash
-from ..check import Position
+from ..kinds import Position, event_group, hash64
 
 
 @dataclass(frozen=True)
@@ -119,21 +119,68 @@ class Profile(ABC):
     def rule(self, rule_id: str) -> Rule:
         return self.rules[rule_id]
 
+    @abstractmethod
+    def forget(self, key: tuple[int, int]) -> None:
+        """Drop what the profile holds for a key the engine no longer holds and the checker no
+        longer remembers (:class:`~..reading.Reading` calls it): memory stays bounded by the engine's
+        index, not by the run's length.  Its answers on that key are no longer the router's."""
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+RECENT = 65_536
+"""What a profile keeps to explain its answers (why a key went, why a store was dropped), per dict."""
+
+
+class Recent(dict[K, V]):
+    """A dict that keeps its ``cap`` most recently set keys: a profile's explanations, bounded."""
+
+    def __init__(self, cap: int = RECENT):
+        super().__init__()
+        self.cap = cap
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key in self:
+            super().__delitem__(key)
+        super().__setitem__(key, value)
+        if len(self) > self.cap:
+            super().__delitem__(next(iter(self)))
+
+    def update(self, items: Iterable[tuple[K, V]] = (), /, **_: Any) -> None:  # type: ignore[override]
+        for key, value in items:
+            self[key] = value
+
+
+class Counted:
+    """Stores counted as copies of one key, and where the latest of them (a few) were."""
+
+    __slots__ = ("count", "recent")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.recent: deque[Position] = deque(maxlen=4)
+
+    def add(self, pos: Position) -> None:
+        self.count += 1
+        self.recent.append(pos)
+
+    def take(self) -> int:
+        """One copy fewer, the oldest store first: what stays counted is the latest stores."""
+        self.count -= 1
+        if len(self.recent) > self.count:
+            self.recent.popleft()
+        return self.count
+
 
 def event_hashes(event: dict[str, Any]) -> list[int]:
     """An event's hashes in their 64-bit integer form."""
-    return [int(canonical_hash(h)) for h in event["block_hashes"]]
+    return [int(hash64(h)) for h in event["block_hashes"]]
 
 
 def event_parent(event: dict[str, Any]) -> int | None:
     parent = event.get("parent_block_hash")
-    return None if parent is None else int(canonical_hash(parent))
-
-
-def event_group(event: dict[str, Any]) -> int:
-    """The event's group; an event without one is read as group 0."""
-    group = event.get("group_idx")
-    return 0 if group is None else int(group)
+    return None if parent is None else int(hash64(parent))
 
 
 def show_hash(h: int) -> str:
@@ -142,3 +189,7 @@ def show_hash(h: int) -> str:
 
 KVPOOL_DOC = "kvpool oracle/TRACE_FORMAT.md"
 """The source of the idealised readers' rules: kvpool's own description of the stream."""
+
+
+__all__ = ["KVPOOL_DOC", "REACTION_KINDS", "Cause", "Counted", "Profile", "Query", "Reaction", "Recent",
+           "Rule", "event_group", "event_hashes", "event_parent", "show_hash"]

@@ -34,10 +34,24 @@ workload names its items with short names, read here as digests.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
-from ..check import Position
-from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
+from ..kinds import Position
+from .base import (
+    RECENT,
+    Cause,
+    Counted,
+    Profile,
+    Query,
+    Reaction,
+    Recent,
+    Rule,
+    event_group,
+    event_hashes,
+    event_parent,
+    show_hash,
+)
 
 _REPO = "ai-dynamo/dynamo"
 ZMQ_WIRE = f"{_REPO} lib/kv-router/src/zmq_wire.rs@0cda21dc69fd"
@@ -88,10 +102,13 @@ TreeKey = tuple[tuple[int, ...], str | None, tuple[str, ...]]
 
 
 class _Node:
-    __slots__ = ("block_hash", "cause", "children", "emptied", "gone_hash", "held")
+    __slots__ = ("block_hash", "cause", "children", "emptied", "gone_hash", "held", "key", "parent")
 
     def __init__(self, block_hash: int | None):
         self.block_hash = block_hash
+        self.parent: _Node | None = None
+        self.key: TreeKey | None = None
+        """Where the node hangs: its parent's child under this tree key (the last edge made to it)."""
         self.children: dict[TreeKey, _Node] = {}
         self.held = False
         self.cause: Cause | None = None
@@ -121,12 +138,14 @@ class DynamoRouter(Profile):
         self.kv_block_size = block_sizes.get(0)
         self.root = _Node(None)
         self.lookup: dict[int, _Node] = {}
-        self.counts: dict[int, list[Position]] = {}
-        """The dedup filter's count per hash: the stores it counted, in order."""
-        self.filtered: dict[int, Position] = {}
+        self.counts: dict[int, Counted] = {}
+        """The dedup filter's count per hash: the stores it counted, the latest few where."""
+        self.filtered: Recent[int, Position] = Recent()
         """Hashes whose last removal the dedup filter kept from the tree."""
-        self.dropped: dict[int, Cause] = {}
+        self.dropped: Recent[int, Cause] = Recent()
         """Hashes whose last store the router did not index, and why."""
+        self.dead: deque[_Node] = deque()
+        """Nodes the worker left, oldest first: past ``RECENT`` of them, a childless one is unhung."""
 
     def answers(self, group: int) -> bool:
         return group == 0
@@ -165,7 +184,10 @@ class DynamoRouter(Profile):
                              "a self-referencing store (a hash repeated): dropped")]
         blocks = self._published(event, hashes)
         for h, _ in blocks:  # the count is kept even when the tree refuses the store
-            self.counts.setdefault(h, []).append(pos)
+            counted = self.counts.get(h)
+            if counted is None:
+                counted = self.counts[h] = Counted()
+            counted.add(pos)
         for h in hashes[len(blocks):]:
             self.dropped[h] = Cause("dynamo.block-size", pos, "no block published for this hash")
         if parent is None:
@@ -190,6 +212,7 @@ class DynamoRouter(Profile):
                 reused = h in self.lookup
                 child = self.lookup.get(h) or _Node(h)
                 current.children[key] = child
+                child.parent, child.key = current, key
             if child is current:
                 for rest in hashes[hashes.index(h):]:
                     self.dropped[rest] = Cause("dynamo.self-reference", pos, "rejected as self-referencing")
@@ -222,9 +245,9 @@ class DynamoRouter(Profile):
 
     def _remove(self, hashes: list[int], pos: Position) -> None:
         for h in hashes:
-            if h in self.counts:
-                self.counts[h].pop()
-                if self.counts[h]:
+            counted = self.counts.get(h)
+            if counted is not None:
+                if counted.take():
                     self.filtered[h] = pos
                     continue
                 del self.counts[h]
@@ -240,6 +263,32 @@ class DynamoRouter(Profile):
         if node.children:
             node.children.clear()
             node.emptied = pos
+        self.dead.append(node)
+        while len(self.dead) > RECENT:
+            old = self.dead.popleft()
+            if not old.held and not old.children:
+                self._unhang(old)
+
+    @staticmethod
+    def _unhang(node: _Node) -> None:
+        """Take a node off its parent's children (the worker is on neither it nor, then, its subtree)."""
+        parent, key = node.parent, node.key
+        if parent is not None and key is not None and parent.children.get(key) is node:
+            del parent.children[key]
+        node.parent = node.key = None
+
+    def forget(self, key: tuple[int, int]) -> None:
+        h, group = key
+        self.dropped.pop(h, None)
+        if group != 0:
+            return
+        self.counts.pop(h, None)
+        self.filtered.pop(h, None)
+        node = self.lookup.pop(h, None)
+        if node is not None:
+            node.held = False
+            node.children.clear()
+            self._unhang(node)
 
     # ------------------------------------------------------------------ queries
 
@@ -272,10 +321,12 @@ class DynamoRouter(Profile):
             if node is None or node.cause is None:
                 return Cause("dynamo.find-matches", None, "reached by the walk")
             if self.lookup.get(h) is node and h in self.filtered:
-                stores = self.counts.get(h, [])
+                counted = self.counts.get(h)
+                stores = list(counted.recent) if counted is not None else []
                 return Cause("dynamo.dedup-remove", self.filtered[h], "its removal was kept from the tree: "
-                             f"{len(stores)} more store(s) of the hash counted ("
-                             + ", ".join(str(p) for p in stores[:3]) + "); a re-announced hit is one")
+                             f"{counted.count if counted is not None else 0} more store(s) of the hash "
+                             "counted, the latest at " + ", ".join(str(p) for p in stores[-3:])
+                             + "; a re-announced hit is one")
             if node.block_hash != h:
                 return Cause(node.cause.rule, node.cause.position,
                              f"the tree node for this block's tokens was made for "

@@ -28,12 +28,24 @@ reached by kvpool's traces and are not modelled.
 
 from __future__ import annotations
 
-import hashlib
+from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..check import Position
-from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
+from ..kinds import Position
+from .base import (
+    RECENT,
+    Cause,
+    Profile,
+    Query,
+    Reaction,
+    Recent,
+    Rule,
+    event_group,
+    event_hashes,
+    event_parent,
+    show_hash,
+)
 
 _REPO = "llm-d/llm-d-kv-cache"
 _OLD, _NEW = "b6404af14b54", "7be76e119ca5"
@@ -126,7 +138,9 @@ def parse_options(text: str) -> LlmdOptions:
 
 
 def _hash(*parts: Any) -> int:
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big")
+    """A request key: llm-d's is a digest of the same parts; within one run any good hash of them
+    names the same keys (Python's, of ints and strings, is stable within a process)."""
+    return hash(parts)
 
 
 Feature = tuple[str, ...] | None
@@ -171,17 +185,22 @@ class LlmdRouter(Profile):
         self.name = name
         self.size = block_sizes.get(0, 0)
         self.e2r: dict[int, list[int]] = {}
+        self.refs: dict[int, int] = {}
+        """Per request key: the hashes whose e2r entry names it."""
+        self.unnamed: deque[int] = deque()
+        """Request keys no hash names any more, oldest first: past ``RECENT`` of them, one still
+        indexed is dropped (llm-d keeps it until its LRU bound)."""
         self.data: dict[int, set[Entry]] = {}
-        self.added: dict[int, tuple[int, Cause, frozenset[int]]] = {}
+        self.added: Recent[int, tuple[int, Cause, frozenset[int]]] = Recent()
         """Per request key: when (event sequence) and why the pod was last added, by which hashes."""
         self.groups_of: dict[int, set[int]] = {}
         """Per request key: the groups whose stores added the pod since the key was last empty."""
-        self.removed: dict[int, tuple[int, Cause]] = {}
-        self.dropped: dict[int, tuple[int, Cause]] = {}
-        self.stored: dict[int, tuple[int, Position, bool, str]] = {}
+        self.removed: Recent[int, tuple[int, Cause]] = Recent()
+        self.dropped: Recent[int, tuple[int, Cause]] = Recent()
+        self.stored: Recent[int, tuple[int, Position, bool, str]] = Recent()
         """Per hash: its last indexed store (event sequence, position, whether strings in its extra
         keys tainted its request keys)."""
-        self.tainted: set[int] = set()
+        self.tainted: Recent[int, None] = Recent()
         """Request keys whose chain some extra key's bare string (LoRA name, cache salt) tainted."""
         self.seq = 0
         self.ignored_clear: tuple[int, Position] | None = None
@@ -217,7 +236,7 @@ class LlmdRouter(Profile):
             self.groups_of.clear()  # one pod: every entry is the pod's
             return []
         medium = event.get("medium")
-        group = event.get("group_idx") if self.opts.groups else None
+        group = event_group(event) if self.opts.groups else None
         entry: Entry = ((medium or "gpu").lower(), group)
         hashes = event_hashes(event)
         if kind == "BlockRemoved":
@@ -271,7 +290,7 @@ class LlmdRouter(Profile):
                                               f"{len(hashes)} hash(es) for {len(keys)} request key(s): "
                                               "Index.Add refuses the store")
             for h, rk in zip(hashes, keys, strict=True):
-                self.e2r[h] = [rk]
+                self._map(h, [rk])
         else:
             if not hashes:
                 return [*reactions, Reaction("unhandled", "llm-d.add-ratio", pos,
@@ -281,7 +300,8 @@ class LlmdRouter(Profile):
             mapping: dict[int, list[int]] = {}
             for i in range(n):
                 mapping.setdefault(hashes[i * len(hashes) // n], []).append(keys[i * len(keys) // n])
-            self.e2r.update(mapping)
+            for h, rks in mapping.items():
+                self._map(h, rks)
         if hashes and len(tokens) != event["block_size"] * len(hashes):
             reactions.append(Reaction("misread-store", "llm-d.request-keys", pos,
                                       f"{len(hashes)} hash(es) with {len(tokens)} token_ids: indexed as "
@@ -291,7 +311,8 @@ class LlmdRouter(Profile):
         tainted = start in self.tainted or (self.opts.extra and any(
             isinstance(k, str) for keys in event.get("extra_keys") or () for k in keys or ()))
         if tainted:
-            self.tainted.update(keys)
+            for rk in keys:
+                self.tainted[rk] = None
         for h in hashes:
             self.stored[h] = (self.seq, pos, tainted, rule)
         return reactions
@@ -338,7 +359,43 @@ class LlmdRouter(Profile):
                     "llm-d.pod-entry", pos, f"the removal of {show_hash(h)} in group {group} took the entry "
                     f"stores of group {others} made too: a pod entry does not say its group"))
         if all(rk not in self.data for rk in rks):
-            del self.e2r[h]
+            self._map(h, None)
+
+    def _map(self, h: int, rks: list[int] | None) -> None:
+        """Set (or, with None, delete) a hash's request keys, counting the hashes naming each key."""
+        old = self.e2r.pop(h, None) if rks is None else self.e2r.get(h)
+        if rks is not None:
+            self.e2r[h] = rks
+            for rk in rks:
+                self.refs[rk] = self.refs.get(rk, 0) + 1
+        for rk in old or ():
+            left = self.refs[rk] - 1
+            if left:
+                self.refs[rk] = left
+                continue
+            del self.refs[rk]
+            if rk in self.data:
+                self.unnamed.append(rk)
+        while len(self.unnamed) > RECENT:
+            rk = self.unnamed.popleft()
+            if rk not in self.refs:
+                self._drop_key(rk)
+
+    def _drop_key(self, rk: int) -> None:
+        self.data.pop(rk, None)
+        self.groups_of.pop(rk, None)
+
+    def forget(self, key: tuple[int, int]) -> None:
+        h = key[0]
+        self.dropped.pop(h, None)
+        self.stored.pop(h, None)
+        rks = self.e2r.get(h)
+        if rks is None:
+            return
+        self._map(h, None)
+        for rk in rks:
+            if rk not in self.refs:
+                self._drop_key(rk)
 
     # ------------------------------------------------------------------ queries
 
