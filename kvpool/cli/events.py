@@ -10,13 +10,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from kvpool.oracle.events.capture import is_capture
 from kvpool.oracle.events.check import EventsReport, load_events, read_stream
 from kvpool.oracle.events.routers import RouterReport, profile_factory
 from kvpool.oracle.trace import TraceError
 
 
-def _sizes(text: str) -> dict[int, int]:
+def block_sizes_arg(text: str) -> dict[int, int]:
     """``0=16,1=32`` -> {0: 16, 1: 32} (argparse type)."""
     try:
         pairs = [item.split("=") for item in text.split(",") if item]
@@ -46,16 +48,16 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
     inputs a ``--router`` profile does not index as meant), 2 usage or unreadable file."""
     parser = argparse.ArgumentParser(
         prog="kvpool check-events",
-        description="Read a KV-event stream (JSONL, one event per line, or a kvpool trace) "
-                    "as a router rebuilding the prefix index would, and report each event "
-                    "that breaks it, with its line.",
+        description="Read a KV-event stream (JSONL, one event per line; a kvpool trace; or a wire capture "
+                    "written by kvpool watch --record) as a router rebuilding the prefix index would, and "
+                    "report each event that breaks it, with its line (or record).",
         epilog="examples:\n  kvpool check-events kv-events.jsonl --block-sizes 0=16\n"
                "  kvpool check-events run.jsonl --json --strict\n"
                "  kvpool check-events kv-events.jsonl --router dynamo --router llm-d:2025\n"
                "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file")
-    parser.add_argument("--block-sizes", type=_sizes, default=None, metavar="G=N[,G=N]",
+    parser.add_argument("--block-sizes", type=block_sizes_arg, default=None, metavar="G=N[,G=N]",
                         help="full block size per KV-cache group, to tell partial entries apart "
                              "(a trace header's block_sizes is used when present)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -68,6 +70,8 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
                              "index as meant (repeatable); on a trace, `kvpool check-trace --router` "
                              "compares its answers with the pool")
     args = parser.parse_args(argv)
+    if is_capture(args.file):
+        return _check_capture(args)
     try:
         stream = load_events(args.file)
         report, routers = read_stream(stream, args.file, args.block_sizes,
@@ -85,5 +89,49 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-__all__ = ["check_events_main"]
+COVERAGE = ("gap", "joined", "undecodable", "late")
+"""Transport findings that cost the check what it could see: ``--strict`` fails on them."""
+
+
+def _check_capture(args: Any) -> int:
+    """A wire capture, replayed through the watcher's sequencing and checking."""
+    try:
+        from kvpool.oracle.events.fleet import replay_capture
+
+        fleet = replay_capture(args.file, block_sizes=args.block_sizes,
+                               profiles=[profile_factory(name) for name in args.router])
+    except ModuleNotFoundError as exc:
+        print(f"kvpool check-events: a wire capture needs {exc.name}: pip install 'kvpool[live]'",
+              file=sys.stderr)
+        return 2
+    except TraceError as exc:
+        print(f"kvpool check-events: {exc}", file=sys.stderr)
+        return 2
+    kinds = [r.finding.kind for r in fleet.reports]
+    failed = "violation" in kinds or "reaction" in kinds or (args.strict and any(
+        k == "warning" or k in COVERAGE for k in kinds))
+    engines: list[dict[str, Any]] = []
+    for e in fleet.engines.values():
+        mine = [r.to_json() for r in fleet.reports if r.engine == e.name]
+        engines.append({"engine": e.name, "batches": e.counts.batches, "events": e.counts.events,
+                        "findings": mine})
+    if args.json:
+        print(json.dumps({"file": args.file, "ok": "violation" not in kinds, "engines": engines,
+                          "summary": fleet.summary()}))
+        return 1 if failed else 0
+    print(f"{args.file}: {fleet.summary().removeprefix('kvpool watch: ')}")
+    for engine in engines:
+        print(f"{args.file} [{engine['engine']}]: {engine['batches']} batch(es), {engine['events']} "
+              f"event(s), {len(engine['findings'])} finding(s)")
+        for f in engine["findings"][:args.limit]:
+            where = f"record {f['record']}" + (f" seq {f['seq']}" if f["seq"] is not None else "") + (
+                f" event {f['event']}" if f["event"] is not None else "")
+            who = f" {f['profile']} {f['reaction']}" if "profile" in f else ""
+            print(f"{args.file}:{f['record']}: {where}: {f['kind']}{who} [{f['rule']}] {f['message']}")
+        if len(engine["findings"]) > args.limit:
+            print(f"... and {len(engine['findings']) - args.limit} more")
+    return 1 if failed else 0
+
+
+__all__ = ["block_sizes_arg", "check_events_main", "router_name"]
 

@@ -38,7 +38,9 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "claims": ("kvpool.cli.claims", "main",
                "every property of the model and what establishes it (z3, BMC, lockstep, bugs)"),
     "check-events": ("kvpool.cli.events", "check_events_main",
-                     "check a KV-event stream as a router rebuilding the index reads it"),
+                     "check a KV-event stream (JSONL, a trace, or a wire capture) as a router reads it"),
+    "watch": ("kvpool.cli.watch", "main",
+              "subscribe to vLLM engines' KV events (ZMQ) and check each stream as it comes"),
     "serve-pool": ("kvpool.oracle.drive.serve", "main",
                    "kvpool's pool (or any Python pool) over stdin/stdout in the drive protocol"),
 }
