@@ -9,9 +9,10 @@ gives the same answers in the same order, since nothing here reads a clock.
 * A batch with the next sequence number is delivered, and any held after it.
 * A later one is held; with a replay socket, the missing ones are asked for
   at once (vLLM answers with every batch it still buffers from there on, then
-  an end marker); without one, or when the answer ends with batches still
-  missing, they are *lost*: a gap of that size, after which the reading
-  restarts with what it cannot see (:class:`Reset` ``known_empty=False``).
+  an end marker; of the answer only the hole is taken, the rest comes live);
+  without one, or when the answer ends with batches still missing, they are
+  *lost*: a gap of that size, after which the reading restarts with what it
+  cannot see (:class:`Reset` ``known_empty=False``).
 * An earlier one is a duplicate if its payload is the one delivered under
   that number (the last ``window`` numbers are remembered), *late* if its
   number (not 0) was declared lost, and otherwise a *restart*: the engine's
@@ -98,6 +99,9 @@ class Sequencer:
         self.held: dict[int, tuple[int, bytes]] = {}
         self.asked: int | None = None
         """The start of the replay asked and not answered yet."""
+        self.asked_until = -1
+        """The last number of the hole asked for: a replayed batch after it is left to the live stream
+        (the replay socket answers ahead of it, and an answer's end may overtake live batches)."""
         self.recent: dict[int, int] = {}
         """Numbers delivered lately, to their payload's digest."""
         self.lost: deque[tuple[int, int]] = deque(maxlen=64)
@@ -114,8 +118,8 @@ class Sequencer:
     def arrive(self, record: int, seq: int, payload: bytes, replayed: bool = False) -> list[Action]:
         """A batch from the PUB socket, or (``replayed``) the replay socket."""
         self.stats.batches += 1
-        if replayed and self.asked is None:
-            self.stats.stale += 1
+        if replayed and (self.asked is None or seq > self.asked_until):
+            self.stats.stale += self.asked is None
             return []
         out: list[Action] = []
         if self.expected is not None and seq < self.expected:
@@ -176,14 +180,15 @@ class Sequencer:
 
     def _ask(self, start: int | None) -> list[Action]:
         self.asked = start or 0
+        self.asked_until = min(self.held) - 1
         self.stats.asked += 1
         return [Ask(self.asked)]
 
     def replay_ended(self, record: int) -> list[Action]:
-        """The replay socket's end marker: what it did not send is gone."""
+        """The replay socket's end marker: what it did not send of the hole asked for is gone."""
         if self.asked is None:
             return []
-        return self._give_up(record)
+        return self._give_up(record, until=self.asked_until)
 
     def gave_up(self, record: int) -> list[Action]:
         """The watcher stopped waiting (for a replay's answer, or for a hole to fill): what is missing
@@ -198,37 +203,39 @@ class Sequencer:
         """Whether batches are held for a hole (the watcher may give up waiting)."""
         return bool(self.held)
 
-    def _give_up(self, record: int, again: bool = True) -> list[Action]:
-        """Declare lost every number missing below the lowest held, and deliver from there (``again``:
-        and ask for, or wait for, the next hole)."""
+    def _give_up(self, record: int, again: bool = True, until: int | None = None) -> list[Action]:
+        """Declare lost the numbers missing below the lowest held batch (up to ``until``: the hole a
+        replay was asked for), deliver from there, and ask for (or wait for) the next hole (``again``)."""
         self.asked = None
         if not self.held:
             self.filled = 0
             return []
+        start = 0 if self.expected is None else self.expected
         low = min(self.held)
+        end = low - 1 if until is None else min(low - 1, until)
         out: list[Action] = []
-        if self.expected is None:
-            if low > 0:
-                self._lose(0, low - 1)
-                out.append(Note("joined" if not self.epochs else "gap", record, low,
-                                f"the first batch seen is {low}: batches 0 to {low - 1} were published "
-                                "before, and the replay socket did not give them; what they stored is "
-                                "not known", lost=low, recovered=self.filled))
-            out.append(Reset(record, known_empty=low == 0))
-        elif low > self.expected:
-            n = low - self.expected
-            self._lose(self.expected, low - 1)
-            out += [Note("gap", record, low, f"batches {self.expected} to {low - 1} ({n}) are lost: the "
-                         "reading restarts, and removals and parents of keys stored before are not judged "
-                         "until the next AllBlocksCleared", lost=n, recovered=self.filled),
-                    Reset(record, known_empty=False)]
-        self.expected, self.filled = low, 0
-        record0, payload = self.held.pop(low)
-        out += self._deliver(record0, low, payload)
-        if self.held and again and self.replay:
-            out += self._ask(self.expected)
-        elif self.held and again and len(self.held) > self.reorder:
-            out += self._give_up(record)
+        if end >= start:
+            n = end - start + 1
+            self._lose(start, end)
+            if self.expected is None:
+                out.append(Note("joined" if not self.epochs else "gap", record, end + 1,
+                                f"the first batch seen is {low}: batches 0 to {end} were published before, "
+                                "and the replay socket did not give them; what they stored is not known",
+                                lost=n, recovered=self.filled))
+            else:
+                out.append(Note("gap", record, end + 1, f"batches {start} to {end} ({n}) are lost: the "
+                                "reading restarts, and removals and parents of keys stored before are not "
+                                "judged until the next AllBlocksCleared", lost=n, recovered=self.filled))
+            out.append(Reset(record, known_empty=False))
+            self.expected, self.filled = end + 1, 0
+        if self.expected is not None and self.expected in self.held:
+            held_record, payload = self.held.pop(self.expected)
+            out += self._deliver(held_record, self.expected, payload)
+        if self.held and again:
+            if self.replay:
+                out += self._ask(self.expected)
+            elif len(self.held) > self.reorder:
+                out += self._give_up(record)
         return out
 
     def _lose(self, first: int, last: int) -> None:
