@@ -105,6 +105,8 @@ class Reading:
     def _start(self) -> None:
         sizes = {**self.checker.largest, **self.checker.full}
         self.profiles = [factory(sizes) for _, factory in self.specs]
+        for profile in self.profiles:
+            profile.bound(self.history)
         for report, profile in zip(self.routers, self.profiles, strict=True):
             report.rules = dict(profile.rules)
         while self.held:

@@ -119,6 +119,17 @@ class Profile(ABC):
     def rule(self, rule_id: str) -> Rule:
         return self.rules[rule_id]
 
+    cap: int = 65_536
+    """How much the profile keeps to explain its answers, and of what its router would keep forever
+    (:meth:`bound`)."""
+
+    def bound(self, cap: int) -> None:
+        """Keep at most ``cap`` entries in each of its bounded memories (:class:`Recent` and the like)."""
+        self.cap = cap
+        for value in vars(self).values():
+            if isinstance(value, Recent):
+                value.cap = cap
+
     @abstractmethod
     def forget(self, key: tuple[int, int]) -> None:
         """Drop what the profile holds for a key the engine no longer holds and the checker no

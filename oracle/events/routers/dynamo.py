@@ -39,7 +39,6 @@ from typing import Any
 
 from ..kinds import Position
 from .base import (
-    RECENT,
     Cause,
     Counted,
     Profile,
@@ -145,7 +144,7 @@ class DynamoRouter(Profile):
         self.dropped: Recent[int, Cause] = Recent()
         """Hashes whose last store the router did not index, and why."""
         self.dead: deque[_Node] = deque()
-        """Nodes the worker left, oldest first: past ``RECENT`` of them, a childless one is unhung."""
+        """Nodes the worker left, oldest first: past ``cap`` of them, a childless one is unhung."""
 
     def answers(self, group: int) -> bool:
         return group == 0
@@ -264,7 +263,7 @@ class DynamoRouter(Profile):
             node.children.clear()
             node.emptied = pos
         self.dead.append(node)
-        while len(self.dead) > RECENT:
+        while len(self.dead) > self.cap:
             old = self.dead.popleft()
             if not old.held and not old.children:
                 self._unhang(old)

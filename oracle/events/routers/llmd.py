@@ -34,7 +34,6 @@ from typing import Any
 
 from ..kinds import Position
 from .base import (
-    RECENT,
     Cause,
     Profile,
     Query,
@@ -188,7 +187,7 @@ class LlmdRouter(Profile):
         self.refs: dict[int, int] = {}
         """Per request key: the hashes whose e2r entry names it."""
         self.unnamed: deque[int] = deque()
-        """Request keys no hash names any more, oldest first: past ``RECENT`` of them, one still
+        """Request keys no hash names any more, oldest first: past ``cap`` of them, one still
         indexed is dropped (llm-d keeps it until its LRU bound)."""
         self.data: dict[int, set[Entry]] = {}
         self.added: Recent[int, tuple[int, Cause, frozenset[int]]] = Recent()
@@ -376,7 +375,7 @@ class LlmdRouter(Profile):
             del self.refs[rk]
             if rk in self.data:
                 self.unnamed.append(rk)
-        while len(self.unnamed) > RECENT:
+        while len(self.unnamed) > self.cap:
             rk = self.unnamed.popleft()
             if rk not in self.refs:
                 self._drop_key(rk)
