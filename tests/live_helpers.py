@@ -139,6 +139,7 @@ class FaultProxy:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(downstream)
         self.plan, self.epoch_of = plan, epoch_of
+        self.received: list[int] = []
         self.forwarded: list[int] = []
         self.dropped: list[int] = []
         self.running = True
@@ -156,6 +157,7 @@ class FaultProxy:
                 continue
             frames = self.sub.recv_multipart()
             seq = int.from_bytes(frames[1], "big")
+            self.received.append(seq)
             if self.epoch_of() == 0 and seq in self.plan.drop:
                 self.dropped.append(seq)
                 continue
@@ -195,7 +197,8 @@ class Workload:
         self.running: list[tuple[Any, list[Any]]] = []
         self.steps, self.reset_every = 0, reset_every
 
-    def step(self) -> list[dict[str, Any]]:
+    def step(self) -> list[Any]:
+        """One step; the events the pool emitted (its own event objects, vLLM's or kvpool's)."""
         self.steps += 1
         rng, bs, pool = self.rng, self.block_size, self.pool
         if self.reset_every and self.steps % self.reset_every == 0:
@@ -214,7 +217,7 @@ class Workload:
                 blocks = pool.get_new_blocks(n)
                 pool.cache_full_blocks(req, blocks, 0, n, bs, 0)
                 self.running.append((req, blocks))
-        return [dict(event_fields(e), type=type(e).__name__) for e in pool.take_events()]
+        return list(pool.take_events())
 
 
 def kvpool_workload(seed: int = 0, pool_class: type = BlockPool, reset_every: int = 0,
@@ -228,16 +231,19 @@ def kvpool_workload(seed: int = 0, pool_class: type = BlockPool, reset_every: in
 
 def publish_steps(publisher: Any, workload: Workload, steps: int, publish: Callable[[Any, list[Any]], int]
                   ) -> dict[int, list[dict[str, Any]]]:
-    """Run ``steps`` workload steps, publishing each step's events as one batch; the batches by seq."""
+    """Run ``steps`` workload steps, publishing each step's events as one batch; the batches by seq,
+    their events as dicts."""
     out = {}
     for _ in range(steps):
         events = workload.step()
-        out[publish(publisher, events)] = events
+        out[publish(publisher, events)] = [event_fields(e) for e in events]
     return out
 
 
-def publish_json(publisher: Publisher, events: list[dict[str, Any]], rank: int | None = None) -> int:
-    return publisher.publish(encode_batch(events, time.time(), rank))
+def publish_json(publisher: Publisher, events: list[Any], rank: int | None = None) -> int:
+    """Publish a batch of event objects (or dicts) through the protocol-speaking :class:`Publisher`."""
+    dicts = [e if isinstance(e, dict) else event_fields(e) for e in events]
+    return publisher.publish(encode_batch(dicts, time.time(), rank))
 
 
 BAD_PARENT = 0xBAD0BAD0BAD0BAD0

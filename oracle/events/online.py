@@ -21,8 +21,9 @@ key, the copies stored and not removed since the last ``AllBlocksCleared``
 Memory is then the live keys (the engine's index, plus the phantoms kept)
 and ``history``, whatever the run's length.  After :meth:`StreamChecker.restart`
 with ``known_empty=False`` (batches lost, or joined mid-stream) the checker
-has a *horizon*: what was stored before it is unknown, so removals and parents
-of keys not stored since are not judged, until the next ``AllBlocksCleared``.
+has a *horizon*: what was stored before it is unknown, so removals with no
+copy seen (any key may hold copies stored before) and parents not stored
+since are not judged, until the next ``AllBlocksCleared``.
 """
 
 from __future__ import annotations
@@ -205,10 +206,10 @@ class StreamChecker:
             key = (hash64(raw), group)
             held = self.live.get(key)
             if held is None:
-                if key in self.gone:
+                if key in self.gone and self.horizon is None:
                     self._violation(Violation("event_removals_name_live_keys", pos,
                                               f"BlockRemoved of {_key(key)}: removed more often than stored"))
-                elif self._unknowable(key):
+                elif self._unknowable(key):  # after a horizon, copies stored before it may remain
                     self.unjudged += 1
                     blind = True
                 else:

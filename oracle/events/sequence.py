@@ -102,6 +102,9 @@ class Sequencer:
         self.asked_until = -1
         """The last number of the hole asked for: a replayed batch after it is left to the live stream
         (the replay socket answers ahead of it, and an answer's end may overtake live batches)."""
+        self.answered: int | None = None
+        """The lowest number the replay's answer had: below it, the replay socket no longer has them."""
+        self.retries = 0
         self.recent: dict[int, int] = {}
         """Numbers delivered lately, to their payload's digest."""
         self.lost: deque[tuple[int, int]] = deque(maxlen=64)
@@ -118,6 +121,8 @@ class Sequencer:
     def arrive(self, record: int, seq: int, payload: bytes, replayed: bool = False) -> list[Action]:
         """A batch from the PUB socket, or (``replayed``) the replay socket."""
         self.stats.batches += 1
+        if replayed and self.asked is not None and (self.answered is None or seq < self.answered):
+            self.answered = seq
         if replayed and (self.asked is None or seq > self.asked_until):
             self.stats.stale += self.asked is None
             return []
@@ -181,14 +186,27 @@ class Sequencer:
     def _ask(self, start: int | None) -> list[Action]:
         self.asked = start or 0
         self.asked_until = min(self.held) - 1
+        self.answered = None
         self.stats.asked += 1
         return [Ask(self.asked)]
 
     def replay_ended(self, record: int) -> list[Action]:
-        """The replay socket's end marker: what it did not send of the hole asked for is gone."""
+        """The replay socket's end marker: what it no longer had of the hole asked for is gone.
+
+        An answer that had the hole's first batch and yet did not bring it lost it on the way (vLLM
+        0.31's ROUTER drops what exceeds its high-water mark): it is asked again, a few times.
+        """
         if self.asked is None:
             return []
-        return self._give_up(record, until=self.asked_until)
+        start = 0 if self.expected is None else self.expected
+        gone = self.asked_until if self.answered is None else min(self.asked_until, self.answered - 1)
+        if self.held and min(self.held) > start and gone < start:  # it had the hole's start
+            if self.retries < 3:
+                self.retries += 1
+                return self._ask(start)
+            gone = self.asked_until  # asked for three times, never brought: lost all the same
+        self.retries = 0
+        return self._give_up(record, until=gone)
 
     def gave_up(self, record: int) -> list[Action]:
         """The watcher stopped waiting (for a replay's answer, or for a hole to fill): what is missing

@@ -241,11 +241,13 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
 # ---------------------------------------------------------------------- encoding, as vLLM does
 
 
-def _encoder_classes() -> tuple[Any, dict[str, Any]]:
-    """Structs laid out as vLLM 0.33's (defaults where vLLM has them, maps, defaults left out)."""
+def _encoder_classes(release: str) -> tuple[Any, dict[str, Any]]:
+    """Structs laid out as vLLM's (of ``release``: 0.31 has no ``lookahead_token_ids``), defaults where
+    vLLM has them, tagged maps with defaults left out (msgspec sizes a map's header by its fields)."""
     classes = {}
     for name, fields in EVENT_FIELDS.items():
-        spec = [(n, t) if required else (n, t, None) for n, t, required in fields]
+        spec = [(n, t) if required else (n, t, None) for n, t, required in fields
+                if release != "0.31" or n != "lookahead_token_ids"]
         classes[name] = msgspec.defstruct(name, spec, tag=True, omit_defaults=True)
     batch = msgspec.defstruct("KVEventBatch", [("ts", float), ("events", list[Any]),
                                                ("data_parallel_rank", int | None, None)],
@@ -253,20 +255,26 @@ def _encoder_classes() -> tuple[Any, dict[str, Any]]:
     return batch, classes
 
 
-_ENCODING: tuple[Any, dict[str, Any]] | None = None
+_ENCODING: dict[str, tuple[Any, dict[str, Any]]] = {}
 
 
-def encode_batch(events: list[dict[str, Any]], ts: float, data_parallel_rank: int | None = None) -> bytes:
-    """The payload vLLM's publisher sends for these events (byte for byte: tests compare with vLLM's)."""
-    global _ENCODING
-    if _ENCODING is None:
-        _ENCODING = _encoder_classes()
-    batch, classes = _ENCODING
+def encode_batch(events: list[dict[str, Any]], ts: float, data_parallel_rank: int | None = None,
+                 release: str | None = None) -> bytes:
+    """The payload vLLM's publisher sends for these events, byte for byte (tests compare with vLLM's):
+    as ``release`` (``"0.31"`` or ``"0.33"``) lays its classes out; by default 0.33 if an event has
+    ``lookahead_token_ids``, else 0.31."""
+    if release is None:
+        release = "0.33" if any(e.get("lookahead_token_ids") is not None for e in events) else "0.31"
+    if release not in _ENCODING:
+        _ENCODING[release] = _encoder_classes(release)
+    batch, classes = _ENCODING[release]
     structs = []
     for e in events:
         cls = classes[e["type"]]
-        fields = EVENT_FIELDS[e["type"]]
-        structs.append(cls(**{n: e.get(n) for n, _, required in fields if required or n in e}))
+        names = cls.__struct_fields__
+        given = {n: e.get(n) for n, _, required in EVENT_FIELDS[e["type"]]
+                 if n in names and (required or n in e)}
+        structs.append(cls(**given))
     return msgspec.msgpack.encode(batch(ts, structs, data_parallel_rank))
 
 
