@@ -10,6 +10,7 @@ Prometheus metrics on request.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import sys
@@ -123,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         from kvpool.oracle.events.capture import CaptureWriter, Header
-        from kvpool.oracle.events.fleet import Fleet, Report
+        from kvpool.oracle.events.fleet import GC_THRESHOLDS, Fleet, Report
         from kvpool.oracle.events.online import HISTORY
         from kvpool.oracle.events.routers import profile_factory
         from kvpool.oracle.events.subscribe import Watcher
@@ -137,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"kvpool watch: {exc}", file=sys.stderr)
         return 2
+    gc.set_threshold(*GC_THRESHOLDS)
     out: IO[str] = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")  # noqa: SIM115
     failed = [False]
     strict = args.strict

@@ -9,8 +9,7 @@ finding says what the watcher could not see (a gap, a restart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Key = tuple[Any, Any]
 """A prefix-cache key as events name it: (hash in its 64-bit integer form, group)."""
@@ -18,13 +17,13 @@ Key = tuple[Any, Any]
 LOW_64 = (1 << 64) - 1
 
 
-@dataclass(frozen=True)
-class Position:
+class Position(NamedTuple):
     """Where an event sits: its line (a file's line, or a capture's record), its index among that
-    line's events, and the publisher's sequence number of its batch (a wire capture or a live engine)."""
+    line's events, and the publisher's sequence number of its batch (a wire capture or a live engine).
+    A tuple: one is made per event read."""
 
     line: int
-    index: int | None = None
+    index: int | None = None  # type: ignore[assignment]  # the event's index: tuple.index is not used
     seq: int | None = None
 
     def __str__(self) -> str:
@@ -35,8 +34,7 @@ class Position:
         return self.line, self.index or 0
 
 
-@dataclass(frozen=True)
-class Violation:
+class Violation(NamedTuple):
     """One named finding at its position (a violation or a warning, by the list it is in)."""
 
     rule: str

@@ -53,17 +53,15 @@ class Facts(Protocol):
     def at(self, line: int) -> tuple[Copies, Copies] | None: ...
 
 
-class _Held:
-    """One key's copies: how many, the medium and adapter of its last store, and whether its chain
-    rests on state the checker cannot see."""
+_Held = list[Any]
+"""One key's copies, a list (one is made per key stored: a list is the cheapest object), indexed by:"""
+COUNT, ATTRS, BLIND, MEDIA = 0, 1, 2, 3
+"""How many copies; the (medium, lora_name, lora_id) of its last store that said them; whether its chain
+rests on state the checker cannot see; its copies per medium, once they are in two."""
 
-    __slots__ = ("attrs", "blind", "count", "media")
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.attrs: tuple[Any, Any, Any] | None = None  # (medium, lora_name, lora_id) if said
-        self.blind = False
-        self.media: dict[Any, int] | None = None  # per medium, once copies are in two
+def _held() -> _Held:
+    return [0, None, False, None]
 
 
 class _Ghost:
@@ -168,6 +166,9 @@ class StreamChecker:
 
     def _group(self, event: dict[str, Any], pos: Position) -> int:
         group = event.get("group_idx")
+        if type(group) is int and not self.ungrouped:
+            self.grouped += 1
+            return group
         if group is None:
             self.ungrouped += 1
             if self.grouped:
@@ -203,7 +204,7 @@ class StreamChecker:
         medium = event.get("medium")
         blind = False
         for raw in event["block_hashes"]:
-            key = (hash64(raw), group)
+            key = (raw if type(raw) is int and raw >= 0 else hash64(raw), group)
             held = self.live.get(key)
             if held is None:
                 if key in self.gone and self.horizon is None:
@@ -217,29 +218,29 @@ class StreamChecker:
                                               f"BlockRemoved of {_key(key)}: never stored since the last "
                                               "AllBlocksCleared"))
                 continue
-            if medium is not None and held.attrs is not None and held.attrs[0] is not None and not (
-                    held.media.get(medium) if held.media else held.attrs[0] == medium):
-                said = sorted(held.media, key=str) if held.media else [held.attrs[0]]
+            if medium is not None and held[ATTRS] is not None and held[ATTRS][0] is not None and not (
+                    held[MEDIA].get(medium) if held[MEDIA] else held[ATTRS][0] == medium):
+                said = sorted(held[MEDIA], key=str) if held[MEDIA] else [held[ATTRS][0]]
                 self._warn("medium-mismatch", pos, f"BlockRemoved of {_key(key)} with medium {medium!r}: the "
                            f"copies the stream holds were stored with medium {', '.join(map(repr, said))}")
-            blind = blind or held.blind
+            blind = blind or held[BLIND]
             self._take(key, held, medium)
         return blind
 
     def _take(self, key: Key, held: _Held, medium: Any) -> None:
-        held.count -= 1
-        media = held.media
+        held[COUNT] -= 1
+        media = held[MEDIA]
         if media:
             taken = medium if media.get(medium) else next(iter(media))
             media[taken] -= 1
             if not media[taken]:
                 del media[taken]
             if len(media) == 1:
-                held.media = None
+                held[MEDIA] = None
         else:
-            taken = held.attrs[0] if held.attrs is not None else None
+            taken = held[ATTRS][0] if held[ATTRS] is not None else None
         self.media[taken] = self.media.get(taken, 1) - 1
-        if held.count:
+        if held[COUNT]:
             if key in self.ambiguous:
                 del self.ambiguous[key]
                 self.ambiguous[key] = None
@@ -271,7 +272,7 @@ class StreamChecker:
 
     def _stored(self, event: dict[str, Any], pos: Position) -> bool:
         group = self._group(event, pos)
-        hashes = [hash64(h) for h in event["block_hashes"]]
+        hashes = [h if type(h) is int and h >= 0 else hash64(h) for h in event["block_hashes"]]
         n, size, tokens = len(hashes), event["block_size"], event["token_ids"]
         if not n:
             self.empty_stores += 1
@@ -289,12 +290,9 @@ class StreamChecker:
                             if hashes.count(h) > 1 or (pkey is not None and h == pkey[0])})
             self._violation(Violation("hash-repeated", pos, f"BlockStored names {', '.join(twice)} twice "
                                       "(among its hashes and its parent): a chain that contains itself"))
-        for name, rule in (("extra_keys", "extra-keys-not-per-hash"),
-                           ("lookahead_token_ids", "lookahead-not-per-hash")):
-            per = event.get(name)
-            if per is not None and len(per) != n:
-                self._warn(rule, pos, f"BlockStored of {n} hash(es) with {len(per)} {name} entr(ies): "
-                           "one per hash is what a router pairs them by")
+        extra, ahead = event.get("extra_keys"), event.get("lookahead_token_ids")
+        if (extra is not None and len(extra) != n) or (ahead is not None and len(ahead) != n):
+            self._per_hash(event, n, pos)
         shape = self._shape(group, size, n, pos)
         said = "medium" in event
         attrs = (event.get("medium"), event.get("lora_name"), event.get("lora_id")) if said else None
@@ -313,9 +311,26 @@ class StreamChecker:
             self._hold(group, _Pending(pos, group, size, orphan, hidden, _key((hashes[0], group))))
         if size > 0 and len(tokens) // size > n:
             self.hidden[group] = self.hidden.get(group, 0) + len(tokens) // size - n
+        live, gone, groups = self.live, self.gone, self.groups
         for h in hashes:
-            self._add((h, group), pos, attrs, blind, before, after)
+            key = (h, group)
+            if before is None and key not in live and key not in gone and h not in groups:
+                live[key] = [1, attrs, blind, None]  # the common case: a key and a hash new to the stream
+                groups[h] = [group]
+            else:
+                self._add(key, pos, attrs, blind, before, after)
+                continue
+            medium = attrs[0] if attrs is not None else None
+            self.media[medium] = self.media.get(medium, 0) + 1
         return blind
+
+    def _per_hash(self, event: dict[str, Any], n: int, pos: Position) -> None:
+        for name, rule in (("extra_keys", "extra-keys-not-per-hash"),
+                           ("lookahead_token_ids", "lookahead-not-per-hash")):
+            per = event.get(name)
+            if per is not None and len(per) != n:
+                self._warn(rule, pos, f"BlockStored of {n} hash(es) with {len(per)} {name} entr(ies): "
+                           "one per hash is what a router pairs them by")
 
     def _parent(self, pkey: Key, first: Key, pos: Position, attrs: tuple[Any, Any, Any] | None,
                 before: Copies | None) -> tuple[str | None, bool]:
@@ -329,11 +344,11 @@ class StreamChecker:
                 return None, True
             return (f"BlockStored of {_key(first)} names parent {_key(pkey)}, never stored in that group "
                     "since the last AllBlocksCleared"), False
-        removed = (before.get(pkey, 0) if before is not None else (held.count if held else 0)) <= 0
+        removed = (before.get(pkey, 0) if before is not None else (held[COUNT] if held else 0)) <= 0
         if removed:
             self._warn("parent-removed", pos, f"BlockStored names parent {_key(pkey)}, stored since the "
                        "last AllBlocksCleared and removed since")
-        last = known.attrs
+        last = known[ATTRS]
         if last is not None and attrs is not None:
             if last[0] != attrs[0]:
                 self._warn("medium-change", pos, f"BlockStored with medium {attrs[0]!r} names parent "
@@ -341,7 +356,7 @@ class StreamChecker:
             if last[1:] != attrs[1:]:
                 self._warn("lora-change", pos, f"BlockStored with LoRA {attrs[1]!r} names parent "
                            f"{_key(pkey)}, stored with LoRA {last[1]!r}")
-        return None, known.blind
+        return None, known[BLIND]
 
     def _add(self, key: Key, pos: Position, attrs: tuple[Any, Any, Any] | None, blind: bool,
              before: Copies | None, after: Copies | None) -> None:
@@ -354,7 +369,7 @@ class StreamChecker:
                            f"BlockStored of {_key(key)}, which the pool held {before[key]} cop(ies) of: "
                            + ("one more copy" if second else "no new copy: a prefix hit announced again"))
         elif held is not None:
-            here = (held.media if held.media else {held.attrs[0] if held.attrs else None: 1})
+            here = (held[MEDIA] if held[MEDIA] else {held[ATTRS][0] if held[ATTRS] else None: 1})
             if medium is not None and None not in here and medium not in here:
                 held_in = ", ".join(map(repr, sorted(here, key=str)))
                 self._warn("medium-copy", pos, f"BlockStored of {_key(key)} with medium {medium!r}, which "
@@ -365,8 +380,8 @@ class StreamChecker:
                            "prefix hit re-announced (no new copy) or a second copy; the stream does not "
                            "say which")
         if held is None:
-            held = self.gone.pop(key, None) or _Held()
-            held.media = None
+            held = self.gone.pop(key, None) or _held()
+            held[MEDIA] = None
             h, group = key
             others = self.groups.get(h)
             if others:
@@ -378,20 +393,20 @@ class StreamChecker:
             self.live[key] = held
         else:
             self.reannounced += 1
-            was = held.attrs[0] if held.attrs is not None else None
-            if held.media is not None or was != medium:
-                media = held.media if held.media is not None else {was: held.count}
+            was = held[ATTRS][0] if held[ATTRS] is not None else None
+            if held[MEDIA] is not None or was != medium:
+                media = held[MEDIA] if held[MEDIA] is not None else {was: held[COUNT]}
                 media[medium] = media.get(medium, 0) + 1
-                held.media = media if len(media) > 1 else None
+                held[MEDIA] = media if len(media) > 1 else None
             if key in self.ambiguous:
                 del self.ambiguous[key]
             self.ambiguous[key] = None
             if len(self.ambiguous) > self.history:
                 self._drop_ambiguous()
-        held.count += 1
-        if attrs is not None or held.attrs is None:
-            held.attrs = attrs
-        held.blind = blind
+        held[COUNT] += 1
+        if attrs is not None or held[ATTRS] is None:
+            held[ATTRS] = attrs
+        held[BLIND] = blind
         self.media[medium] = self.media.get(medium, 0) + 1
 
     def _drop_ambiguous(self) -> None:
@@ -400,12 +415,12 @@ class StreamChecker:
         del self.ambiguous[old]
         held = self.live.pop(old)
         self._ungroup(old)
-        if held.media:
-            for m, n in held.media.items():
+        if held[MEDIA]:
+            for m, n in held[MEDIA].items():
                 self.media[m] = self.media.get(m, n) - n
         else:
-            m = held.attrs[0] if held.attrs is not None else None
-            self.media[m] = self.media.get(m, held.count) - held.count
+            m = held[ATTRS][0] if held[ATTRS] is not None else None
+            self.media[m] = self.media.get(m, held[COUNT]) - held[COUNT]
         self.retire(old)
         self._forget(old)
 
@@ -504,12 +519,12 @@ class StreamChecker:
         """
         for key, n in copies.items():
             held = self.live.get(key)
-            have = held.count if held is not None else 0
+            have = held[COUNT] if held is not None else 0
             if have < n:
                 self._violation(Violation("event_announcements_match_index", Position(line),
                                           f"the pool holds {n} cop(ies) of {_key(key)}, the stream accounts "
                                           f"for {have}"))
-        self.phantoms = sum(1 for key, held in self.live.items() if held.count > copies.get(key, 0))
+        self.phantoms = sum(1 for key, held in self.live.items() if held[COUNT] > copies.get(key, 0))
         self.snapshots += 1
 
     def restart(self, pos: Position, known_empty: bool) -> None:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .kinds import Key, Position, Violation
 from .online import HISTORY, Facts, StreamChecker
@@ -30,10 +29,11 @@ from .routers.check import Factory, RouterReport
 
 STARTUP = 4_096
 """Events held for the router profiles until group 0's full block size is known."""
+TRIM = 1_024
+"""Events between two trims of the profiles' bounded memories."""
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(NamedTuple):
     """What a reading reports, as it reads: a violation, a warning, or a profile's reaction."""
 
     kind: str  # "violation" | "warning" | "reaction"
@@ -69,6 +69,7 @@ class Reading:
         self.profiles: list[Profile] | None = None
         self.held: deque[tuple[dict[str, Any], Position, bool]] = deque()
         self.retired: dict[Key, None] = {}
+        self.fed = 0
 
     # ------------------------------------------------------------------ findings
 
@@ -113,6 +114,10 @@ class Reading:
             self._through(*self.held.popleft())
 
     def _through(self, event: dict[str, Any], pos: Position, blind: bool) -> None:
+        self.fed += 1
+        if not self.fed % TRIM:
+            for profile in self.profiles or ():
+                profile.trim()
         for report, profile in zip(self.routers, self.profiles or (), strict=True):
             report.events += 1
             reactions = profile.feed(event, pos)

@@ -13,11 +13,11 @@ made the router's index wrong.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from ..kinds import Position, event_group, hash64
 
@@ -33,8 +33,7 @@ class Rule:
     """Where it is written: repository, file and revision (or kvpool's own page)."""
 
 
-@dataclass(frozen=True)
-class Reaction:
+class Reaction(NamedTuple):
     """An input a profile does not index as the pool meant it, at its position."""
 
     kind: str
@@ -130,6 +129,12 @@ class Profile(ABC):
             if isinstance(value, Recent):
                 value.cap = cap
 
+    def trim(self) -> None:
+        """Cut its bounded memories back to their bound (the reading calls it every so often)."""
+        for value in vars(self).values():
+            if isinstance(value, Recent):
+                value.trim()
+
     @abstractmethod
     def forget(self, key: tuple[int, int]) -> None:
         """Drop what the profile holds for a key the engine no longer holds and the checker no
@@ -145,48 +150,23 @@ RECENT = 65_536
 
 
 class Recent(dict[K, V]):
-    """A dict that keeps its ``cap`` most recently set keys: a profile's explanations, bounded."""
+    """A dict of what a profile keeps to explain itself: set natively (fast), cut back to its ``cap``
+    oldest-first by :meth:`trim` (the reading calls it every so often)."""
 
     def __init__(self, cap: int = RECENT):
         super().__init__()
         self.cap = cap
 
-    def __setitem__(self, key: K, value: V) -> None:
-        if key in self:
-            super().__delitem__(key)
-        super().__setitem__(key, value)
-        if len(self) > self.cap:
-            super().__delitem__(next(iter(self)))
-
-    def update(self, items: Iterable[tuple[K, V]] = (), /, **_: Any) -> None:  # type: ignore[override]
-        for key, value in items:
-            self[key] = value
-
-
-class Counted:
-    """Stores counted as copies of one key, and where the latest of them (a few) were."""
-
-    __slots__ = ("count", "recent")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.recent: deque[Position] = deque(maxlen=4)
-
-    def add(self, pos: Position) -> None:
-        self.count += 1
-        self.recent.append(pos)
-
-    def take(self) -> int:
-        """One copy fewer, the oldest store first: what stays counted is the latest stores."""
-        self.count -= 1
-        if len(self.recent) > self.count:
-            self.recent.popleft()
-        return self.count
+    def trim(self) -> None:
+        over = len(self) - self.cap
+        if over > 0:
+            for key in list(itertools.islice(self, over)):
+                del self[key]
 
 
 def event_hashes(event: dict[str, Any]) -> list[int]:
     """An event's hashes in their 64-bit integer form."""
-    return [int(hash64(h)) for h in event["block_hashes"]]
+    return [h if type(h) is int and h >= 0 else int(hash64(h)) for h in event["block_hashes"]]
 
 
 def event_parent(event: dict[str, Any]) -> int | None:
@@ -202,5 +182,5 @@ KVPOOL_DOC = "kvpool oracle/TRACE_FORMAT.md"
 """The source of the idealised readers' rules: kvpool's own description of the stream."""
 
 
-__all__ = ["KVPOOL_DOC", "REACTION_KINDS", "Cause", "Counted", "Profile", "Query", "Reaction", "Recent",
+__all__ = ["KVPOOL_DOC", "REACTION_KINDS", "Cause", "Profile", "Query", "Reaction", "Recent",
            "Rule", "event_group", "event_hashes", "event_parent", "show_hash"]

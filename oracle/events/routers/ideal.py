@@ -18,7 +18,6 @@ from ..kinds import Key, Position
 from .base import (
     KVPOOL_DOC,
     Cause,
-    Counted,
     Profile,
     Query,
     Reaction,
@@ -133,26 +132,31 @@ class RefcountReader(_KeyReader):
 
     def __init__(self, block_sizes: dict[int, int]):
         super().__init__(block_sizes)
-        self.stores: dict[Key, Counted] = {}
-        """Per key with copies: the stores counted, one copy each, the oldest removed first."""
+        self.stores: dict[Key, int] = {}
+        """Per key with copies: the stores counted, one copy each."""
+        self.latest: Recent[Key, Position] = Recent()
+        """Per key: its latest store (what stays counted when removals take the oldest first)."""
         self.gone: Recent[Key, tuple[str, Position]] = Recent()
 
     def forget(self, key: Key) -> None:
         self.stores.pop(key, None)
+        self.latest.pop(key, None)
         self.gone.pop(key, None)
 
     def stored(self, key: Key, pos: Position) -> None:
-        counted = self.stores.get(key)
-        if counted is None:
-            counted = self.stores[key] = Counted()
-        counted.add(pos)
+        self.stores[key] = self.stores.get(key, 0) + 1
+        self.latest[key] = pos
         self.gone.pop(key, None)
 
     def removed(self, key: Key, pos: Position) -> None:
-        counted = self.stores.get(key)
-        if counted is not None and not counted.take():
-            del self.stores[key]
-            self.gone[key] = ("refcount.remove", pos)
+        n = self.stores.get(key)
+        if n is None:
+            return
+        if n > 1:
+            self.stores[key] = n - 1
+            return
+        del self.stores[key]
+        self.gone[key] = ("refcount.remove", pos)
 
     def cleared(self, pos: Position) -> None:
         self.gone.update((k, ("refcount.clear", pos)) for k in self.stores)
@@ -164,10 +168,8 @@ class RefcountReader(_KeyReader):
     def explain(self, query: Query, block: int, held: bool) -> Cause:
         key = (query.hashes[block], query.group)
         if held:
-            counted = self.stores.get(key)
-            latest = counted.recent[-1] if counted is not None and counted.recent else None
-            n = counted.count if counted is not None else 0
-            return Cause("refcount.store", latest,
+            n = self.stores.get(key, 0)
+            return Cause("refcount.store", self.latest.get(key),
                          f"{n} store(s) still counted as copies after the removals, this one the latest: a "
                          "store that made no new copy (a re-announced hit) is counted all the same")
         rule, pos = self.gone.get(key, ("refcount.store", None))
