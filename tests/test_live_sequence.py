@@ -176,3 +176,19 @@ def test_state_is_bounded() -> None:
         seqr.arrive(s, s, payload(0, s))
         assert len(seqr.held) <= 51 and len(seqr.recent) <= 30
     assert seqr.stats.lost == 1
+
+
+def test_two_publishers_on_one_topic_are_named_not_merged() -> None:
+    """Two engines sending on one topic and rank to a bound endpoint interleave their sequences: each
+    step back is a restart, whose message says it may be another publisher; no batch is delivered twice."""
+    seqr = Sequencer(replay=False)
+    notes, delivered = [], []
+    for record, (who, s) in enumerate([(w, s) for s in range(6) for w in "ab"], start=1):
+        for action in seqr.arrive(record, s, f"{who}{s}".encode()):
+            if isinstance(action, Note):
+                notes.append(action)
+            elif isinstance(action, Deliver):
+                delivered.append(action.payload)
+    assert notes and all(n.kind == "restart" for n in notes)
+    assert any("another publisher" in n.message for n in notes if n.seq)
+    assert len(delivered) == len(set(delivered))
