@@ -95,6 +95,7 @@ COVERAGE = ("gap", "joined", "undecodable", "late")
 
 def _check_capture(args: Any) -> int:
     """A wire capture, replayed through the watcher's sequencing and checking."""
+    # a capture needs the extra kvpool[live]; JSON lines and traces do not
     try:
         from kvpool.oracle.events.fleet import replay_capture
 

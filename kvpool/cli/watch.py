@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sources(args: argparse.Namespace) -> list[Any]:
+    # the extra kvpool[live] (msgspec, pyzmq): imported once main() has checked it is there
     from kvpool.oracle.events.capture import Source
     from kvpool.oracle.events.wire import rank_endpoint
 
@@ -97,7 +98,7 @@ def _sources(args: argparse.Namespace) -> list[Any]:
 
 
 def _serve_metrics(fleet: Any, host: str, port: int) -> ThreadingHTTPServer:
-    from kvpool.oracle.events.metrics import render
+    from kvpool.oracle.events.metrics import render  # kvpool[live], as _sources says
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -122,6 +123,7 @@ def _serve_metrics(fleet: Any, host: str, port: int) -> ThreadingHTTPServer:
 def main(argv: Sequence[str] | None = None) -> int:
     """``kvpool watch``; the exit code."""
     args = _parser().parse_args(argv)
+    # the extra kvpool[live]: without it, a usage error naming it rather than a traceback
     try:
         from kvpool.oracle.events.capture import CaptureWriter, Header
         from kvpool.oracle.events.fleet import GC_THRESHOLDS, Fleet, Report

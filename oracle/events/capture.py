@@ -104,7 +104,7 @@ def is_capture(path: str | Path) -> bool:
 def read_capture(path: str | Path) -> tuple[Header, Iterator[tuple[int, Record]]]:
     """The header, and the records numbered from 1, read as they come; :class:`TraceError` (with
     the record's number) on a truncated or malformed file."""
-    import msgspec
+    import msgspec  # the extra kvpool[live], as in CaptureWriter
 
     name = str(path)
     try:
