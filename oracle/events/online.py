@@ -246,10 +246,16 @@ class StreamChecker:
                 self.ambiguous[key] = None
             return
         del self.live[key]
-        self.ambiguous.pop(key, None)
-        self._ungroup(key)
+        if key in self.ambiguous:
+            del self.ambiguous[key]
+        groups = self.groups.get(key[0])
+        if groups is not None and len(groups) == 1 and groups[0] == key[1]:
+            del self.groups[key[0]]  # the common case of _ungroup: the hash's one group
+        else:
+            self._ungroup(key)
         self.gone[key] = held
-        self.retire(key)
+        if self.retire is not _noop:
+            self.retire(key)
         if len(self.gone) > self.history:
             old = next(iter(self.gone))
             del self.gone[old]

@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..kinds import Position
+from ..kinds import Position, hash64
 from .base import (
     Cause,
     Profile,
@@ -265,13 +265,15 @@ class LlmdRouter(Profile):
         tier = self._tiers.get(medium)
         if tier is None:
             tier = self._tiers[medium] = (medium or "gpu").lower()
-        in_group = event_group(event)
+        in_group = event.get("group_idx")
+        if in_group is None:
+            in_group = 0
         entry: Entry = (tier, in_group if self.opts.groups else None)
-        hashes = event_hashes(event)
         if kind == "BlockRemoved":
-            for h in hashes:
-                self._evict(h, entry, in_group, pos)
+            for raw in event["block_hashes"]:
+                self._evict(raw if type(raw) is int and raw >= 0 else int(hash64(raw)), entry, in_group, pos)
             return []
+        hashes = event_hashes(event)
         reactions = self._store(event, hashes, entry, pos)
         # A partial entry (a block_size below its group's) names no full block: what befalls it is
         # kept for explanations, not reported.
@@ -327,8 +329,13 @@ class LlmdRouter(Profile):
                                              f"no hash for {len(keys)} request key(s): Index.Add reads "
                                              "engineKeys[0] of an empty slice (a Go panic)")]
             if len(hashes) == len(keys) and (len(hashes) == 1 or len(set(hashes)) == len(hashes)):
+                e2r, refs = self.e2r, self.refs
                 for h, rk in zip(hashes, keys, strict=True):  # one to one: the ratio is 1
-                    self._map(h, [rk])
+                    if h in e2r:
+                        self._map(h, [rk])
+                    else:  # _map's common case: a hash mapped for the first time
+                        e2r[h] = [rk]
+                        refs[rk] = refs.get(rk, 0) + 1
             else:
                 n = max(len(hashes), len(keys))
                 mapping: dict[int, list[int]] = {}
@@ -403,16 +410,19 @@ class LlmdRouter(Profile):
         rks = self.e2r.get(h)
         if not rks:
             return
+        data = self.data
         for rk in rks:
-            entries = self.data.get(rk)
+            entries = data.get(rk)
             if entries is None:
                 continue
             entries.discard(entry)
             if not entries:
-                del self.data[rk]
-                others = sorted(self.groups_of.pop(rk, set()) - {group})
+                del data[rk]
+                groups = self.groups_of.pop(rk, None)
+                alone = groups is None or (len(groups) == 1 and group in groups)
+                others = [] if groups is None or alone else sorted(g for g in groups if g != group)
                 self.removed[rk] = (self.seq, (pos, h, group, others))
-        if all(rk not in self.data for rk in rks):
+        if (rks[0] not in data) if len(rks) == 1 else all(rk not in data for rk in rks):
             self._map(h, None)
 
     def _map(self, h: int, rks: list[int] | None) -> None:
