@@ -18,6 +18,7 @@ zmq = pytest.importorskip("zmq", reason="kvpool watch needs pyzmq: pip install '
 pytest.importorskip("msgspec", reason="the wire decoder needs msgspec: pip install 'kvpool[live]'")
 
 from live_helpers import (  # noqa: E402 (after the skips)
+    SAFETY,
     FaultProxy,
     Plan,
     Publisher,
@@ -63,7 +64,7 @@ def test_faults_are_undone_and_the_seeded_bug_is_reported_at_its_batch(tmp_path:
     source = Source(tcp(proxy_port), tcp(replay_port))
     fleet = Fleet([source], block_sizes={0: 4}, profiles=ROUTERS)
     capture = tmp_path / "run.kvwire"
-    watcher = Watcher(fleet, [source], capture=CaptureWriter(capture, Header([source])))
+    watcher = Watcher(fleet, [source], capture=CaptureWriter(capture, Header([source])), give_up=SAFETY)
     try:
         wait_until(lambda: _joined(watcher, publisher), "the subscription")
         at = publisher.seq
@@ -119,7 +120,7 @@ def test_a_gap_the_replay_socket_no_longer_has_is_reported_with_its_size(tmp_pat
     proxy = FaultProxy(tcp(pub_port), tcp(proxy_port), plan)
     source = Source(tcp(proxy_port), tcp(replay_port))
     fleet = Fleet([source], block_sizes={0: 4}, profiles=ROUTERS)
-    watcher = Watcher(fleet, [source])
+    watcher = Watcher(fleet, [source], give_up=SAFETY)
     try:
         wait_until(lambda: _joined(watcher, publisher), "the subscription")
         plan.drop = set(range(publisher.seq + 10, publisher.seq + 18))
@@ -192,7 +193,7 @@ def test_the_command_line_writes_findings_metrics_and_a_capture_check_events_rep
         [sys.executable, "-P", "-m", "kvpool", "watch", tcp(pub_port), "--replay", tcp(replay_port),
          "--router", "dynamo", "--block-sizes", "0=4", "--output", str(out), "--record", str(capture),
          "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--max-batches", "40",
-         "--summary-every", "0"], stderr=subprocess.PIPE, text=True)
+         "--summary-every", "0", "--give-up", str(SAFETY)], stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()

@@ -156,3 +156,18 @@ def test_random_captures_never_crash(tmp_path_factory: pytest.TempPathFactory, d
         replay_capture(path)
     except TraceError as exc:
         assert str(path) in str(exc)
+
+
+def test_the_wait_for_a_hole_counts_from_the_last_batch_delivered() -> None:
+    """The watcher gives up on a hole after --give-up seconds without progress, not after the hole
+    began: a replay that fills it slowly (vLLM's ROUTER sends a long answer in parts) is waited for."""
+    fleet = Fleet([Source("e", "r")])
+    fleet.message(1, 0.0, 0, "pub", frames(0, []))
+    assert fleet.message(2, 1.0, 0, "pub", frames(5, [])) == [(0, b"", 1)]  # a hole: 1 to 4 asked for
+    fleet.message(3, 2.0, 0, "pub", frames(6, []))
+    assert [since for _, _, since in fleet.waiting()] == [1.0]
+    fleet.message(4, 3.0, 0, "replay", frames(1, []))  # part of the answer: progress
+    assert [since for _, _, since in fleet.waiting()] == [3.0]
+    for record, seq in enumerate((2, 3, 4), start=5):
+        fleet.message(record, 4.0, 0, "replay", frames(seq, []))
+    assert fleet.waiting() == [] and fleet.engine(0, b"").sequencer.expected == 7

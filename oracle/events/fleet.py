@@ -93,7 +93,7 @@ class Engine:
         self.reported_unknown = 0
         self.ranks_seen: set[int] = set()
         self.since: float | None = None
-        """When batches began to be held for a hole (the watcher may give up waiting)."""
+        """Since when batches are held for a hole with none delivered (the watcher may give up)."""
         self._pending: tuple[int, int] = (0, 0)
 
     def _found(self, finding: Finding) -> None:
@@ -111,9 +111,11 @@ class Engine:
     def run(self, actions: Sequence[Any], t: float) -> list[int]:
         """Do what the sequencer answered; the replay starts to ask."""
         asks: list[int] = []
+        moved = False
         for action in actions:
             if isinstance(action, Deliver):
                 self._deliver(action)
+                moved = True
             elif isinstance(action, Reset):
                 self.reading.restart(Position(action.record), action.known_empty)
             elif isinstance(action, Note):
@@ -121,7 +123,8 @@ class Engine:
                            action.recovered)
             elif isinstance(action, Ask):
                 asks.append(action.start)
-        self.since = (self.since or t) if self.sequencer.waiting else None
+        # the wait is counted from the last batch delivered: a hole filling slowly is not given up on
+        self.since = None if not self.sequencer.waiting else t if moved or self.since is None else self.since
         return asks
 
     def _deliver(self, d: Deliver) -> None:
