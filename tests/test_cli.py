@@ -99,3 +99,27 @@ def test_every_command_agrees_on_misuse_and_says_why(command: list[str], tmp_pat
         assert checked.returncode == 0, checked.stdout + checked.stderr
     ours = kvpool(*command, "kvpool.impl:BlockPool", cwd=tmp_path)
     assert ours.returncode == 0 and "misuse on:" in ours.stdout, ours.stdout + ours.stderr
+
+
+def _reader_gone(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``kvpool ARGS | head -c 0``: the reader of its output closes the pipe before it writes."""
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "kvpool", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(args, proc.returncode, "", err)
+
+
+def test_every_command_ends_quietly_when_its_reader_goes(tmp_path: Path) -> None:
+    """A broken pipe on standard output is handled once, at the command line's entry."""
+    events = tmp_path / "e.jsonl"
+    events.write_text('{"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 0}\n' * 50)
+    trace = tmp_path / "t.jsonl"
+    assert kvpool("record", str(trace), "--steps", "50", cwd=tmp_path).returncode == 0
+    for args in (["check-events", str(events), "--json"], ["check-events", str(events)],
+                 ["check-trace", str(trace), "--json"], ["check-trace", str(trace)], ["--help"],
+                 ["claims"]):
+        done = _reader_gone(*args, cwd=tmp_path)
+        assert done.returncode == 0 and "Traceback" not in done.stderr and "Error" not in done.stderr, (
+            args, done.returncode, done.stderr)

@@ -39,7 +39,7 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
     # kind@line:rule, for every difference (at the call it appears after) and every input not
     # indexed as meant (at its event's line).  A profile not listed agrees with the pool throughout.
     "reannounce": {  # stored, stored (a hit announced again, no new copy), removed
-        "refcount": ["over-claim@8:refcount.remove"],
+        "refcount": ["over-claim@8:refcount.store"],
         "dynamo": ["over-claim@8:dynamo.dedup-remove"],
     },
     "second_copy": {  # stored, stored (a second physical copy), removed: one copy stays
@@ -164,7 +164,18 @@ def test_a_difference_names_its_rule_and_the_call_that_applied_it(capsys: pytest
     assert "router set" in text and "0 over-claim(s), 0 under-claim(s)" in text
     assert check_trace_main([str(path), "--router", "refcount", "--router", "llm-d:2025"]) == 4
     text = capsys.readouterr().out
-    assert f"{path}:8: after evict_blocks: over-claim of r1" in text and "refcount.remove" in text
+    assert f"{path}:8: after evict_blocks: over-claim of r1" in text and "refcount.store" in text
+
+
+def test_a_reannounced_hit_is_the_cause_of_the_over_claim_it_leaves() -> None:
+    """Stored at line 3, announced again at line 5 (no new copy), removed at line 8: the store still
+    counted is the re-announcement's, and each over-claim says so, not the original store."""
+    _, reports = check_trace_routers(CORPUS / "reannounce.jsonl",
+                                          [profile_factory("refcount"), profile_factory("dynamo")])
+    refcount, dynamo = (r.differences[0] for r in reports)
+    assert refcount.cause.position is not None and refcount.cause.position.line == 5
+    assert refcount.cause_op == "emit_cached_block_events"
+    assert dynamo.cause.rule == "dynamo.dedup-remove" and "the latest at line 5" in dynamo.cause.detail
 
 
 # ------------------------------------------------------------------ warnings

@@ -10,14 +10,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from kvpool.oracle.events.check import EventsReport, Stream, check_stream, load_events
-from kvpool.oracle.events.routers import RouterReport, check_stream_router, profile_factory
-from kvpool.oracle.events.warnings import add_warnings
+from kvpool.oracle.events.capture import is_capture
+from kvpool.oracle.events.check import EventsReport, load_events, read_stream
+from kvpool.oracle.events.routers import RouterReport, profile_factory
 from kvpool.oracle.trace import TraceError
 
 
-def _sizes(text: str) -> dict[int, int]:
+def block_sizes_arg(text: str) -> dict[int, int]:
     """``0=16,1=32`` -> {0: 16, 1: 32} (argparse type)."""
     try:
         pairs = [item.split("=") for item in text.split(",") if item]
@@ -37,28 +38,9 @@ def router_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _full_sizes(stream: Stream, declared: dict[int, int] | None) -> dict[int, int]:
-    """Full block size per group: declared (option, then trace header), else the largest it announced."""
-    seen: dict[int, int] = {}
-    for _, e in stream.events:
-        if e["type"] == "BlockStored":
-            group = e.get("group_idx") or 0
-            seen[group] = max(seen.get(group, 0), e["block_size"])
-    return {**seen, **stream.block_sizes, **(declared or {})}
-
-
 def _json(report: EventsReport, routers: list[RouterReport]) -> str:
-    return json.dumps({
-        "file": report.path, "events": report.events, "ok": report.ok,
-        "reannounced": report.reannounced, "left_stored": report.left_stored,
-        "unverified_parents": report.unverified_parents, "empty_stores": report.empty_stores,
-        "token_mismatches": report.token_mismatches, "snapshots": report.snapshots,
-        "phantoms": report.phantoms,
-        "violations": [{"rule": v.rule, "line": v.position.line, "event": v.position.index,
-                        "message": v.message} for v in report.violations],
-        "warnings": [{"rule": w.rule, "line": w.position.line, "event": w.position.index,
-                      "message": w.message} for w in report.warnings],
-        **({"routers": [r.to_json() for r in routers]} if routers else {})})
+    extra = {"routers": [r.to_json() for r in routers]} if routers else {}
+    return json.dumps({**report.to_json(), **extra})
 
 
 def check_events_main(argv: Sequence[str] | None = None) -> int:
@@ -66,16 +48,16 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
     inputs a ``--router`` profile does not index as meant), 2 usage or unreadable file."""
     parser = argparse.ArgumentParser(
         prog="kvpool check-events",
-        description="Read a KV-event stream (JSONL, one event per line, or a kvpool trace) "
-                    "as a router rebuilding the prefix index would, and report each event "
-                    "that breaks it, with its line.",
+        description="Read a KV-event stream (JSONL, one event per line; a kvpool trace; or a wire capture "
+                    "written by kvpool watch --record) as a router rebuilding the prefix index would, and "
+                    "report each event that breaks it, with its line (or record).",
         epilog="examples:\n  kvpool check-events kv-events.jsonl --block-sizes 0=16\n"
                "  kvpool check-events run.jsonl --json --strict\n"
                "  kvpool check-events kv-events.jsonl --router dynamo --router llm-d:2025\n"
                "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file")
-    parser.add_argument("--block-sizes", type=_sizes, default=None, metavar="G=N[,G=N]",
+    parser.add_argument("--block-sizes", type=block_sizes_arg, default=None, metavar="G=N[,G=N]",
                         help="full block size per KV-cache group, to tell partial entries apart "
                              "(a trace header's block_sizes is used when present)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -88,16 +70,15 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
                              "index as meant (repeatable); on a trace, `kvpool check-trace --router` "
                              "compares its answers with the pool")
     args = parser.parse_args(argv)
+    if is_capture(args.file):
+        return _check_capture(args)
     try:
         stream = load_events(args.file)
-        report = add_warnings(check_stream(stream, args.file, args.block_sizes), stream, args.file,
-                              stream.is_trace)
+        report, routers = read_stream(stream, args.file, args.block_sizes,
+                                      [profile_factory(name) for name in args.router], facts=True)
     except TraceError as exc:
         print(f"kvpool check-events: {exc}", file=sys.stderr)
         return 2
-    sizes = _full_sizes(stream, args.block_sizes)
-    routers = [check_stream_router(stream.events, factory, name, args.file, sizes)
-               for name, factory in map(profile_factory, args.router)]
     if args.json:
         print(_json(report, routers))
     else:
@@ -108,5 +89,50 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-__all__ = ["check_events_main"]
+COVERAGE = ("gap", "joined", "undecodable", "late")
+"""Transport findings that cost the check what it could see: ``--strict`` fails on them."""
+
+
+def _check_capture(args: Any) -> int:
+    """A wire capture, replayed through the watcher's sequencing and checking."""
+    # a capture needs the extra kvpool[live]; JSON lines and traces do not
+    try:
+        from kvpool.oracle.events.fleet import replay_capture
+
+        fleet = replay_capture(args.file, block_sizes=args.block_sizes,
+                               profiles=[profile_factory(name) for name in args.router])
+    except ModuleNotFoundError as exc:
+        print(f"kvpool check-events: a wire capture needs {exc.name}: pip install 'kvpool[live]'",
+              file=sys.stderr)
+        return 2
+    except TraceError as exc:
+        print(f"kvpool check-events: {exc}", file=sys.stderr)
+        return 2
+    kinds = [r.finding.kind for r in fleet.reports]
+    failed = "violation" in kinds or "reaction" in kinds or (args.strict and any(
+        k == "warning" or k in COVERAGE for k in kinds))
+    engines: list[dict[str, Any]] = []
+    for e in fleet.engines.values():
+        mine = [r.to_json() for r in fleet.reports if r.engine == e.name]
+        engines.append({"engine": e.name, "batches": e.counts.batches, "events": e.counts.events,
+                        "findings": mine})
+    if args.json:
+        print(json.dumps({"file": args.file, "ok": "violation" not in kinds, "engines": engines,
+                          "summary": fleet.summary()}))
+        return 1 if failed else 0
+    print(f"{args.file}: {fleet.summary().removeprefix('kvpool watch: ')}")
+    for engine in engines:
+        print(f"{args.file} [{engine['engine']}]: {engine['batches']} batch(es), {engine['events']} "
+              f"event(s), {len(engine['findings'])} finding(s)")
+        for f in engine["findings"][:args.limit]:
+            where = f"record {f['record']}" + (f" seq {f['seq']}" if f["seq"] is not None else "") + (
+                f" event {f['event']}" if f["event"] is not None else "")
+            who = f" {f['profile']} {f['reaction']}" if "profile" in f else ""
+            print(f"{args.file}:{f['record']}: {where}: {f['kind']}{who} [{f['rule']}] {f['message']}")
+        if len(engine["findings"]) > args.limit:
+            print(f"... and {len(engine['findings']) - args.limit} more")
+    return 1 if failed else 0
+
+
+__all__ = ["block_sizes_arg", "check_events_main", "router_name"]
 

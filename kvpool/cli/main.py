@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -36,7 +38,9 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
     "claims": ("kvpool.cli.claims", "main",
                "every property of the model and what establishes it (z3, BMC, lockstep, bugs)"),
     "check-events": ("kvpool.cli.events", "check_events_main",
-                     "check a KV-event stream as a router rebuilding the index reads it"),
+                     "check a KV-event stream (JSONL, a trace, or a wire capture) as a router reads it"),
+    "watch": ("kvpool.cli.watch", "main",
+              "subscribe to vLLM engines' KV events (ZMQ) and check each stream as it comes"),
     "serve-pool": ("kvpool.oracle.drive.serve", "main",
                    "kvpool's pool (or any Python pool) over stdin/stdout in the drive protocol"),
 }
@@ -69,13 +73,30 @@ VERIFIER_DEPENDENCIES = ("z3", "hypothesis", "crosshair", "rich")
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _dispatch(args_list)
+        code = _dispatch(args_list)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:  # `kvpool ... | head`: the reader has gone; end quietly, as a filter does
+        if not _stdout_gone():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush goes nowhere
+        return 0
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in VERIFIER_DEPENDENCIES:
             raise
         print(f"kvpool: this command needs {exc.name}, one of the verifier's dependencies: "
               "pip install 'kvpool[verify]'", file=sys.stderr)
         return 2
+
+
+def _stdout_gone() -> bool:
+    """Whether the broken pipe is standard output's (its reader closed it), not one a command opened."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _dispatch(args_list: list[str]) -> int:

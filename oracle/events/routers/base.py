@@ -13,13 +13,13 @@ made the router's index wrong.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
-from ...trace import canonical_hash
-from ..check import Position
+from ..kinds import Position, event_group, hash64
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,7 @@ class Rule:
     """Where it is written: repository, file and revision (or kvpool's own page)."""
 
 
-@dataclass(frozen=True)
-class Reaction:
+class Reaction(NamedTuple):
     """An input a profile does not index as the pool meant it, at its position."""
 
     kind: str
@@ -119,21 +118,60 @@ class Profile(ABC):
     def rule(self, rule_id: str) -> Rule:
         return self.rules[rule_id]
 
+    cap: int = 65_536
+    """How much the profile keeps to explain its answers, and of what its router would keep forever
+    (:meth:`bound`)."""
+
+    def bound(self, cap: int) -> None:
+        """Keep at most ``cap`` entries in each of its bounded memories (:class:`Recent` and the like)."""
+        self.cap = cap
+        for value in vars(self).values():
+            if isinstance(value, Recent):
+                value.cap = cap
+
+    def trim(self) -> None:
+        """Cut its bounded memories back to their bound (the reading calls it every so often)."""
+        for value in vars(self).values():
+            if isinstance(value, Recent):
+                value.trim()
+
+    @abstractmethod
+    def forget(self, key: tuple[int, int]) -> None:
+        """Drop what the profile holds for a key the engine no longer holds and the checker no
+        longer remembers (:class:`~..reading.Reading` calls it): memory stays bounded by the engine's
+        index, not by the run's length.  Its answers on that key are no longer the router's."""
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+RECENT = 65_536
+"""What a profile keeps to explain its answers (why a key went, why a store was dropped), per dict."""
+
+
+class Recent(dict[K, V]):
+    """A dict of what a profile keeps to explain itself: set natively (fast), cut back to its ``cap``
+    oldest-first by :meth:`trim` (the reading calls it every so often)."""
+
+    def __init__(self, cap: int = RECENT):
+        super().__init__()
+        self.cap = cap
+
+    def trim(self) -> None:
+        over = len(self) - self.cap
+        if over > 0:
+            for key in list(itertools.islice(self, over)):
+                del self[key]
+
 
 def event_hashes(event: dict[str, Any]) -> list[int]:
     """An event's hashes in their 64-bit integer form."""
-    return [int(canonical_hash(h)) for h in event["block_hashes"]]
+    return [h if type(h) is int and h >= 0 else int(hash64(h)) for h in event["block_hashes"]]
 
 
 def event_parent(event: dict[str, Any]) -> int | None:
     parent = event.get("parent_block_hash")
-    return None if parent is None else int(canonical_hash(parent))
-
-
-def event_group(event: dict[str, Any]) -> int:
-    """The event's group; an event without one is read as group 0."""
-    group = event.get("group_idx")
-    return 0 if group is None else int(group)
+    return None if parent is None else int(hash64(parent))
 
 
 def show_hash(h: int) -> str:
@@ -142,3 +180,7 @@ def show_hash(h: int) -> str:
 
 KVPOOL_DOC = "kvpool oracle/TRACE_FORMAT.md"
 """The source of the idealised readers' rules: kvpool's own description of the stream."""
+
+
+__all__ = ["KVPOOL_DOC", "REACTION_KINDS", "Cause", "Profile", "Query", "Reaction", "Recent",
+           "Rule", "event_group", "event_hashes", "event_parent", "show_hash"]

@@ -32,8 +32,8 @@ from kvpool.model.state import PoolState
 from ...trace import CheckReport, TraceStep, check_trace, json_lines
 from ...trace.read import parse_header
 from ...trace.schema import FieldError
-from ..check import Position, step_events
-from ..warnings import find_warnings, pool_copies
+from ..facts import pool_copies, step_events
+from ..kinds import Position
 from .base import Cause, Profile, Query, Reaction, Rule
 
 _LOW_64 = (1 << 64) - 1
@@ -83,10 +83,15 @@ class RouterReport:
     note: str | None = None
     rules: dict[str, Rule] = field(default_factory=dict)
     """The profile's rules, by id: what each does and the source it follows."""
+    unjudged: int = 0
+    """Reactions to events that rest on what the reading could not see (after lost batches): not
+    reported, the profile lacking what the real router holds."""
+    reacted: int = 0
+    """Reactions handed to a live sink rather than kept in ``reactions``."""
 
     @property
     def ok(self) -> bool:
-        return not self.differences and not self.reactions
+        return not self.differences and not self.reactions and not self.reacted
 
 
     def format(self, limit: int = 50) -> str:
@@ -98,6 +103,8 @@ class RouterReport:
         else:
             head = (f"{self.path}: router {self.profile}: {self.events} event(s), "
                     f"{len(self.reactions)} input(s) not indexed as meant")
+        if self.unjudged:
+            head += f"; {self.unjudged} not judged (events after lost batches)"
         lines = [head]
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -131,7 +138,7 @@ class RouterReport:
             "profile": self.profile, "file": self.path, "ok": self.ok, "lines": self.lines,
             "events": self.events, "queries": self.queries, "over_claims": self.over,
             "under_claims": self.under, "repeated_stores": self.repeated_stores,
-            "stopped": self.stopped, "note": self.note,
+            "stopped": self.stopped, "note": self.note, "unjudged": self.unjudged,
             "differences": [{
                 "kind": d.kind, "line": d.line, "op": d.op, "query": d.query, "group": d.group,
                 "predicted": d.predicted, "served": d.served, "block": d.block, "rule": d.cause.rule,
@@ -294,15 +301,9 @@ def check_trace_routers(path: str | Path, factories: Sequence[tuple[str, Factory
 def check_stream_router(events: Iterable[tuple[Position, dict[str, Any]]], factory: Factory, name: str,
                         path: str, block_sizes: dict[int, int]) -> RouterReport:
     """A bare stream through one profile: what it does not index as meant, and what no one can tell."""
-    profile = factory(block_sizes)
-    report = RouterReport(name, path, rules=dict(profile.rules))
-    events = list(events)
+    from ..reading import Reading  # the reading reads its reports from here
+
+    reading = Reading(path, block_sizes, [(name, factory)])
     for pos, event in events:
-        report.events += 1
-        report.reactions += [(r, None) for r in profile.feed(event, pos)]
-    report.repeated_stores = sum(w.rule == "stored-again" for w in find_warnings(events))
-    report.note = (f"a stream alone answers no prefix query: whether {profile.name}'s index matches the "
-                   "pool needs a trace (kvpool check-trace --router). "
-                   f"{report.repeated_stores} store(s) of a key already stored: a re-announced hit and a "
-                   f"second copy are the same events; {profile.name} reads each as {profile.repeats}")
-    return report
+        reading.feed(event, pos)
+    return reading.reports()[0]

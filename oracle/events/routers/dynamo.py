@@ -34,10 +34,21 @@ workload names its items with short names, read here as digests.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
-from ..check import Position
-from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
+from ..kinds import Position
+from .base import (
+    Cause,
+    Profile,
+    Query,
+    Reaction,
+    Recent,
+    Rule,
+    event_hashes,
+    event_parent,
+    show_hash,
+)
 
 _REPO = "ai-dynamo/dynamo"
 ZMQ_WIRE = f"{_REPO} lib/kv-router/src/zmq_wire.rs@0cda21dc69fd"
@@ -87,14 +98,32 @@ TreeKey = tuple[tuple[int, ...], str | None, tuple[str, ...]]
 """A block's tree key (Dynamo's LocalBlockHash): its tokens, the LoRA name, multimodal identifiers."""
 
 
+Why = tuple[str, Position, "int | None", "bool | None"]
+"""Why the worker is on a node (a store put it there: rule, position, hash, whether its tokens filled
+its blocks) or was taken off it (the last is None): a :class:`Cause` made only when a query asks."""
+
+
+def _cause(why: Why) -> Cause:
+    rule, position, h, aligned = why
+    if aligned is None:
+        text = "cleared" if h is None else f"taken off by the removal of {show_hash(h)}"
+    else:
+        text = f"put there by the store of {show_hash(h or 0)}" + (
+            "" if aligned else " (its token_ids do not fill its blocks)")
+    return Cause(rule, position, text)
+
+
 class _Node:
-    __slots__ = ("block_hash", "cause", "children", "emptied", "gone_hash", "held")
+    __slots__ = ("block_hash", "cause", "children", "emptied", "gone_hash", "held", "key", "parent")
 
     def __init__(self, block_hash: int | None):
         self.block_hash = block_hash
+        self.parent: _Node | None = None
+        self.key: TreeKey | None = None
+        """Where the node hangs: its parent's child under this tree key (the last edge made to it)."""
         self.children: dict[TreeKey, _Node] = {}
         self.held = False
-        self.cause: Cause | None = None
+        self.cause: Why | None = None
         """Why the worker is on this node (the store that put it there)."""
         self.emptied: Position | None = None
         """The removal that last cleared this node's children."""
@@ -121,12 +150,16 @@ class DynamoRouter(Profile):
         self.kv_block_size = block_sizes.get(0)
         self.root = _Node(None)
         self.lookup: dict[int, _Node] = {}
-        self.counts: dict[int, list[Position]] = {}
-        """The dedup filter's count per hash: the stores it counted, in order."""
-        self.filtered: dict[int, Position] = {}
+        self.counts: dict[int, int] = {}
+        """The dedup filter's count per hash."""
+        self.latest: Recent[int, Position] = Recent()
+        """Per hash: its latest store counted (what stays counted when removals take the oldest)."""
+        self.filtered: Recent[int, Position] = Recent()
         """Hashes whose last removal the dedup filter kept from the tree."""
-        self.dropped: dict[int, Cause] = {}
+        self.dropped: Recent[int, Cause] = Recent()
         """Hashes whose last store the router did not index, and why."""
+        self.dead: deque[_Node] = deque()
+        """Nodes the worker left, oldest first: past ``cap`` of them, a childless one is unhung."""
 
     def answers(self, group: int) -> bool:
         return group == 0
@@ -142,9 +175,9 @@ class DynamoRouter(Profile):
             self.counts.clear()
             return []
         hashes = event_hashes(event)
-        medium = event.get("medium")
-        ignored = ("dynamo.group-filter" if event_group(event) != 0
-                   else "dynamo.medium-filter" if medium in _OTHER_TIERS else None)
+        group = event.get("group_idx")
+        ignored = ("dynamo.group-filter" if group is not None and group != 0
+                   else "dynamo.medium-filter" if event.get("medium") in _OTHER_TIERS else None)
         if ignored is not None:
             if kind == "BlockStored":
                 for h in hashes:
@@ -157,15 +190,16 @@ class DynamoRouter(Profile):
 
     def _store(self, event: dict[str, Any], hashes: list[int], pos: Position) -> list[Reaction]:
         parent = event_parent(event)
-        named = [*hashes, *([] if parent is None else [parent])]
-        if len(set(named)) < len(named):
+        if (len(hashes) > 1 and len(set(hashes)) < len(hashes)) or (parent is not None and parent in hashes):
             for h in hashes:
                 self.dropped[h] = Cause("dynamo.duplicate-hash", pos, "the store repeats a hash")
             return [Reaction("unhandled", "dynamo.duplicate-hash", pos,
                              "a self-referencing store (a hash repeated): dropped")]
         blocks = self._published(event, hashes)
+        counts, latest = self.counts, self.latest
         for h, _ in blocks:  # the count is kept even when the tree refuses the store
-            self.counts.setdefault(h, []).append(pos)
+            counts[h] = counts.get(h, 0) + 1
+            latest[h] = pos
         for h in hashes[len(blocks):]:
             self.dropped[h] = Cause("dynamo.block-size", pos, "no block published for this hash")
         if parent is None:
@@ -190,6 +224,7 @@ class DynamoRouter(Profile):
                 reused = h in self.lookup
                 child = self.lookup.get(h) or _Node(h)
                 current.children[key] = child
+                child.parent, child.key = current, key
             if child is current:
                 for rest in hashes[hashes.index(h):]:
                     self.dropped[rest] = Cause("dynamo.self-reference", pos, "rejected as self-referencing")
@@ -199,8 +234,7 @@ class DynamoRouter(Profile):
             rule = ("dynamo.block-size" if not aligned else "dynamo.reuse-node" if reused
                     else "dynamo.tokens-hash")
             child.held = True
-            child.cause = Cause(rule, pos, f"put there by the store of {show_hash(h)}"
-                                + ("" if aligned else " (its token_ids do not fill its blocks)"))
+            child.cause = (rule, pos, h, aligned)
             self.lookup[h] = child
             self.dropped.pop(h, None)
             current = child
@@ -211,20 +245,20 @@ class DynamoRouter(Profile):
         size, tokens = event["block_size"], event["token_ids"]
         if size != self.kv_block_size:
             return []
-        extra = event.get("extra_keys") or []
+        extra = event.get("extra_keys") or ()
+        lora = event.get("lora_name")
         out = []
-        for i, h in enumerate(hashes):
-            if (i + 1) * size > len(tokens):
-                break
-            mm = _mm_ids(extra[i]) if i < len(extra) else ()
-            out.append((h, (tuple(tokens[i * size:(i + 1) * size]), event.get("lora_name"), mm)))
+        for i in range(min(len(hashes), len(tokens) // size)):
+            mm = _mm_ids(extra[i]) if i < len(extra) and extra[i] else ()
+            out.append((hashes[i], (tuple(tokens[i * size:(i + 1) * size]), lora, mm)))
         return out
 
     def _remove(self, hashes: list[int], pos: Position) -> None:
         for h in hashes:
-            if h in self.counts:
-                self.counts[h].pop()
-                if self.counts[h]:
+            n = self.counts.get(h)
+            if n is not None:
+                if n > 1:
+                    self.counts[h] = n - 1
                     self.filtered[h] = pos
                     continue
                 del self.counts[h]
@@ -235,11 +269,37 @@ class DynamoRouter(Profile):
 
     def _leave(self, node: _Node, pos: Position, h: int | None = None) -> None:
         node.held, node.gone_hash = False, h
-        node.cause = Cause("dynamo.clear" if h is None else "dynamo.remove", pos,
-                           "cleared" if h is None else f"taken off by the removal of {show_hash(h)}")
+        node.cause = ("dynamo.clear" if h is None else "dynamo.remove", pos, h, None)
         if node.children:
             node.children.clear()
             node.emptied = pos
+        self.dead.append(node)
+        while len(self.dead) > self.cap:
+            old = self.dead.popleft()
+            if not old.held and not old.children:
+                self._unhang(old)
+
+    @staticmethod
+    def _unhang(node: _Node) -> None:
+        """Take a node off its parent's children (the worker is on neither it nor, then, its subtree)."""
+        parent, key = node.parent, node.key
+        if parent is not None and key is not None and parent.children.get(key) is node:
+            del parent.children[key]
+        node.parent = node.key = None
+
+    def forget(self, key: tuple[int, int]) -> None:
+        h, group = key
+        self.dropped.pop(h, None)
+        if group != 0:
+            return
+        self.counts.pop(h, None)
+        self.latest.pop(h, None)
+        self.filtered.pop(h, None)
+        node = self.lookup.pop(h, None)
+        if node is not None:
+            node.held = False
+            node.children.clear()
+            self._unhang(node)
 
     # ------------------------------------------------------------------ queries
 
@@ -272,34 +332,33 @@ class DynamoRouter(Profile):
             if node is None or node.cause is None:
                 return Cause("dynamo.find-matches", None, "reached by the walk")
             if self.lookup.get(h) is node and h in self.filtered:
-                stores = self.counts.get(h, [])
                 return Cause("dynamo.dedup-remove", self.filtered[h], "its removal was kept from the tree: "
-                             f"{len(stores)} more store(s) of the hash counted ("
-                             + ", ".join(str(p) for p in stores[:3]) + "); a re-announced hit is one")
+                             f"{self.counts.get(h, 0)} more store(s) of the hash counted, the latest at "
+                             f"{self.latest.get(h)}; a re-announced hit is one")
             if node.block_hash != h:
-                return Cause(node.cause.rule, node.cause.position,
+                return Cause(node.cause[0], node.cause[1],
                              f"the tree node for this block's tokens was made for "
                              f"{show_hash(node.block_hash or 0)}, not {show_hash(h)}")
-            return node.cause
+            return _cause(node.cause)
         if h in self.dropped:
             return self.dropped[h]
         parent = path[-1] if path else self.root
         keys = self._keys(query)
         child = parent.children.get(keys[at]) if at < len(keys) else None
         if child is not None and child.cause is not None:  # on the path, and taken off
-            took = child.cause
+            took, at_pos = child.cause[0], child.cause[1]
             if child.gone_hash is not None and child.gone_hash != h:
-                return Cause("dynamo.tokens-hash", took.position, "the tree node this block's tokens lead "
+                return Cause("dynamo.tokens-hash", at_pos, "the tree node this block's tokens lead "
                              f"to also stood for {show_hash(child.gone_hash)}, whose removal took the "
                              "worker off it")
-            return Cause(took.rule, took.position, "the worker was taken off this block's node")
+            return Cause(took, at_pos, "the worker was taken off this block's node")
         if parent.emptied is not None:
             return Cause("dynamo.remove", parent.emptied, "the removal of the block before it cleared "
                          "that node's children")
         node = self.lookup.get(h)
         if node is not None:
-            put = node.cause or Cause("dynamo.reuse-node", None, "")
-            return Cause(put.rule, put.position, "the hash's node is elsewhere in the tree than this "
+            rule, put = (node.cause[0], node.cause[1]) if node.cause else ("dynamo.reuse-node", None)
+            return Cause(rule, put, "the hash's node is elsewhere in the tree than this "
                          "block's tokens lead" + (": its store's token_ids did not fill its blocks"
-                                                  if put.rule == "dynamo.block-size" else ""))
+                                                  if rule == "dynamo.block-size" else ""))
         return Cause("dynamo.find-matches", None, "no node with this block's tokens under the one before")

@@ -14,8 +14,18 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
-from ..check import Key, Position
-from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Rule, event_group, event_hashes
+from ..kinds import Key, Position
+from .base import (
+    KVPOOL_DOC,
+    Cause,
+    Profile,
+    Query,
+    Reaction,
+    Recent,
+    Rule,
+    event_group,
+    event_hashes,
+)
 
 
 def _rules(*rules: Rule) -> dict[str, Rule]:
@@ -75,7 +85,11 @@ class SetReader(_KeyReader):
     def __init__(self, block_sizes: dict[int, int]):
         super().__init__(block_sizes)
         self.held: dict[Key, Position] = {}
-        self.gone: dict[Key, tuple[str, Position]] = {}
+        self.gone: Recent[Key, tuple[str, Position]] = Recent()
+
+    def forget(self, key: Key) -> None:
+        self.held.pop(key, None)
+        self.gone.pop(key, None)
 
     def stored(self, key: Key, pos: Position) -> None:
         self.held[key] = pos
@@ -109,7 +123,8 @@ class RefcountReader(_KeyReader):
     name = "refcount"
     repeats = "another copy"
     rules = _rules(
-        Rule("refcount.store", "a BlockStored adds one copy of each of its keys", KVPOOL_DOC),
+        Rule("refcount.store", "a BlockStored adds one copy of each of its keys, whether it made one or "
+             "announced a hit again", KVPOOL_DOC),
         Rule("refcount.remove", "a BlockRemoved takes one copy of its key away (never below none)",
              KVPOOL_DOC),
         Rule("refcount.clear", "an AllBlocksCleared leaves no copy of any key", KVPOOL_DOC),
@@ -117,21 +132,31 @@ class RefcountReader(_KeyReader):
 
     def __init__(self, block_sizes: dict[int, int]):
         super().__init__(block_sizes)
-        self.stores: dict[Key, list[Position]] = {}
-        """Per key with copies: the stores counted, one copy each, the last removed first."""
-        self.gone: dict[Key, tuple[str, Position]] = {}
+        self.stores: dict[Key, int] = {}
+        """Per key with copies: the stores counted, one copy each."""
+        self.latest: Recent[Key, Position] = Recent()
+        """Per key: its latest store (what stays counted when removals take the oldest first)."""
+        self.gone: Recent[Key, tuple[str, Position]] = Recent()
+
+    def forget(self, key: Key) -> None:
+        self.stores.pop(key, None)
+        self.latest.pop(key, None)
+        self.gone.pop(key, None)
 
     def stored(self, key: Key, pos: Position) -> None:
-        self.stores.setdefault(key, []).append(pos)
+        self.stores[key] = self.stores.get(key, 0) + 1
+        self.latest[key] = pos
         self.gone.pop(key, None)
 
     def removed(self, key: Key, pos: Position) -> None:
-        stores = self.stores.get(key)
-        if stores:
-            stores.pop()
-            if not stores:
-                del self.stores[key]
-                self.gone[key] = ("refcount.remove", pos)
+        n = self.stores.get(key)
+        if n is None:
+            return
+        if n > 1:
+            self.stores[key] = n - 1
+            return
+        del self.stores[key]
+        self.gone[key] = ("refcount.remove", pos)
 
     def cleared(self, pos: Position) -> None:
         self.gone.update((k, ("refcount.clear", pos)) for k in self.stores)
@@ -143,10 +168,10 @@ class RefcountReader(_KeyReader):
     def explain(self, query: Query, block: int, held: bool) -> Cause:
         key = (query.hashes[block], query.group)
         if held:
-            stores = self.stores.get(key, [])
-            return Cause("refcount.remove", stores[-1] if stores else None,
-                         f"{len(stores)} store(s) still counted as copies: a store that made no new copy "
-                         "(a re-announced hit) is counted all the same")
+            n = self.stores.get(key, 0)
+            return Cause("refcount.store", self.latest.get(key),
+                         f"{n} store(s) still counted as copies after the removals, this one the latest: a "
+                         "store that made no new copy (a re-announced hit) is counted all the same")
         rule, pos = self.gone.get(key, ("refcount.store", None))
         return Cause(rule, pos, "never stored by the stream" if pos is None
                      else "no copy counted since then, though the pool holds one")

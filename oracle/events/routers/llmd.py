@@ -28,12 +28,23 @@ reached by kvpool's traces and are not modelled.
 
 from __future__ import annotations
 
-import hashlib
+from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..check import Position
-from .base import Cause, Profile, Query, Reaction, Rule, event_group, event_hashes, event_parent, show_hash
+from ..kinds import Position, hash64
+from .base import (
+    Cause,
+    Profile,
+    Query,
+    Reaction,
+    Recent,
+    Rule,
+    event_group,
+    event_hashes,
+    event_parent,
+    show_hash,
+)
 
 _REPO = "llm-d/llm-d-kv-cache"
 _OLD, _NEW = "b6404af14b54", "7be76e119ca5"
@@ -126,7 +137,32 @@ def parse_options(text: str) -> LlmdOptions:
 
 
 def _hash(*parts: Any) -> int:
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big")
+    """A request key: llm-d's is a digest of the same parts; within one run any good hash of them
+    names the same keys (Python's, of ints and strings, is stable within a process)."""
+    return hash(parts)
+
+
+Added = tuple[str, Position, int, "int | None"]
+"""Why a request key has the pod: (rule, position, hashes, tokens) of the store that added it (tokens
+None: a tier update); a :class:`Cause` made only when a query asks."""
+Evicted = tuple[Position, int, int, "list[int]"]
+"""The removal that emptied a request key: (position, hash, group, other groups whose entry it took)."""
+
+
+def _added(why: Added) -> Cause:
+    rule, position, hashes, tokens = why
+    if tokens is None:
+        return Cause(rule, position, "re-added by a store with no token_ids")
+    return Cause(rule, position, f"added by the store of {hashes} hash(es) and {tokens} token(s)")
+
+
+def _evicted(why: Evicted) -> Cause:
+    position, h, group, others = why
+    if not others:
+        return Cause("llm-d.evict", position, f"emptied by the removal of {show_hash(h)}: a pod entry is "
+                     "one entry however often it was stored")
+    return Cause("llm-d.pod-entry", position, f"the removal of {show_hash(h)} in group {group} took the "
+                 f"entry stores of group {others} made too: a pod entry does not say its group")
 
 
 Feature = tuple[str, ...] | None
@@ -171,32 +207,41 @@ class LlmdRouter(Profile):
         self.name = name
         self.size = block_sizes.get(0, 0)
         self.e2r: dict[int, list[int]] = {}
+        self.refs: dict[int, int] = {}
+        """Per request key: the hashes whose e2r entry names it."""
+        self.unnamed: deque[int] = deque()
+        """Request keys no hash names any more, oldest first: past ``cap`` of them, one still
+        indexed is dropped (llm-d keeps it until its LRU bound)."""
         self.data: dict[int, set[Entry]] = {}
-        self.added: dict[int, tuple[int, Cause, frozenset[int]]] = {}
+        self.added: Recent[int, tuple[int, Added, frozenset[int]]] = Recent()
         """Per request key: when (event sequence) and why the pod was last added, by which hashes."""
         self.groups_of: dict[int, set[int]] = {}
         """Per request key: the groups whose stores added the pod since the key was last empty."""
-        self.removed: dict[int, tuple[int, Cause]] = {}
-        self.dropped: dict[int, tuple[int, Cause]] = {}
-        self.stored: dict[int, tuple[int, Position, bool, str]] = {}
+        self.removed: Recent[int, tuple[int, Cause | Evicted]] = Recent()
+        self.dropped: Recent[int, tuple[int, Cause]] = Recent()
+        self.stored: Recent[int, tuple[int, Position, bool, str]] = Recent()
         """Per hash: its last indexed store (event sequence, position, whether strings in its extra
         keys tainted its request keys)."""
-        self.tainted: set[int] = set()
+        self.tainted: Recent[int, None] = Recent()
         """Request keys whose chain some extra key's bare string (LoRA name, cache salt) tainted."""
         self.seq = 0
         self.ignored_clear: tuple[int, Position] | None = None
+        self._roots: dict[str | None, int] = {}
+        self._tiers: dict[str | None, str] = {}
 
     # ------------------------------------------------------------------ keys
 
     def _root(self, lora: str | None) -> int:
-        return _hash("root", lora if self.opts.lora and lora else BASE_MODEL)
+        root = self._roots.get(lora)
+        if root is None:
+            root = self._roots[lora] = _hash("root", lora if self.opts.lora and lora else BASE_MODEL)
+        return root
 
     def _chain(self, parent: int, tokens: list[int] | tuple[int, ...], features: list[Feature] | None
                ) -> list[int]:
-        keys, at = [], parent
-        for i in range(len(tokens) // self.size if self.size else 0):
-            at = _hash(at, tuple(tokens[i * self.size:(i + 1) * self.size]),
-                       features[i] if features else None)
+        keys, at, size = [], parent, self.size
+        for i in range(len(tokens) // size if size else 0):
+            at = hash((at, tuple(tokens[i * size:(i + 1) * size]), features[i] if features else None))
             keys.append(at)
         return keys
 
@@ -217,17 +262,22 @@ class LlmdRouter(Profile):
             self.groups_of.clear()  # one pod: every entry is the pod's
             return []
         medium = event.get("medium")
-        group = event.get("group_idx") if self.opts.groups else None
-        entry: Entry = ((medium or "gpu").lower(), group)
-        hashes = event_hashes(event)
+        tier = self._tiers.get(medium)
+        if tier is None:
+            tier = self._tiers[medium] = (medium or "gpu").lower()
+        in_group = event.get("group_idx")
+        if in_group is None:
+            in_group = 0
+        entry: Entry = (tier, in_group if self.opts.groups else None)
         if kind == "BlockRemoved":
-            for h in hashes:
-                self._evict(h, entry, event_group(event), pos)
+            for raw in event["block_hashes"]:
+                self._evict(raw if type(raw) is int and raw >= 0 else int(hash64(raw)), entry, in_group, pos)
             return []
+        hashes = event_hashes(event)
         reactions = self._store(event, hashes, entry, pos)
         # A partial entry (a block_size below its group's) names no full block: what befalls it is
         # kept for explanations, not reported.
-        return [] if 0 < event["block_size"] < self.block_sizes.get(event_group(event), 0) else reactions
+        return [] if 0 < event["block_size"] < self.block_sizes.get(in_group, 0) else reactions
 
     def _drop(self, hashes: list[int], rule: str, pos: Position, kind: str, message: str) -> list[Reaction]:
         for h in hashes:
@@ -250,7 +300,8 @@ class LlmdRouter(Profile):
                                           f"parent {show_hash(parent_hash)} maps to no request key: "
                                           "hashed from the model's root"))
         tokens = event["token_ids"]
-        features = _event_features(event.get("extra_keys")) if self.opts.extra else None
+        raw = event.get("extra_keys") if self.opts.extra else None
+        features = _event_features(raw) if raw is not None and (not raw or any(raw)) else None
         chunks = len(tokens) // self.size if self.size else 0
         if features is not None:
             features = None if not chunks else _realign(features, chunks)
@@ -260,7 +311,7 @@ class LlmdRouter(Profile):
                     f"{len(features)} extra_keys entr(ies) for {chunks} block(s) of tokens: store dropped")
         keys = self._chain(start, tokens, features)
         rule = ("llm-d.parent-restart" if reactions else "llm-d.request-keys")
-        why = Cause(rule, pos, f"added by the store of {len(hashes)} hash(es) and {len(tokens)} token(s)")
+        why: Added = (rule, pos, len(hashes), len(tokens))
         if not keys:
             return reactions + self._no_keys(hashes, tokens, entry, pos)
         if self.opts.add == "strict":
@@ -271,27 +322,52 @@ class LlmdRouter(Profile):
                                               f"{len(hashes)} hash(es) for {len(keys)} request key(s): "
                                               "Index.Add refuses the store")
             for h, rk in zip(hashes, keys, strict=True):
-                self.e2r[h] = [rk]
+                self._map(h, [rk])
         else:
             if not hashes:
                 return [*reactions, Reaction("unhandled", "llm-d.add-ratio", pos,
                                              f"no hash for {len(keys)} request key(s): Index.Add reads "
                                              "engineKeys[0] of an empty slice (a Go panic)")]
-            n = max(len(hashes), len(keys))
-            mapping: dict[int, list[int]] = {}
-            for i in range(n):
-                mapping.setdefault(hashes[i * len(hashes) // n], []).append(keys[i * len(keys) // n])
-            self.e2r.update(mapping)
+            if len(hashes) == len(keys) and (len(hashes) == 1 or len(set(hashes)) == len(hashes)):
+                e2r, refs = self.e2r, self.refs
+                for h, rk in zip(hashes, keys, strict=True):  # one to one: the ratio is 1
+                    if h in e2r:
+                        self._map(h, [rk])
+                    else:  # _map's common case: a hash mapped for the first time
+                        e2r[h] = [rk]
+                        refs[rk] = refs.get(rk, 0) + 1
+            else:
+                n = max(len(hashes), len(keys))
+                mapping: dict[int, list[int]] = {}
+                for i in range(n):
+                    mapping.setdefault(hashes[i * len(hashes) // n], []).append(keys[i * len(keys) // n])
+                for h, rks in mapping.items():
+                    self._map(h, rks)
         if hashes and len(tokens) != event["block_size"] * len(hashes):
             reactions.append(Reaction("misread-store", "llm-d.request-keys", pos,
                                       f"{len(hashes)} hash(es) with {len(tokens)} token_ids: indexed as "
                                       f"{len(keys)} request key(s) of those tokens"))
-        for rk in keys:
-            self._add(rk, entry, why, frozenset(hashes), event_group(event))
-        tainted = start in self.tainted or (self.opts.extra and any(
-            isinstance(k, str) for keys in event.get("extra_keys") or () for k in keys or ()))
+        named, group, seq = frozenset(hashes), event_group(event), self.seq
+        data, added, groups_of, removed = self.data, self.added, self.groups_of, self.removed
+        for rk in keys:  # _add, inline: a store adds one request key per block
+            entries = data.get(rk)
+            if entries is None:
+                data[rk] = {entry}
+            else:
+                entries.add(entry)
+            added[rk] = (seq, why, named)
+            groups = groups_of.get(rk)
+            if groups is None:
+                groups_of[rk] = {group}
+            else:
+                groups.add(group)
+            if rk in removed:
+                del removed[rk]
+        tainted = start in self.tainted or bool(raw and any(raw) and any(
+            isinstance(k, str) for keys in raw for k in keys or ()))
         if tainted:
-            self.tainted.update(keys)
+            for rk in keys:
+                self.tainted[rk] = None
         for h in hashes:
             self.stored[h] = (self.seq, pos, tainted, rule)
         return reactions
@@ -309,36 +385,84 @@ class LlmdRouter(Profile):
         if not resolved:
             return self._drop(hashes, "llm-d.tier-update", pos, "dropped-store",
                               "no token_ids and no request key known for its hashes: skipped")
+        why: Added = ("llm-d.tier-update", pos, len(hashes), None)
+        named = frozenset(hashes)
         for rk in resolved:
-            self._add(rk, entry, Cause("llm-d.tier-update", pos, "re-added by a store with no token_ids"),
-                      frozenset(hashes), entry[1] if entry[1] is not None else -1)
+            self._add(rk, entry, why, named, entry[1] if entry[1] is not None else -1)
         return []
 
-    def _add(self, rk: int, entry: Entry, why: Cause, hashes: frozenset[int], group: int) -> None:
-        self.data.setdefault(rk, set()).add(entry)
+    def _add(self, rk: int, entry: Entry, why: Added, hashes: frozenset[int], group: int) -> None:
+        entries = self.data.get(rk)
+        if entries is None:
+            self.data[rk] = {entry}
+        else:
+            entries.add(entry)
         self.added[rk] = (self.seq, why, hashes)
-        self.groups_of.setdefault(rk, set()).add(group)
-        self.removed.pop(rk, None)
+        groups = self.groups_of.get(rk)
+        if groups is None:
+            self.groups_of[rk] = {group}
+        else:
+            groups.add(group)
+        if rk in self.removed:
+            del self.removed[rk]
 
     def _evict(self, h: int, entry: Entry, group: int, pos: Position) -> None:
         rks = self.e2r.get(h)
         if not rks:
             return
+        data = self.data
         for rk in rks:
-            entries = self.data.get(rk)
+            entries = data.get(rk)
             if entries is None:
                 continue
             entries.discard(entry)
             if not entries:
-                del self.data[rk]
-                others = sorted(self.groups_of.pop(rk, set()) - {group})
-                self.removed[rk] = (self.seq, Cause(
-                    "llm-d.evict", pos, f"emptied by the removal of {show_hash(h)}: a pod entry is one "
-                    "entry however often it was stored") if not others else Cause(
-                    "llm-d.pod-entry", pos, f"the removal of {show_hash(h)} in group {group} took the entry "
-                    f"stores of group {others} made too: a pod entry does not say its group"))
-        if all(rk not in self.data for rk in rks):
-            del self.e2r[h]
+                del data[rk]
+                groups = self.groups_of.pop(rk, None)
+                alone = groups is None or (len(groups) == 1 and group in groups)
+                others = [] if groups is None or alone else sorted(g for g in groups if g != group)
+                self.removed[rk] = (self.seq, (pos, h, group, others))
+        if (rks[0] not in data) if len(rks) == 1 else all(rk not in data for rk in rks):
+            self._map(h, None)
+
+    def _map(self, h: int, rks: list[int] | None) -> None:
+        """Set (or, with None, delete) a hash's request keys, counting the hashes naming each key."""
+        old = self.e2r.pop(h, None) if rks is None else self.e2r.get(h)
+        refs = self.refs
+        if rks is not None:
+            self.e2r[h] = rks
+            for rk in rks:
+                refs[rk] = refs.get(rk, 0) + 1
+        if old is None:
+            return
+        for rk in old:
+            left = self.refs[rk] - 1
+            if left:
+                self.refs[rk] = left
+                continue
+            del self.refs[rk]
+            if rk in self.data:
+                self.unnamed.append(rk)
+        while len(self.unnamed) > self.cap:
+            rk = self.unnamed.popleft()
+            if rk not in self.refs:
+                self._drop_key(rk)
+
+    def _drop_key(self, rk: int) -> None:
+        self.data.pop(rk, None)
+        self.groups_of.pop(rk, None)
+
+    def forget(self, key: tuple[int, int]) -> None:
+        h = key[0]
+        self.dropped.pop(h, None)
+        self.stored.pop(h, None)
+        rks = self.e2r.get(h)
+        if rks is None:
+            return
+        self._map(h, None)
+        for rk in rks:
+            if rk not in self.refs:
+                self._drop_key(rk)
 
     # ------------------------------------------------------------------ queries
 
@@ -369,24 +493,25 @@ class LlmdRouter(Profile):
                              "the router ignored")
             entries = self.data.get(rk, set())
             if self.opts.groups and entries and all(g is not None and g != query.group for _, g in entries):
-                return Cause("llm-d.score", why.position, "held only under another group's entry")
+                return Cause("llm-d.score", why[1], "held only under another group's entry")
             groups = self.groups_of.get(rk, set())
             if not self.opts.groups and query.group not in groups:
-                return Cause("llm-d.pod-entry", why.position, f"held by stores of group {sorted(groups)}: "
+                return Cause("llm-d.pod-entry", why[1], f"held by stores of group {sorted(groups)}: "
                              "a pod entry does not say its group")
             if h not in hashes:
-                return Cause(why.rule, why.position, "the request key was made by the store of "
+                return Cause(why[0], why[1], "the request key was made by the store of "
                              f"{', '.join(show_hash(x) for x in sorted(hashes)[:3])}: the same tokens from "
                              "the same chain, under another pool key (LoRA, cache salt or multimodal items "
                              "it does not see, or token_ids not filling their blocks)")
-            return why
+            return _added(why)
         if held:
             return Cause("llm-d.score", None, "reached by the query")
         found: list[tuple[int, Cause]] = []
         if h in self.dropped:
             found.append(self.dropped[h])
         if rk is not None and rk in self.removed:
-            found.append(self.removed[rk])
+            when, gone = self.removed[rk]
+            found.append((when, gone if isinstance(gone, Cause) else _evicted(gone)))
         stored = self.stored.get(h)
         if stored is None or any(seq > stored[0] for seq, _ in found):
             return max(found, key=lambda f: f[0])[1] if found else Cause(

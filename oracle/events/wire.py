@@ -1,0 +1,287 @@
+"""vLLM's KV-event wire, decoded exactly as vLLM encodes it, without vLLM.
+
+vLLM's ``ZmqEventPublisher`` sends each batch as a ZMQ multipart message
+``[topic, seq, payload]``: ``seq`` 8 bytes big-endian, ``payload`` a msgpack
+``KVEventBatch`` encoded by msgspec: an array ``[ts, events, data_parallel_rank]``
+whose events are tagged maps (``{"type": "BlockStored", ...}``, fields equal to
+their default left out).  Older vLLM releases sent tagged arrays
+(``["BlockStored", block_hashes, ...]``, fields in class order); both are read.
+The fields are every one of vLLM 0.31's and 0.33's (0.33 adds
+``lookahead_token_ids``).  Hashes are integers (vLLM's default) or bytes
+(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``), read by every checker as their
+low 64 bits.
+
+A field or an event type no release kvpool knows is tolerated: the decoder
+learns it (reported once, through :attr:`Decoder.unknown`), and decodes such
+payloads at full speed from then on.  The replay socket (ROUTER) answers a
+request ``[b"", start]`` with every buffered batch from ``start`` on, then
+``[b"", b"", END, b""]``, END the 8-byte ``-1``.  Data-parallel rank ``r``
+publishes on the endpoint's port plus ``r`` (:func:`rank_endpoint`).
+
+Needs ``msgspec`` (``pip install 'kvpool[live]'``), not vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import GenericAlias
+from typing import Any
+
+import msgspec
+
+Hash = int | bytes
+END_SEQ = (1 << 64) - 1
+"""The replay socket's end marker, ``-1`` as 8 bytes read unsigned."""
+
+# Each event type's fields in vLLM's class order (0.33: 0.31's and lookahead_token_ids), with the type
+# msgspec checks and whether vLLM always writes it.  The decoder lets the optional ones be absent.
+STORED: list[tuple[str, Any, bool]] = [
+    ("block_hashes", list[Hash], True), ("parent_block_hash", Hash | None, True),
+    ("token_ids", list[int], True), ("block_size", int, True), ("lora_id", int | None, True),
+    ("medium", str | None, True), ("lora_name", str | None, True), ("extra_keys", list[Any] | None, False),
+    ("group_idx", int | None, False), ("kv_cache_spec_kind", str | None, False),
+    ("kv_cache_spec_sliding_window", int | None, False), ("locality", str | None, False),
+    ("ownership", str | None, False), ("session_id", str | None, False),
+    ("lookahead_token_ids", list[list[int]] | None, False),
+]
+REMOVED: list[tuple[str, Any, bool]] = [
+    ("block_hashes", list[Hash], True), ("medium", str | None, True), ("group_idx", int | None, False),
+    ("locality", str | None, False), ("ownership", str | None, False),
+]
+EVENT_FIELDS: dict[str, list[tuple[str, Any, bool]]] = {
+    "BlockStored": STORED, "BlockRemoved": REMOVED, "AllBlocksCleared": []}
+_REQUIRED_TO_DECODE = {"block_hashes", "parent_block_hash", "token_ids", "block_size"}
+"""What a store must say to be read (older releases lacked the rest)."""
+_MAX_LEARNED = 64
+
+
+class WireError(ValueError):
+    """A message or payload that is not vLLM's KV-event wire; says why."""
+
+
+@dataclass
+class Batch:
+    """One decoded ``KVEventBatch``: events as the checker reads them (dicts with ``"type"``)."""
+
+    ts: float
+    events: list[dict[str, Any]]
+    data_parallel_rank: int | None
+    skipped: int = 0
+    """Events of a type no release kvpool knows (tolerated, not checked)."""
+
+
+@dataclass
+class _Form:
+    """The decoder of one event form (maps or arrays), with the fields it learned."""
+
+    array: bool
+    extra: dict[str, list[str]] = field(default_factory=dict)
+    """Per event type: fields (or, for arrays, trailing positions) learned beyond vLLM's."""
+    types: list[str] = field(default_factory=list)
+    """Event types learned beyond vLLM's three."""
+    decoder: Any = None
+    classes: dict[type, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    """Per struct class: its event type and the learned fields to drop from its dicts."""
+
+    def build(self) -> None:
+        events: list[Any] = []
+        self.classes = {}
+        for name, fields in [*EVENT_FIELDS.items(), *((t, []) for t in self.types)]:
+            known = name in EVENT_FIELDS
+            spec: list[Any] = [(n, t) if (required and n in _REQUIRED_TO_DECODE) else (n, t, None)
+                               for n, t, required in fields]
+            extra = self.extra.get(name, [])
+            spec += [(n, Any, None) for n in extra]
+            cls = msgspec.defstruct(f"{name}{'Array' if self.array else ''}", spec, tag=name,
+                                    array_like=self.array, forbid_unknown_fields=known)
+            self.classes[cls] = (name if known else "", tuple(extra))
+            events.append(cls)
+        events_type: Any = GenericAlias(list, (_union(events),))  # list[one of the structs]
+        batch = msgspec.defstruct("KVEventBatch", [
+            ("ts", float), ("events", events_type),
+            ("data_parallel_rank", int | None, None), *((n, Any, None) for n in self.extra.get("", []))],
+            array_like=True, forbid_unknown_fields=True)
+        self.decoder = msgspec.msgpack.Decoder(batch)
+
+
+def _union(types: list[Any]) -> Any:
+    out = types[0]
+    for t in types[1:]:
+        out = out | t
+    return out
+
+
+class Decoder:
+    """Decodes ``KVEventBatch`` payloads; learns (and keeps, in :attr:`unknown`) what it did not know."""
+
+    def __init__(self) -> None:
+        self.forms = [_Form(array=False), _Form(array=True)]
+        for form in self.forms:
+            form.build()
+        self.form = self.forms[0]
+        """The form the last payload had (a publisher keeps to one)."""
+        self.unknown: list[str] = []
+        """What was learned, in order, each once: ``"BlockStored.foo"``, ``"event type BlockUpdated"``."""
+        self._asdict = msgspec.structs.asdict
+
+    def decode(self, payload: bytes) -> Batch:
+        """One payload's events, or :class:`WireError` naming what is wrong."""
+        form = self.form
+        try:
+            raw = form.decoder.decode(payload)
+        except msgspec.ValidationError as exc:
+            form, raw = self._retry(payload, exc)
+            self.form = form
+        except msgspec.DecodeError as exc:
+            raise WireError(f"not msgpack: {exc}") from None
+        events, skipped = [], 0
+        asdict, classes = self._asdict, form.classes
+        for ev in raw.events:
+            name, extra = classes[type(ev)]
+            if not name:
+                skipped += 1
+                continue
+            d = asdict(ev)
+            for n in extra:
+                del d[n]
+            d["type"] = name
+            events.append(d)
+        return Batch(raw.ts, events, raw.data_parallel_rank, skipped)
+
+    def _retry(self, payload: bytes, exc: msgspec.ValidationError) -> tuple[_Form, Any]:
+        """The other form, or what this payload has that no known release has: learn it, decode again."""
+        try:
+            value = msgspec.msgpack.decode(payload)
+        except msgspec.DecodeError as err:
+            raise WireError(f"not msgpack: {err}") from None
+        form = self.forms[1] if _looks_array(value) else self.forms[0]
+        for attempt in range(2):
+            try:
+                return form, form.decoder.decode(payload)
+            except msgspec.ValidationError as err:
+                exc = err
+            if attempt or not self._learn(form, value):
+                break
+            form.build()
+        raise WireError(f"not a KVEventBatch: {exc}") from None
+
+    def _learn(self, form: _Form, value: Any) -> bool:
+        """Note the fields and types ``value`` has beyond vLLM's; False if it has none to learn."""
+        if not isinstance(value, list) or len(value) < 2 or not isinstance(value[1], list):
+            return False
+        learned = False
+        for i in range(3, len(value)):
+            learned |= self._note(form, "", f"field_{i}", f"KVEventBatch position {i}")
+        for ev in value[1]:
+            if isinstance(ev, dict):
+                kind, names = ev.get("type"), [k for k in ev if k != "type"]
+            elif isinstance(ev, list) and ev:
+                kind, names = ev[0], [f"field_{i}" for i in range(1, len(ev))]
+            else:
+                continue
+            if not isinstance(kind, str):
+                continue
+            if kind not in EVENT_FIELDS:
+                if kind not in form.types and len(form.types) < _MAX_LEARNED:
+                    form.types.append(kind)
+                    self.unknown.append(f"event type {kind}")
+                    learned = True
+                continue
+            fields = EVENT_FIELDS[kind]
+            known = [n for n, _, _ in fields]
+            for j, n in enumerate(names):
+                if (form.array and j < len(known)) or (not form.array and n in known):
+                    continue
+                learned |= self._note(form, kind, n, f"{kind}.{n}")
+        return learned
+
+    def _note(self, form: _Form, kind: str, name: str, label: str) -> bool:
+        extra = form.extra.setdefault(kind, [])
+        if name in extra or sum(map(len, form.extra.values())) >= _MAX_LEARNED or not name.isidentifier():
+            return False
+        extra.append(name)
+        if label not in self.unknown:
+            self.unknown.append(label)
+        return True
+
+
+def _looks_array(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) > 1 and isinstance(value[1], list)
+            and any(isinstance(e, list) for e in value[1]))
+
+
+# ---------------------------------------------------------------------- frames and endpoints
+
+
+def parse_frames(frames: list[bytes]) -> tuple[bytes, int, bytes]:
+    """``[topic, seq, payload]`` -> (topic, sequence number, payload); :class:`WireError` otherwise."""
+    if len(frames) != 3:
+        raise WireError(f"expected 3 frames [topic, seq, payload], got {len(frames)}")
+    topic, seq, payload = frames
+    if len(seq) != 8:
+        raise WireError(f"sequence number of {len(seq)} bytes, not 8")
+    return topic, int.from_bytes(seq, "big"), payload
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """The endpoint data-parallel rank ``rank`` uses: a tcp port plus the rank (port 0 stays 0), an
+    inproc name with ``_dp<rank>``; as vLLM's publisher offsets its own."""
+    if rank == 0:
+        return endpoint
+    if "inproc" in endpoint:
+        return f"{endpoint}_dp{rank}"
+    if "tcp" in endpoint:
+        base, colon, port = endpoint.rpartition(":")
+        if not colon or not port.isdigit():
+            return endpoint
+        return endpoint if int(port) == 0 else f"{base}:{int(port) + rank}"
+    raise ValueError(f"endpoint {endpoint!r}: data-parallel ranks need a tcp:// or inproc:// endpoint")
+
+
+# ---------------------------------------------------------------------- encoding, as vLLM does
+
+
+def _encoder_classes(release: str) -> tuple[Any, dict[str, Any]]:
+    """Structs laid out as vLLM's (of ``release``: 0.31 has no ``lookahead_token_ids``), defaults where
+    vLLM has them, tagged maps with defaults left out (msgspec sizes a map's header by its fields)."""
+    classes = {}
+    for name, fields in EVENT_FIELDS.items():
+        spec = [(n, t) if required else (n, t, None) for n, t, required in fields
+                if release != "0.31" or n != "lookahead_token_ids"]
+        classes[name] = msgspec.defstruct(name, spec, tag=True, omit_defaults=True)
+    batch = msgspec.defstruct("KVEventBatch", [("ts", float), ("events", list[Any]),
+                                               ("data_parallel_rank", int | None, None)],
+                              array_like=True, omit_defaults=True)
+    return batch, classes
+
+
+_ENCODING: dict[str, tuple[Any, dict[str, Any]]] = {}
+
+
+def encode_batch(events: list[dict[str, Any]], ts: float, data_parallel_rank: int | None = None,
+                 release: str | None = None) -> bytes:
+    """The payload vLLM's publisher sends for these events, byte for byte (tests compare with vLLM's):
+    as ``release`` (``"0.31"`` or ``"0.33"``) lays its classes out; by default 0.33 if an event has
+    ``lookahead_token_ids``, else 0.31."""
+    if release is None:
+        release = "0.33" if any(e.get("lookahead_token_ids") is not None for e in events) else "0.31"
+    if release not in _ENCODING:
+        _ENCODING[release] = _encoder_classes(release)
+    batch, classes = _ENCODING[release]
+    structs = []
+    for e in events:
+        cls = classes[e["type"]]
+        names = cls.__struct_fields__
+        given = {n: e.get(n) for n, _, required in EVENT_FIELDS[e["type"]]
+                 if n in names and (required or n in e)}
+        structs.append(cls(**given))
+    return msgspec.msgpack.encode(batch(ts, structs, data_parallel_rank))
+
+
+def encode_message(topic: bytes, seq: int, payload: bytes) -> list[bytes]:
+    """The three frames of one published batch."""
+    return [topic, seq.to_bytes(8, "big"), payload]
+
+
+__all__ = ["END_SEQ", "EVENT_FIELDS", "Batch", "Decoder", "WireError", "encode_batch", "encode_message",
+           "parse_frames", "rank_endpoint"]
