@@ -31,15 +31,8 @@ class FreeKVCacheBlockQueue:
         self.owner = owner  # the pool whose idle blocks these are; holds blocks taken out
         self.fake_free_list_head = KVCacheBlock(-1)
         self.fake_free_list_tail = KVCacheBlock(-1)
-        prev = self.fake_free_list_head
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            block._holder = self
-            prev = block
-        prev.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = prev
-        self.num_free_blocks = len(blocks)
+        self.num_free_blocks = 0
+        self._splice(self.fake_free_list_head, self.fake_free_list_tail, blocks)
 
     def popleft(self) -> KVCacheBlock:
         """Take the head block."""
@@ -87,26 +80,16 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put blocks at the tail, in order."""
-        if not blocks:
-            return
         tail = self.fake_free_list_tail
-        prev: KVCacheBlock = tail.prev_free_block  # type: ignore[assignment]
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            block._holder = self
-            prev = block
-        prev.next_free_block = tail
-        tail.prev_free_block = prev
-        self.num_free_blocks += len(blocks)
+        self._splice(tail.prev_free_block, tail, blocks)  # type: ignore[arg-type]
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put blocks at the head, in order (the first is handed out first)."""
-        if not blocks:
-            return
         head = self.fake_free_list_head
-        after: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
-        prev = head
+        self._splice(head, head.next_free_block, blocks)  # type: ignore[arg-type]
+
+    def _splice(self, prev: KVCacheBlock, after: KVCacheBlock, blocks: Sequence[KVCacheBlock]) -> None:
+        """Link ``blocks``, in order, between the adjacent ``prev`` and ``after``."""
         for block in blocks:
             prev.next_free_block = block
             block.prev_free_block = prev
