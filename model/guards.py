@@ -21,15 +21,20 @@ block boundary: ``boundary_partials``).  ``cache_full_blocks`` with
 ``num_cached_blocks >= num_full_blocks`` changes nothing, as in the
 reference: vLLM's sparse-attention coordinator can ask for fewer ready
 blocks than are cached.
+
+An operation that declares no guard has the one its arguments' kinds say
+(:func:`by_kinds`): each argument checked by its kind in declared order, then
+the refusals its declaration names (:data:`REFUSALS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .events import Hash
+from .kinds import Arg, filled, named_blocks
 from .pool import chosen
 from .refusals import Refusal, RefusalKind
 from .request import num_blocks_hashed
@@ -80,25 +85,25 @@ def check_count(name: str, value: Any) -> None:
         raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a non-negative int, got {value!r}")
 
 
-def check_group(group_id: Any) -> None:
+def check_group(group_id: Any, name: str = "kv_cache_group_id") -> None:
     """A KV-cache group id fits the four bytes keys carry it in."""
     if not isinstance(group_id, int) or not 0 <= group_id <= MAX_GROUP_ID:
-        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"kv_cache_group_id {group_id!r} is not a 32-bit id")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} {group_id!r} is not a 32-bit id")
 
 
-def check_block_size(s: PoolState, size: Any) -> None:
+def check_block_size(s: PoolState, size: Any, name: str = "block_size") -> None:
     """A block size is a positive multiple of the hash block size."""
     if not isinstance(size, int) or size <= 0 or size % s.hash_block_size:
         raise Refusal(RefusalKind.INVALID_ARGUMENT,
-                      f"block_size {size!r} is not a positive multiple of {s.hash_block_size}")
+                      f"{name} {size!r} is not a positive multiple of {s.hash_block_size}")
 
 
-def check_chunks(s: PoolState, num_tokens: Any) -> None:
+def check_chunks(s: PoolState, num_tokens: Any, name: str = "num_tokens") -> None:
     """A token count is a positive multiple of the hash block size."""
     hbs = s.hash_block_size
     if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
         raise Refusal(RefusalKind.INVALID_ARGUMENT,
-                      f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
+                      f"{name} {num_tokens!r} is not a positive multiple of {hbs}")
 
 
 def check_caching(s: PoolState, op: str) -> None:
@@ -124,6 +129,90 @@ def check_conflicts(s: PoolState, new_ids: Sequence[BlockId], picked: Sequence[t
     for i, b in picked:
         if b in covered and covered[b] >= (i + 1) * size:
             raise Refusal(RefusalKind.HASH_CONFLICT, f"block {b} is already cached at a prefix this long")
+
+
+# --------------------------------------------------------------------------
+# The guard an operation's argument kinds say: an operation that declares no guard has it.
+
+
+def check_arg(s: PoolState, arg: Arg, value: Any) -> None:
+    """One argument, by its kind: ids of this pool's blocks, a non-negative count, 32-bit group ids,
+    a block size or token count in whole hash chunks, a callable watcher, a bool flag, a mask of
+    bools.  A request and a hash are read by the update, not checked here."""
+    name = arg.name
+    match arg.kind:
+        case "block":
+            check_ids(s, [value])
+        case "blocks" | "block_ids":
+            check_ids(s, value)
+        case "count":
+            check_count(name, value)
+        case "group":
+            check_group(value, name)
+        case "groups":
+            for g in value:
+                check_group(g, name)
+        case "size":
+            check_block_size(s, value, name)
+        case "tokens":
+            check_chunks(s, value, name)
+        case "tokens?" if value is not None:
+            check_chunks(s, value, name)
+        case "watcher" if not callable(value):
+            raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be callable")
+        case "flag" if not isinstance(value, bool):
+            raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a bool, got {value!r}")
+        case "mask?" if value is not None and not (
+                isinstance(value, list) and all(isinstance(m, bool) for m in value)):
+            raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a list of bools or None")
+
+
+Check = Callable[[PoolState, str, Sequence[BlockId]], None]
+"""A refusal an operation declares beyond its arguments' kinds: ``(state, operation, the blocks the
+call names)``; it raises a :class:`~.refusals.Refusal` or returns."""
+REFUSALS: dict[str, Check] = {}
+"""The refusals a declaration may name, by name."""
+
+
+def refusal(check: Check) -> Check:
+    """Register ``check`` under its name; its docstring's first line explains it."""
+    REFUSALS[check.__name__] = check
+    return check
+
+
+@refusal
+def held(s: PoolState, op: str, blocks: Sequence[BlockId]) -> None:
+    """The caller holds a reference to each real block for each time the call lists it."""
+    check_releasable(s, blocks, op)
+
+
+@refusal
+def real(s: PoolState, op: str, blocks: Sequence[BlockId]) -> None:
+    """The call names no null block."""
+    if NULL in blocks:
+        raise Refusal(RefusalKind.NULL_BLOCK, f"{op} cannot take the null block")
+
+
+@refusal
+def caching(s: PoolState, op: str, blocks: Sequence[BlockId]) -> None:
+    """The pool was built with prefix caching."""
+    check_caching(s, op)
+
+
+def by_kinds(op: str, args: Sequence[Arg], refuses: Sequence[Check] = ()) -> Callable[..., Verdict]:
+    """The guard of an operation that declares none: each argument checked by its kind, in declared
+    order, then each of ``refuses`` in order on the blocks the call names."""
+
+    def guard(s: PoolState, *values: Any) -> Verdict:
+        values = filled(args, values)
+        for a, v in zip(args, values, strict=True):
+            check_arg(s, a, v)
+        blocks = named_blocks(args, values)
+        for check in refuses:
+            check(s, op, blocks)
+        return None
+
+    return guard
 
 
 # --------------------------------------------------------------------------
