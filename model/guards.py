@@ -151,7 +151,7 @@ def check_arg(s: PoolState, arg: Arg, value: Any) -> None:
             check_group(value, name)
         case "groups":
             for g in value:
-                check_group(g, name)
+                check_group(g, name.removesuffix("s"))  # one of kv_cache_group_ids: a kv_cache_group_id
         case "size":
             check_block_size(s, value, name)
         case "tokens":

@@ -1,0 +1,254 @@
+"""An operation declared with little more than its update gets every other part from its arguments' kinds.
+
+``drop_one(block_id)`` exists only here: one ``free_blocks`` listing,
+declared with its update, its z3 step, one refusal beyond its kinds and its
+queue policy.  Its guard, footprint, split and domain derive from the kinds;
+the bounded model checker, the agreement with the z3 steps and the reference
+API the oracle requires reach it with no table naming it.  A layer that keeps
+a hand-written table per operation again fails here.  The derived parts are
+also held to the hand-written ones wherever the kinds say enough for those.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from kvpool.impl import BlockPool
+from kvpool.model import (
+    ACTIONS,
+    CALLER_ACTIONS,
+    OPERATIONS,
+    QUERIES,
+    Arg,
+    Operation,
+    PoolState,
+    Refusal,
+    domains,
+    footprints,
+    guards,
+    split,
+)
+from kvpool.model import pool as model_pool
+from kvpool.model.kinds import ArgKind
+from kvpool.model.properties import freed_queue
+from kvpool.model.state import NULL
+from kvpool.oracle.core.adapter import missing_api
+from kvpool.oracle.search import refinement
+from kvpool.proofs import agreement, bmc
+from kvpool.proofs.bmc.domains import scope_of
+
+
+def drop_one(s: PoolState, block_id: int) -> None:
+    """Drop one reference to one block (``free_blocks`` of one listing)."""
+    model_pool.free_blocks(s, [block_id])
+
+
+DROP_ONE = Operation("drop_one", "action", (Arg("block_id", "block"),), "none", drop_one,
+                     steps=("release",), refuses=(guards.held,),
+                     queue=lambda before, block_id: freed_queue(before, [block_id]))
+"""Declared here alone: its update, its step, one refusal beyond its kinds, its queue policy."""
+
+CFG = bmc.Bounds(blocks=4, groups=(0,))
+
+
+def _held_and_cached() -> PoolState:
+    """Blocks 1 and 2 held, block 1 cached; block 3 idle."""
+    s, _ = ACTIONS["get_new_blocks"](CFG.initial(), 2)
+    s, _ = ACTIONS["cache_full_blocks"](s, CFG.requests()[0], [1], 0, 1, 1, 0)
+    return s
+
+
+def _refusal(op: Operation, s: PoolState, *args: Any) -> tuple[str, str] | None:
+    try:
+        op.guard(s, *args)
+    except Refusal as r:
+        return r.kind.name, str(r)
+    return None
+
+
+def test_an_operation_declared_with_its_update_gets_its_guard_footprint_split_and_domain() -> None:
+    s = _held_and_cached()
+    assert _refusal(DROP_ONE, s, 4) == ("UNKNOWN_BLOCK", "block id 4 is not in [0, 4)")
+    assert _refusal(DROP_ONE, s, 3) == ("NOT_IN_USE", "drop_one block 3: 1 release(s) but ref count 0")
+    assert [_refusal(DROP_ONE, s, b) for b in (NULL, 1, 2)] == [None] * 3
+    assert DROP_ONE.footprint(s, 1) == footprints.of_blocks(s, [1]) and DROP_ONE.footprint(s, 1).keys
+    assert DROP_ONE.split(s, True, None, 2) == split.per_block("release", [2])
+    assert list(DROP_ONE.domain(s, scope_of(CFG))) == [(b,) for b in range(CFG.blocks)]
+    assert DROP_ONE.run(s, (1,)) is None and s.ref[1] == 0 and list(s.free)[-1] == 1  # hashed: the tail
+
+
+def test_a_declaration_must_say_what_its_kinds_cannot() -> None:
+    with pytest.raises(ValueError, match="refuses is for a guard derived"):
+        Operation("x", "action", (), "none", drop_one, guard=guards.take_events, refuses=(guards.held,))
+    with pytest.raises(ValueError, match="need a split written out"):
+        Operation("x", "action", (), "none", drop_one, steps=("cache_full", "identity"))
+
+
+# --------------------------------------------------------------------------
+# The kinds: each argument checked by its kind, in order; a few values of every shape.
+
+KINDS: tuple[ArgKind, ...] = typing.get_args(ArgKind)
+BAD: dict[str, tuple[Any, str]] = {
+    "block": (4, "UNKNOWN_BLOCK"), "blocks": ([1, -1], "UNKNOWN_BLOCK"), "block_ids": ([9], "UNKNOWN_BLOCK"),
+    "count": (-1, "INVALID_ARGUMENT"), "size": (3, "INVALID_ARGUMENT"), "tokens": (0, "INVALID_ARGUMENT"),
+    "tokens?": (1, "INVALID_ARGUMENT"), "group": (2**32, "INVALID_ARGUMENT"),
+    "groups": ([0, -1], "INVALID_ARGUMENT"), "watcher": (None, "INVALID_ARGUMENT"),
+    "flag": (1, "INVALID_ARGUMENT"), "mask?": ([1], "INVALID_ARGUMENT"),
+}
+"""A wrong value of each kind that has wrong values (a request and a hash are read, not checked)."""
+
+
+def _probe(*kinds: ArgKind) -> Operation:
+    args = tuple(Arg(f"{k.rstrip('?')}_{i}", k) for i, k in enumerate(kinds))
+    return Operation("probe", "action", args, "none", drop_one)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_offers_values_its_check_accepts_of_every_shape_the_search_wants(kind: ArgKind) -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    s, scope = cfg.initial(), scope_of(cfg)
+    values = domains.values_of(kind, s, scope)
+    op = _probe(kind)
+    assert values and all(_refusal(op, s, v) is None for v in values), kind
+    seen = set().union(*(bmc.shape(kind, v, cfg) for v in values))
+    assert bmc.WANTED_SHAPES.get(kind, {"any"}) <= seen, kind
+    if kind in BAD:
+        value, refusal = BAD[kind]
+        found = _refusal(op, s, value)
+        assert found is not None and found[0] == refusal, (kind, found)
+        assert refusal == "UNKNOWN_BLOCK" or op.args[0].name in found[1]  # the message names it
+    assert set(BAD) | {"request", "hash"} == set(KINDS)
+
+
+def test_a_call_wrong_in_two_arguments_is_refused_for_the_first_declared() -> None:
+    s = bmc.Bounds(blocks=3, hash_block_size=2).initial()
+    for a, b in (("count", "block"), ("block", "count"), ("watcher", "group"), ("group", "watcher")):
+        found = _refusal(_probe(a, b), s, BAD[a][0], BAD[b][0])
+        assert found is not None and found[0] == BAD[a][1] and (a == "block" or f"{a}_0" in found[1]), found
+    # then the declared refusals, in order, on the blocks the call names
+    two = Operation("two", "action", (Arg("block_ids", "blocks"),), "none", drop_one,
+                    refuses=(guards.real, guards.held))
+    assert _refusal(two, s, [1, NULL]) == ("NULL_BLOCK", "two cannot take the null block")
+    assert _refusal(two, s, [1]) == ("NOT_IN_USE", "two block 1: 1 release(s) but ref count 0")
+    no_cache = bmc.Bounds(blocks=3).initial()
+    no_cache.caching = False
+    cached = Operation("c", "action", (), "none", drop_one, refuses=(guards.caching,))
+    assert _refusal(cached, no_cache) == ("CACHING_DISABLED", "c on a pool without prefix caching")
+
+
+def test_a_domain_is_every_combination_of_its_kinds_values_in_declared_order() -> None:
+    s, scope = CFG.initial(), scope_of(CFG)
+    op = _probe("flag", "block")
+    assert list(op.domain(s, scope)) == [(f, b) for f in (False, True) for b in range(CFG.blocks)]
+    assert _probe().domain is domains.no_arguments
+
+
+# --------------------------------------------------------------------------
+# Where the kinds say enough for a hand-written part, the derived one is the same.
+
+SAME_GUARD = ("touch", "evict_blocks", "_maybe_evict_cached_block", "reset_prefix_cache", "take_events",
+              "get_cached_block", "is_block_writable", "get_num_free_blocks", "get_usage")
+SAME_FOOTPRINT = ("free_blocks", "touch", "unpin_blocks", "evict_blocks", "_maybe_evict_cached_block",
+                  "move_block_hashes", "write_block")
+SAME_SPLIT = ("free_blocks", "touch", "unpin_blocks", "evict_blocks", "_maybe_evict_cached_block")
+SAME_DOMAIN = ("get_new_blocks", "touch", "free_blocks", "evict_blocks", "_maybe_evict_cached_block",
+               "move_block_hashes", "reset_prefix_cache", "take_events")
+
+
+def _rederived(op: Operation) -> Operation:
+    """``op`` with every part its kinds can say left out (a split of several steps they cannot)."""
+    return Operation(op.name, op.role, op.args, op.result, op.next, steps=op.steps,
+                     **({"split": op.split} if len(op.steps) > 1 else {}))
+
+
+def _calls(s: PoolState, cfg: bmc.Bounds) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    yield from bmc.calls(s, cfg, cfg.requests())
+    yield from refinement.queries(s, cfg.requests(), cfg.groups)
+    yield from refinement.misuse(s, cfg.requests())
+
+
+@pytest.mark.parametrize("cfg", [bmc.Bounds(blocks=3), bmc.Bounds(blocks=3, hash_block_size=2)],
+                         ids=["hbs1", "hbs2"])
+def test_the_derived_parts_are_the_hand_written_ones_where_the_kinds_say_enough(cfg: bmc.Bounds) -> None:
+    states: list[PoolState] = []
+    assert bmc.explore(cfg, depth=1, seconds=600, visit=lambda s: states.append(s.copy())).complete
+    compared = 0
+    for s in [*states, _held_and_cached()] if cfg.hash_block_size == 1 else states:
+        for name, args in _calls(s, cfg):
+            op = OPERATIONS[name]
+            derived = _rederived(op)
+            bound = op.bind(args)
+            refusal = _refusal(op, s, *bound)
+            if name in SAME_GUARD:
+                assert _refusal(derived, s, *bound) == refusal, (name, args)
+            if refusal is not None or name in QUERIES:
+                continue
+            if name in SAME_FOOTPRINT:
+                assert derived.footprint(s, *bound) == op.footprint(s, *bound), (name, args)
+            if name in SAME_SPLIT:
+                assert derived.split(s, True, None, *bound) == op.split(s, True, None, *bound), (name, args)
+            compared += 1
+        scope = scope_of(cfg)
+        for name in SAME_DOMAIN:
+            op = OPERATIONS[name]
+            assert list(_rederived(op).domain(s, scope)) == list(op.domain(s, scope)), name
+    assert compared > 1000
+
+
+# --------------------------------------------------------------------------
+# The layers that read the declarations reach an operation no table names.
+
+
+@contextmanager
+def declared(*ops: Operation, only: tuple[str, ...] | None = None) -> Iterator[None]:
+    """``ops`` declared (and, with ``only``, the model's other operations but those left out) for a while."""
+    saved = [(table, dict(table)) for table in (OPERATIONS, ACTIONS, CALLER_ACTIONS)]
+    try:
+        if only is not None:
+            for table, was in saved:
+                table.clear()
+                table.update({n: f for n, f in was.items() if n in only})
+        for op in ops:
+            OPERATIONS[op.name] = op
+            ACTIONS[op.name] = lambda s, *a, op=op: (s, op.run(s, op.bind(a)))
+        yield
+    finally:
+        for table, was in saved:  # in place and in order: every layer holds these very dicts
+            table.clear()
+            table.update(was)
+
+
+def test_the_model_checker_and_the_agreement_reach_an_operation_no_table_names() -> None:
+    before = list(OPERATIONS)
+    with declared(DROP_ONE, only=("get_new_blocks", "cache_full_blocks", "touch")):
+        assert list(OPERATIONS) == ["get_new_blocks", "touch", "cache_full_blocks", "drop_one"]
+        out = bmc.explore(CFG, depth=2, seconds=600)
+        assert out.ok and out.complete, out.violation
+        missing = bmc.missing_shapes([CFG.initial(), _held_and_cached()], CFG)
+        assert "drop_one(block_id)" not in missing  # its domain offers every shape of a block
+        report = agreement.check(CFG, depth=1, start=_held_and_cached())
+        assert report.ok and report.complete, dict(report.disagreements)
+        enabled, refused = report.steps["release"]
+        assert enabled >= 3 and refused >= 1  # drop_one's calls ran through the z3 step
+    assert list(OPERATIONS) == before
+
+
+def test_the_reference_api_requires_an_operation_no_table_names() -> None:
+    class Dropping(BlockPool):
+        def drop_one(self, block: Any) -> None:
+            self.free_blocks([block])
+
+    class Wrong(BlockPool):
+        def drop_one(self) -> None:
+            """Takes no block."""
+
+    with declared(DROP_ONE):
+        assert missing_api(BlockPool) == ["drop_one"]
+        assert missing_api(Dropping) == []
+        assert missing_api(Wrong) == ["drop_one(block_id)"]
+    assert missing_api(BlockPool) == []
