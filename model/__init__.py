@@ -4,8 +4,8 @@ Read it in this order: :mod:`.state` (the variables), :mod:`.events` and
 :mod:`.refusals` (the values it emits and raises), :mod:`.request` (what it
 reads of a request), :mod:`.pool` (one action per operation: the updates),
 :mod:`.guards` (when a call is refused), :mod:`.contracts` (what the caller
-must keep), :mod:`.kinds` (what an argument is, which says most of a call's
-parts), :mod:`.operations` (each operation declared once, with all its
+must keep), :mod:`.kinds` and :mod:`.derived` (what an argument is, and the parts of
+an operation its kinds say), :mod:`.operations` (each operation declared once, with all its
 parts), :mod:`.invariants` (named predicates on a state) and
 :mod:`.properties` (named predicates on a call).  It imports nothing but the
 standard library: every value it compares a pool against is computed here.

@@ -5,19 +5,16 @@ Every block id (the null block included); one- and two-element lists for
 scope's requests (with overlapping prefixes) and groups; block sizes ``hbs``
 and ``2 * hbs``; masks on two-block ranges; the scope's watchers.  Calls that
 break a caller contract are generated like any other: the model raises
-``ContractBroken`` on them, and a search reports or skips them.  An
-operation that declares no domain has every combination of a few values per
-argument kind (:func:`by_kinds`).
+``ContractBroken`` on them, and a search reports or skips them.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import Arg, ArgKind
 from .state import NULL, PoolState, Watcher
 
 Args = tuple[Any, ...]
@@ -39,60 +36,6 @@ def _ids(s: PoolState) -> range:
 def _token_counts(s: PoolState, request: Any) -> range:
     hbs = s.hash_block_size
     return range(hbs, len(request.all_token_ids) + 1, hbs)
-
-
-def values_of(kind: ArgKind, s: PoolState, scope: Scope) -> list[Any]:
-    """A few values of one argument kind on a small pool, each shape the kind has among them.
-
-    Every block id; one-block lists and two-block lists (a block listed twice among them) of
-    ``blocks``, one-block lists of ``block_ids``; counts from one up to every real block; the
-    scope's requests, watchers and groups; each group alone and all of them; every hash of the
-    scope's requests; block sizes ``2 * hbs`` and ``hbs``; whole-chunk token counts up to the
-    longest request; a flag both ways; no mask and a mask; no token count and one chunk.
-    """
-    ids, hbs = list(_ids(s)), s.hash_block_size
-    match kind:
-        case "block":
-            return ids
-        case "blocks":
-            return [[b] for b in ids] + [[a, b] for a, b in itertools.product(ids, repeat=2)]
-        case "block_ids":
-            return [[b] for b in ids]
-        case "count":
-            return list(range(1, s.num_blocks))
-        case "request":
-            return list(scope.requests)
-        case "watcher":
-            return list(scope.watchers)
-        case "hash":
-            return list(dict.fromkeys(h for r in scope.requests for h in r.block_hashes))
-        case "group":
-            return list(scope.groups)
-        case "groups":
-            return [[g] for g in scope.groups] + ([list(scope.groups)] if len(scope.groups) > 1 else [])
-        case "size":
-            return list(_block_sizes(s))
-        case "tokens":
-            return list(range(hbs, max((len(r.all_token_ids) for r in scope.requests), default=0) + 1, hbs))
-        case "flag":
-            return [False, True]
-        case "mask?":
-            return [None, [True, False]]
-        case "tokens?":
-            return [None, hbs]
-    raise ValueError(f"no values for argument kind {kind!r}")
-
-
-def by_kinds(args: Sequence[Arg]) -> Callable[[PoolState, Scope], Iterator[Args]]:
-    """The domain of an operation that declares none: every combination of a few values per
-    argument (:func:`values_of`), in declared order; :func:`no_arguments` when it has none."""
-    if not args:
-        return no_arguments
-
-    def domain(s: PoolState, scope: Scope) -> Iterator[Args]:
-        yield from itertools.product(*(values_of(a.kind, s, scope) for a in args))
-
-    return domain
 
 
 def get_new_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:

@@ -7,17 +7,15 @@ queue relative to the other untouched blocks; every other key keeps its
 index entries, name and announcements.  The bounded model checker checks
 that on every transition, the lockstep in its debug mode; the lockstep
 compares a pool with the model on the footprint after every call, and on
-the whole pool every few calls (``kvpool.oracle.core.lockstep``).  An operation
-that declares no footprint has the blocks its block arguments name (:func:`by_kinds`).
+the whole pool every few calls (``kvpool.oracle.core.lockstep``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import BLOCK_KINDS, Arg, named_blocks
 from .pool import chosen, keys_of
 from .request import block_hash, prefix_key
 from .state import NULL, BlockId, Key, PoolState
@@ -38,18 +36,6 @@ def of_blocks(s: PoolState, blocks: Iterable[BlockId], keys: Iterable[Key] = ())
     """The blocks (ids of this pool only), the keys each has now, and ``keys``."""
     real = frozenset(b for b in blocks if isinstance(b, int) and 0 <= b < s.num_blocks)
     return Footprint(real, frozenset(k for b in real for k in keys_of(s, b)) | frozenset(keys))
-
-
-def by_kinds(args: Sequence[Arg]) -> Callable[..., Footprint]:
-    """The footprint of an operation that declares none: the blocks its block arguments name
-    (:func:`~.kinds.named_blocks`) and their keys; :func:`nothing` when no argument names a block."""
-    if not any(a.kind in BLOCK_KINDS for a in args):
-        return nothing
-
-    def footprint(s: PoolState, *values: Any) -> Footprint:
-        return of_blocks(s, named_blocks(args, values))
-
-    return footprint
 
 
 def get_new_blocks(s: PoolState, num_blocks: int) -> Footprint:

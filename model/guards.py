@@ -21,20 +21,15 @@ block boundary: ``boundary_partials``).  ``cache_full_blocks`` with
 ``num_cached_blocks >= num_full_blocks`` changes nothing, as in the
 reference: vLLM's sparse-attention coordinator can ask for fewer ready
 blocks than are cached.
-
-An operation that declares no guard has the one its arguments' kinds say
-(:func:`by_kinds`): each argument checked by its kind in declared order, then
-the refusals its declaration names (:data:`REFUSALS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .events import Hash
-from .kinds import Arg, filled, named_blocks
 from .pool import chosen
 from .refusals import Refusal, RefusalKind
 from .request import num_blocks_hashed
@@ -106,6 +101,12 @@ def check_chunks(s: PoolState, num_tokens: Any, name: str = "num_tokens") -> Non
                       f"{name} {num_tokens!r} is not a positive multiple of {hbs}")
 
 
+def check_callable(name: str, value: Any) -> None:
+    """A watcher is a callable."""
+    if not callable(value):
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be callable")
+
+
 def check_caching(s: PoolState, op: str) -> None:
     """Prefix-cache entries need a pool built with caching."""
     if not s.caching:
@@ -132,90 +133,6 @@ def check_conflicts(s: PoolState, new_ids: Sequence[BlockId], picked: Sequence[t
 
 
 # --------------------------------------------------------------------------
-# The guard an operation's argument kinds say: an operation that declares no guard has it.
-
-
-def check_arg(s: PoolState, arg: Arg, value: Any) -> None:
-    """One argument, by its kind: ids of this pool's blocks, a non-negative count, 32-bit group ids,
-    a block size or token count in whole hash chunks, a callable watcher, a bool flag, a mask of
-    bools.  A request and a hash are read by the update, not checked here."""
-    name = arg.name
-    match arg.kind:
-        case "block":
-            check_ids(s, [value])
-        case "blocks" | "block_ids":
-            check_ids(s, value)
-        case "count":
-            check_count(name, value)
-        case "group":
-            check_group(value, name)
-        case "groups":
-            for g in value:
-                check_group(g, name.removesuffix("s"))  # one of kv_cache_group_ids: a kv_cache_group_id
-        case "size":
-            check_block_size(s, value, name)
-        case "tokens":
-            check_chunks(s, value, name)
-        case "tokens?" if value is not None:
-            check_chunks(s, value, name)
-        case "watcher" if not callable(value):
-            raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be callable")
-        case "flag" if not isinstance(value, bool):
-            raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a bool, got {value!r}")
-        case "mask?" if value is not None and not (
-                isinstance(value, list) and all(isinstance(m, bool) for m in value)):
-            raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a list of bools or None")
-
-
-Check = Callable[[PoolState, str, Sequence[BlockId]], None]
-"""A refusal an operation declares beyond its arguments' kinds: ``(state, operation, the blocks the
-call names)``; it raises a :class:`~.refusals.Refusal` or returns."""
-REFUSALS: dict[str, Check] = {}
-"""The refusals a declaration may name, by name."""
-
-
-def refusal(check: Check) -> Check:
-    """Register ``check`` under its name; its docstring's first line explains it."""
-    REFUSALS[check.__name__] = check
-    return check
-
-
-@refusal
-def held(s: PoolState, op: str, blocks: Sequence[BlockId]) -> None:
-    """The caller holds a reference to each real block for each time the call lists it."""
-    check_releasable(s, blocks, op)
-
-
-@refusal
-def real(s: PoolState, op: str, blocks: Sequence[BlockId]) -> None:
-    """The call names no null block."""
-    if NULL in blocks:
-        raise Refusal(RefusalKind.NULL_BLOCK, f"{op} cannot take the null block")
-
-
-@refusal
-def caching(s: PoolState, op: str, blocks: Sequence[BlockId]) -> None:
-    """The pool was built with prefix caching."""
-    check_caching(s, op)
-
-
-def by_kinds(op: str, args: Sequence[Arg], refuses: Sequence[Check] = ()) -> Callable[..., Verdict]:
-    """The guard of an operation that declares none: each argument checked by its kind, in declared
-    order, then each of ``refuses`` in order on the blocks the call names."""
-
-    def guard(s: PoolState, *values: Any) -> Verdict:
-        values = filled(args, values)
-        for a, v in zip(args, values, strict=True):
-            check_arg(s, a, v)
-        blocks = named_blocks(args, values)
-        for check in refuses:
-            check(s, op, blocks)
-        return None
-
-    return guard
-
-
-# --------------------------------------------------------------------------
 # One guard per operation.
 
 
@@ -238,8 +155,7 @@ def touch(s: PoolState, block_ids: Sequence[BlockId]) -> Verdict:
 
 
 def unpin_blocks(s: PoolState, block_ids: Sequence[BlockId], on_reuse: Any) -> Verdict:
-    if not callable(on_reuse):
-        raise Refusal(RefusalKind.INVALID_ARGUMENT, "on_reuse must be callable")
+    check_callable("on_reuse", on_reuse)
     check_ids(s, block_ids)
     if NULL in block_ids:
         raise Refusal(RefusalKind.NULL_BLOCK, "the null block cannot be unpinned")

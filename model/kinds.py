@@ -2,10 +2,10 @@
 
 An argument's kind says enough for most of an operation's parts, so an
 operation whose kinds say enough declares little more than its update
-(:mod:`.operations`): its guard checks each argument by its kind
-(:func:`.guards.by_kinds`), its footprint and its split are about the blocks
-its block arguments name (:func:`named_blocks`), and its calls on a small
-pool are the product of a few values per kind (:func:`.domains.by_kinds`).
+(:mod:`.operations`; the parts are derived in :mod:`.derived`): its guard
+checks each argument by its kind, its footprint and its split are about the
+blocks its block arguments name (:func:`named_blocks`), and its calls on a
+small pool are every combination of a few values per kind.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ the trace schema, the reference API the oracle requires, the seeded-bug
 wrappers and the fuzzer's operations are all read off :data:`OPERATIONS`;
 ``tests/test_registry.py`` fails when a table anywhere disagrees with it.
 
-A part the declaration leaves out is what the arguments' kinds say: each
-argument checked by its kind, then the declared ``refuses``; the blocks the
-block arguments name as footprint, one z3 step per such block as split; a
-few values per kind as domain; no contracts.
+A part the declaration leaves out is what the arguments' kinds say
+(:mod:`.derived`): each argument checked by its kind, then the declared
+``refuses``; the blocks the block arguments name as footprint, one z3 step
+per such block as split; a few values per kind as domain; no contracts.
 
 Adding an operation: its update in :mod:`.pool` and one declaration below
 (with its queue policy, if it moves the free queue); the parts its kinds
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import contracts, domains, footprints, guards, pool, split
+from . import contracts, derived, domains, footprints, guards, pool, split
 from .footprints import Footprint
 from .guards import Noop
 from .kinds import Arg, ArgKind
@@ -76,8 +76,8 @@ class Operation:
     """The z3 steps its split uses (names in ``kvpool.proofs.transitions.STEPS``)."""
     guard: Callable[..., guards.Verdict] = _derived
     """Left out: each argument checked by its kind in declared order, then ``refuses``."""
-    refuses: tuple[guards.Check, ...] = ()
-    """For a guard left out: its refusals beyond the kinds, in order (:data:`.guards.REFUSALS`)."""
+    refuses: tuple[derived.Check, ...] = ()
+    """For a guard left out: its refusals beyond the kinds, in order (:data:`.derived.REFUSALS`)."""
     requires: Callable[..., None] = contracts.nothing
     footprint: Callable[..., Footprint] = _derived
     """Left out: the blocks its block arguments name, with their keys (a query's: nothing)."""
@@ -95,15 +95,15 @@ class Operation:
             raise ValueError(f"{self.name}: refuses is for a guard derived from the kinds")
         query = self.role == "query"
         if self.guard is _derived:
-            self._derive("guard", guards.by_kinds(self.name, self.args, self.refuses))
+            self._derive("guard", derived.guard_of(self.name, self.args, self.refuses))
         if self.footprint is _derived:
-            self._derive("footprint", footprints.nothing if query else footprints.by_kinds(self.args))
+            self._derive("footprint", footprints.nothing if query else derived.footprint_of(self.args))
         if self.split is _derived:
             if len(self.steps) != 1:
                 raise ValueError(f"{self.name}: steps {self.steps} need a split written out")
-            self._derive("split", split.unchanged if query else split.by_kinds(self.steps[0], self.args))
+            self._derive("split", split.unchanged if query else derived.split_of(self.steps[0], self.args))
         if self.domain is _derived:
-            self._derive("domain", domains.none if query else domains.by_kinds(self.args))
+            self._derive("domain", domains.none if query else derived.domain_of(self.args))
 
     def _derive(self, part: str, value: Callable[..., Any]) -> None:
         object.__setattr__(self, part, value)

@@ -24,11 +24,10 @@ when it refused) and the call's arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .kinds import Arg, named_blocks
 from .pool import chosen
 from .request import block_hash, content, prefix_key
 from .state import NULL, BlockId, PoolState
@@ -58,18 +57,6 @@ IDENTITY = ("identity", ())
 
 def per_block(step: str, blocks: Sequence[BlockId]) -> Split:
     return Split(tuple((step, (b,)) for b in blocks))
-
-
-def by_kinds(step: str, args: Sequence[Arg]) -> Callable[..., Split]:
-    """The split of an operation that declares none: its one step per block its block arguments
-    name, in order (:func:`~.kinds.named_blocks`); :func:`unchanged` for the ``identity`` step."""
-    if step == "identity":
-        return unchanged
-
-    def split(s: PoolState, result: Any, *values: Any) -> Split:
-        return per_block(step, named_blocks(args, values))
-
-    return split
 
 
 def get_new_blocks(s: PoolState, result: Any, num_blocks: int) -> Split:

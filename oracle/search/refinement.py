@@ -57,7 +57,8 @@ from kvpool.model import (
     Refusal,
     violated,
 )
-from kvpool.model.domains import Scope, by_kinds
+from kvpool.model.derived import domain_of
+from kvpool.model.domains import Scope
 from kvpool.model.state import NULL, PoolState
 
 from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher
@@ -312,12 +313,12 @@ def exact_key(s: PoolState) -> Hashable:
 
 def queries(s: PoolState, requests: Sequence[Any], groups: Sequence[int] = (0, 1)) -> Iterator[Call]:
     """Every read-only call, each query with a few values per argument kind as the model gives them
-    (:func:`kvpool.model.domains.by_kinds`): lookups of every request hash in each group and in all,
+    (:func:`kvpool.model.derived.domain_of`): lookups of every request hash in each group and in all,
     writability of every id, counts."""
     scope = Scope(requests, groups, ())
     for name, op in OPERATIONS.items():
         if op.role == "query":
-            yield from ((name, args) for args in by_kinds(op.args)(s, scope))
+            yield from ((name, args) for args in domain_of(op.args)(s, scope))
 
 
 def misuse(s: PoolState, requests: Sequence[Any]) -> Iterator[Call]:
