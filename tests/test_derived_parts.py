@@ -12,11 +12,14 @@ also held to the hand-written ones wherever the kinds say enough for those.
 from __future__ import annotations
 
 import typing
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from kvpool.impl import BlockPool
 from kvpool.model import (
@@ -38,8 +41,12 @@ from kvpool.model import pool as model_pool
 from kvpool.model.kinds import ArgKind
 from kvpool.model.properties import freed_queue
 from kvpool.model.state import NULL
-from kvpool.oracle.core.adapter import missing_api
+from kvpool.oracle.core.adapter import ClassAdapter, kvpool_adapter, missing_api
+from kvpool.oracle.core.lockstep import Divergence
+from kvpool.oracle.generate.defaults import unwritten
 from kvpool.oracle.search import refinement
+from kvpool.oracle.search.campaign import run_one
+from kvpool.oracle.search.machine import machine_for
 from kvpool.proofs import agreement, bmc
 from kvpool.proofs.bmc.domains import scope_of
 
@@ -55,6 +62,8 @@ DROP_ONE = Operation("drop_one", "action", (Arg("block_id", "block"),), "none", 
 """Declared here alone: its update, its step, one refusal beyond its kinds, its queue policy."""
 
 CFG = bmc.Bounds(blocks=4, groups=(0,))
+SMALL = settings(max_examples=60, stateful_step_count=25, deadline=None,
+                 suppress_health_check=[HealthCheck.too_slow])
 
 
 def _held_and_cached() -> PoolState:
@@ -253,3 +262,54 @@ def test_the_reference_api_requires_an_operation_no_table_names() -> None:
         assert missing_api(Dropping) == []
         assert missing_api(Wrong) == ["drop_one(block_id)"]
     assert missing_api(BlockPool) == []
+
+
+class Dropping(BlockPool):
+    """kvpool's pool with ``drop_one``: what an implementation adds for the operation."""
+
+    def drop_one(self, block: Any) -> None:
+        self.free_blocks([block])
+
+
+class DroppingTwice(Dropping):
+    """A wrong ``drop_one``: it drops two references (the default scenario must show it)."""
+
+    def drop_one(self, block: Any) -> None:
+        self.free_blocks([block, block])
+
+
+def test_the_workload_calls_an_operation_no_step_names() -> None:
+    """Its default scenario, from the kinds alone: legal calls, and wrong ones with misuse on."""
+    assert unwritten() == []  # every operation of the model has its hand-written steps
+    with declared(DROP_ONE):
+        assert unwritten() == ["drop_one"]
+        for misuse in (False, True):
+            calls = Counter[str]()
+            refused = Counter[str]()
+            for seed in range(3):
+                pair = run_one(Dropping, seed, 300, misuse=misuse)
+                calls.update(pair.ops_seen)
+                refused.update(pair.refusals_seen)
+            assert calls["drop_one"] >= 5, calls
+            assert misuse or set(refused) <= {"NotEnoughFreeBlocksError"}, refused
+        with pytest.raises(Divergence, match="drop_one"):
+            for seed in range(3):
+                run_one(DroppingTwice, seed, 300)
+
+
+def test_the_state_machine_calls_an_operation_no_rule_names() -> None:
+    assert not hasattr(machine_for(kvpool_adapter()), "default_call")  # seeds draw as before
+    calls: Counter[str] = Counter()
+
+    class Counting(Dropping):
+        def drop_one(self, block: Any) -> None:
+            calls["drop_one"] += 1
+            super().drop_one(block)
+
+    with declared(DROP_ONE):
+        machine = machine_for(ClassAdapter(Counting, "counting", supports_misuse=False))
+        run_state_machine_as_test(machine, settings=SMALL)
+        assert calls["drop_one"] >= 5, calls
+        with pytest.raises(AssertionError, match="drop_one"):
+            run_state_machine_as_test(machine_for(kvpool_adapter(DroppingTwice)),
+                                      settings=settings(SMALL, database=None, phases=[Phase.generate]))

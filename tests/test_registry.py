@@ -55,6 +55,7 @@ from kvpool.model.kinds import REQUIRED, ArgKind
 from kvpool.model.operations import ResultKind
 from kvpool.model.properties import EVENT_LOG, QUEUE_ORDER, STEP_PROPERTIES
 from kvpool.oracle.core.adapter import REQUIRED_API, ReferencePool, missing_api
+from kvpool.oracle.generate.defaults import WRITTEN, unwritten
 from kvpool.oracle.search import refinement
 from kvpool.oracle.search.campaign import run_one
 from kvpool.oracle.trace import schema
@@ -408,6 +409,11 @@ def test_the_fuzzer_mutates_op_into_every_operation() -> None:
 
 # --------------------------------------------------------------------------
 # What the workloads reach, and the invariants and step properties.
+
+
+def test_the_generators_name_only_declared_operations_as_written_by_hand() -> None:
+    assert set(POOL_OPERATIONS) >= WRITTEN
+    assert unwritten() == [n for n in POOL_OPERATIONS if n not in WRITTEN]
 
 
 def test_the_workload_exercises_every_operation() -> None:

@@ -41,6 +41,7 @@ from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
 from ..core.lockstep import Lockstep
+from .defaults import default_call, unwritten
 from .entries import partial_spots, rekey, rewritable, writable
 from .misuse import wrong_call
 from .requests import draw_documents, random_request
@@ -462,6 +463,13 @@ class Workload:
         """A deliberately wrong call, of a kind drawn among :data:`.misuse.MISUSES`."""
         wrong_call(self)
 
+    def default(self) -> None:
+        """A call of an operation no step here makes, drawn from its arguments' kinds (:mod:`.defaults`)."""
+        ops = [name for name in unwritten() if self.pair.supports(name)]
+        if ops:
+            default_call(self.pair, self.rng.choice(ops), self.rng.choice, self._new_request(),
+                         list(self.cfg.block_sizes), self.misuse_on)
+
     STEPS: tuple[tuple[str, float], ...] = (
              ("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
@@ -469,13 +477,16 @@ class Workload:
              ("take", 6), ("misuse", 3))
 
     def step(self) -> str:
-        """One step, drawn by :attr:`STEPS`' weights.
+        """One step, drawn by :attr:`STEPS`' weights (and :meth:`default`, when some operation has
+        no step of its own).
 
         On a pool larger than :data:`SCAN_LIMIT` a reset is rarer in proportion: it
         costs the pool (and the model's footprint) every block it indexes, so
         that a call costs the same on average on any pool size.
         """
         steps: list[tuple[str, float]] = [x for x in self.STEPS if self.misuse_on or x[0] != "misuse"]
+        if unwritten():  # operations declared since the steps were written: none until one is
+            steps.append(("default", 1))
         scale = min(1.0, SCAN_LIMIT / self.pair.model.num_blocks)
         if scale < 1:
             steps = [(n, w * scale if n == "reset" else w) for n, w in steps]
