@@ -87,7 +87,7 @@ def test_an_operation_declared_with_its_update_gets_its_guard_footprint_split_an
     assert _refusal(DROP_ONE, s, 3) == ("NOT_IN_USE", "drop_one block 3: 1 release(s) but ref count 0")
     assert [_refusal(DROP_ONE, s, b) for b in (NULL, 1, 2)] == [None] * 3
     assert DROP_ONE.footprint(s, 1) == footprints.of_blocks(s, [1]) and DROP_ONE.footprint(s, 1).keys
-    assert DROP_ONE.split(s, True, None, 2) == split.per_block("release", [2])
+    assert DROP_ONE.split(s, None, 2) == split.per_block("release", [2])
     assert list(DROP_ONE.domain(s, scope_of(CFG))) == [(b,) for b in range(CFG.blocks)]
     assert DROP_ONE.run(s, (1,)) is None and s.ref[1] == 0 and list(s.free)[-1] == 1  # hashed: the tail
 
@@ -201,7 +201,7 @@ def test_the_derived_parts_are_the_hand_written_ones_where_the_kinds_say_enough(
             if name in SAME_FOOTPRINT:
                 assert derived.footprint(s, *bound) == op.footprint(s, *bound), (name, args)
             if name in SAME_SPLIT:
-                assert derived.split(s, True, None, *bound) == op.split(s, True, None, *bound), (name, args)
+                assert derived.split(s, None, *bound) == op.split(s, None, *bound), (name, args)
             compared += 1
         scope = scope_of(cfg)
         for name in SAME_DOMAIN:
