@@ -11,6 +11,7 @@ also held to the hand-written ones wherever the kinds say enough for those.
 
 from __future__ import annotations
 
+import random
 import typing
 from collections import Counter
 from collections.abc import Iterator
@@ -42,8 +43,8 @@ from kvpool.model.kinds import ArgKind
 from kvpool.model.properties import freed_queue
 from kvpool.model.state import NULL
 from kvpool.oracle.core.adapter import ClassAdapter, kvpool_adapter, missing_api
-from kvpool.oracle.core.lockstep import Divergence
-from kvpool.oracle.generate.defaults import unwritten
+from kvpool.oracle.core.lockstep import Divergence, Lockstep
+from kvpool.oracle.generate.defaults import chooser, default_call, unwritten
 from kvpool.oracle.search import refinement
 from kvpool.oracle.search.campaign import run_one
 from kvpool.oracle.search.machine import machine_for
@@ -143,7 +144,8 @@ def test_a_call_wrong_in_two_arguments_is_refused_for_the_first_declared() -> No
     # then the declared refusals, in order, on the blocks the call names
     two = Operation("two", "action", (Arg("block_ids", "blocks"),), "none", drop_one,
                     refuses=(derived.real, derived.held))
-    assert _refusal(two, s, [1, NULL]) == ("NULL_BLOCK", "two cannot take the null block")
+    for listed in ([1, NULL], [NULL], [NULL, 1]):
+        assert _refusal(two, s, listed) == ("NULL_BLOCK", "two cannot take the null block"), listed
     assert _refusal(two, s, [1]) == ("NOT_IN_USE", "two block 1: 1 release(s) but ref count 0")
     no_cache = bmc.Bounds(blocks=3).initial()
     no_cache.caching = False
@@ -295,6 +297,32 @@ def test_the_workload_calls_an_operation_no_step_names() -> None:
         with pytest.raises(Divergence, match="drop_one"):
             for seed in range(3):
                 run_one(DroppingTwice, seed, 300)
+
+
+def test_a_default_call_reaches_each_shape_of_its_blocks_and_gives_back_what_it_took() -> None:
+    """Held blocks, cached ones and the null block legally; with misuse on, an id of no block."""
+    met: Counter[str] = Counter()
+
+    class Recording(Dropping):
+        def drop_one(self, block: Any) -> None:
+            bid = block.block_id
+            met["null" if bid == NULL else "none" if bid >= len(self.blocks) else
+                "cached" if block.block_hash is not None else "plain"] += 1
+            super().drop_one(block)
+
+    cfg = bmc.Bounds(blocks=6, hash_block_size=1)
+    with declared(DROP_ONE):
+        for misuse in (False, True):
+            met.clear()
+            pair = Lockstep.fresh(Recording, cfg.blocks, True, 1, events=True)
+            for seed in range(40):
+                picks = random.Random(seed).choices(range(60), k=12)
+                default_call(pair, "drop_one", chooser(picks), cfg.requests()[0], [1], misuse)
+                assert pair.model.ref[1:] == [0] * (cfg.blocks - 1), (seed, pair.model.ref)  # given back
+                pair.check()
+            assert {"null", "cached", "plain"} <= set(met), met
+            assert ("none" in met) == misuse, met
+            assert pair.refusals_seen or not misuse  # the id of no block, refused on both sides
 
 
 def test_the_state_machine_calls_an_operation_no_rule_names() -> None:
