@@ -11,6 +11,7 @@ also held to the hand-written ones wherever the kinds say enough for those.
 
 from __future__ import annotations
 
+import io
 import random
 import typing
 from collections import Counter
@@ -22,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvpool.cli.conform import main as conform_main
 from kvpool.impl import BlockPool
 from kvpool.model import (
     ACTIONS,
@@ -42,8 +44,17 @@ from kvpool.model import pool as model_pool
 from kvpool.model.kinds import ArgKind
 from kvpool.model.properties import freed_queue
 from kvpool.model.state import NULL
-from kvpool.oracle.core.adapter import ClassAdapter, kvpool_adapter, missing_api
+from kvpool.oracle.core.adapter import (
+    ClassAdapter,
+    kvpool_adapter,
+    lacking,
+    missing_api,
+    optional_api,
+    required_api,
+)
 from kvpool.oracle.core.lockstep import Divergence, Lockstep
+from kvpool.oracle.drive import protocol
+from kvpool.oracle.drive.serve import Server
 from kvpool.oracle.generate.defaults import chooser, default_call, unwritten
 from kvpool.oracle.search import refinement
 from kvpool.oracle.search.campaign import run_one
@@ -250,7 +261,9 @@ def test_the_model_checker_and_the_agreement_reach_an_operation_no_table_names()
     assert list(OPERATIONS) == before
 
 
-def test_the_reference_api_requires_an_operation_no_table_names() -> None:
+def test_the_reference_api_checks_an_operation_no_table_names_where_a_pool_has_it() -> None:
+    """A pool written before it is checked without it; one that has it must take its arguments."""
+
     class Dropping(BlockPool):
         def drop_one(self, block: Any) -> None:
             self.free_blocks([block])
@@ -260,10 +273,28 @@ def test_the_reference_api_requires_an_operation_no_table_names() -> None:
             """Takes no block."""
 
     with declared(DROP_ONE):
-        assert missing_api(BlockPool) == ["drop_one"]
-        assert missing_api(Dropping) == []
+        assert missing_api(BlockPool) == [] and lacking(BlockPool) == ["drop_one"]
+        assert missing_api(Dropping) == [] and lacking(Dropping) == []
         assert missing_api(Wrong) == ["drop_one(block_id)"]
-    assert missing_api(BlockPool) == []
+        assert "drop_one" in optional_api() and "drop_one" not in required_api()
+        pair = run_one(BlockPool, 0, 200)  # the workload leaves it out
+        assert pair.ops_seen["drop_one"] == 0 and sum(pair.ops_seen.values()) > 200
+        out = io.StringIO()  # kvpool conform checks the rest and says what it left out
+        assert conform_main(["--impl", "kvpool.impl:BlockPool", "--runs", "1", "--steps", "150",
+                             "--examples", "30"], out=out) == 0, out.getvalue()
+        assert "not called (the pool lacks them, as it may): drop_one\n" in out.getvalue()
+        # a pool behind the drive protocol says it lacks it, and kvpool accepts that
+        fields = protocol.pool_fields(4, True, 1, True)
+        for pool, lacks in ((BlockPool, ["drop_one"]), (Dropping, None)):
+            answer = Server(pool, observe=False).answer(protocol.encode(protocol.header(fields)))
+            assert answer.get("unsupported") == lacks, answer
+            read = protocol.read_header_answer(answer, protocol.read_pool(protocol.header(fields)))
+            assert read.unsupported == frozenset(lacks or ())
+    with pytest.raises(protocol.ProtocolError, match="unsupported: expected"):
+        protocol.read_header_answer({"ok": True, "unsupported": ["drop_one"]},
+                                    protocol.read_pool(protocol.header(fields)))
+    assert missing_api(BlockPool) == [] and lacking(BlockPool) == []
+    assert "free_blocks" in required_api() and "drop_one" not in optional_api()
 
 
 class Dropping(BlockPool):

@@ -59,16 +59,38 @@ from .abstraction import any_value_error, same_refusal, vllm_refusal
 
 ErrorMatcher = Callable[[Exception, Exception | None], bool]
 
-REQUIRED_API: tuple[str, ...] = PUBLIC_OPERATIONS
-"""The operations every pool must have: the model's public ones (vLLM's private members
-``_insert_block_hash`` and ``_maybe_evict_cached_block`` are called only where a pool has them)."""
+REFERENCE_API: frozenset[str] = frozenset({
+    "get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks", "reset_prefix_cache",
+    "cache_full_blocks", "cache_partial_block", "move_block_hashes", "emit_cached_block_events",
+    "take_events", "_insert_block_hash", "_maybe_evict_cached_block", "get_cached_block",
+    "is_block_writable", "get_num_free_blocks", "get_usage"})
+"""vLLM 0.31.0's ``BlockPool``: the API pools were written against.  It does not grow: an
+operation declared beyond it is checked where a pool has it and left out where it does not (the
+generators call only what a pool has), so a new operation breaks no pool written before it."""
+
+
+def required_api() -> tuple[str, ...]:
+    """The operations every pool must have: the model's public ones of vLLM's API (its private
+    members ``_insert_block_hash`` and ``_maybe_evict_cached_block`` are called only where a pool
+    has them, as is every operation declared beyond it)."""
+    return tuple(n for n in PUBLIC_OPERATIONS if n in REFERENCE_API)
+
+
+def optional_api() -> tuple[str, ...]:
+    """The operations a pool may lack: vLLM's private members, and every one declared beyond its API."""
+    return tuple(n for n, op in OPERATIONS.items() if op.role != "caller" and n not in required_api())
+
+
+REQUIRED_API: tuple[str, ...] = required_api()
+"""The operations every pool must have (:func:`required_api`, as the declarations stand at import)."""
 
 
 @runtime_checkable
 class ReferencePool(Protocol):
     """A pool with the reference API; blocks are objects with a ``block_id``.
 
-    Its operations are the model's public ones (:data:`REQUIRED_API`), each
+    Its operations are the model's public ones (vLLM's, :func:`required_api`, and any declared since
+    that it has), each
     taking its declared arguments in declared order under vLLM's parameter
     names; :func:`missing_api` checks them.  Besides them the observation reads
     ``blocks`` (each with ``block_id``, ``ref_cnt``, ``block_hash``) and
@@ -215,7 +237,7 @@ def misuse_setting(adapter: Adapter, requested: bool = True) -> tuple[bool, str]
 
 
 def missing_api(pool_class: Any) -> list[str]:
-    """The public operations ``pool_class`` lacks, or the calls of them it cannot take (empty: none).
+    """The required operations ``pool_class`` lacks, or the calls of any it has that it cannot take.
 
     Read off the declarations when asked: a method must take the declared
     arguments positionally (``touch(block_ids)``), and the required ones alone
@@ -223,16 +245,22 @@ def missing_api(pool_class: Any) -> list[str]:
     the model's, so they are not compared.  A method whose signature cannot be
     read (a compiled one) is taken as it is.
     """
-    out = []
+    out, required = [], required_api()
     for name, op in OPERATIONS.items():
         if op.role == "caller" or op.private:
             continue
         method = getattr(pool_class, name, None)
         if not callable(method):
-            out.append(name)
+            if name in required:
+                out.append(name)
         elif untaken := _untaken_call(method, op):
             out.append(untaken)
     return out
+
+
+def lacking(pool: Any) -> list[str]:
+    """The operations of :func:`optional_api` ``pool`` (a class or an instance) lacks: left unchecked."""
+    return [n for n in optional_api() if not callable(getattr(pool, n, None))]
 
 
 def _untaken_call(method: Callable[..., Any], op: Operation) -> str | None:
@@ -282,7 +310,7 @@ def load_object(spec: str) -> Any:
 
 
 __all__ = [
-    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "ReferencePool",
-    "adapter_factory", "adapter_for_class", "kvpool_adapter", "load_object", "missing_api",
-    "vllm_adapter",
+    "REFERENCE_API", "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "ReferencePool",
+    "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking", "load_object", "missing_api",
+    "optional_api", "required_api", "vllm_adapter",
 ]

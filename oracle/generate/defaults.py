@@ -25,15 +25,12 @@ from kvpool.model.kinds import BLOCK_KINDS
 from kvpool.model.request import num_blocks_hashed
 from kvpool.model.state import NULL
 
+from ..core.adapter import REFERENCE_API
 from ..core.lockstep import Lockstep
 
-WRITTEN: frozenset[str] = frozenset({
-    "get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks", "reset_prefix_cache",
-    "cache_full_blocks", "cache_partial_block", "move_block_hashes", "emit_cached_block_events",
-    "take_events", "_insert_block_hash", "_maybe_evict_cached_block", "get_cached_block",
-    "is_block_writable", "get_num_free_blocks", "get_usage"})
-"""The operations the workload's steps and the state machine's rules call by hand (each reaches
-every one: ``tests/test_registry.py``, ``tests/test_machine.py``); every other one gets
+WRITTEN: frozenset[str] = REFERENCE_API
+"""The operations the workload's steps and the state machine's rules call by hand: vLLM's API, each
+of it (``tests/test_registry.py``, ``tests/test_machine.py``); every other one gets
 :func:`default_call`."""
 
 Choose = Callable[[Sequence[Any]], Any]
