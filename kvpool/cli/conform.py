@@ -107,7 +107,7 @@ from traceback import format_exception
 from typing import Any, TextIO
 
 from kvpool.model import REFERENCES
-from kvpool.oracle.core.adapter import Adapter, misuse_setting
+from kvpool.oracle.core.adapter import Adapter, lacking, misuse_setting
 from kvpool.oracle.drive.adapter import DriveAdapter
 from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 from kvpool.oracle.search.conform import (
@@ -219,6 +219,9 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
           f"{'none (KVPOOL_EXAMPLE_DB names one)' if opts.database is None else describe(opts.database)}",
           file=out)
     print(f"  {why}", file=out)
+    pool_class = getattr(adapter, "pool_class", None)
+    if pool_class is not None and (lacks := lacking(pool_class)):
+        print(f"  not called (the pool lacks them, as it may): {', '.join(lacks)}", file=out)
     with quiet(pool_loggers(adapter) if not verbose else []) as silenced:
         if silenced:
             print(f"  the pool's log lines are silenced ({', '.join(silenced)}; --verbose shows them)",

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.adapter import optional_api
 from ..trace.read import Header, TraceStep, parse_header, parse_outcome, parse_step
 from ..trace.schema import DEFAULT_REFERENCE, HEADER_FIELDS, FieldError, Json, show
 from ..trace.schema import VERSION as TRACE_VERSION
@@ -124,11 +125,6 @@ def read_pool(value: Json) -> Header:
         raise ProtocolError("garbage", str(exc).replace("header", "pool", 1)) from None
 
 
-OPTIONAL_OPS = ("_insert_block_hash", "_maybe_evict_cached_block")
-"""vLLM's private members its engine calls: a pool may lack them (it says so in ``unsupported``),
-and the workloads then leave them out, as for a Python pool without them."""
-
-
 @dataclass(frozen=True)
 class HeaderAnswer:
     """The process made the pool; ``observation`` lists the fields it will show after each call."""
@@ -137,7 +133,7 @@ class HeaderAnswer:
     fresh: dict[str, Json] | None
     """The fresh pool's observation, as the process wrote it."""
     unsupported: frozenset[str] = frozenset()
-    """Operations of :data:`OPTIONAL_OPS` the pool does not have."""
+    """Operations of :func:`~kvpool.oracle.core.adapter.optional_api` the pool does not have."""
 
 
 def read_header_answer(value: Json, header_: Header) -> HeaderAnswer:
@@ -160,8 +156,8 @@ def read_header_answer(value: Json, header_: Header) -> HeaderAnswer:
         raise ProtocolError("garbage", f"ok: expected true or false, got {show(ok)} (answer "
                             f"{show(value)})")
     lacks = value.get("unsupported", [])
-    if not (isinstance(lacks, list) and all(op in OPTIONAL_OPS for op in lacks)):
-        raise ProtocolError("garbage", f"unsupported: expected a list of {list(OPTIONAL_OPS)}, got "
+    if not (isinstance(lacks, list) and all(op in optional_api() for op in lacks)):
+        raise ProtocolError("garbage", f"unsupported: expected a list of {list(optional_api())}, got "
                             f"{show(lacks)}")
     obs = value.get("observation")
     if obs is None:
@@ -232,6 +228,6 @@ def read_call(value: Json, header_: Header, number: int) -> TraceStep:
         raise ProtocolError("garbage", str(exc)) from None
 
 
-__all__ = ["ANSWER_FIELDS", "KEY", "OPTIONAL_OPS", "POOL_FIELDS", "VERSION", "HeaderAnswer",
+__all__ = ["ANSWER_FIELDS", "KEY", "POOL_FIELDS", "VERSION", "HeaderAnswer",
            "ProtocolError", "decode", "encode", "header", "pool_fields", "read_answer", "read_call",
            "read_header_answer", "read_pool", "trace_header"]

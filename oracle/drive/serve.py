@@ -25,7 +25,7 @@ from kvpool.model.operations import Translate
 from kvpool.model.request import prefix_key
 
 from ..core.abstraction import concrete_key
-from ..core.adapter import LoadError, load_object
+from ..core.adapter import LoadError, lacking, load_object
 from ..core.observe import Observer
 from ..trace.read import Header, TraceStep, json_lines, parse_header
 from ..trace.schema import FieldError, Json, TraceError
@@ -90,7 +90,7 @@ class Server(Translate):
         self.pool, self.header = pool, header
         self.watchers, self.pending = {}, []
         answer: dict[str, Json] = {"kvpool_drive": protocol.VERSION, "ok": True}
-        lacks = [op for op in protocol.OPTIONAL_OPS if not callable(getattr(pool, op, None))]
+        lacks = lacking(pool)
         if lacks:
             answer["unsupported"] = lacks
         if self.observe:
