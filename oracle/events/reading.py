@@ -108,6 +108,7 @@ class Reading:
         self.profiles = [factory(sizes) for _, factory in self.specs]
         for profile in self.profiles:
             profile.bound(self.history)
+            profile.unasked()  # a reading's profiles are read for their reactions only
         for report, profile in zip(self.routers, self.profiles, strict=True):
             report.rules = dict(profile.rules)
         while self.held:
