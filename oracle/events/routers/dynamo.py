@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..kinds import Position
+from ..kinds import Position, hash64
 from .base import (
     Cause,
     Profile,
@@ -174,19 +174,18 @@ class DynamoRouter(Profile):
             self.lookup.clear()
             self.counts.clear()
             return []
-        hashes = event_hashes(event)
         group = event.get("group_idx")
         ignored = ("dynamo.group-filter" if group is not None and group != 0
                    else "dynamo.medium-filter" if event.get("medium") in _OTHER_TIERS else None)
         if ignored is not None:
             if kind == "BlockStored" and self.explains:
-                for h in hashes:
+                for h in event_hashes(event):
                     self.dropped[h] = Cause(ignored, pos, "the store was not indexed")
             return []
         if kind == "BlockRemoved":
-            self._remove(hashes, pos)
+            self._remove(event["block_hashes"], pos)
             return []
-        return self._store(event, hashes, pos)
+        return self._store(event, event_hashes(event), pos)
 
     def _store(self, event: dict[str, Any], hashes: list[int], pos: Position) -> list[Reaction]:
         parent = event_parent(event)
@@ -256,8 +255,9 @@ class DynamoRouter(Profile):
             out.append((hashes[i], (tuple(tokens[i * size:(i + 1) * size]), lora, mm)))
         return out
 
-    def _remove(self, hashes: list[int], pos: Position) -> None:
-        for h in hashes:
+    def _remove(self, hashes: list[Any], pos: Position) -> None:
+        for raw in hashes:
+            h = raw if type(raw) is int and raw >= 0 else int(hash64(raw))
             n = self.counts.get(h)
             if n is not None:
                 if n > 1:
