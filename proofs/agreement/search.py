@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvpool.model.levels import Stopwatch, breadth_first
 from kvpool.model.state import PoolState
 
 from .. import bmc
@@ -37,23 +37,14 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
     by name (seeded encoding bugs); ``start`` replaces the initial state (a focused check).  Stops
     after ``seconds`` (``complete`` is then false).
     """
-    began, cpu = time.perf_counter(), time.process_time()
+    watch = Stopwatch()
     compiled = compile_all(domain_of(cfg), steps, predicates, properties, queue)
     rep = Report(cfg.blocks, cfg.hash_block_size, depth, events=cfg.events_on)
     run = Run(compiled, rep, perturb)
     rep.invariants = {n: [0, 0] for n in compiled.predicates}
     rep.steps = {n: [0, 0] for n in compiled.steps}
     requests = cfg.requests()
-    renamings = bmc.renamings_of(cfg) if cfg.symmetry else []
-    memo_key: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-
-    def key(s: PoolState) -> tuple[Any, ...]:
-        if not cfg.symmetry:
-            return bmc.canonical(s)
-        exact = s.variables()
-        if exact not in memo_key:
-            memo_key[exact] = bmc.orbit_key(s, renamings)
-        return memo_key[exact]
+    key = bmc.state_key(cfg)
 
     def visit(s: PoolState) -> Interp:
         rep.states += 1
@@ -69,29 +60,25 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
                 check_state(run, ps, abstract(compiled.domain, ps), f"perturbed: {label}")
         return interp
 
+    def expand(node: tuple[PoolState, Interp], _level: int) -> list[tuple[PoolState, Interp]]:
+        s, interp = node
+        memo: dict[tuple[Any, ...], Outcome] = {}
+        nxt: list[tuple[PoolState, Interp]] = []
+        for call in bmc.calls(s, cfg, requests):
+            after = check_call(run, s, interp, memo, call)
+            if after is None:
+                continue
+            c = key(after)  # the key reads no events, notices or metrics
+            if c not in seen:
+                seen.add(c)
+                after.events = []
+                nxt.append((after, visit(after)))
+        return nxt
+
     s0 = start.copy() if start is not None else cfg.initial()
     s0.events = []
     seen = {key(s0)}
-    frontier = [(s0, visit(s0))]
-    for level in range(1, depth + 1):
-        nxt_level: list[tuple[PoolState, Interp]] = []
-        for s, interp in frontier:
-            if time.perf_counter() - began > seconds:
-                rep.complete = False
-                rep.seconds, rep.cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
-                return rep
-            memo: dict[tuple[Any, ...], Outcome] = {}
-            for call in bmc.calls(s, cfg, requests):
-                after = check_call(run, s, interp, memo, call)
-                if after is None:
-                    continue
-                c = key(after)  # the key reads no events, notices or metrics
-                if c not in seen:
-                    seen.add(c)
-                    after.events = []
-                    nxt_level.append((after, visit(after)))
-        rep.depth, frontier = level, nxt_level
-        if not frontier:
-            break
-    rep.seconds, rep.cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
+    levels = breadth_first([(s0, visit(s0))], depth, expand, over_budget=watch.past(seconds))
+    rep.depth, rep.complete = levels.depth, levels.complete
+    rep.seconds, rep.cpu_seconds = watch.seconds(), watch.cpu_seconds()
     return rep

@@ -34,7 +34,7 @@ from .domains import (
 )
 from .printing import describe, format_trace, key_labels, show_arg
 from .search import Outcome, PartFigures, apply_call, explore, merge_parts
-from .symmetry import canonical, orbit_key, renamings_of, state_digest
+from .symmetry import canonical, orbit_key, renamings_of, state_digest, state_key
 
 __all__ = [
     "TOKENS",
@@ -60,6 +60,7 @@ __all__ = [
     "shape",
     "show_arg",
     "state_digest",
+    "state_key",
     "watcher_a",
     "watcher_b",
 ]
