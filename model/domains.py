@@ -98,8 +98,9 @@ def _block_sizes(s: PoolState) -> tuple[int, int]:
 
 
 def emit_cached_block_events(s: PoolState, scope: Scope) -> Iterator[Args]:
-    for r, bs, g in itertools.product(scope.requests, _block_sizes(s), scope.groups):
-        yield (r, 1, bs, g)
+    """No block and one block announced (no hit announces nothing)."""
+    for r, bs, g, n in itertools.product(scope.requests, _block_sizes(s), scope.groups, (0, 1)):
+        yield (r, n, bs, g)
 
 
 def cache_partial_block(s: PoolState, scope: Scope) -> Iterator[Args]:

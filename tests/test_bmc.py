@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +34,8 @@ from kvpool.model.properties import (
     policy_queue,
 )
 from kvpool.proofs import bmc
+from kvpool.proofs.bmc.branches import measure as measure_branches
+from kvpool.proofs.bmc.branches import shortfall
 from kvpool.proofs.bmc.domains import scope_of
 
 SMALL = bmc.Bounds(blocks=4)
@@ -278,14 +281,35 @@ def _one_step_states(cfg: bmc.Bounds) -> list[PoolState]:
     return states
 
 
-def test_the_domains_reach_every_argument_shape_the_declarations_allow() -> None:
+def test_the_domains_reach_every_branch_and_pair_that_declared_calls_reach() -> None:
+    """The domains' coverage is judged by what the model does with their calls (bmc/domain-branches)."""
     cfg = bmc.Bounds(blocks=3, hash_block_size=2)
     states = _one_step_states(cfg)
-    assert bmc.missing_shapes(states, cfg) == {}
-    assert bmc.missing_shapes(states[:1], cfg)  # a fresh pool holds no block: no unpin of one
-    seen = {label for s in states for name, args in bmc.calls(s, cfg, cfg.requests())
-            if name == "cache_partial_block" for label in bmc.shape("flag", args[5], cfg)}
-    assert seen == {"True", "False"}
+    cov = measure_branches(states, cfg)
+    assert cov.ok, shortfall(cov)
+    assert len(cov.reference) > 150 and len(cov.reference_pairs) > 1000
+    assert cov.reference_calls > cov.domain_calls  # the reference is not the domain
+
+
+def _narrowed(cfg: bmc.Bounds, drop: Callable[[str, tuple[Any, ...]], bool]
+              ) -> Callable[[PoolState], Iterator[tuple[str, tuple[Any, ...]]]]:
+    return lambda s: ((n, a) for n, a in bmc.calls(s, cfg, cfg.requests()) if not drop(n, a))
+
+
+@pytest.mark.parametrize(("operation", "drop", "what"), [
+    ("cache_full_blocks", lambda n, a: any(isinstance(x, list) and len(set(x)) < len(x) for x in a),
+     "cached_once_per_call"),
+    ("cache_partial_block", lambda n, a: n == "cache_partial_block" and a[5], "replace_existing_hashes"),
+    ("touch", lambda n, a: n == "touch" and len(a[0]) > 1, "s.free.remove(b)"),
+], ids=["a-repeat-inside-one-listing", "never-replacing", "touching-one-block"])
+def test_a_domain_that_drops_a_class_of_calls_the_model_treats_apart_is_caught(
+        operation: str, drop: Callable[[str, tuple[Any, ...]], bool], what: str) -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states = _one_step_states(cfg)
+    cov = measure_branches(states, cfg, _narrowed(cfg, drop), only={operation})
+    assert not cov.ok
+    shown = "\n".join(shortfall(cov, 100))
+    assert what in shown and "e.g. " + operation in shown, shown
 
 
 @pytest.mark.slow

@@ -292,7 +292,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
                          + ("" if out.part is None else
                             f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
                             f"{out.part.split_depth})"))
-    phase.cases += [legal_case(), shapes_case()]
+    phase.cases += [legal_case(), coverage_case()]
     progress.advance(phase.cases[-2].name)
     progress.advance(phase.cases[-1].name)
     phase.seconds = time.perf_counter() - start
@@ -300,24 +300,29 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     return phase
 
 
-def shapes_case() -> Case:
-    """The BMC's call domains reach every argument shape the declarations allow, from a fresh
-    pool and the states one call away (:func:`kvpool.proofs.bmc.missing_shapes`): a domain that
-    stopped generating a legal call (never ``replace_existing_hashes=True``) fails here."""
+def coverage_case() -> Case:
+    """The BMC's call domains reach every branch of every guard, contract and update, and every
+    pair of them one call takes, that well-formed calls made from the declarations' argument kinds
+    reach from the same states (a fresh pool and the states one call away,
+    :mod:`kvpool.proofs.bmc.branches`): a domain that stopped making a class of calls the model
+    treats apart (a block listed twice, ``replace_existing_hashes=True``) fails here."""
     # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.proofs import bmc
+    from kvpool.proofs.bmc.branches import measure, shortfall
     from kvpool.proofs.bmc.search import explore  # the model's own actions, whatever a test swapped
 
     began = time.perf_counter()
     cfg = bmc.Bounds(blocks=3, hash_block_size=2)
     states: list[Any] = []
     explore(cfg, 1, 600.0, visit=states.append)
-    lost = bmc.missing_shapes(states, cfg)
-    fail = None if not lost else failure(
-        "violation", f"the BMC's domains never make {len(lost)} legal argument shape(s): "
-        + "; ".join(f"{k}: {', '.join(v)}" for k, v in lost.items()),
-        "\n".join(f"{k}: never {', '.join(v)}" for k, v in lost.items()))
-    return Case("bmc/domain-shapes", f"the domains reach every argument shape of {len(states)} states' calls",
+    cov = measure(states, cfg)
+    lost = shortfall(cov)
+    fail = None if cov.ok else failure(
+        "violation", f"the BMC's domains miss {len(cov.missing)} branch(es) and {len(cov.missing_pairs)} "
+        f"pair(s) of branches that well-formed calls reach: {lost[0]}", "\n".join(lost))
+    return Case("bmc/domain-branches", f"the domains reach every branch ({len(cov.reference)}) and pair "
+                f"of branches ({len(cov.reference_pairs):,}) of the guards, contracts and updates that "
+                f"{cov.reference_calls:,} well-formed calls reach from {len(states)} states",
                 fail is None, time.perf_counter() - began, fail)
 
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvpool.model.levels import Stopwatch, breadth_first
+from kvpool.model.levels import Stop, Stopwatch, breadth_first
 from kvpool.model.state import PoolState
 
 from .. import bmc
@@ -25,7 +25,7 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
           predicates: Mapping[str, SymInvariant] | None = None,
           properties: Mapping[str, SymStepProperty] | None = None,
           queue: Mapping[str, tuple[Callable[..., Any], Any]] | None = None,
-          start: PoolState | None = None) -> Report:
+          start: PoolState | None = None, first: bool = False) -> Report:
     """Check the encoding on every state the BMC keeps up to ``depth`` and every call it makes.
 
     The search is :func:`kvpool.proofs.bmc.explore`'s (same calls, same
@@ -35,7 +35,7 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
     ones; 0: none); each call from a state above the last level is compared.
     ``steps``/``predicates``/``properties``/``queue`` replace compiled terms
     by name (seeded encoding bugs); ``start`` replaces the initial state (a focused check).  Stops
-    after ``seconds`` (``complete`` is then false).
+    after ``seconds``, or with ``first`` at the first disagreement (``complete`` is then false).
     """
     watch = Stopwatch()
     compiled = compile_all(domain_of(cfg), steps, predicates, properties, queue)
@@ -66,13 +66,14 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
         nxt: list[tuple[PoolState, Interp]] = []
         for call in bmc.calls(s, cfg, requests):
             after = check_call(run, s, interp, memo, call)
-            if after is None:
-                continue
-            c = key(after)  # the key reads no events, notices or metrics
-            if c not in seen:
-                seen.add(c)
-                after.events = []
-                nxt.append((after, visit(after)))
+            if after is not None:
+                c = key(after)  # the key reads no events, notices or metrics
+                if c not in seen:
+                    seen.add(c)
+                    after.events = []
+                    nxt.append((after, visit(after)))
+            if first and rep.disagreements:
+                raise Stop
         return nxt
 
     s0 = start.copy() if start is not None else cfg.initial()

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from .domains import (
     TOKENS,
-    WANTED_SHAPES,
     WATCHERS,
     Action,
     Bounds,
     Call,
     Request,
     calls,
-    missing_shapes,
-    shape,
     watcher_a,
     watcher_b,
 )
@@ -38,7 +35,6 @@ from .symmetry import canonical, orbit_key, renamings_of, state_digest, state_ke
 
 __all__ = [
     "TOKENS",
-    "WANTED_SHAPES",
     "WATCHERS",
     "Action",
     "Bounds",
@@ -54,10 +50,8 @@ __all__ = [
     "format_trace",
     "key_labels",
     "merge_parts",
-    "missing_shapes",
     "orbit_key",
     "renamings_of",
-    "shape",
     "show_arg",
     "state_digest",
     "state_key",
