@@ -266,6 +266,25 @@ def test_a_weakened_z3_step_property_is_caught() -> None:
     assert "a Stored of a live entry" in first.what and "model False, z3 True" in first.detail
 
 
+def _fresh_announcements_only(s: SymState, _args: Any, st: T.SymStep) -> Any:
+    """The event property without "the live announcements after the step are the index": weaker
+    by one conjunct, and no alteration made for the property itself breaks that conjunct."""
+    b, k = z3.Const("bound.b", Block), z3.Const("bound.k", KeySort)
+    return z3.Implies(z3.And(st.pre, s.events), z3.ForAll([k, b], z3.Implies(
+        st.stored[k, b], z3.Not(z3.And(s.live[k, b], z3.Not(st.removed[k, b]))))))
+
+
+def test_a_z3_step_property_weaker_by_any_conjunct_is_caught_on_other_alterations() -> None:
+    """Every property is compared on every alteration and on perturbed next states, not only the
+    property an alteration was made for: "z3 true, model false" is a disagreement too."""
+    rep = agreement.check(DEEP, 2, perturb=1, properties={
+        "event_announcements_match_index": SymStepProperty(None, _fresh_announcements_only)})
+    assert set(rep.disagreements) == {"property/event_announcements_match_index"}
+    found = rep.examples["property/event_announcements_match_index"]
+    assert all("model False, z3 True" in d.detail for d in found)
+    assert not any("a Stored of a live entry" in d.what for d in found)
+
+
 @pytest.mark.slow  # 26 s; kvpool verify's seeded bugs include it
 def test_a_queue_step_freeing_cached_blocks_to_the_head_is_caught() -> None:
     from kvpool.bugs import BUGS

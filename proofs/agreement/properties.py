@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from kvpool.model import OPERATIONS
 from kvpool.model.events import Removed, Stored
-from kvpool.model.properties import CACHE_RECORDS, EVICTIONS, STEP_PROPERTIES, Transition
+from kvpool.model.properties import CACHE_RECORDS, EVICTIONS, QUEUE_ORDER, STEP_PROPERTIES, Transition
 from kvpool.model.request import EMPTY as EMPTY_PREFIX
 from kvpool.model.request import extends
 from kvpool.model.split import Split
@@ -20,6 +20,7 @@ from ..evaluate.interp import Interp, QInterp, abstract, queue_of, queue_order
 from ..evaluate.runtime import Undetermined
 from .report import Disagreement, Run
 from .show import described, show_bool
+from .states import perturbations, unfaithful
 
 Plan = Split
 """A call as z3 steps (the declaration's split, :mod:`kvpool.model.split`)."""
@@ -107,11 +108,9 @@ def _z3_says(run: Run, steps: StepRun, queue: QueueRun) -> dict[str, bool | None
 
 
 def _compare(run: Run, s: PoolState, call: bmc.Call, t: Transition, said: Mapping[str, bool | None],
-             what: str, only: str | None = None) -> None:
-    """The model's step properties of ``t`` against what z3 says (``only``: that one)."""
+             what: str) -> None:
+    """The model's step properties of ``t`` against what z3 says of them, both ways."""
     for prop, z in said.items():
-        if only is not None and prop != only:
-            continue
         want = STEP_PROPERTIES[prop](t)
         counts = run.report.properties.setdefault(prop, [0, 0])
         counts[0 if want else 1] += 1
@@ -123,15 +122,23 @@ def _compare(run: Run, s: PoolState, call: bmc.Call, t: Transition, said: Mappin
 
 def check_properties(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call,
                       steps: StepRun, queue: QueueRun) -> None:
-    """Every step property z3 states, on the call as made and on transitions made wrong on purpose.
+    """Every step property z3 states against the model's, both ways, on the call as made and on
+    transitions made wrong on purpose.
 
-    Reachable calls keep every property, so each accepted call is also altered (one in
-    ``perturb`` of them, rotating) in a way that breaks one property in the model: a block
-    nobody holds given other content, a shared block's content replaced, an evicted block left
-    indexed, a ``Stored`` of a live
-    entry, a ``Removed`` of a key nobody announced, two queued blocks swapped, the second
-    queued block handed out.  z3's property of the same name, asked of the altered
-    transition, must be false too (both ways).
+    Reachable calls keep every property, so each accepted call (one in ``perturb`` of them,
+    rotating) is also altered in ways that break one property in the model (:func:`_altered`: a
+    block nobody holds given other content, a shared block's content replaced, an evicted block
+    left indexed, a ``Stored`` of a live entry, a ``Removed`` of a key nobody announced, two
+    queued blocks swapped, a freed block at the other end, the second queued block handed out,
+    a watcher kept by a reset), and, for a call of one z3 step, its next state is perturbed as
+    the states are (:func:`.states.perturbations`; on one in ``perturb`` of the altered calls,
+    one in ``perturb`` of the perturbations, rotating so that every kind comes round; the
+    unfaithful ones and those that edit the announcements alone left out).  On each, every
+    property z3 states is compared with the model's (the queue-order ones on the alterations
+    made for them: the z3 three divide the order per step, the model's per call, and their
+    conjunctions agree where the queue does): a property true in one and false in the other is
+    a disagreement, whichever is false, so a z3 property weaker than the model's by any
+    conjunct an alteration breaks is caught.
     """
     name, args = call
     op = OPERATIONS[name]
@@ -146,8 +153,22 @@ def check_properties(run: Run, s: PoolState, nxt: PoolState, result: Any, call: 
         said = _z3_says(run, [*steps[:-1], (steps[-1][0], st_, steps[-1][2] if post is None else post, a,
                                             rem, sto)],
                         [*queue[:-1], qlast] if qlast is not None else queue)
-        _compare(run, s, call, op.transition(before or s, after, args, res, out=out), said,
-                 f"altered: {label}", prop)
+        # the queue properties divide the order differently per step and per call: each is
+        # compared on the alterations made for it (the queue itself is compared whole, above)
+        _compare(run, s, call, op.transition(before or s, after, args, res, out=out),
+                 {n: v for n, v in said.items() if n == prop or n not in QUEUE_ORDER}, f"altered: {label}")
+    if len(steps) != 1 or (run.turn // run.perturb) % run.perturb:  # a perturbed state is the
+        return  # result of the call, not of its last step alone; one in perturb of the altered calls
+    step, before_i, _post, cargs, removed, stored = steps[0]
+    d = run.compiled.domain
+    for j, (label, ps) in enumerate(perturbations(nxt, d, run.turn)):
+        # the model's event properties read the call's events, z3's the announcements they leave:
+        # a state whose announcements alone are edited is no transition of either
+        if (run.turn + j) % run.perturb or unfaithful(ps) or ps.announced != nxt.announced:
+            continue
+        said = _z3_says(run, [(step, before_i, abstract(d, ps), cargs, removed, stored)], [])
+        _compare(run, s, call, op.transition(s, ps, args, result, out=nxt.out), said,
+                 f"its next state perturbed: {label}")
 
 
 class Altered(NamedTuple):
