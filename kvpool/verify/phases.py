@@ -226,6 +226,10 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
     for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
                             strict=True):
         record(name, checks)
+    if shard.whole:  # a shard holds part of the catalogue: kvpool merge decides on the whole
+        from .dead_weight import dead_weight_case
+
+        phase.cases.append(dead_weight_case(bugs))
     phase.seconds = time.perf_counter() - start
     phase.extra = {"bugs": bugs}
     return phase

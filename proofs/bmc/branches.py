@@ -91,21 +91,38 @@ class Tracer:
             return self._local(frame)
         return None
 
-    def run(self, s: PoolState, name: str, args: tuple[Any, ...]) -> frozenset[Branch] | None:
-        """The branches one call takes on a copy of ``s`` (None: refused for its arguments' shape)."""
-        op = OPERATIONS[name]
+    def taking(self, fn: Callable[[], Any]) -> frozenset[Branch]:
+        """The branches ``fn()`` takes (its exceptions propagate)."""
         self.taken = set()
         sys.settrace(self._global)
         try:
-            op.run(s.copy(), op.bind(args))
-        except Refusal as refusal:
-            if refusal.kind in ARGUMENT_SHAPE:
-                return None
-        except ContractBroken:
-            pass
+            fn()
         finally:
             sys.settrace(None)
         return frozenset(self.taken)
+
+    def run(self, s: PoolState, name: str, args: tuple[Any, ...]) -> frozenset[Branch] | None:
+        """The branches one call takes on a copy of ``s`` (None: refused for its arguments' shape)."""
+        op = OPERATIONS[name]
+
+        def call() -> None:
+            try:
+                op.run(s.copy(), op.bind(args))
+            except Refusal as refusal:
+                if refusal.kind in ARGUMENT_SHAPE:
+                    raise
+            except ContractBroken:
+                pass
+
+        try:
+            return self.taking(call)
+        except Refusal:
+            return None
+
+
+def pairs_of(name: str, taken: frozenset[Branch]) -> set[tuple[str, Branch, Branch]]:
+    """The pairs of branches one call of ``name`` took together."""
+    return {(name, a, b) for a, b in itertools.combinations(sorted(taken), 2)}
 
 
 # --------------------------------------------------------------------------
@@ -221,7 +238,7 @@ def measure(states: Sequence[PoolState], cfg: Bounds,
                     continue
                 counted.add((name, taken, side))
                 branches = {(name, b) for b in taken}
-                pairs = {(name, a, b) for a, b in itertools.combinations(sorted(taken), 2)}
+                pairs = pairs_of(name, taken)
                 if side == "domain":
                     out.domain |= branches
                     out.domain_pairs |= pairs
@@ -258,5 +275,5 @@ def show_branch(b: Branch) -> str:
     return f"{name}:{at}: {lines[at - 1].strip()}  ->  {went}"
 
 
-__all__ = ["TRACED", "Branch", "Coverage", "Tracer", "decision_lines", "measure", "reference_calls",
-           "shortfall", "show_branch"]
+__all__ = ["TRACED", "Branch", "Coverage", "Tracer", "decision_lines", "measure", "pairs_of",
+           "reference_calls", "shortfall", "show_branch"]
