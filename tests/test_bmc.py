@@ -312,6 +312,27 @@ def test_a_domain_that_drops_a_class_of_calls_the_model_treats_apart_is_caught(
     assert what in shown and "e.g. " + operation in shown, shown
 
 
+def _guard_without(check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard helper that lost its check (as a mutant of model/guards.py would)."""
+    from kvpool.model import guards
+
+    monkeypatch.setattr(guards, check, lambda *_a, **_k: None)
+
+
+@pytest.mark.parametrize("check", ["check_count", "check_group", "check_block_size", "check_chunks",
+                                   "check_ids"])
+def test_a_guard_that_lost_an_argument_check_lets_misuse_through(
+        check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpool.proofs.bmc.misuse import check_misuse
+
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states = _one_step_states(cfg)
+    assert check_misuse(states, cfg).ok
+    _guard_without(check, monkeypatch)
+    out = check_misuse(states, cfg)
+    assert not out.ok and out.let_through, check
+
+
 @pytest.mark.slow
 def test_the_domains_reach_every_branch_of_every_action() -> None:
     from kvpool.oracle.search.coverage import measure

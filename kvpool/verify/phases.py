@@ -271,7 +271,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
-    progress.start("bmc", len(budget.bmc_pools) + 2)
+    progress.start("bmc", len(budget.bmc_pools) + 3)
     runs = []
     start = time.perf_counter()
     for blocks, hbs, depth in pool_depths(budget.bmc_pools, budget.bmc_depth):
@@ -296,9 +296,9 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
                          + ("" if out.part is None else
                             f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
                             f"{out.part.split_depth})"))
-    phase.cases += [legal_case(), coverage_case()]
-    progress.advance(phase.cases[-2].name)
-    progress.advance(phase.cases[-1].name)
+    phase.cases += [legal_case(), coverage_case(), misuse_case()]
+    for case in phase.cases[-3:]:
+        progress.advance(case.name)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"runs": runs}
     return phase
@@ -328,6 +328,27 @@ def coverage_case() -> Case:
                 f"of branches ({len(cov.reference_pairs):,}) of the guards, contracts and updates that "
                 f"{cov.reference_calls:,} well-formed calls reach from {len(states)} states",
                 fail is None, time.perf_counter() - began, fail)
+
+
+def misuse_case() -> Case:
+    """Calls with one argument wrong for its declared kind are refused by their guard (or are a no-op
+    it decides) from a fresh pool and the states one call away (:mod:`kvpool.proofs.bmc.misuse`): a
+    guard that lost an argument check fails here, though no search makes such a call."""
+    # lazy: a phase's modules load when it runs (module docstring)
+    from kvpool.proofs import bmc
+    from kvpool.proofs.bmc.misuse import check_misuse
+    from kvpool.proofs.bmc.search import explore
+
+    began = time.perf_counter()
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states: list[Any] = []
+    explore(cfg, 1, 600.0, visit=states.append)
+    out = check_misuse(states, cfg)
+    fail = None if out.ok else failure(
+        "violation", f"{len(out.let_through)} call(s) with a wrong argument pass their guard: "
+        f"{out.let_through[0] if out.let_through else 'none made'}", "\n".join(out.let_through[:20]))
+    return Case("bmc/misuse-refused", f"{out.calls:,} calls with one argument wrong for its kind are refused "
+                f"by their guard, from {len(states)} states", fail is None, time.perf_counter() - began, fail)
 
 
 def legal_case() -> Case:

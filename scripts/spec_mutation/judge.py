@@ -8,7 +8,7 @@ anything of kvpool is imported; nothing else changes.
 The checks are those of ``kvpool verify --profile ci`` that do not run a pool: the z3
 proofs, the agreement of the encoding with the model (every pool of the profile, then its
 "never seen" cases), the z3 samples of the compiled terms, the BMC (every pool), the
-domains' coverage of the model's branches and the legal corpus.  No unit test, no seeded
+domains' coverage of the model's branches, the refusal of misuse and the legal corpus.  No unit test, no seeded
 bug, no lockstep.  The first concrete failure (a counterexample, a violation, an exception
 on a concrete input) refutes the mutant and ends the judge.  z3 answering ``unknown`` is not concrete.
 
@@ -116,14 +116,21 @@ class Checks:
             return self.never()
         if kind == "agreement":
             return self.agreement(*map(int, pool.split("-")))
-        return {"domain-branches": self.branches, "legal-corpus": self.legal, "proofs": self.proofs,
-                "evaluator": self.evaluator}[name]()
+        return {"domain-branches": self.branches, "legal-corpus": self.legal, "misuse-refused": self.misuse,
+                "proofs": self.proofs, "evaluator": self.evaluator}[name]()
 
     @staticmethod
     def branches() -> Failure | None:
         from kvpool.verify.phases import coverage_case
 
         case = coverage_case()
+        return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
+
+    @staticmethod
+    def misuse() -> Failure | None:
+        from kvpool.verify.phases import misuse_case
+
+        case = misuse_case()
         return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
 
     @staticmethod
@@ -230,8 +237,8 @@ def default_checks(paths: Sequence[str]) -> tuple[str, ...]:
         pool_depths(budget.agreement_pools, budget.agreement_depth), key=cost)]
     if all(p.startswith("proofs/") for p in paths):
         return ("proofs", "evaluator", *agreement, "agreement/never")
-    return ("legal-corpus", *bmc[:2], "domain-branches", *bmc[2:], *agreement, "agreement/never", "proofs",
-            "evaluator")
+    return ("misuse-refused", "legal-corpus", *bmc[:2], "domain-branches", *bmc[2:], *agreement,
+            "agreement/never", "proofs", "evaluator")
 
 
 def judge(job: Job) -> dict[str, Any]:
