@@ -8,9 +8,10 @@ anything of kvpool is imported; nothing else changes.
 The checks are those of ``kvpool verify --profile ci`` that do not run a pool: the z3
 proofs, the agreement of the encoding with the model (every pool of the profile, then its
 "never seen" cases), the z3 samples of the compiled terms, the BMC (every pool), the
-domains' coverage of the model's branches, the refusal of misuse and the legal corpus.  No unit test, no seeded
-bug, no lockstep.  The first concrete failure (a counterexample, a violation, an exception
-on a concrete input) refutes the mutant and ends the judge.  z3 answering ``unknown`` is not concrete.
+domains' coverage of the model's branches, the refusal of misuse and the legal corpus. No
+unit test, no seeded bug, no lockstep. The first concrete failure (a counterexample, a
+violation, an exception on a concrete input) refutes the mutant and ends the judge. z3
+answering ``unknown`` is not concrete.
 
 **Budgets by work, not time.**  Every function and loop body of the mutated module counts a
 step (:func:`spec_mutation.mutate.instrumented`); past the job's budget the judge stops with
