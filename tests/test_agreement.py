@@ -76,6 +76,26 @@ def test_a_pool_with_events_off_agrees_too() -> None:
     assert rep.ok, {c: [e.detail for e in x] for c, x in rep.examples.items()}
 
 
+def test_a_model_announcing_with_events_off_is_caught_on_a_pool_with_events_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agreement's events-off pool (agreement_events_off): z3 leaves the announcements alone
+    there, so a model that records one is refused; a pool with events on cannot show it."""
+    from dataclasses import replace as with_field
+
+    from kvpool.model import OPERATIONS
+
+    op = OPERATIONS["_insert_block_hash"]
+
+    def announcing(s: Any, request: Any, prefix_tokens: int, group: int, block_id: int, n: Any) -> None:
+        op.next(s, request, prefix_tokens, group, block_id, n)
+        s.announced.add(((request.block_hashes[prefix_tokens // s.hash_block_size - 1], group), block_id))
+
+    monkeypatch.setitem(OPERATIONS, "_insert_block_hash", with_field(op, next=announcing))
+    off = agreement.check(bmc.Bounds(blocks=3, hash_block_size=2, events_on=False), 2, perturb=0, first=True)
+    assert "step/insert" in off.disagreements, off.disagreements
+    assert "live" in off.examples["step/insert"][0].detail
+
+
 def test_every_call_from_a_state_with_secondary_keys_agrees() -> None:
     s = _secondary_state()
     assert s.secondary[1] and s.primary[1] is not None

@@ -398,6 +398,16 @@ def test_the_sized_operations_take_the_hash_block_size_and_twice_it() -> None:
     assert {a[4] for a in _domain("cache_partial_block", s, cfg)} == {2, 4}
 
 
+def test_a_pool_that_takes_boundary_partials_is_offered_them_and_explored() -> None:
+    """vLLM 0.33's settings (partial entries at block boundaries, the null block's count left alone)."""
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2, reference="0.33")
+    s = cfg.initial()
+    assert s.boundary_partials and not s.null_counted
+    calls = _domain("cache_partial_block", s, cfg)
+    assert any(bs == cfg.hash_block_size and not rep for _r, _b, _nt, _g, bs, rep in calls)
+    assert bmc.explore(cfg, 2, NET).ok
+
+
 def test_a_partial_entry_ends_inside_a_block_unless_it_replaces_the_whole_request() -> None:
     cfg = bmc.Bounds(blocks=3, hash_block_size=2)
     s = cfg.initial()

@@ -271,18 +271,21 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
-    progress.start("bmc", len(budget.bmc_pools) + 3)
+    progress.start("bmc", len(budget.bmc_pools) + len(budget.bmc_references) + 3)
     runs = []
     start = time.perf_counter()
-    for blocks, hbs, depth in pool_depths(budget.bmc_pools, budget.bmc_depth):
-        cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs)
+    pools = [(*p, "0.31") for p in pool_depths(budget.bmc_pools, budget.bmc_depth)]
+    for blocks, hbs, depth, version in [*pools, *budget.bmc_references]:
+        cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs, reference=version)
         if shard.whole:
             out = bmc.explore(cfg, depth, budget.bmc_seconds)
         else:
             out = bmc.explore(cfg, depth, budget.bmc_seconds, part=shard.part,
                               split_depth=budget.bmc_split_depth)
-        name = f"{blocks} blocks, hash_block_size {hbs}"
-        slug = f"{blocks}-blocks-hbs-{hbs}" + ("" if depth == budget.bmc_depth else f"-depth-{depth}")
+        other = "" if version == "0.31" else f", vLLM {version}"
+        name = f"{blocks} blocks, hash_block_size {hbs}{other}"
+        slug = (f"{blocks}-blocks-hbs-{hbs}" + ("" if depth == budget.bmc_depth else f"-depth-{depth}")
+                + ("" if version == "0.31" else f"-vllm-{version}"))
         runs.append({"name": name, "blocks": blocks, "hash_block_size": hbs,
                      "depth_target": depth, "depth": out.depth, "states": out.states,
                      "transitions": out.transitions, "complete": out.complete, "ok": out.ok,

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvpool.model import OPERATIONS, initial_state
 from kvpool.model.domains import Scope
-from kvpool.model.state import PoolState
+from kvpool.model.state import REFERENCES, PoolState
 
 Action = Callable[..., tuple[PoolState, Any]]
 """A model action: ``(state, *args) -> (next state, result)``."""
@@ -71,13 +71,15 @@ class Bounds:
     """Whether the pool emits KV events (the event-log properties need them on)."""
     symmetry: bool = True
     """Identify states that differ only by a renaming of the non-null blocks."""
+    reference: str = "0.31"
+    """The vLLM version whose behaviour the model reproduces (:data:`kvpool.model.state.REFERENCES`)."""
 
     def requests(self) -> list[Request]:
         return [Request.of(name, toks, self.hash_block_size) for name, toks in TOKENS.items()]
 
     def initial(self) -> PoolState:
         return initial_state(self.blocks, caching=True, hash_block_size=self.hash_block_size,
-                             events_on=self.events_on)
+                             events_on=self.events_on, **REFERENCES[self.reference])
 
 
 DEFAULT = Bounds()

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.model import OPERATIONS, ContractBroken, Refusal, RefusalKind
-from kvpool.model.guards import MAX_GROUP_ID
 from kvpool.model.state import PoolState
 
 from .domains import Bounds, scope_of
 
 ARGUMENT_SHAPE = (RefusalKind.INVALID_ARGUMENT, RefusalKind.UNKNOWN_BLOCK)
+GROUP_IDS = 2**32
+"""Group ids travel as four bytes (vLLM's index keys): stated here, not read from the guard judged."""
 
 
 def _ill_formed(kind: str, s: PoolState, good: Any) -> Sequence[Any]:
@@ -32,17 +33,18 @@ def _ill_formed(kind: str, s: PoolState, good: Any) -> Sequence[Any]:
     n, hbs = s.num_blocks, s.hash_block_size
     not_multiple = [hbs + 1] if hbs > 1 else []
     places = len(good) if isinstance(good, list) and good else 1
-    return {
+    table: dict[str, list[Any]] = {
         "count": [-1],
         "block": [-1, n],
         "blocks": [[-1] * places, [n] * places],
         "block_ids": [[-1] * places, [n] * places],
         "size": [0, -hbs, *not_multiple],
         "tokens": [0, -hbs, *not_multiple],
-        "group": [-1, MAX_GROUP_ID + 1],
-        "groups": [[-1], [0, MAX_GROUP_ID + 1]],
+        "group": [-1, GROUP_IDS],
+        "groups": [[-1], [0, GROUP_IDS]],
         "watcher": [None],
-    }.get(kind, [])
+    }
+    return table.get(kind, [])
 
 
 def misuse(s: PoolState, cfg: Bounds) -> Iterator[tuple[str, tuple[Any, ...], str]]:

@@ -112,11 +112,13 @@ class Checks:
     def run(self, name: str) -> Failure | None:
         kind, _, pool = name.partition("/")
         if kind == "bmc":
-            return self.bmc(*map(int, pool.split("-")))
+            blocks, hbs, depth, *version = pool.split("-")
+            return self.bmc(int(blocks), int(hbs), int(depth), *version)
         if kind == "agreement" and pool == "never":
             return self.never()
         if kind == "agreement":
-            return self.agreement(*map(int, pool.split("-")))
+            blocks, hbs, depth, *off = pool.split("-")
+            return self.agreement(int(blocks), int(hbs), int(depth), events=not off)
         return {"domain-branches": self.branches, "legal-corpus": self.legal, "misuse-refused": self.misuse,
                 "proofs": self.proofs, "evaluator": self.evaluator}[name]()
 
@@ -142,21 +144,21 @@ class Checks:
         return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
 
     @staticmethod
-    def bmc(blocks: int, hbs: int, depth: int) -> Failure | None:
+    def bmc(blocks: int, hbs: int, depth: int, version: str = "0.31") -> Failure | None:
         from kvpool.proofs import bmc
 
-        out = bmc.explore(bmc.Bounds(blocks=blocks, hash_block_size=hbs), depth, 3600.0)
+        out = bmc.explore(bmc.Bounds(blocks=blocks, hash_block_size=hbs, reference=version), depth, 3600.0)
         if out.ok:
             return None
         calls = " ; ".join(f"{t.action}({', '.join(bmc.show_arg(a) for a in t.args)})" for t in out.trace)
         return Failure("violation", f"breaks {', '.join(out.violation)} after {calls}")
 
-    def agreement(self, blocks: int, hbs: int, depth: int) -> Failure | None:
+    def agreement(self, blocks: int, hbs: int, depth: int, events: bool = True) -> Failure | None:
         from kvpool.proofs import bmc
         from kvpool.proofs.agreement import check
 
         budget, _b, _a = _ci()
-        rep = check(bmc.Bounds(blocks=blocks, hash_block_size=hbs), depth, 3600.0,
+        rep = check(bmc.Bounds(blocks=blocks, hash_block_size=hbs, events_on=events), depth, 3600.0,
                     perturb=budget.agreement_perturb, first=True)
         self.reports.append(rep)
         for case, found in rep.examples.items():
@@ -234,11 +236,13 @@ def default_checks(paths: Sequence[str]) -> tuple[str, ...]:
 
     bmc = [f"bmc/{b}-{h}-{d}" for b, h, d in sorted(
         pool_depths(budget.bmc_pools, budget.bmc_depth), key=cost)]
-    agreement = [f"agreement/{b}-{h}-{d}" for b, h, d in sorted(
+    agreement = [f"agreement/{b}-{h}-{d}-off" for b, h, d in budget.agreement_events_off]
+    agreement += [f"agreement/{b}-{h}-{d}" for b, h, d in sorted(
         pool_depths(budget.agreement_pools, budget.agreement_depth), key=cost)]
     if all(p.startswith("proofs/") for p in paths):
         return ("proofs", "evaluator", *agreement, "agreement/never")
-    return ("misuse-refused", "legal-corpus", *bmc[:2], "domain-branches", *bmc[2:], *agreement,
+    others = [f"bmc/{b}-{h}-{d}-{v}" for b, h, d, v in budget.bmc_references]
+    return ("misuse-refused", "legal-corpus", *bmc[:2], *others, "domain-branches", *bmc[2:], *agreement,
             "agreement/never", "proofs", "evaluator")
 
 
