@@ -92,8 +92,8 @@ def equivalents() -> dict[str, str]:
 
 
 def key_of(m: Mutant) -> str:
-    """A name for a mutant that survives edits elsewhere in its file: where and what, not its number."""
-    return f"{m.file}|{m.operator}|{m.before}|{m.after}"
+    """A name for a mutant that survives edits elsewhere in its file: its place, not its number."""
+    return f"{m.file}|{m.place}"
 
 
 def stratified(pop: dict[str, list[Mutant]], n: int, seed: int, floor: int) -> list[Mutant]:

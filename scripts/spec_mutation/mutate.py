@@ -65,6 +65,9 @@ class Mutant:
     before: str
     after: str
     file_digest: str
+    place: str = ""
+    """Where and what, without the number: the function, the statement's first line, the operator,
+    the code before and after (and ``|k`` for the k-th such edit), stable under edits elsewhere."""
 
     @property
     def id(self) -> str:
@@ -281,28 +284,35 @@ def _iterated_literals(tree: ast.AST) -> set[int]:
     return out
 
 
-def _sites(tree: ast.AST) -> Iterator[tuple[ast.AST, str, Edit]]:
-    """Every (node, operator, edit) of the tree, in a fixed order (depth first, fields in order)."""
+Site = tuple[ast.AST, str, Edit, ast.AST, str]
+"""(node, operator, edit, enclosing statement, enclosing function's qualified name)."""
+
+
+def _sites(tree: ast.AST) -> Iterator[Site]:
+    """Every site of the tree, in a fixed order (depth first, fields in order)."""
     literals = _iterated_literals(tree)
 
-    def walk(node: ast.AST) -> Iterator[tuple[ast.AST, str, Edit]]:
+    def walk(node: ast.AST, stmt: ast.AST, where: str = "") -> Iterator[Site]:
         if _skipped(node):
             return
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            where = f"{where}.{node.name}" if where else node.name
         if isinstance(node, ast.stmt):
+            stmt = node
             for name, edit in _statement_ops(node):
-                yield node, name, edit
+                yield node, name, edit, stmt, where
         if isinstance(node, ast.expr):
             for name, edit in _expression_ops(node):
-                yield node, name, edit
+                yield node, name, edit, stmt, where
             if id(node) in literals:
                 for name, edit in _literal_ops(node):
-                    yield node, name, edit
+                    yield node, name, edit, stmt, where
         for child in _children(node):
             if isinstance(child, ast.Constant) and isinstance(child.value, str):
                 continue
-            yield from walk(child)
+            yield from walk(child, stmt, where)
 
-    yield from walk(tree)
+    yield from walk(tree, tree)
 
 
 def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
@@ -338,19 +348,23 @@ def mutants(path: str, root: Path = ROOT) -> list[Mutant]:
     text = source(path, root)
     tree = ast.parse(text)
     out: list[Mutant] = []
-    for number, (node, operator, edit) in enumerate(_sites(tree)):
+    seen: dict[str, int] = {}
+    for number, (node, operator, edit, stmt, where) in enumerate(_sites(tree)):
         before = _show(node)
         after = _show(edit(copy.deepcopy(node)))
         if ast.unparse(node) == ast.unparse(edit(copy.deepcopy(node))):
             continue
-        out.append(Mutant(path, number, getattr(node, "lineno", 0), operator, before, after, digest(text)))
+        name = f"{where or '<module>'}|{_show(stmt)}|{operator}|{before}|{after}"
+        seen[name] = seen.get(name, 0) + 1
+        out.append(Mutant(path, number, getattr(node, "lineno", 0), operator, before, after, digest(text),
+                          name + (f"|{seen[name]}" if seen[name] > 1 else "")))
     return out
 
 
 def _apply(tree: ast.AST, number: int) -> tuple[ast.AST, str, str, int, str]:
     """A copy of ``tree`` with site ``number`` mutated: (tree, before, after, line, operator)."""
     fresh = copy.deepcopy(tree)
-    for i, (node, operator, edit) in enumerate(_sites(fresh)):
+    for i, (node, operator, edit, _stmt, _where) in enumerate(_sites(fresh)):
         if i == number:
             before = _show(node)
             line = getattr(node, "lineno", 0)
