@@ -268,7 +268,7 @@ def test_every_step_property_and_the_queue_agree_both_ways() -> None:
     rep = agreement.check(DEEP, 3, perturb=4)
     assert rep.ok, {c: [e.detail for e in x] for c, x in rep.examples.items()}
     assert set(rep.properties) == set(agreement.COMPARED_PROPERTIES)
-    assert all(held for held, _broken in rep.properties.values()), rep.properties
+    assert all(held and broken for held, broken in rep.properties.values()), rep.properties
     assert rep.never_broken == [] and rep.queues > 10_000
 
 
@@ -303,6 +303,33 @@ def test_a_z3_step_property_weaker_by_any_conjunct_is_caught_on_other_alteration
     found = rep.examples["property/event_announcements_match_index"]
     assert all("model False, z3 True" in d.detail for d in found)
     assert not any("a Stored of a live entry" in d.what for d in found)
+
+
+def _reset_forgets_only(s: SymState, _args: Any, st: T.SymStep) -> Any:
+    """The reset property without "enabled exactly when no real block is in use"."""
+    b, k = z3.Const("bound.b", Block), z3.Const("bound.k", KeySort)
+    return z3.Implies(st.pre, z3.And(z3.ForAll([k, b], z3.Not(st.post.idx[k, b])),
+                                     z3.ForAll([b], z3.Not(st.post.watched[b]))))
+
+
+def _alloc_anything(s: SymState, args: Any, st: T.SymStep) -> Any:
+    """The allocation property reduced to "a handed-out block is real"."""
+    return z3.Implies(st.pre, args[0] != NULL)
+
+
+@pytest.mark.parametrize(("prop", "steps", "claim", "label"), [
+    ("reset_needs_an_idle_pool", ("reset",), _reset_forgets_only, "a reset refused on an idle pool"),
+    ("allocation_succeeds_iff_enough_free", ("alloc",), _alloc_anything,
+     "an allocation refused with enough idle blocks"),
+], ids=["reset", "alloc"])
+def test_a_z3_property_about_enabling_weakened_is_caught_on_calls_refused_on_purpose(
+        prop: str, steps: tuple[str, ...], claim: Any, label: str) -> None:
+    """The properties about when a step is enabled are compared both ways too: a call the model
+    would have to accept is refused on purpose, with its last z3 step disabled."""
+    rep = agreement.check(DEEP, 2, perturb=1, properties={prop: SymStepProperty(steps, claim)})
+    assert set(rep.disagreements) == {f"property/{prop}"}, rep.disagreements
+    found = rep.examples[f"property/{prop}"]
+    assert any(label in d.what and "model False, z3 True" in d.detail for d in found), found
 
 
 @pytest.mark.slow  # 26 s; kvpool verify's seeded bugs include it

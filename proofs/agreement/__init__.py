@@ -35,7 +35,6 @@ from .properties import Plan, queue_plan
 from .report import Disagreement, Report
 from .sample import Sampled, z3_sample
 from .scope import (
-    ABOUT_ENABLING,
     ARGUMENT_REFUSALS,
     BATCH_CONTRACTS,
     CHECKED,
@@ -50,7 +49,7 @@ from .search import check
 from .show import show_state
 from .states import perturbations, unfaithful
 
-__all__ = ["ABOUT_ENABLING", "ARGUMENT_REFUSALS", "BATCH_CONTRACTS", "CHECKED", "COMPARED_PROPERTIES",
+__all__ = ["ARGUMENT_REFUSALS", "BATCH_CONTRACTS", "CHECKED", "COMPARED_PROPERTIES",
            "MODEL_PREDICATES", "STATE_REFUSALS", "Compiledset", "Disagreement", "Plan", "Report", "Sampled",
            "check", "compile_all", "differences", "domain_of", "event_entries", "perturbations", "plan",
            "queue_plan", "show_state", "unfaithful", "z3_sample"]

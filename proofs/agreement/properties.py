@@ -13,7 +13,7 @@ from kvpool.model.properties import CACHE_RECORDS, EVICTIONS, QUEUE_ORDER, STEP_
 from kvpool.model.request import EMPTY as EMPTY_PREFIX
 from kvpool.model.request import extends
 from kvpool.model.split import Split
-from kvpool.model.state import Output, PoolState, Queue
+from kvpool.model.state import Output, PoolState, Primary, Queue
 
 from .. import bmc
 from ..evaluate.interp import Interp, QInterp, abstract, queue_of, queue_order
@@ -84,17 +84,19 @@ def check_queue(run: Run, s: PoolState, after: PoolState, call: bmc.Call, p: Pla
     return done
 
 
-def _z3_says(run: Run, steps: StepRun, queue: QueueRun) -> dict[str, bool | None]:
+def _z3_says(run: Run, steps: StepRun, queue: QueueRun, last_enabled: bool = True) -> dict[str, bool | None]:
     """Each step property the z3 side states of the call: every step it speaks of keeps it
-    (``None``: it reads a cell the model leaves undefined)."""
+    (``None``: it reads a cell the model leaves undefined); ``last_enabled``: whether the last
+    step is taken as enabled (a call refused at its last step: not)."""
     out: dict[str, bool | None] = {}
     for prop, per_step in run.compiled.claims.items():
-        for name, st, post, args, removed, stored in steps:
+        for i, (name, st, post, args, removed, stored) in enumerate(steps):
             claim = per_step.get(name)
             if claim is None:
                 continue
+            enabled = last_enabled or i < len(steps) - 1
             try:
-                held: bool | None = claim(st, post, *args, True, removed, stored)
+                held: bool | None = claim(st, post, *args, enabled, removed, stored)
             except Undetermined:
                 held = None
             prev = out.get(prop, True)
@@ -130,7 +132,8 @@ def check_properties(run: Run, s: PoolState, nxt: PoolState, result: Any, call: 
     block nobody holds given other content, a shared block's content replaced, an evicted block
     left indexed, a ``Stored`` of a live entry, a ``Removed`` of a key nobody announced, two
     queued blocks swapped, a freed block at the other end, the second queued block handed out,
-    a watcher kept by a reset), and, for a call of one z3 step, its next state is perturbed as
+    a watcher kept by a reset, a reset or an allocation refused where it must succeed, a block
+    cached again at a prefix as long), and, for a call of one z3 step, its next state is perturbed as
     the states are (:func:`.states.perturbations`; on one in ``perturb`` of the altered calls,
     one in ``perturb`` of the perturbations, rotating so that every kind comes round; the
     unfaithful ones and those that edit the announcements alone left out).  On each, every
@@ -147,16 +150,17 @@ def check_properties(run: Run, s: PoolState, nxt: PoolState, result: Any, call: 
     run.turn += 1
     if not steps or run.perturb == 0 or run.turn % run.perturb:
         return
-    for label, prop, after, res, out, last, qlast, before in _altered(
-            run, s, nxt, result, call, steps, queue):
-        st_, post, a, rem, sto = last
+    for alt in _altered(run, s, nxt, result, call, steps, queue):
+        st_, post, a, rem, sto = alt.last
         said = _z3_says(run, [*steps[:-1], (steps[-1][0], st_, steps[-1][2] if post is None else post, a,
                                             rem, sto)],
-                        [*queue[:-1], qlast] if qlast is not None else queue)
+                        [*queue[:-1], alt.qlast] if alt.qlast is not None else queue, alt.enabled)
         # the queue properties divide the order differently per step and per call: each is
         # compared on the alterations made for it (the queue itself is compared whole, above)
-        _compare(run, s, call, op.transition(before or s, after, args, res, out=out),
-                 {n: v for n, v in said.items() if n == prop or n not in QUEUE_ORDER}, f"altered: {label}")
+        _compare(run, s, call, op.transition(alt.before or s, alt.after, args, alt.result, alt.refusal,
+                                             out=alt.out),
+                 {n: v for n, v in said.items() if n == alt.prop or n not in QUEUE_ORDER},
+                 f"altered: {alt.label}")
     if len(steps) != 1 or (run.turn // run.perturb) % run.perturb:  # a perturbed state is the
         return  # result of the call, not of its last step alone; one in perturb of the altered calls
     step, before_i, _post, cargs, removed, stored = steps[0]
@@ -186,6 +190,35 @@ class Altered(NamedTuple):
     """The last queue step, altered (None: unchanged)."""
     before: PoolState | None = None
     """The state before, when the alteration changes it too (None: the reached one)."""
+    refusal: str | None = None
+    """The refusal the altered call ends in (None: accepted)."""
+    enabled: bool = True
+    """Whether the last z3 step is enabled in the altered transition."""
+
+
+def _refused_on_purpose(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call,
+                        steps: StepRun) -> Iterator[Altered]:
+    """The properties about when a step is enabled, made false: a reset refused on an idle pool, an
+    allocation refused with enough idle blocks, a block cached again at a prefix as long (the state
+    before altered so); each with the last z3 step disabled, or its state before the same."""
+    d = run.compiled.domain
+    name = call[0]
+    lname, lst, _post, largs, lrem, lsto = steps[-1]
+    none: frozenset[tuple[int, int]] = frozenset()
+    if name == "reset_prefix_cache" and result is True:
+        yield Altered("a reset refused on an idle pool", "reset_needs_an_idle_pool", s, False, Output(),
+                      (lst, lst, largs, none, none), None, enabled=False)
+    if name == "get_new_blocks" and len(steps) == 1:
+        yield Altered("an allocation refused with enough idle blocks", "allocation_succeeds_iff_enough_free",
+                      s, None, Output(), (lst, lst, largs, none, none), None,
+                      refusal="NOT_ENOUGH_FREE_BLOCKS", enabled=False)
+    if name == "cache_full_blocks" and len(steps) == 1 and lname == "cache_full":
+        b, t = int(largs[0]), int(largs[2])
+        key = d.keys[int(largs[1])]
+        before = s.copy()
+        before.primary[b] = Primary(key, t)
+        yield Altered("a block cached again at a prefix as long", "conflicting_caches_are_refused", nxt,
+                      result, nxt.out, (abstract(d, before), None, largs, lrem, lsto), None, before)
 
 
 def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call, steps: StepRun,
@@ -261,6 +294,7 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
 
             "a watcher kept by the reset", "reset_needs_an_idle_pool", after, result, nxt.out,
                (lst, abstract(d, after), largs, lrem, lsto), None)
+    yield from _refused_on_purpose(run, s, nxt, result, call, steps)
     if queue:
         q, qp, qname, qargs = queue[-1]
         stay = [b for b in s.free if b in nxt.free]

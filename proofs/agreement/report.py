@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kvpool.model.properties import EVENT_LOG
 from kvpool.model.state import PoolState
 
-from .scope import ABOUT_ENABLING, Compiledset
+from .scope import Compiledset
 
 
 @dataclass
@@ -77,10 +77,8 @@ class Report:
 
     @property
     def never_broken(self) -> list[str]:
-        """Step properties no compared transition broke: their "both ways" is not shown
-        (those about when a step is enabled are shown both ways by the steps' own check)."""
-        return [n for n, (_t, f) in self.properties.items()
-                if f == 0 and n not in ABOUT_ENABLING and (self.events or n not in EVENT_LOG)]
+        """Step properties no compared transition broke: their "both ways" is not shown."""
+        return [n for n, (_t, f) in self.properties.items() if f == 0 and (self.events or n not in EVENT_LOG)]
 
 
 @dataclass

@@ -41,11 +41,6 @@ well-formed values), so such calls are skipped and counted."""
 BATCH_CONTRACTS = ("cached_once_per_call",)
 """Contracts on a whole batch: no per-block step can see them (skipped and counted)."""
 
-ABOUT_ENABLING = ("allocation_succeeds_iff_enough_free", "conflicting_caches_are_refused")
-"""Step properties that say when a step is enabled: the steps' check compares every
-precondition with the model's verdict both ways (a refused call z3 enables disagrees), so an
-accepted call can only show them true."""
-
 COMPARED_PROPERTIES = (*SYM_STEP_PROPERTIES, *(n for n in ORDER_PROPERTIES if n in STEP_PROPERTIES))
 """The step properties compared with the model's of the same name, on every accepted call."""
 
