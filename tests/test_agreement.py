@@ -332,6 +332,21 @@ def test_a_z3_property_about_enabling_weakened_is_caught_on_calls_refused_on_pur
     assert any(label in d.what and "model False, z3 True" in d.detail for d in found), found
 
 
+def _evicted_without_primary(s: SymState, args: Any, st: T.SymStep) -> Any:
+    """The eviction property without "no primary key": the index and the secondaries alone."""
+    b, k = args[0], z3.Const("bound.k", KeySort)
+    return z3.Implies(st.pre, z3.ForAll([k], z3.And(z3.Not(st.post.sec[b, k]), z3.Not(st.post.idx[k, b]))))
+
+
+def test_a_z3_property_weakened_where_only_an_unreachable_next_state_differs_is_caught() -> None:
+    """A next state with a primary key the index lacks (a perturbation) tells the two apart."""
+    rep = agreement.check(DEEP, 2, perturb=1, properties={
+        "evicted_blocks_leave_the_index": SymStepProperty(("evict",), _evicted_without_primary)})
+    assert set(rep.disagreements) == {"property/evicted_blocks_leave_the_index"}
+    found = rep.examples["property/evicted_blocks_leave_the_index"]
+    assert any("a primary key the index lacks" in d.what for d in found), found
+
+
 @pytest.mark.slow  # 26 s; kvpool verify's seeded bugs include it
 def test_a_queue_step_freeing_cached_blocks_to_the_head_is_caught() -> None:
     from kvpool.bugs import BUGS

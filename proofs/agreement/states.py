@@ -175,6 +175,9 @@ def perturbations(s: PoolState, d: Carriers, turn: int) -> Iterator[tuple[str, P
             s, secondary=_set(s.secondary, x, (*s.secondary[x], k)),
             index={**s.index, k: (*s.index.get(k, ()), x)} if x not in s.index.get(k, ()) else s.index,
             names=s.names if k in s.names else {**s.names, k: s.holds[x]})
+        yield f"unhashed block {x} gains a primary key the index lacks", replace(
+            s, primary=_set(s.primary, x, Primary(k, hbs)),
+            names=s.names if k in s.names else {**s.names, k: s.holds[x]})
     yield "the null block hashed", replace(
         s, primary=_set(s.primary, NULL, Primary(k, hbs)),
         index={**s.index, k: (*s.index.get(k, ()), NULL)},
