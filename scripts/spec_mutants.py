@@ -238,6 +238,23 @@ def report(rows: Sequence[dict[str, Any]], population_sizes: dict[str, int] | No
     return "\n".join(lines)
 
 
+def score(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Refuted / (judged - listed equivalent), in per cent (None: nothing scored)."""
+    listed = equivalents()
+    c = Counter(verdict(r, listed) for r in rows)
+    scored = sum(c.values()) - c["equivalent"]
+    return 100 * c["refuted"] / scored if scored else None
+
+
+def _verdict(rows: Sequence[dict[str, Any]], fail_under: float | None) -> int:
+    """The exit code: 1 when the score is below ``fail_under`` (a weekly run that lost ground fails)."""
+    got = score(rows)
+    if fail_under is None or got is None or got >= fail_under:
+        return 0
+    print(f"score {got:.1f} % is below {fail_under:g} %", file=sys.stderr)
+    return 1
+
+
 def _row(name: str, pop: int | None, c: Counter[str], kinds: Sequence[str], cpu: float) -> str:
     judged = sum(c.values())
     scored = judged - c["equivalent"]
@@ -260,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default="1/1", help="I/N: every N-th mutant from the I-th (with --all)")
     p.add_argument("--jobs", type=int, default=1, help="judges side by side (at most the cores)")
     p.add_argument("--budget-factor", type=int, default=10)
+    p.add_argument("--fail-under", type=float, metavar="PCT",
+                   help="exit 1 when the score (all files) is below PCT per cent")
     p.add_argument("--out", type=Path, help="append results here (JSON lines); resume from it")
     p.add_argument("-v", "--verbose", action="store_true")
     ns = p.parse_args(argv)
@@ -281,7 +300,7 @@ def _main(ns: argparse.Namespace, pkg: Path) -> int:
     if ns.report:
         rows = [r for r in _done(Path(ns.report)).values() if not r["id"].endswith("#original")]
         print(report(rows, sizes))
-        return 0
+        return _verdict(rows, ns.fail_under)
     began = time.perf_counter()
     if ns.named:
         rows = run(pkg, [], ns.jobs, ns.out, ns.budget_factor, NAMED)
@@ -297,7 +316,7 @@ def _main(ns: argparse.Namespace, pkg: Path) -> int:
         rows = run(pkg, chosen, ns.jobs, ns.out, ns.budget_factor)
     print(report(rows, sizes))
     print(f"wall {time.perf_counter() - began:,.0f} s")
-    return 0
+    return _verdict([r for r in rows if "#" in r["id"] and not r["id"].endswith("#original")], ns.fail_under)
 
 
 if __name__ == "__main__":

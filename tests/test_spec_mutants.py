@@ -10,6 +10,7 @@ budget and reported as a timeout, never as refuted.
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -102,3 +103,21 @@ def test_a_mutant_that_loops_forever_is_a_timeout_of_its_step_budget_not_a_refut
             node.body.insert(0, ast.While(ast.Constant(True), [ast.Pass()], []))
     out = _judge("model/guards.py", ast.fix_missing_locations(tree), CHEAP, budget=200_000)
     assert out["verdict"] == "timeout" and out["kind"] == "step budget", out
+
+
+def test_the_report_counts_listed_survivors_as_equivalent_and_fails_under_its_floor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    listed = next(iter(SM.equivalents()))
+    file = listed.split("|")[0]
+    rows = [{"id": f"{file}#1", "file": file, "verdict": "refuted", "cpu": 1.0},
+            {"id": f"{file}#2", "file": file, "verdict": "survived", "key": listed, "cpu": 9.0},
+            {"id": f"{file}#3", "file": file, "verdict": "survived", "key": f"{file}|not listed", "cpu": 9.0}]
+    assert SM.score(rows) == 50.0  # 1 refuted of 2: the listed one is not scored
+    table = SM.report(rows)
+    assert "| 3 | 1 | 1 | 1 | 0 | 0 | 0 | 50.0 % |" in table and f"{file}#3 [survived]" in table
+    out = tmp_path / "results.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert SM.main(["--report", str(out)]) == 0
+    assert SM.main(["--report", str(out), "--fail-under", "50"]) == 0
+    assert SM.main(["--report", str(out), "--fail-under", "90"]) == 1
+    assert "below 90" in capsys.readouterr().err

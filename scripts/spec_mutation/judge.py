@@ -299,7 +299,7 @@ def main(argv: list[str]) -> int:
     try:
         out = judge(job)
     except MemoryError:
-        out = {"verdict": "memory", "message": "past the memory backstop"}
+        out = {"verdict": "backstop", "message": "past the memory backstop"}
     except StepBudget:  # raised while importing the mutated module
         out = {"verdict": "timeout", "kind": "step budget", "message": "while importing"}
     except Exception as exc:  # the mutated module does not import: refuted at once
