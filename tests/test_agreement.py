@@ -317,11 +317,19 @@ def _alloc_anything(s: SymState, args: Any, st: T.SymStep) -> Any:
     return z3.Implies(st.pre, args[0] != NULL)
 
 
+def _recache_shorter_only(s: SymState, args: Any, st: T.SymStep) -> Any:
+    """The conflict property with "a prefix as long" turned into "a longer prefix"."""
+    b, t = args[0], args[2]
+    return z3.Implies(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] <= t))
+
+
 @pytest.mark.parametrize(("prop", "steps", "claim", "label"), [
     ("reset_needs_an_idle_pool", ("reset",), _reset_forgets_only, "a reset refused on an idle pool"),
     ("allocation_succeeds_iff_enough_free", ("alloc",), _alloc_anything,
      "an allocation refused with enough idle blocks"),
-], ids=["reset", "alloc"])
+    ("conflicting_caches_are_refused", ("cache_full",), _recache_shorter_only,
+     "a block cached again at a prefix as long"),
+], ids=["reset", "alloc", "recache"])
 def test_a_z3_property_about_enabling_weakened_is_caught_on_calls_refused_on_purpose(
         prop: str, steps: tuple[str, ...], claim: Any, label: str) -> None:
     """The properties about when a step is enabled are compared both ways too: a call the model
