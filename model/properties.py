@@ -241,8 +241,7 @@ in one call), so the holder rule below does not speak of them."""
 
 @step_property
 def content_changes_only_through_holders(t: Transition) -> bool:
-    """A block's ghost content changes only while a caller holds it (the blocks a ``CACHE_RECORDS``
-    call records excepted: its footprint's)."""
+    """A block's ghost content changes only while a caller holds it (a cache call's records excepted)."""
     if t.refused:
         return True
     b, a = t.before, t.after

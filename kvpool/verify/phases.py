@@ -227,7 +227,7 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
                             strict=True):
         record(name, checks)
     if shard.whole:  # a shard holds part of the catalogue: kvpool merge decides on the whole
-        from .dead_weight import dead_weight_case
+        from .dead_weight import dead_weight_case  # it imports this module
 
         phase.cases.append(dead_weight_case(bugs))
     phase.seconds = time.perf_counter() - start

@@ -38,7 +38,8 @@ from kvpool.model import guards as model_guards
 from kvpool.model import pool as model_pool
 from kvpool.model.state import PoolState
 
-from .domains import Bounds, scope_of
+from .domains import Bounds, calls, scope_of
+from .printing import show_arg
 
 TRACED: tuple[ModuleType, ...] = (model_guards, model_contracts, model_pool)
 """The modules whose branches count: each operation's guard, its contracts, its update."""
@@ -211,8 +212,6 @@ def measure(states: Sequence[PoolState], cfg: Bounds,
     """The branches (per operation) and pairs of branches (per call) each side reaches from ``states``;
     ``domain`` replaces the BMC's calls (a test's narrower domain), ``only`` limits both sides to
     some operations."""
-    from .domains import calls
-
     requests = cfg.requests()
     domain = domain or (lambda s: calls(s, cfg, requests))
     tracer = Tracer()
@@ -252,8 +251,6 @@ def measure(states: Sequence[PoolState], cfg: Bounds,
 
 def shortfall(cov: Coverage, most: int = 12) -> list[str]:
     """What the domain's calls miss, each with a reference call from a state that reaches it."""
-    from .printing import show_arg
-
     def witness(item: Any) -> str:
         s, name, args = cov.witness[item]
         held = [b for b in range(s.num_blocks) if s.ref[b]]
