@@ -11,7 +11,12 @@ A reviewer's one page of what is known and how.  One row per property
   workloads while the pool's observation equals the model's;
 * ``bugs`` — the seeded bugs that break it (a property no bug breaks could
   be vacuous);
-* ``tests`` — the test files that name it (in a source checkout).
+* ``tests`` — the test files that name it (in a source checkout);
+* ``beyond`` — what carries a verdict reached within a bound (a pool size, a depth) past
+  that bound: the inductive proof for any pool size, the per-block split of a batch, the
+  symmetry of the search; or that nothing does (:func:`beyond`).  What would carry the
+  agreement and the BMC to larger pools (a small-model, or cutoff, argument) is stated in
+  :data:`CUTOFF`, unproven.
 
 Without a ``kvpool verify`` result the table says what each method is set
 up to establish; with one (:func:`claims_table` ``doc=``) it says what that
@@ -159,6 +164,52 @@ def _bugs_by_property(doc: Mapping[str, Any] | None) -> dict[str, list[str]] | N
     return out
 
 
+SYMMETRY = ("within a pool size, every state the search leaves out is a renaming of one it checks "
+            "(real blocks, groups and watchers are treated alike: the model, the domains and every "
+            "property; tests/test_bmc.py finds the same states up to renaming without the reduction)")
+"""What carries the BMC and the agreement from the states they keep to all the states they reach."""
+
+CUTOFF = ("unproven: no small-model argument carries the agreement (the z3 steps compute the model's "
+          "calls) or the BMC past the pools they explore.  One would follow from (1) each z3 step "
+          "changing only the cells of the blocks and keys it names (true by construction: Store and "
+          "per-block Lambdas, not proven as a lemma), (2) each model call changing only its declared "
+          "footprint (changes_stay_in_footprint: checked by the BMC within its bound, not proven), and "
+          "(3) each guard and contract deciding from the footprint's blocks and the free count alone "
+          "(plain Python: not stated anywhere); then a disagreement on N blocks would show on the "
+          "blocks a call names, the null block and the one or two blocks a property quantifies over. "
+          "(3) fails as written for get_new_blocks (the queue's head) and reset_prefix_cache (every "
+          "block), whose z3 steps read the whole pool too.")
+"""The small-model argument for the agreement and the BMC: what it would need, and that it is not proven."""
+
+
+def beyond(name: str) -> str:
+    """What carries a bounded verdict on property ``name`` past the bound, or that nothing does."""
+    model_side = ("; that the encoding is the model's is shown on the agreement's pools and depth only "
+                  "(cutoff: unproven)")
+    if name in NOT_ENCODED:
+        return ("nothing: within the BMC's pools and depth and the lockstep's runs only (no z3 form: "
+                f"{NOT_ENCODED[name]}); symmetry within a pool size")
+    if name in INVARIANTS:
+        if name in PARTIAL and name not in COMPLETED_BY:
+            return (f"the inductive proof, for any pool size and any number of calls, without "
+                    f"{PARTIAL[name]}, which nothing carries past the BMC's bound{model_side}")
+        return ("the inductive proof: the initial state and every step, any pool size and number of "
+                f"calls{model_side}")
+    if name in LEMMAS:
+        return f"z3 from its premises ({' & '.join(DERIVED_FROM[name])}), which carry it as they are carried"
+    if name in ORDER_PROPERTIES:
+        return ("the order proof on the queue with places, any pool size, every queue step; a call is a "
+                "sequence of queue steps (the agreement checks the sequence leaves the model's queue, "
+                f"in order, on its pools){model_side}")
+    if name in SYM_STEP_PROPERTIES:
+        return ("the per-step proof, any pool size, and the per-block split: a batch is a sequence of "
+                f"per-block steps (kvpool.model.split), each of which keeps it{model_side}")
+    if name in BY_CONSTRUCTION:
+        return f"by construction of the encoding ({BY_CONSTRUCTION[name]}); the model's own form: nothing"
+    return ("nothing: within the BMC's pools and depth and the lockstep's runs only "
+            f"({NOT_ENCODED_STEPS.get(name, 'no symbolic form')}); symmetry within a pool size")
+
+
 def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
     """One row per property of the model; measured columns when ``doc`` (a verify result) is given."""
     proofs = _phase(doc, "proofs")
@@ -171,15 +222,18 @@ def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
     for name, pred in INVARIANTS.items():
         rows.append({"property": name, "kind": "invariant", "doc": _doc(pred),
                      "z3": _z3_invariant(name, proofs), "bmc": bmc, "lockstep": lockstep,
-                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
+                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name],
+                     "beyond": beyond(name)})
     for name, pred in LEMMAS.items():
         rows.append({"property": name, "kind": "lemma", "doc": _doc(pred),
                      "z3": _z3_lemma(name, proofs), "bmc": bmc, "lockstep": lockstep,
-                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
+                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name],
+                     "beyond": beyond(name)})
     for name, prop in STEP_PROPERTIES.items():
         rows.append({"property": name, "kind": "step property", "doc": _doc(prop),
                      "z3": _z3_step_property(name, proofs), "bmc": bmc, "lockstep": lockstep,
-                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name]})
+                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name],
+                     "beyond": beyond(name)})
     return rows
 
 
@@ -197,5 +251,6 @@ def format_table(rows: list[Row]) -> str:
         out += [f"{r['property']}  [{r['kind']}]", f"    {r['doc']}",
                 f"    z3        {r['z3']}", f"    bmc       {r['bmc']}",
                 f"    lockstep  {r['lockstep']}", f"    bugs      {bugs}",
-                f"    tests     {', '.join(r['tests']) or '-'}", ""]
+                f"    tests     {', '.join(r['tests']) or '-'}", f"    beyond    {r['beyond']}", ""]
+    out += [f"symmetry: {SYMMETRY}", f"small-model (cutoff) argument: {CUTOFF}"]
     return "\n".join(out).rstrip() + "\n"

@@ -98,20 +98,22 @@ def _block_sizes(s: PoolState) -> tuple[int, int]:
 
 
 def emit_cached_block_events(s: PoolState, scope: Scope) -> Iterator[Args]:
-    for r, bs, g in itertools.product(scope.requests, _block_sizes(s), scope.groups):
-        yield (r, 1, bs, g)
+    """No block and one block announced (no hit announces nothing)."""
+    for r, bs, g, n in itertools.product(scope.requests, _block_sizes(s), scope.groups, (0, 1)):
+        yield (r, n, bs, g)
 
 
 def cache_partial_block(s: PoolState, scope: Scope) -> Iterator[Args]:
     """Partial entries end inside a block (a block boundary is ``cache_full_blocks``' job), except
-    a replacement, which may end anywhere."""
+    a replacement, which may end anywhere, and every entry of a pool that takes partial entries at
+    block boundaries (``boundary_partials``, vLLM 0.33)."""
     for r, bs, g in itertools.product(scope.requests, _block_sizes(s), scope.groups):
         for b in _ids(s):
             for nt in _token_counts(s, r):
-                if bs == s.hash_block_size:  # at a block boundary: only to replace the contents
+                if bs == s.hash_block_size and not s.boundary_partials:  # at a boundary: only to replace
                     if nt == len(r.all_token_ids) and g == scope.groups[0]:
                         yield (r, b, nt, g, bs, True)
-                elif nt % bs:
+                elif nt % bs or s.boundary_partials:
                     for rep in (False, True):
                         yield (r, b, nt, g, bs, rep)
 

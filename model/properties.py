@@ -184,8 +184,8 @@ def event_announcements_match_index(t: Transition) -> bool:
     """After a call, each key's live announcements equal its index entries."""
     if not t.before.events_on:
         return True
-    live, _ = _live_after_events(t)
-    return {k: v for k, v in live.items() if v} == {k: len(b) for k, b in t.after.index.items()}
+    live, _ = _live_after_events(t)  # a removal of a dead key is the property above's to judge
+    return {k: v for k, v in live.items() if v > 0} == {k: len(b) for k, b in t.after.index.items()}
 
 
 @step_property
@@ -241,12 +241,13 @@ in one call), so the holder rule below does not speak of them."""
 
 @step_property
 def content_changes_only_through_holders(t: Transition) -> bool:
-    """A block's ghost content changes only while a caller holds it (``CACHE_RECORDS`` excepted)."""
-    if t.refused or t.action in CACHE_RECORDS:
+    """A block's ghost content changes only while a caller holds it (a cache call's records excepted)."""
+    if t.refused:
         return True
     b, a = t.before, t.after
+    recorded = t.footprint.blocks if t.action in CACHE_RECORDS and t.footprint is not None else frozenset()
     return all(b.holders[x] > 0 or a.holders[x] > 0
-               for x in range(b.num_blocks) if a.holds[x] != b.holds[x])
+               for x in range(b.num_blocks) if a.holds[x] != b.holds[x] and x not in recorded)
 
 
 @step_property

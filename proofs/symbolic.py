@@ -142,11 +142,6 @@ def ite(cond: Expr, then: SymState, other: SymState) -> SymState:
     return SymState(**{f: z3.If(cond, getattr(then, f), getattr(other, f)) for f in FIELDS})
 
 
-def same(a: SymState, b: SymState) -> Expr:
-    """``a`` and ``b`` are the same state (extensional equality of every field)."""
-    return z3.And(*[getattr(a, f) == getattr(b, f) for f in FIELDS])
-
-
 def initial(name: str = "init") -> SymState:
     """The model's ``initial_state`` for ANY number of blocks.
 

@@ -5,8 +5,7 @@ A step is a function ``(s, *args) -> Step(pre, post, removed, stored)``:
 contract broken (:mod:`kvpool.model.contracts`; each contract conjunct below
 names its contract), ``post`` is the next :class:`SymState` as terms over
 ``s``, and ``removed``/``stored`` are the index entries whose removal and
-announcement the step's events publish.  The relation form
-``Step(s, args, s')`` is :func:`relation`: ``pre and s' == post``.
+announcement the step's events publish.
 
 Batch operations are proven through their PER-BLOCK step: how each
 operation splits into steps is declared with the operation
@@ -35,7 +34,7 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.model import OPERATIONS
 
-from .symbolic import EMPTY, NULL, Block, Content, Expr, KeySort, SymState, ite, prefix, same
+from .symbolic import EMPTY, NULL, Block, Content, Expr, KeySort, SymState, ite, prefix
 
 _x = z3.Const("lam.x", Block)
 _k = z3.Const("lam.k", KeySort)
@@ -372,9 +371,3 @@ STEPS: dict[str, StepSpec] = {name: replace(spec, name=name) for name, spec in {
 
 COVERS: dict[str, tuple[str, ...]] = {name: op.steps for name, op in OPERATIONS.items() if op.role != "query"}
 """Which steps make up each model operation, as its declaration says (``kvpool.model.operations``)."""
-
-
-def relation(s: SymState, args: list[Expr], s2: SymState, name: str) -> Expr:
-    """``Step(s, args, s2)`` as a relation: enabled and ``s2`` is the next state."""
-    st = STEPS[name].fn(s, *args)
-    return z3.And(st.pre, same(s2, st.post))

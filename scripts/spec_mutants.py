@@ -1,194 +1,322 @@
-"""Wrong specifications that ``kvpool verify`` must refute by itself (issue 23).
+"""The specification's mutation score: mutants of the spec, each judged by the formal side alone.
 
-Each mutant is a small edit of the specification: of the model only, of the z3
-encoding only, of both the same way, of a caller contract (too weak or too
-strong), or of the BMC's call domains.  Each is applied to a copy of the package
-(staged as the installed layout: ``kvpool/``, ``kvpool/model``, ...) and judged by
+Every mutant (:mod:`spec_mutation.mutate`: one small edit of the model's actions, guards,
+contracts, properties, invariants, domains or split, or of the z3 steps, invariants, step
+properties or queue order) is judged in a fresh process by the checks of ``kvpool verify
+--profile ci`` that run no pool (:mod:`spec_mutation.judge`): proofs, agreement, z3 samples,
+BMC, domain coverage, legal corpus; cheapest first, stopping at the first concrete failure.
 
-    kvpool verify --profile ci --skip lockstep --skip refinement
+    python scripts/spec_mutants.py --list                       # the population, per file
+    python scripts/spec_mutants.py --sample 240 --seed 38 --jobs 2 --out sample.jsonl
+    python scripts/spec_mutants.py --all --jobs 2 --out all.jsonl [--shard 1/4]
+    python scripts/spec_mutants.py --report sample.jsonl        # the per-file table again
+    python scripts/spec_mutants.py --only model/guards.py#40    # some mutants, by id
+    python scripts/spec_mutants.py --named --jobs 2             # the hand-written wrong specs
 
-run on that copy.  A mutant is refuted when the run fails with a concrete failure
-(a counterexample, a violation or a divergence); a run that passes, or fails only
-for want of time, leaves it standing.  The unmutated copy must pass.
-
-    python scripts/spec_mutants.py                 # every mutant, one run each (and the original)
-    python scripts/spec_mutants.py --only NAME ... # some of them
-    python scripts/spec_mutants.py --jobs 2        # runs side by side
-    python scripts/spec_mutants.py --skip seeded-bugs  # a quicker judge: the seeded bugs judge the
-                                                       # checks, not the specification
+The run judges a copy of the package staged when it starts (the sources as they were then:
+editing the checkout meanwhile changes nothing of it). A sample is stratified by file (each
+file's share of the population, at least ``--min-per-file``) and drawn with
+``random.Random(seed)``: the same seed and sources give the same mutants. Results are
+appended to ``--out`` as they come (one JSON line each), and a run given the same file again
+skips the mutants it already holds, so a long run can stop and go on. Before its mutants,
+each file's unmutated code is judged the same way (it must pass) and its steps measured: a
+mutant's step budget is ``--budget-factor`` times that, plus a million. Verdicts:
+``refuted`` (a concrete failure: a counterexample, a violation, an exception on a concrete
+input), ``survived``, ``equivalent`` (survived, and listed in
+``spec_mutation/equivalent.tsv`` with why), ``timeout`` (the step budget), ``undecided`` (z3
+gave up), ``backstop`` (the process's CPU or memory limit). Only ``refuted`` counts as
+killed; the score is refuted / (mutants - equivalent).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import pickle
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("model", "impl", "proofs", "oracle", "bugs")
-JUDGE = ("verify", "--profile", "ci", "--skip", "lockstep", "--skip", "refinement", "--plain")
-CONCRETE = ("counterexample", "violation", "divergence")
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """One wrong specification: edits as (file under the repository, old text, new text)."""
-
-    name: str
-    kind: str
-    """``model``, ``z3``, ``both``, ``contract`` or ``domain``."""
-    story: str
-    edits: tuple[tuple[str, str, str], ...]
-
-
-I4, I8, I12, I20 = " " * 4, " " * 8, " " * 12, " " * 20
-MODEL_REVERSED_TAIL = ("model/pool.py", I4 + "s.free.push_tail(last)\n",
-                       I4 + "s.free.push_tail(last[::-1])\n")
-MODEL_RESET_KEEPS_WATCHERS = ("model/pool.py", I4 + "s.watchers.clear()\n", "")
-MODEL_EVICT_SPARES = ("model/pool.py", I8 + 's.tell("evicted", b)\n' + I8 + "drop_hashes(s, b)\n",
-                      I8 + 's.tell("evicted", b)\n' + I8 + "if s.ref[b] == 0:\n"
-                      + I12 + "drop_hashes(s, b)\n")
-Z3_EVICT_SPARES = ("proofs/transitions.py",
-                   I4 + "return published(s, drop_hashes(s, b), entries_of(s, b), NO_ENTRIES)\n",
-                   I4 + "return published(s, ite(s.ref[b] > 0, s, drop_hashes(s, b)),\n"
-                   + I20 + " z3.If(s.ref[b] > 0, NO_ENTRIES, entries_of(s, b)), NO_ENTRIES)\n")
-Z3_RESET_KEEPS_WATCHERS = ("proofs/transitions.py", I12 + "watched=z3.K(Block, z3.BoolVal(False)),\n"
-                           + I12 + "live=z3.If(s.events, NO_ENTRIES, s.live),\n",
-                           I12 + "live=z3.If(s.events, NO_ENTRIES, s.live),\n")
-
-MUTANTS: tuple[Mutant, ...] = (
-    Mutant("model_frees_cached_to_tail_reversed", "model",
-           "free_blocks appends the cached blocks it frees to the tail in reverse order",
-           (MODEL_REVERSED_TAIL,)),
-    Mutant("model_reset_keeps_watchers", "model",
-           "reset_prefix_cache fires its reuse watchers but keeps them registered",
-           (MODEL_RESET_KEEPS_WATCHERS,)),
-    Mutant("model_alloc_keeps_watcher", "model",
-           "get_new_blocks tells a block's watcher but leaves it registered",
-           (("model/pool.py", I12 + "s.fire(s.watchers.pop(b), b)\n", I12 + "s.fire(s.watchers[b], b)\n"),)),
-    Mutant("model_evict_spares_blocks_in_use", "model",
-           "evict_blocks leaves the entries of a block someone holds", (MODEL_EVICT_SPARES,)),
-    Mutant("z3_alloc_keeps_watcher", "z3", "the z3 alloc step keeps the block's watcher",
-           (("proofs/transitions.py", I8 + "watched=z3.Store(s.watched, b, False),\n", ""),)),
-    Mutant("z3_announcement_may_double", "z3",
-           "the z3 event property without 'an announcement never doubles a live one'",
-           (("proofs/step_properties.py",
-             I4 + "return z3.Implies(z3.And(st.pre, s.events), z3.And(fresh, matches))\n",
-             I4 + "return z3.Implies(z3.And(st.pre, s.events), matches)\n"),)),
-    Mutant("z3_alloc_takes_any_free_block", "z3",
-           "the order encoding's allocation takes any free block, not the head",
-           (("proofs/order.py", I8 + "pre=z3.And(b != NULL, s.free[b],\n"
-             + I8 + "           z3.ForAll([_x], z3.Implies(s.free[_x], s.pos[b] <= s.pos[_x]))),\n",
-             I8 + "pre=z3.And(b != NULL, s.free[b]),\n"),)),
-    Mutant("z3_soundness_on_primary_keys_only", "z3",
-           "the z3 index_entries_are_sound speaks of primary keys only",
-           (("proofs/invariants.py",
-             "z3.Implies(s.idx[_k, _b], prefix(s.names[_k], s.holds[_b]))",
-             "z3.Implies(z3.And(s.idx[_k, _b], s.prim[_b], s.pkey[_b] == _k),\n"
-             + I8 + "prefix(s.names[_k], s.holds[_b]))"),)),
-    Mutant("both_evict_spares_blocks_in_use", "both",
-           "model and z3 alike: evicting a block in use keeps its entries",
-           (MODEL_EVICT_SPARES, Z3_EVICT_SPARES)),
-    Mutant("both_reset_keeps_watchers", "both",
-           "model and z3 alike: a reset keeps the reuse watchers",
-           (MODEL_RESET_KEEPS_WATCHERS, Z3_RESET_KEEPS_WATCHERS)),
-    Mutant("contract_insert_needs_no_holder", "contract",
-           "too weak, model and z3 alike: _insert_block_hash into a block nobody holds",
-           (("model/contracts.py", I4 + 'written_by_a_holder(s, block_id, "copy KV into it")\n', ""),
-            ("proofs/transitions.py",
-             I8 + "s.ref[b] >= 1,  # writes_extend_unless_writable: a holder copies into it\n", ""))),
-    Mutant("contract_one_block_per_key", "contract",
-           "too strong, model and z3 alike: a key in use may not be cached again, even for its own prefix",
-           (("model/contracts.py", I4 + "if s.index.get(key) and s.names.get(key, prefix) is not prefix:\n",
-             I4 + "if s.index.get(key):\n"),
-            ("proofs/transitions.py",
-             I4 + "return z3.Or(s.names[k] == c, z3.ForAll([_x], z3.Not(s.idx[k, _x])))\n",
-             I4 + "return z3.ForAll([_x], z3.Not(s.idx[k, _x]))\n"))),
-    Mutant("domain_never_replaces", "domain", "the BMC never calls with replace_existing_hashes=True",
-           (("model/domains.py", I20 + "for rep in (False, True):\n", I20 + "for rep in (False,):\n"),
-            ("model/domains.py", I20 + "if nt == len(r.all_token_ids) and g == scope.groups[0]:\n",
-             I20 + "if False:\n"))),
-    Mutant("domain_touches_one_block", "domain", "the BMC touches one block per call, never two",
-           (("model/operations.py", "split=split.touch, domain=domains.free_blocks, queue=touched_queue),",
-             "split=split.touch, domain=domains.single_lists, queue=touched_queue),"),)),
+from spec_mutation.judge import default_checks
+from spec_mutation.mutate import (
+    FILES,
+    ROOT,
+    Mutant,
+    apply,
+    digest,
+    instrumented,
+    module_of,
+    population,
+    source,
 )
+from spec_mutation.named import NAMED, Named, edited
+
+JUDGE = Path(__file__).resolve().parent / "spec_mutation" / "judge.py"
+EQUIVALENT = Path(__file__).resolve().parent / "spec_mutation" / "equivalent.tsv"
+CPU_BACKSTOP = 1200
+"""Seconds of CPU a judge process may use (the unmutated spec needs about 60): a safety net."""
+MEMORY_BACKSTOP = 4 << 30
+PACKAGES = ("model", "impl", "proofs", "oracle", "bugs")
 
 
-def stage(into: Path, mutant: Mutant | None) -> Path:
-    """A copy of the package in its installed layout, with ``mutant``'s edits applied."""
+def stage(into: Path) -> Path:
+    """A copy of the package in its installed layout (``kvpool/``, ``kvpool/model``, ...); the root
+    the specification's files are read from (``kvpool/``)."""
     pkg = into / "kvpool"
-    shutil.copytree(ROOT / "kvpool", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "kvpool", pkg, ignore=skip)
     for name in PACKAGES:
-        shutil.copytree(ROOT / name, pkg / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for path, old, new in (mutant.edits if mutant else ()):
-        target = pkg / path if path.split("/")[0] in PACKAGES else into / path
-        text = target.read_text(encoding="utf-8")
-        if text.count(old) != 1:
-            name = mutant.name if mutant else ""
-            raise SystemExit(f"{name}: {path} has {text.count(old)} copies of {old!r}")
-        target.write_text(text.replace(old, new), encoding="utf-8")
-    return into
+        shutil.copytree(ROOT / name, pkg / name, ignore=skip)
+    return pkg
 
 
-def judge(mutant: Mutant | None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run the judge (and ``--skip`` each of ``skip``) on a staged copy; what failed, and how."""
-    with tempfile.TemporaryDirectory(prefix="kvpool-mutant-") as scratch:
-        root = stage(Path(scratch), mutant)
-        out = root / "verify.json"
-        env = {**os.environ, "PYTHONPATH": str(root), "CI": "true"}
-        began = time.perf_counter()
-        more = [arg for phase in skip for arg in ("--skip", phase)]
-        done = subprocess.run([sys.executable, "-P", "-m", "kvpool", *JUDGE, *more, "--json", str(out)],
-                              cwd=scratch, env=env, capture_output=True, text=True, check=False)
-        seconds = time.perf_counter() - began
-        if not out.exists():
-            return {"name": mutant.name if mutant else "original", "exit": done.returncode, "refuted": False,
-                    "seconds": round(seconds, 1), "failures": [], "error": done.stderr[-2000:]}
-        doc = json.loads(out.read_text())
-    failures = [{"case": c["id"], "kind": c["failure"]["kind"], "message": c["failure"]["message"][:300]}
-                for p in doc["phases"] for c in p["cases"] if not c["ok"] and c["failure"]]
-    return {"name": mutant.name if mutant else "original", "kind": mutant.kind if mutant else "",
-            "exit": done.returncode, "seconds": round(seconds, 1), "failures": failures,
-            "refuted": any(f["kind"] in CONCRETE for f in failures)}
+def equivalents() -> dict[str, str]:
+    """Listed equivalent mutants: key (:func:`key_of`) -> why no check can tell them apart."""
+    out: dict[str, str] = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
+            if line.strip() and not line.startswith("#"):
+                key, _, why = line.partition("\t")
+                out[key] = why
+    return out
+
+
+def key_of(m: Mutant) -> str:
+    """A name for a mutant that survives edits elsewhere in its file: its place, not its number."""
+    return f"{m.file}|{m.place}"
+
+
+def stratified(pop: dict[str, list[Mutant]], n: int, seed: int, floor: int) -> list[Mutant]:
+    """``n`` mutants, each file's share proportional to its population (at least ``floor``), drawn
+    with ``random.Random(seed)`` file by file in :data:`FILES` order."""
+    total = sum(len(v) for v in pop.values())
+    want = {f: min(len(v), max(floor, round(n * len(v) / total))) for f, v in pop.items()}
+    rng = random.Random(seed)
+    out: list[Mutant] = []
+    for f in pop:
+        out += sorted(rng.sample(pop[f], want[f]), key=lambda m: m.number)
+    return out
+
+
+def _job(modules: list[tuple[str, str, ast.Module]], checks: Sequence[str], budget: int) -> dict[str, Any]:
+    return {"modules": modules, "checks": tuple(checks), "step_budget": budget,
+            "cpu_seconds": CPU_BACKSTOP, "memory_bytes": MEMORY_BACKSTOP}
+
+
+def run_judge(job: dict[str, Any], pkg: Path | None) -> dict[str, Any]:
+    """One fresh judge process on ``job`` over the package staged at ``pkg`` (None: the installed
+    one); its verdict (``backstop`` if the process was killed)."""
+    with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
+        pickle.dump(job, f)
+    began = time.perf_counter()
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if pkg is not None:
+        env["PYTHONPATH"] = str(pkg.parent)
+    try:
+        done = subprocess.run([sys.executable, "-P", str(JUDGE), f.name], capture_output=True, text=True,
+                              env=env, check=False, cwd=tempfile.gettempdir())
+    finally:
+        os.unlink(f.name)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode != 0 or not lines:
+        out = {"verdict": "backstop", "message": f"judge exit {done.returncode}: {done.stderr[-300:]}"}
+    else:
+        out = json.loads(lines[-1])
+    out["wall"] = round(time.perf_counter() - began, 1)
+    return out
+
+
+def baseline(path: str, pkg: Path) -> dict[str, Any]:
+    """The unmutated file judged as its mutants are: it must pass; its steps set their budget."""
+    text = source(path, pkg)
+    tree = instrumented(ast.parse(text))
+    out = run_judge(_job([(module_of(path), str(pkg / path), tree)], default_checks([path]), 10**12), pkg)
+    return {"id": f"{path}#original", "file": path, "digest": digest(text), **out}
+
+
+def judge_mutant(m: Mutant, budget: int, pkg: Path) -> dict[str, Any]:
+    tree = instrumented(apply(m, pkg))
+    out = run_judge(_job([(module_of(m.file), str(pkg / m.file), tree)], default_checks([m.file]), budget),
+                    pkg)
+    return {"id": m.id, "file": m.file, "digest": m.file_digest, "line": m.line, "operator": m.operator,
+            "before": m.before, "after": m.after, "key": key_of(m), **out}
+
+
+def judge_named(n: Named, budget: int, pkg: Path) -> dict[str, Any]:
+    texts = edited(n, pkg)
+    modules = [(module_of(p), str(pkg / p), instrumented(ast.parse(t))) for p, t in texts.items()]
+    out = run_judge(_job(modules, default_checks(list(texts)), budget), pkg)
+    return {"id": n.name, "file": "+".join(texts), "digest": digest("".join(texts.values())), "kind": n.kind,
+            "story": n.story, **out}
+
+
+def _done(out: Path | None) -> dict[str, dict[str, Any]]:
+    if out is None or not out.exists():
+        return {}
+    rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines() if x.strip()]
+    return {r["id"]: r for r in rows}
+
+
+def run(pkg: Path, mutants: Sequence[Mutant], jobs: int, out: Path | None, factor: int,
+        named: Sequence[Named] = ()) -> list[dict[str, Any]]:
+    """Judge the files' unmutated code, then every mutant (``jobs`` at a time), all over the package
+    staged at ``pkg``; rows in order.  Rows already in ``out`` for the same code are kept."""
+    digests = {f: digest(source(f, pkg)) for f in {m.file for m in mutants}
+               | {p for n in named for p, _o, _n in n.edits}}
+    done = {i: r for i, r in _done(out).items()
+            if r.get("digest") == digests.get(r["file"], r.get("digest")) or "+" in r["file"]}
+    files = sorted(digests, key=lambda f: (FILES.index(f) if f in FILES else len(FILES), f))
+
+    def record(row: dict[str, Any]) -> dict[str, Any]:
+        if out is not None:
+            with out.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        shown = f"{row['verdict']:10} {row.get('check', ''):22} {row.get('wall', 0):6.1f}s  {row['id']}"
+        print(shown, flush=True)
+        return row
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        todo = [f for f in files if f"{f}#original" not in done]
+        for row in pool.map(lambda f: baseline(f, pkg), todo):
+            done[row["id"]] = record(row)
+        steps = {f: done[f"{f}#original"].get("steps", 0) for f in files}
+        bad = [f for f in files if done[f"{f}#original"]["verdict"] != "survived"]
+        if bad:
+            raise SystemExit(f"the unmutated specification does not pass the judge: {bad}")
+
+        def budget(paths: Iterable[str]) -> int:
+            return factor * max(steps[p] for p in paths) + 1_000_000
+
+        rows = [pool.submit(judge_mutant, m, budget([m.file]), pkg) for m in mutants if m.id not in done]
+        named_rows = [pool.submit(judge_named, n, budget(p for p, _o, _n in n.edits), pkg)
+                      for n in named if n.name not in done]
+        for fut in [*rows, *named_rows]:
+            r = fut.result()
+            done[r["id"]] = record(r)
+    return [done[m.id] for m in mutants] + [done[n.name] for n in named]
+
+
+def verdict(row: dict[str, Any], listed: dict[str, str]) -> str:
+    if row["verdict"] == "survived" and row.get("key") in listed:
+        return "equivalent"
+    return str(row["verdict"])
+
+
+def report(rows: Sequence[dict[str, Any]], population_sizes: dict[str, int] | None = None) -> str:
+    """The per-file table: mutants judged, each verdict, the score; then every mutant not refuted."""
+    listed = equivalents()
+    by_file: dict[str, Counter[str]] = {}
+    cpu: Counter[str] = Counter()
+    for r in rows:
+        by_file.setdefault(r["file"], Counter())[verdict(r, listed)] += 1
+        cpu[r["file"]] += r.get("cpu", 0.0)
+    kinds = ("refuted", "survived", "equivalent", "timeout", "undecided", "backstop")
+    head = "| file | population | judged | " + " | ".join(kinds) + " | score | CPU s |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    total: Counter[str] = Counter()
+    for f in sorted(by_file, key=lambda x: FILES.index(x) if x in FILES else len(FILES)):
+        c = by_file[f]
+        total.update(c)
+        lines.append(_row(f, (population_sizes or {}).get(f), c, kinds, cpu[f]))
+    everything = sum((population_sizes or {}).values()) or None
+    lines.append(_row("**all**", everything, total, kinds, sum(cpu.values())))
+    standing = [r for r in rows if verdict(r, listed) not in ("refuted", "equivalent")]
+    if standing:
+        lines += ["", "Not refuted:"]
+        lines += [f"- {r['id']} [{verdict(r, listed)}] line {r.get('line', '')} {r.get('operator', '')}: "
+                  f"{r.get('before', '')}  ->  {r.get('after', '')}" for r in standing]
+    return "\n".join(lines)
+
+
+def score(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Refuted / (judged - listed equivalent), in per cent (None: nothing scored)."""
+    listed = equivalents()
+    c = Counter(verdict(r, listed) for r in rows)
+    scored = sum(c.values()) - c["equivalent"]
+    return 100 * c["refuted"] / scored if scored else None
+
+
+def _verdict(rows: Sequence[dict[str, Any]], fail_under: float | None) -> int:
+    """The exit code: 1 when the score is below ``fail_under`` (a weekly run that lost ground fails)."""
+    got = score(rows)
+    if fail_under is None or got is None or got >= fail_under:
+        return 0
+    print(f"score {got:.1f} % is below {fail_under:g} %", file=sys.stderr)
+    return 1
+
+
+def _row(name: str, pop: int | None, c: Counter[str], kinds: Sequence[str], cpu: float) -> str:
+    judged = sum(c.values())
+    scored = judged - c["equivalent"]
+    score = f"{100 * c['refuted'] / scored:.1f} %" if scored else "-"
+    return (f"| {name} | {pop if pop is not None else ''} | {judged} | "
+            + " | ".join(str(c[k]) for k in kinds) + f" | {score} | {cpu:,.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", nargs="*", default=None, help="mutant names (default: all)")
-    p.add_argument("--jobs", type=int, default=1, help="runs side by side")
-    p.add_argument("--json", help="write the results to FILE")
-    p.add_argument("--list", action="store_true", help="list the mutants and stop")
-    p.add_argument("--skip", action="append", default=[], help="a further phase to skip (repeatable)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list", action="store_true", help="count (and with -v list) the population")
+    what.add_argument("--sample", type=int, metavar="N", help="a stratified random sample of N mutants")
+    what.add_argument("--all", action="store_true", help="every mutant")
+    what.add_argument("--only", nargs="+", metavar="ID", help="these mutants (FILE#NUMBER)")
+    what.add_argument("--named", action="store_true", help="the hand-written wrong specifications")
+    what.add_argument("--report", metavar="FILE", help="the table of a results file")
+    p.add_argument("--seed", type=int, default=38)
+    p.add_argument("--min-per-file", type=int, default=8)
+    p.add_argument("--shard", default="1/1", help="I/N: every N-th mutant from the I-th (with --all)")
+    p.add_argument("--jobs", type=int, default=1, help="judges side by side (at most the cores)")
+    p.add_argument("--budget-factor", type=int, default=10)
+    p.add_argument("--fail-under", type=float, metavar="PCT",
+                   help="exit 1 when the score (all files) is below PCT per cent")
+    p.add_argument("--out", type=Path, help="append results here (JSON lines); resume from it")
+    p.add_argument("-v", "--verbose", action="store_true")
     ns = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kvpool-spec-") as scratch:
+        return _main(ns, stage(Path(scratch)))
+
+
+def _main(ns: argparse.Namespace, pkg: Path) -> int:
+    pop = population(pkg)
+    sizes = {f: len(v) for f, v in pop.items()}
     if ns.list:
-        for m in MUTANTS:
-            print(f"{m.name:40} {m.kind:9} {m.story}")
+        for f, ms in pop.items():
+            print(f"{f:28} {len(ms):5}  " + ", ".join(f"{k} {v}" for k, v in
+                                                    Counter(m.operator for m in ms).most_common(5)))
+            if ns.verbose:
+                print("\n".join("    " + m.describe() for m in ms))
+        print(f"{'all':28} {sum(sizes.values()):5}")
         return 0
-    chosen = [m for m in MUTANTS if ns.only is None or m.name in ns.only]
-    todo: list[Mutant | None] = [None, *chosen] if ns.only is None else list(chosen)
-    with ThreadPoolExecutor(max(1, ns.jobs)) as pool:
-        results = list(pool.map(lambda m: judge(m, tuple(ns.skip)), todo))
-    for r in results:
-        verdict = ("refuted" if r["refuted"] else "STANDS") if r["name"] != "original" else (
-            "passes" if r["exit"] == 0 else "FAILS")
-        first = r["failures"][0] if r["failures"] else None
-        shown = f"{first['case']}: {first['kind']}: {first['message'][:120]}" if first else ""
-        print(f"{r['name']:40} {verdict:8} {r['seconds']:7.1f}s  {shown}")
-    if ns.json:
-        Path(ns.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
-    original = next((r for r in results if r["name"] == "original"), None)
-    ok = all(r["refuted"] for r in results if r["name"] != "original") and (
-        original is None or original["exit"] == 0)
-    return 0 if ok else 1
+    if ns.report:
+        rows = [r for r in _done(Path(ns.report)).values() if not r["id"].endswith("#original")]
+        print(report(rows, sizes))
+        return _verdict(rows, ns.fail_under)
+    began = time.perf_counter()
+    if ns.named:
+        rows = run(pkg, [], ns.jobs, ns.out, ns.budget_factor, NAMED)
+    else:
+        if ns.sample:
+            chosen = stratified(pop, ns.sample, ns.seed, ns.min_per_file)
+        elif ns.only:
+            by_id = {m.id: m for ms in pop.values() for m in ms}
+            chosen = [by_id[i] for i in ns.only]
+        else:
+            index, count = (int(x) for x in ns.shard.split("/"))
+            chosen = [m for ms in pop.values() for m in ms][index - 1::count]
+        rows = run(pkg, chosen, ns.jobs, ns.out, ns.budget_factor)
+    print(report(rows, sizes))
+    print(f"wall {time.perf_counter() - began:,.0f} s")
+    return _verdict([r for r in rows if "#" in r["id"] and not r["id"].endswith("#original")], ns.fail_under)
 
 
 if __name__ == "__main__":

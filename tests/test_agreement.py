@@ -76,6 +76,26 @@ def test_a_pool_with_events_off_agrees_too() -> None:
     assert rep.ok, {c: [e.detail for e in x] for c, x in rep.examples.items()}
 
 
+def test_a_model_announcing_with_events_off_is_caught_on_a_pool_with_events_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agreement's events-off pool (agreement_events_off): z3 leaves the announcements alone
+    there, so a model that records one is refused; a pool with events on cannot show it."""
+    from dataclasses import replace as with_field
+
+    from kvpool.model import OPERATIONS
+
+    op = OPERATIONS["_insert_block_hash"]
+
+    def announcing(s: Any, request: Any, prefix_tokens: int, group: int, block_id: int, n: Any) -> None:
+        op.next(s, request, prefix_tokens, group, block_id, n)
+        s.announced.add(((request.block_hashes[prefix_tokens // s.hash_block_size - 1], group), block_id))
+
+    monkeypatch.setitem(OPERATIONS, "_insert_block_hash", with_field(op, next=announcing))
+    off = agreement.check(bmc.Bounds(blocks=3, hash_block_size=2, events_on=False), 2, perturb=0, first=True)
+    assert "step/insert" in off.disagreements, off.disagreements
+    assert "live" in off.examples["step/insert"][0].detail
+
+
 def test_every_call_from_a_state_with_secondary_keys_agrees() -> None:
     s = _secondary_state()
     assert s.secondary[1] and s.primary[1] is not None
@@ -248,7 +268,7 @@ def test_every_step_property_and_the_queue_agree_both_ways() -> None:
     rep = agreement.check(DEEP, 3, perturb=4)
     assert rep.ok, {c: [e.detail for e in x] for c, x in rep.examples.items()}
     assert set(rep.properties) == set(agreement.COMPARED_PROPERTIES)
-    assert all(held for held, _broken in rep.properties.values()), rep.properties
+    assert all(held and broken for held, broken in rep.properties.values()), rep.properties
     assert rep.never_broken == [] and rep.queues > 10_000
 
 
@@ -264,6 +284,75 @@ def test_a_weakened_z3_step_property_is_caught() -> None:
     assert set(rep.disagreements) == {"property/event_announcements_match_index"}
     first = rep.examples["property/event_announcements_match_index"][0]
     assert "a Stored of a live entry" in first.what and "model False, z3 True" in first.detail
+
+
+def _fresh_announcements_only(s: SymState, _args: Any, st: T.SymStep) -> Any:
+    """The event property without "the live announcements after the step are the index": weaker
+    by one conjunct, and no alteration made for the property itself breaks that conjunct."""
+    b, k = z3.Const("bound.b", Block), z3.Const("bound.k", KeySort)
+    return z3.Implies(z3.And(st.pre, s.events), z3.ForAll([k, b], z3.Implies(
+        st.stored[k, b], z3.Not(z3.And(s.live[k, b], z3.Not(st.removed[k, b]))))))
+
+
+def test_a_z3_step_property_weaker_by_any_conjunct_is_caught_on_other_alterations() -> None:
+    """Every property is compared on every alteration and on perturbed next states, not only the
+    property an alteration was made for: "z3 true, model false" is a disagreement too."""
+    rep = agreement.check(DEEP, 2, perturb=1, properties={
+        "event_announcements_match_index": SymStepProperty(None, _fresh_announcements_only)})
+    assert set(rep.disagreements) == {"property/event_announcements_match_index"}
+    found = rep.examples["property/event_announcements_match_index"]
+    assert all("model False, z3 True" in d.detail for d in found)
+    assert not any("a Stored of a live entry" in d.what for d in found)
+
+
+def _reset_forgets_only(s: SymState, _args: Any, st: T.SymStep) -> Any:
+    """The reset property without "enabled exactly when no real block is in use"."""
+    b, k = z3.Const("bound.b", Block), z3.Const("bound.k", KeySort)
+    return z3.Implies(st.pre, z3.And(z3.ForAll([k, b], z3.Not(st.post.idx[k, b])),
+                                     z3.ForAll([b], z3.Not(st.post.watched[b]))))
+
+
+def _alloc_anything(s: SymState, args: Any, st: T.SymStep) -> Any:
+    """The allocation property reduced to "a handed-out block is real"."""
+    return z3.Implies(st.pre, args[0] != NULL)
+
+
+def _recache_shorter_only(s: SymState, args: Any, st: T.SymStep) -> Any:
+    """The conflict property with "a prefix as long" turned into "a longer prefix"."""
+    b, t = args[0], args[2]
+    return z3.Implies(st.pre, z3.Or(z3.Not(s.prim[b]), s.ptok[b] <= t))
+
+
+@pytest.mark.parametrize(("prop", "steps", "claim", "label"), [
+    ("reset_needs_an_idle_pool", ("reset",), _reset_forgets_only, "a reset refused on an idle pool"),
+    ("allocation_succeeds_iff_enough_free", ("alloc",), _alloc_anything,
+     "an allocation refused with enough idle blocks"),
+    ("conflicting_caches_are_refused", ("cache_full",), _recache_shorter_only,
+     "a block cached again at a prefix as long"),
+], ids=["reset", "alloc", "recache"])
+def test_a_z3_property_about_enabling_weakened_is_caught_on_calls_refused_on_purpose(
+        prop: str, steps: tuple[str, ...], claim: Any, label: str) -> None:
+    """The properties about when a step is enabled are compared both ways too: a call the model
+    would have to accept is refused on purpose, with its last z3 step disabled."""
+    rep = agreement.check(DEEP, 2, perturb=1, properties={prop: SymStepProperty(steps, claim)})
+    assert set(rep.disagreements) == {f"property/{prop}"}, rep.disagreements
+    found = rep.examples[f"property/{prop}"]
+    assert any(label in d.what and "model False, z3 True" in d.detail for d in found), found
+
+
+def _evicted_without_primary(s: SymState, args: Any, st: T.SymStep) -> Any:
+    """The eviction property without "no primary key": the index and the secondaries alone."""
+    b, k = args[0], z3.Const("bound.k", KeySort)
+    return z3.Implies(st.pre, z3.ForAll([k], z3.And(z3.Not(st.post.sec[b, k]), z3.Not(st.post.idx[k, b]))))
+
+
+def test_a_z3_property_weakened_where_only_an_unreachable_next_state_differs_is_caught() -> None:
+    """A next state with a primary key the index lacks (a perturbation) tells the two apart."""
+    rep = agreement.check(DEEP, 2, perturb=1, properties={
+        "evicted_blocks_leave_the_index": SymStepProperty(("evict",), _evicted_without_primary)})
+    assert set(rep.disagreements) == {"property/evicted_blocks_leave_the_index"}
+    found = rep.examples["property/evicted_blocks_leave_the_index"]
+    assert any("a primary key the index lacks" in d.what for d in found), found
 
 
 @pytest.mark.slow  # 26 s; kvpool verify's seeded bugs include it

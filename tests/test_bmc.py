@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +34,8 @@ from kvpool.model.properties import (
     policy_queue,
 )
 from kvpool.proofs import bmc
+from kvpool.proofs.bmc.branches import measure as measure_branches
+from kvpool.proofs.bmc.branches import shortfall
 from kvpool.proofs.bmc.domains import scope_of
 
 SMALL = bmc.Bounds(blocks=4)
@@ -278,14 +281,56 @@ def _one_step_states(cfg: bmc.Bounds) -> list[PoolState]:
     return states
 
 
-def test_the_domains_reach_every_argument_shape_the_declarations_allow() -> None:
+def test_the_domains_reach_every_branch_and_pair_that_declared_calls_reach() -> None:
+    """The domains' coverage is judged by what the model does with their calls (bmc/domain-branches)."""
     cfg = bmc.Bounds(blocks=3, hash_block_size=2)
     states = _one_step_states(cfg)
-    assert bmc.missing_shapes(states, cfg) == {}
-    assert bmc.missing_shapes(states[:1], cfg)  # a fresh pool holds no block: no unpin of one
-    seen = {label for s in states for name, args in bmc.calls(s, cfg, cfg.requests())
-            if name == "cache_partial_block" for label in bmc.shape("flag", args[5], cfg)}
-    assert seen == {"True", "False"}
+    cov = measure_branches(states, cfg)
+    assert cov.ok, shortfall(cov)
+    assert len(cov.reference) > 150 and len(cov.reference_pairs) > 1000
+    assert cov.reference_calls > cov.domain_calls  # the reference is not the domain
+
+
+def _narrowed(cfg: bmc.Bounds, drop: Callable[[str, tuple[Any, ...]], bool]
+              ) -> Callable[[PoolState], Iterator[tuple[str, tuple[Any, ...]]]]:
+    return lambda s: ((n, a) for n, a in bmc.calls(s, cfg, cfg.requests()) if not drop(n, a))
+
+
+@pytest.mark.parametrize(("operation", "drop", "what"), [
+    ("cache_full_blocks", lambda n, a: any(isinstance(x, list) and len(set(x)) < len(x) for x in a),
+     "cached_once_per_call"),
+    ("cache_partial_block", lambda n, a: n == "cache_partial_block" and a[5], "replace_existing_hashes"),
+    ("touch", lambda n, a: n == "touch" and len(a[0]) > 1, "s.free.remove(b)"),
+], ids=["a-repeat-inside-one-listing", "never-replacing", "touching-one-block"])
+def test_a_domain_that_drops_a_class_of_calls_the_model_treats_apart_is_caught(
+        operation: str, drop: Callable[[str, tuple[Any, ...]], bool], what: str) -> None:
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states = _one_step_states(cfg)
+    cov = measure_branches(states, cfg, _narrowed(cfg, drop), only={operation})
+    assert not cov.ok
+    shown = "\n".join(shortfall(cov, 100))
+    assert what in shown and "e.g. " + operation in shown, shown
+
+
+def _guard_without(check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard helper that lost its check (as a mutant of model/guards.py would)."""
+    from kvpool.model import guards
+
+    monkeypatch.setattr(guards, check, lambda *_a, **_k: None)
+
+
+@pytest.mark.parametrize("check", ["check_count", "check_group", "check_block_size", "check_chunks",
+                                   "check_ids"])
+def test_a_guard_that_lost_an_argument_check_lets_misuse_through(
+        check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpool.proofs.bmc.misuse import check_misuse
+
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states = _one_step_states(cfg)
+    assert check_misuse(states, cfg).ok
+    _guard_without(check, monkeypatch)
+    out = check_misuse(states, cfg)
+    assert not out.ok and out.let_through, check
 
 
 @pytest.mark.slow
@@ -347,10 +392,20 @@ def test_the_sized_operations_take_the_hash_block_size_and_twice_it() -> None:
     s = cfg.initial()
     calls = _domain("emit_cached_block_events", s, cfg)
     assert {bs for _r, _n, bs, _g in calls} == {2, 4}
-    assert {n for _r, n, _bs, _g in calls} == {1}  # a hit on the first block of the request
-    assert len(calls) == len(set(map(repr, calls))) == 3 * 2 * 2
+    assert {n for _r, n, _bs, _g in calls} == {0, 1}  # no hit, and a hit on the request's first block
+    assert len(calls) == len(set(map(repr, calls))) == 3 * 2 * 2 * 2
     assert {a[4] for a in _domain("cache_full_blocks", s, cfg)} == {2, 4}
     assert {a[4] for a in _domain("cache_partial_block", s, cfg)} == {2, 4}
+
+
+def test_a_pool_that_takes_boundary_partials_is_offered_them_and_explored() -> None:
+    """vLLM 0.33's settings (partial entries at block boundaries, the null block's count left alone)."""
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2, reference="0.33")
+    s = cfg.initial()
+    assert s.boundary_partials and not s.null_counted
+    calls = _domain("cache_partial_block", s, cfg)
+    assert any(bs == cfg.hash_block_size and not rep for _r, _b, _nt, _g, bs, rep in calls)
+    assert bmc.explore(cfg, 2, NET).ok
 
 
 def test_a_partial_entry_ends_inside_a_block_unless_it_replaces_the_whole_request() -> None:

@@ -39,6 +39,21 @@ def test_every_property_has_a_row_with_every_method() -> None:
     assert by_name["writable_blocks_are_unindexed"]["z3"].startswith("follows from index_matches")
 
 
+def test_every_bounded_claim_says_what_carries_it_past_the_bound_or_that_nothing_does() -> None:
+    rows = {r["property"]: r for r in claims_table()}
+    for name, row in rows.items():
+        assert row["beyond"].startswith(("the inductive proof", "the per-step proof", "the order proof",
+                                         "z3 from its premises", "nothing", "by construction")), name
+    assert rows["usage_in_unit_interval"]["beyond"].startswith("nothing")
+    assert rows["fired_watchers_were_registered"]["beyond"].startswith("nothing")
+    assert "without 'once'" not in rows["free_queue_holds_exactly_idle_blocks"]["beyond"]  # completed
+    assert "which nothing carries" in rows["index_matches_block_hashes"]["beyond"]
+    assert "per-block split" in rows["evicted_blocks_leave_the_index"]["beyond"]
+    assert all("cutoff: unproven" in r["beyond"] for r in rows.values() if r["beyond"].startswith("the "))
+    text = format_table(list(rows.values()))
+    assert "small-model (cutoff) argument: unproven" in text and "symmetry: " in text
+
+
 def test_a_verify_result_fills_in_what_the_run_established() -> None:
     doc = passing_doc()
     rows = {r["property"]: r for r in claims_table(doc)}

@@ -141,6 +141,21 @@ def test_weekly_mutation_workflow_is_valid() -> None:
     assert any(step.get("uses", "").startswith("actions/checkout@") for step in job["steps"])
 
 
+def test_weekly_spec_mutation_workflow_judges_every_mutant_then_reports() -> None:
+    """Every shard once, each judging its part of the whole population; the report after them all."""
+    doc = yaml.safe_load((ROOT / ".github" / "workflows" / "spec-mutation-weekly.yml").read_text())
+    crons = [entry["cron"] for entry in doc.get("on", doc.get(True))["schedule"]]  # YAML 1.1: `on` is true
+    assert crons and all(len(c.split()) == 5 for c in crons)
+    shard, report = doc["jobs"]["shard"], doc["jobs"]["report"]
+    shards = shard["strategy"]["matrix"]["shard"]
+    run = "\n".join(step.get("run", "") for step in shard["steps"])
+    count = int(run.split("--shard ${{ matrix.shard }}/")[1].split()[0])
+    assert sorted(shards) == list(range(1, count + 1))
+    assert "scripts/spec_mutants.py --all" in run and "--jobs 2" in run
+    assert report["needs"] == "shard" and "--report" in "\n".join(s.get("run", "") for s in report["steps"])
+    assert int(shard["timeout-minutes"]) > 0 and int(report["timeout-minutes"]) > 0
+
+
 def test_nightly_slow_workflow_runs_the_slow_tests() -> None:
     """The cases left out of the per-push run (conftest.SLOW_CASES, SAMPLED, @pytest.mark.slow)."""
     doc = yaml.safe_load((ROOT / ".github" / "workflows" / "slow-nightly.yml").read_text())

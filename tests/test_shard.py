@@ -130,6 +130,47 @@ def test_seeded_bugs_split_by_bug_and_merge_in_catalogue_order(monkeypatch: pyte
         merged = _merge_phase("seeded-bugs", parts)
         assert merged["bugs"] == whole["bugs"]
         assert [c["id"] for c in merged["cases"]] == [c["id"] for c in whole["cases"]]
+        # no dead weight is decided over the whole catalogue: by the whole run, by the merge, by no shard
+        assert whole["cases"][-1]["id"] == merged["cases"][-1]["id"] == "seeded-bugs/no-dead-weight"
+        assert not any(c["id"] == "seeded-bugs/no-dead-weight" for p in parts for c in p["cases"])
+        assert whole["cases"][-1]["ok"] is merged["cases"][-1]["ok"] is False  # "bug-0" is no property
+
+
+def test_no_dead_weight_holds_in_sharded_runs_as_in_whole_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each property refuting some bug is a verdict on the catalogue: a shard holding the only bug a
+    property refutes makes the merged run pass, and no bug refuting it makes it fail."""
+    from types import SimpleNamespace
+
+    import kvpool.bugs.check
+    from kvpool.bugs import BUGS, forms
+    from kvpool.model import INVARIANTS
+    from kvpool.model.properties import STEP_PROPERTIES
+    from kvpool.verify import PROFILES, run_seeded_bugs
+    from kvpool.verify.merge import _merge_phase
+    from kvpool.verify.progress import Progress
+
+    names = [*INVARIANTS, *STEP_PROPERTIES]
+
+    def refuting(spared: str) -> Any:
+        def quick(name: str, **_: Any) -> Any:
+            i = list(BUGS).index(name)
+            for _form in forms(BUGS[name]):  # bug i refutes property i (round the list)
+                prop = names[i % len(names)]
+                yield SimpleNamespace(by=[] if prop == spared else [prop], method="bmc", seconds=0.0,
+                                      detail="")
+        return quick
+
+    progress = Progress(io.StringIO())
+    for spared, ok in (("", True), (names[3], False)):
+        monkeypatch.setattr(kvpool.bugs.check, "every_check", refuting(spared))
+        whole = run_seeded_bugs(PROFILES["ci"], progress, workers=1).as_json()
+        parts = [run_seeded_bugs(PROFILES["ci"], progress, Shard(i, 4), workers=1).as_json()
+                 for i in range(1, 5)]
+        merged = _merge_phase("seeded-bugs", parts)
+        for doc in (whole, merged):
+            case = doc["cases"][-1]
+            assert case["id"] == "seeded-bugs/no-dead-weight" and case["ok"] is ok
+            assert ok or spared in case["failure"]["message"]
 
 
 def test_conform_shards_merge_to_one_campaign(tmp_path: Path) -> None:

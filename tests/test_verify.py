@@ -185,8 +185,11 @@ def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.Monke
         cfg, depth, seconds, with_bug("free_same_block_twice")))
     budget = verify.Budget(bmc_pools=((4, 1),))
     phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
-    case, legal, shapes = phase.cases
-    assert legal.id == "bmc/legal-corpus" and legal.ok and shapes.id == "bmc/domain-shapes" and shapes.ok
+    case, other_version, legal, branches, misuse = phase.cases
+    assert other_version.id == "bmc/3-blocks-hbs-2-vllm-0.33"  # the broken action is 0.33's too
+    assert legal.id == "bmc/legal-corpus" and legal.ok
+    assert branches.id == "bmc/domain-branches" and branches.ok
+    assert misuse.id == "bmc/misuse-refused" and misuse.ok
     assert not case.ok and case.failure is not None
     trace = case.failure["trace"]
     assert trace and all(step["picture"]["blocks"] for step in trace)
@@ -244,9 +247,10 @@ def test_a_pool_keeps_its_own_depth_unless_the_command_line_sets_every_depth() -
     """The ci profile explores a smaller pool one call deeper; ``--bmc-depth`` sets every pool's."""
     budget = verify.Budget(bmc_depth=1, bmc_pools=((3, 2), (3, 2, 2)))
     phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
-    assert [(r["depth_target"], r["depth"]) for r in phase.extra["runs"]] == [(1, 1), (2, 2)]
+    assert [(r["depth_target"], r["depth"]) for r in phase.extra["runs"]] == [(1, 1), (2, 2), (2, 2)]
     assert [c.id for c in phase.cases] == ["bmc/3-blocks-hbs-2", "bmc/3-blocks-hbs-2-depth-2",
-                                           "bmc/legal-corpus", "bmc/domain-shapes"]
+                                           "bmc/3-blocks-hbs-2-depth-2-vllm-0.33", "bmc/legal-corpus",
+                                           "bmc/domain-branches", "bmc/misuse-refused"]
     assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].bmc_pools)
     assert any(len(p) == 3 and p[2] >= 3 for p in verify.PROFILES["ci"].agreement_pools)
     assert any(p[4] >= 3 for p in verify.PROFILES["dev"].refinement_pools)

@@ -35,6 +35,8 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
                "record a JSONL trace of a pool running the workload"),
     "check-trace": ("kvpool.cli.trace", "check_trace_main",
                     "replay a recorded trace on the model; report the first divergent line"),
+    "corpus": ("kvpool.cli.corpus", "main",
+               "grow the legal corpus from traces that reach branches of the model it does not"),
     "claims": ("kvpool.cli.claims", "main",
                "every property of the model and what establishes it (z3, BMC, lockstep, bugs)"),
     "check-events": ("kvpool.cli.events", "check_events_main",

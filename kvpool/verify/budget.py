@@ -25,10 +25,16 @@ class Budget:
     bmc_split_depth: int = 2
     """A sharded BMC explores every level up to this depth (at most ``bmc_depth - 1``) on every
     shard, then each shard its part of that level's states."""
+    bmc_references: tuple[tuple[int, int, int, str], ...] = ((3, 2, 2, "0.33"),)
+    """Pools the BMC also explores with another vLLM version's settings (blocks, hash_block_size,
+    depth, version: :data:`kvpool.model.state.REFERENCES`); the z3 encoding knows 0.31's only."""
     agreement_depth: int = 2
     """The encoding against the model: every state the BMC keeps to this depth, every call above it."""
     agreement_pools: tuple[tuple[int, ...], ...] = ((4, 1), (4, 2), (3, 2, 3))
     """As ``bmc_pools``: (blocks, hash_block_size[, depth]), ``agreement_depth`` by default."""
+    agreement_events_off: tuple[tuple[int, int, int], ...] = ((3, 2, 2),)
+    """Pools the agreement also checks with events off (blocks, hash_block_size, depth): the z3
+    steps then leave the announcements alone, and the model must too."""
     agreement_perturb: int = 4
     """One in this many perturbations of each state is checked (rotating); 1: all of them."""
     agreement_seconds: float = 900.0

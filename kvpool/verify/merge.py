@@ -25,11 +25,13 @@ import itertools
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 from kvpool.claims import claims_table
 
 from .budget import SCHEMA
+from .dead_weight import dead_weight_case
 from .phases import part_from_json
 
 CONFORM_SCHEMA = "kvpool.conform/1"
@@ -186,7 +188,8 @@ def _merge_bugs(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[s
         pairs = list(zip(p["cases"], p["bugs"], strict=True))
         groups.append([list(g) for _, g in itertools.groupby(pairs, key=lambda cb: cb[1]["name"])])
     merged = [pair for group in interleave(groups) for pair in group]
-    return [c for c, _ in merged], {"bugs": [b for _, b in merged]}
+    bugs = [b for _, b in merged]
+    return [c for c, _ in merged] + [asdict(dead_weight_case(bugs))], {"bugs": bugs}
 
 
 def _merge_lockstep(ran: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

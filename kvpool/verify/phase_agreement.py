@@ -26,21 +26,23 @@ if TYPE_CHECKING:  # the proofs (and z3) are imported when the phase runs
 
 
 def _one_pool(blocks: int, hbs: int, depth: int, seconds: float, perturb: int,
-              samples: int, seed: int) -> tuple[Report, Sampled]:
+              samples: int, seed: int, events: bool = True) -> tuple[Report, Sampled]:
     """One pool's check and its z3 sample (run in a worker process)."""
     # lazy: z3 and the proofs load when the phase runs
     from kvpool.proofs import bmc
     from kvpool.proofs.agreement import check, z3_sample
 
-    cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs)
+    cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs, events_on=events)
     report = check(cfg, depth, seconds, perturb=perturb)
     return report, z3_sample(cfg, samples, seed)
 
 
 def scope_text(budget: Budget) -> str:
     """What the phase covers under ``budget``, in one sentence (the JSON's ``scope``)."""
-    pools = "; ".join(f"{b} blocks hbs {h} to depth {d}"
-                      for b, h, d in pool_depths(budget.agreement_pools, budget.agreement_depth))
+    pools = "; ".join([f"{b} blocks hbs {h} to depth {d}"
+                       for b, h, d in pool_depths(budget.agreement_pools, budget.agreement_depth)]
+                      + [f"{b} blocks hbs {h} events off to depth {d}"
+                         for b, h, d in budget.agreement_events_off])
     perturbed = ("every perturbation of every state" if budget.agreement_perturb == 1
                  else f"1 in {budget.agreement_perturb} of each state's perturbations, rotating")
     per_pool = max(1, budget.agreement_samples // max(1, len(budget.agreement_pools)))
@@ -57,12 +59,14 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
     from kvpool.proofs.transitions import STEPS
 
     phase = Phase("agreement")
-    pools = list(budget.agreement_pools)
-    progress.start("agreement", len(pools) + len(CHECKED) + len(STEPS) + len(COMPARED_PROPERTIES) + 2)
+    progress.start("agreement", len(budget.agreement_pools) + len(budget.agreement_events_off) + len(CHECKED)
+                   + len(STEPS) + len(COMPARED_PROPERTIES) + 2)
     start = time.perf_counter()
-    per_pool = max(1, budget.agreement_samples // max(1, len(pools)))  # as scope_text says
-    jobs = [(b, h, d, budget.agreement_seconds, budget.agreement_perturb, per_pool, budget.seed + i)
-            for i, (b, h, d) in enumerate(pool_depths(budget.agreement_pools, budget.agreement_depth))]
+    per_pool = max(1, budget.agreement_samples // max(1, len(budget.agreement_pools)))  # as scope_text says
+    pools = [(*p, True) for p in pool_depths(budget.agreement_pools, budget.agreement_depth)]
+    pools += [(*p, False) for p in budget.agreement_events_off]
+    jobs = [(b, h, d, budget.agreement_seconds, budget.agreement_perturb, per_pool, budget.seed + i, on)
+            for i, (b, h, d, on) in enumerate(pools)]
     workers = min(len(jobs), os.cpu_count() or 1)
     results: list[tuple[Report, Sampled]] = []
     # the deepest, then the largest pool first: it bounds the wall time
@@ -78,7 +82,8 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
 
 def _pool_note(r: Report) -> str:
     done = "complete" if r.complete else "CUT by the time budget"
-    return (f"{r.blocks} blocks, hbs {r.hash_block_size}: depth {r.depth}/{r.depth_target} ({done}), "
+    return (f"{r.blocks} blocks, hbs {r.hash_block_size}{'' if r.events else ', events off'}: "
+            f"depth {r.depth}/{r.depth_target} ({done}), "
             f"{r.states:,} states, {r.perturbed:,} perturbed, {r.transitions:,} calls, "
             f"{sum(r.disagreements.values())} disagreements, {r.seconds:.1f}s")
 
@@ -87,10 +92,11 @@ def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[C
     """One case per pool: its states and calls were all checked to the depth (a cut pool fails)."""
     cases = []
     for r, _s in results:
-        name = f"{r.blocks} blocks, hbs {r.hash_block_size}"
+        name = f"{r.blocks} blocks, hbs {r.hash_block_size}" + ("" if r.events else ", events off")
         fail = None if r.complete else cut_failure(f"agreement on {name}", budget.agreement_seconds,
                                                    r.depth_target, r.depth, "--agreement-seconds")
         depth = "" if r.depth_target == budget.agreement_depth else f"-depth-{r.depth_target}"
+        depth += "" if r.events else "-events-off"
         cases.append(Case(f"agreement/pool/{r.blocks}-blocks-hbs-{r.hash_block_size}{depth}",
                           f"the encoding is checked on {name} to depth {r.depth_target}", fail is None,
                           r.seconds, fail))
@@ -99,7 +105,7 @@ def _pool_cases(results: list[tuple[Report, Sampled]], budget: Budget) -> list[C
 
 def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Case]:
     # lazy: z3 and the proofs load when the phase runs
-    from kvpool.proofs.agreement import ABOUT_ENABLING, CHECKED, COMPARED_PROPERTIES
+    from kvpool.proofs.agreement import CHECKED, COMPARED_PROPERTIES
     from kvpool.proofs.transitions import STEPS
 
     cases = []
@@ -136,11 +142,11 @@ def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Ca
     for name in COMPARED_PROPERTIES:
         held = sum(r.properties.get(name, [0, 0])[0] for r, _ in results)
         broken = sum(r.properties.get(name, [0, 0])[1] for r, _ in results)
-        never = None if name in ABOUT_ENABLING else failure(
+        never = failure(
             "violation", f"{name} is never false on a compared transition: its agreement is shown one "
             "way only", f"held on {held:,} transitions, broken on none; add an alteration that breaks it")
-        case("property", name, (held, broken if never is not None else 1),
-             f"z3's step property {name} equals the model's", f"{held:,} held, {broken:,} broken", never)
+        case("property", name, (held, broken), f"z3's step property {name} equals the model's",
+             f"{held:,} held, {broken:,} broken", never)
     queues = sum(r.queues for r, _ in results)
     bad = [x for key in sorted({k for r, _ in results for k in r.examples if k.startswith("queue/")})
            for x in _examples(results, key)]
@@ -219,8 +225,9 @@ def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str,
     samples = [s for _, s in results]
     return {
         "scope": scope_text(budget),
-        "pools": [{"name": f"{r.blocks} blocks, hash_block_size {r.hash_block_size}",
-                   "blocks": r.blocks, "hash_block_size": r.hash_block_size,
+        "pools": [{"name": f"{r.blocks} blocks, hash_block_size {r.hash_block_size}"
+                   + ("" if r.events else ", events off"),
+                   "blocks": r.blocks, "hash_block_size": r.hash_block_size, "events": r.events,
                    "depth_target": r.depth_target, "depth": r.depth, "complete": r.complete,
                    "states": r.states, "perturbed": r.perturbed, "unfaithful": r.unfaithful,
                    "transitions": r.transitions, "seconds": round(r.seconds, 3),

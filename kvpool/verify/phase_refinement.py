@@ -50,23 +50,12 @@ def bmc_domain(shape: Shape, symmetry: bool = True
     cfg = bmc.Bounds(blocks=shape.blocks, hash_block_size=shape.hash_block_size,
                      events_on=shape.events)
     requests = requests_for(shape.hash_block_size)
-    renamings = bmc.renamings_of(cfg)
-    memo: dict[Hashable, Hashable] = {}
 
     def calls(s: PoolState) -> Any:
         # the BMC's calls read a request's token ids and pass it on: any request will do
         return bmc.calls(s, cfg, cast(Any, requests))
 
-    if not symmetry:
-        return calls, list(requests), exact_key
-
-    def key(s: PoolState) -> Hashable:
-        # most calls reach a state seen before: look it up by its exact variables first
-        exact = s.variables()
-        if exact not in memo:
-            memo[exact] = bmc.orbit_key(s, renamings)
-        return memo[exact]
-
+    key: Callable[[PoolState], Hashable] = bmc.state_key(cfg) if symmetry else exact_key
     return calls, list(requests), key
 
 

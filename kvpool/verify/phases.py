@@ -226,6 +226,10 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
     for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
                             strict=True):
         record(name, checks)
+    if shard.whole:  # a shard holds part of the catalogue: kvpool merge decides on the whole
+        from .dead_weight import dead_weight_case  # it imports this module
+
+        phase.cases.append(dead_weight_case(bugs))
     phase.seconds = time.perf_counter() - start
     phase.extra = {"bugs": bugs}
     return phase
@@ -267,18 +271,21 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     from kvpool.proofs import bmc
 
     phase = Phase("bmc")
-    progress.start("bmc", len(budget.bmc_pools) + 2)
+    progress.start("bmc", len(budget.bmc_pools) + len(budget.bmc_references) + 3)
     runs = []
     start = time.perf_counter()
-    for blocks, hbs, depth in pool_depths(budget.bmc_pools, budget.bmc_depth):
-        cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs)
+    pools = [(*p, "0.31") for p in pool_depths(budget.bmc_pools, budget.bmc_depth)]
+    for blocks, hbs, depth, version in [*pools, *budget.bmc_references]:
+        cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs, reference=version)
         if shard.whole:
             out = bmc.explore(cfg, depth, budget.bmc_seconds)
         else:
             out = bmc.explore(cfg, depth, budget.bmc_seconds, part=shard.part,
                               split_depth=budget.bmc_split_depth)
-        name = f"{blocks} blocks, hash_block_size {hbs}"
-        slug = f"{blocks}-blocks-hbs-{hbs}" + ("" if depth == budget.bmc_depth else f"-depth-{depth}")
+        other = "" if version == "0.31" else f", vLLM {version}"
+        name = f"{blocks} blocks, hash_block_size {hbs}{other}"
+        slug = (f"{blocks}-blocks-hbs-{hbs}" + ("" if depth == budget.bmc_depth else f"-depth-{depth}")
+                + ("" if version == "0.31" else f"-vllm-{version}"))
         runs.append({"name": name, "blocks": blocks, "hash_block_size": hbs,
                      "depth_target": depth, "depth": out.depth, "states": out.states,
                      "transitions": out.transitions, "complete": out.complete, "ok": out.ok,
@@ -292,33 +299,59 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
                          + ("" if out.part is None else
                             f" (part {shard}: {out.part.owned} of {out.part.frontier} states at depth "
                             f"{out.part.split_depth})"))
-    phase.cases += [legal_case(), shapes_case()]
-    progress.advance(phase.cases[-2].name)
-    progress.advance(phase.cases[-1].name)
+    phase.cases += [legal_case(), coverage_case(), misuse_case()]
+    for case in phase.cases[-3:]:
+        progress.advance(case.name)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"runs": runs}
     return phase
 
 
-def shapes_case() -> Case:
-    """The BMC's call domains reach every argument shape the declarations allow, from a fresh
-    pool and the states one call away (:func:`kvpool.proofs.bmc.missing_shapes`): a domain that
-    stopped generating a legal call (never ``replace_existing_hashes=True``) fails here."""
+def coverage_case() -> Case:
+    """The BMC's call domains reach every branch of every guard, contract and update, and every
+    pair of them one call takes, that well-formed calls made from the declarations' argument kinds
+    reach from the same states (a fresh pool and the states one call away,
+    :mod:`kvpool.proofs.bmc.branches`): a domain that stopped making a class of calls the model
+    treats apart (a block listed twice, ``replace_existing_hashes=True``) fails here."""
     # lazy: a phase's modules load when it runs (module docstring)
     from kvpool.proofs import bmc
+    from kvpool.proofs.bmc.branches import measure, shortfall
     from kvpool.proofs.bmc.search import explore  # the model's own actions, whatever a test swapped
 
     began = time.perf_counter()
     cfg = bmc.Bounds(blocks=3, hash_block_size=2)
     states: list[Any] = []
     explore(cfg, 1, 600.0, visit=states.append)
-    lost = bmc.missing_shapes(states, cfg)
-    fail = None if not lost else failure(
-        "violation", f"the BMC's domains never make {len(lost)} legal argument shape(s): "
-        + "; ".join(f"{k}: {', '.join(v)}" for k, v in lost.items()),
-        "\n".join(f"{k}: never {', '.join(v)}" for k, v in lost.items()))
-    return Case("bmc/domain-shapes", f"the domains reach every argument shape of {len(states)} states' calls",
+    cov = measure(states, cfg)
+    lost = shortfall(cov)
+    fail = None if cov.ok else failure(
+        "violation", f"the BMC's domains miss {len(cov.missing)} branch(es) and {len(cov.missing_pairs)} "
+        f"pair(s) of branches that well-formed calls reach: {lost[0]}", "\n".join(lost))
+    return Case("bmc/domain-branches", f"the domains reach every branch ({len(cov.reference)}) and pair "
+                f"of branches ({len(cov.reference_pairs):,}) of the guards, contracts and updates that "
+                f"{cov.reference_calls:,} well-formed calls reach from {len(states)} states",
                 fail is None, time.perf_counter() - began, fail)
+
+
+def misuse_case() -> Case:
+    """Calls with one argument wrong for its declared kind are refused by their guard (or are a no-op
+    it decides) from a fresh pool and the states one call away (:mod:`kvpool.proofs.bmc.misuse`): a
+    guard that lost an argument check fails here, though no search makes such a call."""
+    # lazy: a phase's modules load when it runs (module docstring)
+    from kvpool.proofs import bmc
+    from kvpool.proofs.bmc.misuse import check_misuse
+    from kvpool.proofs.bmc.search import explore
+
+    began = time.perf_counter()
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states: list[Any] = []
+    explore(cfg, 1, 600.0, visit=states.append)
+    out = check_misuse(states, cfg)
+    fail = None if out.ok else failure(
+        "violation", f"{len(out.let_through)} call(s) with a wrong argument pass their guard: "
+        f"{out.let_through[0] if out.let_through else 'none made'}", "\n".join(out.let_through[:20]))
+    return Case("bmc/misuse-refused", f"{out.calls:,} calls with one argument wrong for its kind are refused "
+                f"by their guard, from {len(states)} states", fail is None, time.perf_counter() - began, fail)
 
 
 def legal_case() -> Case:

@@ -25,8 +25,8 @@ from pathlib import Path
 from ..trace import check_trace
 from ..trace.check import CheckReport
 
-CORPORA = ("vllm", "workloads")
-"""The folders of ``corpus/``, each a set of legal traces."""
+CORPORA = ("vllm", "workloads", "grown")
+"""The folders of ``corpus/``, each a set of legal traces (``grown``: added by ``kvpool corpus add``)."""
 
 
 def legal_traces() -> list[Path]:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from kvpool.model import (
 )
 from kvpool.model.derived import domain_of
 from kvpool.model.domains import Scope
+from kvpool.model.levels import Stop, Stopwatch, breadth_first
 from kvpool.model.state import NULL, PoolState
 
 from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher
@@ -465,6 +465,10 @@ def show_call(call: Call) -> str:
     return f"{op}({', '.join(shown)})"
 
 
+_Node = tuple[PoolState, Carried, tuple[Call, ...]]
+"""A state kept, its pool carried along, and the calls that reached it."""
+
+
 def explore(
     factory: Callable[..., Any], shape: Shape, depth: int, calls: CallDomain, requests: Sequence[Any],
     *, key: StateKey = exact_key, seconds: float = 600.0, with_misuse: bool = True,
@@ -481,12 +485,12 @@ def explore(
     (``more``).  ``visit(state, sequence)`` is called on each state kept (one
     per ``key``), the initial one included, with the sequence that reached it.
     """
-    start, cpu = time.perf_counter(), time.process_time()
+    watch = Stopwatch()
     out = Refinement(shape, depth)
 
     def finish() -> Refinement:
         out.states = len(seen)
-        out.seconds, out.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+        out.seconds, out.cpu_seconds = watch.seconds(), watch.cpu_seconds()
         return out
 
     seen: set[Hashable] = set()
@@ -503,58 +507,54 @@ def explore(
         if with_misuse:
             yield from ((True, c) for c in misuse(s, requests))
 
+    def expand(node: _Node, level: int) -> list[_Node]:
+        model, kept, path = node
+        nxt: list[_Node] = []
+        for is_misuse, (op, args) in domain(model):
+            pair = kept.restore(model, root, factory, shape, path, invariants)
+            try:
+                result = pair.call(op, *args)
+            except CallerBrokeContract as exc:
+                out.breaches[exc.contract] += 1
+                continue
+            except Exception as exc:
+                if not out.ok:  # the first is reported; the others counted
+                    out.more += 1
+                    continue
+                _diverged(out, factory, shape, [*path, (op, args)], exc)
+                if not keep_going:
+                    raise Stop from None
+                continue
+            out.transitions += 1
+            out.operations[op] += 1
+            if is_misuse:
+                out.misuse[op] += 1
+            if isinstance(result, Refusal):
+                out.refusals[result.kind.name] += 1
+            k = key(pair.model)
+            if k in seen:
+                continue
+            seen.add(k)
+            if visit is not None:
+                visit(pair.model, (*path, (op, args)))
+            if level < depth:
+                pair.trace.clear()
+                pair.steps, pair.last_full = 0, 0
+                carried = Carried.of(pair)
+                out.copies[carried.how] += 1
+                nxt.append((pair.model, carried, (*path, (op, args))))
+        return nxt
+
     invariants = Memo()
     seen.add(key(root.model))
     carried = Carried.of(root)
     out.copies[carried.how] += 1
-    frontier: list[tuple[PoolState, Carried, tuple[Call, ...]]] = [(root.model, carried, ())]
     if visit is not None:
         visit(root.model, ())
-    for level in range(1, depth + 1):
-        last = level == depth
-        nxt: list[tuple[PoolState, Carried, tuple[Call, ...]]] = []
-        for model, kept, path in frontier:
-            if time.perf_counter() - start > seconds:
-                return finish()
-            for is_misuse, (op, args) in domain(model):
-                pair = kept.restore(model, root, factory, shape, path, invariants)
-                try:
-                    result = pair.call(op, *args)
-                except CallerBrokeContract as exc:
-                    out.breaches[exc.contract] += 1
-                    continue
-                except Exception as exc:
-                    if not out.ok:  # the first is reported; the others counted
-                        out.more += 1
-                        continue
-                    _diverged(out, factory, shape, [*path, (op, args)], exc)
-                    if not keep_going:
-                        return finish()
-                    continue
-                out.transitions += 1
-                out.operations[op] += 1
-                if is_misuse:
-                    out.misuse[op] += 1
-                if isinstance(result, Refusal):
-                    out.refusals[result.kind.name] += 1
-                k = key(pair.model)
-                if k in seen:
-                    continue
-                seen.add(k)
-                if visit is not None:
-                    visit(pair.model, (*path, (op, args)))
-                if not last:
-                    pair.trace.clear()
-                    pair.steps, pair.last_full = 0, 0
-                    carried = Carried.of(pair)
-                    out.copies[carried.how] += 1
-                    nxt.append((pair.model, carried, (*path, (op, args))))
-        out.depth, frontier = level, nxt
-        if progress is not None:
-            progress(level, len(seen))
-        if not frontier:
-            break
-    out.complete = True
+    first: _Node = (root.model, carried, ())
+    levels = breadth_first([first], depth, expand, over_budget=watch.past(seconds),
+                           on_level=None if progress is None else lambda level: progress(level, len(seen)))
+    out.depth, out.complete = levels.depth, levels.complete
     return finish()
 
 

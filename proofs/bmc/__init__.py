@@ -20,25 +20,21 @@ from __future__ import annotations
 
 from .domains import (
     TOKENS,
-    WANTED_SHAPES,
     WATCHERS,
     Action,
     Bounds,
     Call,
     Request,
     calls,
-    missing_shapes,
-    shape,
     watcher_a,
     watcher_b,
 )
 from .printing import describe, format_trace, key_labels, show_arg
 from .search import Outcome, PartFigures, apply_call, explore, merge_parts
-from .symmetry import canonical, orbit_key, renamings_of, state_digest
+from .symmetry import canonical, orbit_key, renamings_of, state_digest, state_key
 
 __all__ = [
     "TOKENS",
-    "WANTED_SHAPES",
     "WATCHERS",
     "Action",
     "Bounds",
@@ -54,12 +50,11 @@ __all__ = [
     "format_trace",
     "key_labels",
     "merge_parts",
-    "missing_shapes",
     "orbit_key",
     "renamings_of",
-    "shape",
     "show_arg",
     "state_digest",
+    "state_key",
     "watcher_a",
     "watcher_b",
 ]

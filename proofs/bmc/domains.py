@@ -18,7 +18,7 @@ from typing import Any
 
 from kvpool.model import OPERATIONS, initial_state
 from kvpool.model.domains import Scope
-from kvpool.model.state import PoolState
+from kvpool.model.state import REFERENCES, PoolState
 
 Action = Callable[..., tuple[PoolState, Any]]
 """A model action: ``(state, *args) -> (next state, result)``."""
@@ -71,13 +71,15 @@ class Bounds:
     """Whether the pool emits KV events (the event-log properties need them on)."""
     symmetry: bool = True
     """Identify states that differ only by a renaming of the non-null blocks."""
+    reference: str = "0.31"
+    """The vLLM version whose behaviour the model reproduces (:data:`kvpool.model.state.REFERENCES`)."""
 
     def requests(self) -> list[Request]:
         return [Request.of(name, toks, self.hash_block_size) for name, toks in TOKENS.items()]
 
     def initial(self) -> PoolState:
         return initial_state(self.blocks, caching=True, hash_block_size=self.hash_block_size,
-                             events_on=self.events_on)
+                             events_on=self.events_on, **REFERENCES[self.reference])
 
 
 DEFAULT = Bounds()
@@ -96,62 +98,3 @@ def calls(s: PoolState, cfg: Bounds, requests: Sequence[Request]) -> Iterator[Ca
     for name, op in OPERATIONS.items():
         for args in op.domain(s, scope):
             yield name, args
-
-
-# --------------------------------------------------------------------------
-# Which argument shapes the domains reach (a domain must not silently stop making a legal call).
-
-WANTED_SHAPES: dict[str, frozenset[str]] = {
-    "block": frozenset({"one", "null", "real"}),
-    "blocks": frozenset({"1 listed", "2 listed", "null", "real"}),
-    "block_ids": frozenset({"1 listed", "null", "real"}),
-    "flag": frozenset({"True", "False"}),
-    "mask?": frozenset({"none", "mask"}),
-    "tokens?": frozenset({"none", "tokens"}),
-    "group": frozenset({"group 0", "another group"}),
-    "size": frozenset({"hbs", "larger"}),
-    "watcher": frozenset({"watcher_a", "watcher_b"}),
-    "request": frozenset({"r0", "r1", "r2"}),
-}
-"""Per declared argument kind, the shapes a domain must generate: both values of a flag, a mask
-and none, the null block and a real one, one block and two, ... (kinds not listed: any value)."""
-
-
-def shape(kind: str, value: Any, cfg: Bounds) -> set[str]:
-    """What an argument of a declared kind looks like, as labels of :data:`WANTED_SHAPES`."""
-    if kind in ("block", "blocks", "block_ids"):
-        ids = value if isinstance(value, list) else [value]
-        return {"one" if kind == "block" else f"{len(ids)} listed", *(["null"] if 0 in ids else []),
-                *(["real"] if any(b != 0 for b in ids) else [])}
-    if kind == "flag":
-        return {repr(value)}
-    if kind in ("mask?", "tokens?"):
-        return {"none" if value is None else kind[:-1]}
-    if kind == "group":
-        return {"group 0" if value == 0 else "another group"}
-    if kind == "size":
-        return {"hbs" if value == cfg.hash_block_size else "larger"}
-    if kind == "watcher":
-        return {value.__name__}
-    if kind == "request":
-        return {value.request_id}
-    return {"any"}
-
-
-def missing_shapes(states: Sequence[PoolState], cfg: Bounds) -> dict[str, list[str]]:
-    """Per ``operation(argument)``, the wanted shapes no call from ``states`` has (empty: none)."""
-    seen: dict[tuple[str, str], set[str]] = {}
-    for s in states:
-        for name, args in calls(s, cfg, cfg.requests()):
-            op = OPERATIONS[name]
-            for a, v in zip(op.args, op.bind(args), strict=True):
-                seen.setdefault((name, a.name), set()).update(shape(a.kind, v, cfg))
-    out: dict[str, list[str]] = {}
-    for name, op in OPERATIONS.items():
-        if op.role == "query":
-            continue
-        for a in op.args:
-            lost = sorted(WANTED_SHAPES.get(a.kind, frozenset({"any"})) - seen.get((name, a.name), set()))
-            if lost:
-                out[f"{name}({a.name})"] = lost
-    return out

@@ -17,17 +17,17 @@ that the union of the parts has exactly the figures of one unsharded search
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvpool.model import ACTIONS, CALLER_ACTIONS, OPERATIONS, ContractBroken, Operation, Refusal, violated
+from kvpool.model.levels import Stop, Stopwatch, breadth_first
 from kvpool.model.properties import Transition, broken_by
 from kvpool.model.state import PoolState, QueuedTwice
 
 from .domains import DEFAULT, Action, Bounds, Call, calls
-from .symmetry import canonical, orbit_key, renamings_of, state_digest
+from .symmetry import state_digest, state_key
 
 
 @dataclass
@@ -149,26 +149,14 @@ def explore(
         raise ValueError(f"part {part}: need 0 <= index < count")
     split = max(0, min(split_depth, depth - 1))
     figures = None if part is None else PartFigures(part[0], part[1], split)
-    start = time.perf_counter()
+    watch = Stopwatch()
     actions = {**ACTIONS, **CALLER_ACTIONS, **(actions or {})}
     requests = cfg.requests()
     s0 = cfg.initial()
-    if cfg.symmetry:
-        renamings = renamings_of(cfg)
-        memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-
-        def key(s: PoolState) -> tuple[Any, ...]:
-            # Most steps reach a state seen before: look it up by its exact
-            # variables (dict order included) before canonicalising it.
-            exact = s.variables()
-            if exact not in memo:
-                memo[exact] = orbit_key(s, renamings)
-            return memo[exact]
-    else:
-        key = canonical
+    key = state_key(cfg)
     parent: dict[tuple[Any, ...], Transition | None] = {key(s0): None}
-    frontier = [s0]
-    done, transitions = 0, 0
+    transitions = 0
+    found: list[Any] = []  # the violation and the step that shows it, when one is found
     if visit is not None:
         visit(s0)
 
@@ -180,57 +168,52 @@ def explore(
             p = parent[key(p.before)]
         return out[::-1]
 
-    expanded = 0
+    def select(level: int, frontier: list[PoolState]) -> list[PoolState]:
+        """One part's share of the split level (every state elsewhere)."""
+        if figures is None or level != split:
+            return frontier
+        figures.frontier = len(frontier)
+        figures.prefix_states, figures.prefix_transitions = len(parent), transitions
+        figures.owned = len(mine := sorted(frontier, key=lambda st: state_digest(key(st)))[
+            figures.index::figures.count])
+        return mine
 
-    def outcome(complete: bool, violation: list[str] | None = None,
-                trace: list[Transition] | None = None) -> Outcome:
-        return Outcome(done, len(parent), transitions, time.perf_counter() - start, complete,
-                       violation or [], trace or [], figures, expanded, len(frontier))
-
-    for level in range(1, depth + 1):
-        if figures is not None and level - 1 == split:  # the frontier is the split level
-            figures.frontier = len(frontier)
-            figures.prefix_states, figures.prefix_transitions = len(parent), transitions
-            ranked = sorted(frontier, key=lambda st: state_digest(key(st)))
-            frontier = ranked[figures.index::figures.count]
-            figures.owned = len(frontier)
-        beyond = figures is not None and level - 1 > split
+    def expand(s: PoolState, level: int) -> list[PoolState]:
+        nonlocal transitions
+        made = 0
         nxt: list[PoolState] = []
-        for i, s in enumerate(frontier):
-            if time.perf_counter() - start > seconds:
-                done, expanded = level - 1, i
-                return outcome(False)
-            made = 0
-            for call in calls(s, cfg, requests):
-                step = apply_call(actions, s, call)
-                if step is None:
-                    continue
-                transitions += 1
-                made += 1
-                c = key(step.after)
-                seen = c in parent  # then its invariants were checked already
-                bad = _check(step, state_too=not seen)
-                if bad:
-                    done = level - 1
-                    return outcome(False, bad, trace_to(step))
-                if not seen:
-                    parent[c] = step  # its events are kept for the trace
-                    step.after.events = []  # checked as they were emitted (step.out)
-                    nxt.append(step.after)
-                    if figures is not None and level > split:
-                        figures.beyond[state_digest(c)] = 0
-                    if visit is not None:
-                        visit(nxt[-1])
-            if figures is not None and beyond:
-                figures.beyond[state_digest(key(s))] = made
-            elif figures is not None and level - 1 == split:
-                figures.owned_transitions += made
-        done, frontier = level, nxt
-        if not frontier:
-            break
+        for call in calls(s, cfg, requests):
+            step = apply_call(actions, s, call)
+            if step is None:
+                continue
+            transitions += 1
+            made += 1
+            c = key(step.after)
+            seen = c in parent  # then its invariants were checked already
+            bad = _check(step, state_too=not seen)
+            if bad:
+                found[:] = [bad, step]
+                raise Stop
+            if not seen:
+                parent[c] = step  # its events are kept for the trace
+                step.after.events = []  # checked as they were emitted (step.out)
+                nxt.append(step.after)
+                if figures is not None and level > split:
+                    figures.beyond[state_digest(c)] = 0
+                if visit is not None:
+                    visit(nxt[-1])
+        if figures is not None and level - 1 > split:
+            figures.beyond[state_digest(key(s))] = made
+        elif figures is not None and level - 1 == split:
+            figures.owned_transitions += made
+        return nxt
+
+    levels = breadth_first([s0], depth, expand, over_budget=watch.past(seconds), select=select)
     if figures is not None and depth <= split:  # nothing to split: every part is the whole search
         figures.prefix_states, figures.prefix_transitions = len(parent), transitions
-    return outcome(True)
+    return Outcome(levels.depth, len(parent), transitions, watch.seconds(), levels.complete,
+                   found[0] if found else [], trace_to(found[1]) if found else [], figures,
+                   0 if levels.stopped else levels.expanded, levels.frontier)
 
 
 def merge_parts(parts: list[PartFigures]) -> tuple[int, int]:

@@ -138,3 +138,23 @@ def _key_renamer(gmap: tuple[tuple[int, int], ...]) -> Callable[[Key], Key]:
 
     return rename
 
+
+
+def state_key(cfg: Bounds) -> Callable[[PoolState], tuple[Any, ...]]:
+    """What identifies a state in a search of ``cfg``: its class up to renaming (:func:`orbit_key`)
+    with :attr:`Bounds.symmetry`, else its variables (:func:`canonical`).
+
+    Most calls reach a state seen before: the class is looked up by the state's exact variables
+    (dict order included) before the state is canonicalised.
+    """
+    if not cfg.symmetry:
+        return canonical
+    renamings = renamings_of(cfg)
+    memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def key(s: PoolState) -> tuple[Any, ...]:
+        exact = s.variables()
+        if exact not in memo:
+            memo[exact] = orbit_key(s, renamings)
+        return memo[exact]
+    return key
