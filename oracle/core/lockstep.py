@@ -41,6 +41,7 @@ from kvpool.model.pool import keys_of
 from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
+from ..generate.capabilities import Unmakeable, declared_lacks, lacked_in
 from ..generate.features import FeatureLog, call_features, kept
 from .abstraction import (
     concrete_key,
@@ -246,6 +247,11 @@ class Lockstep(Translate):
     """Where each call's shape features go (:mod:`.features`; None: not described)."""
     directed: int = 0
     """Calls made on fresh pools after the run to make the feature pairs it missed (:mod:`.directed`)."""
+    unmade: int = 0
+    """Workload steps cut short before a call with something the pool lacks."""
+    lacks: frozenset[str] | None = None
+    """What the pool declares it lacks, closed (:mod:`..generate.capabilities`): a call with any of
+    it is never made (None: read off the pool's ``kvpool_lacks``)."""
 
     @classmethod
     def fresh(
@@ -272,6 +278,8 @@ class Lockstep(Translate):
     def __post_init__(self) -> None:
         # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.
         self.observer = Observer(getattr(self.pool, "wrapped", self.pool))
+        if self.lacks is None:
+            self.lacks = declared_lacks(self.pool).lacks
         if self.full_every is None:
             # a pool seen only through its calls shows no block on its own: it is compared
             # whole (a few calls, pipelined by a process behind the drive protocol) every call
@@ -332,7 +340,11 @@ class Lockstep(Translate):
     # ------------------------------------------------------------ one call
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``op`` on both sides; raise :class:`Divergence` on any difference."""
+        """Run ``op`` on both sides; raise :class:`Divergence` on any difference (and
+        :class:`~..generate.capabilities.Unmakeable`, having made nothing, for a call with
+        something the pool lacks)."""
+        if self.lacks:
+            self._refuse_lacked(op, args, kwargs)
         self.steps += 1
         self.ops_seen[op] += 1
         decl = OPERATIONS[op]
@@ -399,6 +411,16 @@ class Lockstep(Translate):
         elif decl.role != "query":  # a query touches nothing; one that did is seen by the next check
             self._check_footprint(op, fp, noted)
         return m_error if m_error else m_result
+
+    def _refuse_lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        try:
+            bound = OPERATIONS[op].bind(args, kwargs)
+        except TypeError:  # a malformed call: made, and refused as such
+            return
+        missing = lacked_in(self.lacks or frozenset(), self.model, op, bound, second=self.which == 1,
+                            metrics=self.metrics is not None)
+        if missing is not None:
+            raise Unmakeable(op, missing)
 
     def _refused_footprint(self, decl: Operation, bound: tuple[Any, ...] | None) -> Footprint:
         """What a refused call would have touched: where the pool must show that it changed nothing."""
