@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -201,7 +202,13 @@ def test_the_reference_clients_ignore_unknown_fields_and_check_the_version(rust_
 
 
 def _normalised(text: str) -> list[object]:
-    return [json.loads(line) for line in text.splitlines()]
+    """The answers, but a refusal's ``message``: free text, each pool its own words."""
+    out = []
+    for line in text.splitlines():
+        answer = json.loads(line)
+        answer.pop("message", None)
+        out.append(answer)
+    return out
 
 
 def test_rust_and_kvpool_answer_line_for_line(rust_pool: str, tmp_path: Path) -> None:
@@ -269,34 +276,109 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("mode", "extra", "says"), [
-    ("crash", [], r"the pool process crashed at call 7 \(\w+\): exited with status 101"),
-    ("garbage", [], r"the pool process answered garbage at call 7 \(\w+\): answer is not JSON"),
-    ("wrong", [], r"(num_free: model \d+ \| pool \d+|result: recorded \d+, model \d+)"),
+    ("crash", [], r"the pool process crashed at call 7 \(\w+\) \(line \d+ of its input\): exited with status "
+                  r"101"),
+    ("garbage", [], r"the pool process answered garbage at call 7 \(\w+\) \(line \d+ of its input\): answer "
+                    r"is not JSON"),
+    ("null-events", [], r"the pool process answered garbage at call 7 .*events: expected the list"),
     ("extra", ["--observe"], r"the pool process wrote a line no call asked for at call [78] "),
-    ("version", [], r"the pool process speaks another protocol version at the header: answered in "
-                    r"protocol version 2"),
-    ("log", [], r"the pool process logged on stdout at the header: answered \"INFO pool starting\""),
-    ("refuse", [], r"the pool process refused to make the pool at the header: .*no pools today"),
+    ("version", [], r"the pool process speaks another protocol version at the header \(line 1 of its "
+                    r"input\): answered in protocol version 2"),
+    ("log", [], r"the pool process logged on stdout at the header \(line 1 of its input\): answered "
+                r"\"INFO pool starting\""),
+    ("refuse", [], r"the pool process refused to make the pool at the header.*: .*no pools today"),
     # A hang is waited out for --timeout seconds: 5, so that a loaded machine's slow start of the
     # process before call 7 is not taken for the hang.
-    ("hang", ["--timeout", "5"], r"the pool process hung at call 7 \(\w+\): gave no answer within 5s"),
+    ("hang", ["--timeout", "5"], r"the pool process hung at call 7 \(\w+\) \(line \d+ of its input\): "
+                                 r"gave no answer within 5s"),
     ("spawn", ["--timeout", "5"], r"the pool process hung at call 7"),
     ("linger", [], r"the pool process did not end cleanly: did not exit within 10s"),
+    ("wrong", [], r"(num_free: model \d+ \| pool \d+|result: recorded \d+, model \d+)"),
 ])
 def test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind(
         mode: str, extra: list[str], says: str, tmp_path: Path) -> None:
+    """A verdict naming the call and its input line, the tail of its stderr once, as text, and a
+    trace file; exit 4 (the process failed), but 1 for an answer that differs (a divergence)."""
     pids = tmp_path / "pids"
     flags = [e for e in extra if e == "--observe"]
     options = [e for e in extra if e != "--observe"]
     done = kvpool("conform", "--exec", misbehaving(mode, "--at", "7", "--pids", str(pids), *flags),
                   "--runs", "1", "--steps", "30", "--examples", "5", *options, cwd=tmp_path)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == (1 if mode == "wrong" else 4), done.stdout + done.stderr
     assert re.search(says, done.stdout), done.stdout
-    assert "Traceback" not in done.stdout + done.stderr
-    if mode not in ("version", "log", "refuse", "wrong"):  # its own stderr line, as a tail
-        assert f"| misbehaving at call 7 as asked: {mode}" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr and "\\n" not in done.stdout
+    if mode not in ("version", "log", "refuse", "wrong"):  # its own stderr line, once a verdict
+        verdicts = done.stdout.count("  the process: ")
+        assert done.stdout.count(f"| misbehaving at call 7 as asked: {mode}") == verdicts > 0, done.stdout
+    if mode not in ("version", "log", "refuse", "linger"):  # the pool's calls as a trace file
+        assert list(tmp_path.glob("kvpool-drive-*.jsonl")), done.stdout
     for pid in map(int, pids.read_text().split()):
         assert _gone(pid), f"process {pid} outlived kvpool conform"
+
+
+@pytest.mark.parametrize(("where", "argv", "code"), [
+    ("the campaign", ["--phase", "campaign", "--runs", "2", "--steps", "300"], 4),
+    ("the machine", ["--phase", "machine", "--examples", "40"], 4),
+    ("a probe", ["--phase", "campaign"], 4),
+    ("a shrink", ["--phase", "campaign", "--runs", "1", "--steps", "400"], 1),
+])
+def test_a_process_failing_at_a_line_anywhere_gets_a_verdict(where: str, argv: list[str], code: int,
+                                                              tmp_path: Path) -> None:
+    """A process that dies at a line of its input, whatever the call (so that a replay does not
+    find it where the run did): during a campaign, the state machine (Hypothesis sees a failure
+    that comes and goes), the first pools kvpool makes, or the shrink of a divergence it found
+    first.  Always a verdict with its stderr, never a traceback; 1 only for the divergence."""
+    line = {"the campaign": "300", "the machine": "300", "a probe": "2", "a shrink": "60"}[where]
+    mode = "wrong" if where == "a shrink" else "crash"
+    done = kvpool("conform", "--exec", misbehaving(mode, "--at", "40", "--line", line) if mode == "wrong"
+                  else misbehaving(mode, "--line", line), *argv, cwd=tmp_path)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    if mode == "crash":
+        assert re.search(rf"the pool process crashed .*line {line} of its input", done.stdout), done.stdout
+        assert done.stdout.count(f"| misbehaving at line {line} as asked: crash") >= 1, done.stdout
+    if where != "a probe":
+        assert list(tmp_path.glob("kvpool-drive-*.jsonl")), done.stdout
+
+
+def test_a_refusals_message_is_shown(tmp_path: Path) -> None:
+    done = kvpool("conform", "--exec", misbehaving("deny", "--at", "9"), "--phase", "campaign", "--runs", "1",
+                  "--steps", "50", cwd=tmp_path)
+    assert done.returncode == 1 and "no calls on Tuesdays" in done.stdout, done.stdout
+
+
+def test_check_exec_honours_every_option_check_has(tmp_path: Path) -> None:
+    """``--blocks``, ``--long-lived``, ``--lacks`` reach the pools ``check --exec`` makes (its headers
+    say so); ``--trace-dir`` is made when missing."""
+    log = tmp_path / "headers"
+    done = kvpool("check", "--exec", misbehaving("well", "--log", str(log)), "--runs", "1", "--steps", "40",
+                  "--blocks", "64", "--lacks", "mask,unpin_blocks",
+                  "--trace-dir", str(tmp_path / "new" / "dir"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sizes = {json.loads(line)["num_blocks"] for line in log.read_text().splitlines()}
+    assert 64 in sizes and (tmp_path / "new" / "dir").is_dir()
+    assert "not checked, as the pool lacks them: operations never called: unpin_blocks" in done.stdout
+    log.unlink()
+    lived = kvpool("check", "--exec", misbehaving("well", "--log", str(log)), "--runs", "1", "--steps", "40",
+                   "--long-lived", cwd=tmp_path)
+    assert lived.returncode == 0, lived.stdout + lived.stderr
+    assert {json.loads(line)["num_blocks"] for line in log.read_text().splitlines()} & {64, 256, 1024}
+    options = {a.dest for a in _check_parser()._actions} - {"help", "exec", "pool"}
+    for dest in options:  # every option of check reaches check --exec (read off the namespace)
+        assert f"ns.{dest}" in DRIVE_CLI or f"args.{dest}" in CHECK_CLI, dest
+
+
+def _check_parser() -> Any:
+    import argparse
+
+    from kvpool.cli import check
+
+    root = argparse.ArgumentParser()
+    return check.add_parser(root.add_subparsers())
+
+
+DRIVE_CLI = (ROOT / "kvpool" / "cli" / "drive.py").read_text()
+CHECK_CLI = (ROOT / "kvpool" / "cli" / "check.py").read_text()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -325,10 +407,11 @@ def test_the_process_dies_with_kvpool_even_when_kvpool_is_killed(tmp_path: Path)
 
 
 def test_usage_errors_of_exec(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
     for argv, says in [(["--exec", ""], "empty command"),
                        (["--exec", "no-such-binary-kvpool"], "cannot start"),
                        (["--exec", SERVE, "--timeout", "0"], "--timeout must be positive"),
-                       (["--exec", SERVE, "--trace-dir", str(tmp_path / "no")], "--trace-dir")]:
+                       (["--exec", SERVE, "--trace-dir", str(tmp_path / "file" / "no")], "--trace-dir")]:
         done = kvpool("conform", *argv, cwd=tmp_path)
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr

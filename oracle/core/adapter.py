@@ -132,12 +132,18 @@ class ClassAdapter:
     name: str
     supports_misuse: bool = True
     matcher: ErrorMatcher = same_refusal
+    lacks: frozenset[str] = frozenset()
+    """What the pool lacks besides what its class declares (``kvpool_lacks``): ``--lacks``."""
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
                   events: bool, metrics_collector: Any = None) -> ReferencePool:
         extra = {} if metrics_collector is None else {"metrics_collector": metrics_collector}
         pool: ReferencePool = self.pool_class(num_blocks, caching, hash_block_size,
                                               enable_kv_cache_events=events, **extra)
+        if self.lacks:  # the lockstep reads a pool's lacks off the pool
+            own = tuple(getattr(pool, "kvpool_lacks", ()) or ())
+            with contextlib.suppress(AttributeError, TypeError):
+                pool.kvpool_lacks = (*own, *sorted(self.lacks - set(own)))  # type: ignore[attr-defined]
         return pool
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
@@ -231,9 +237,21 @@ def misuse_setting(adapter: Adapter, requested: bool = True) -> tuple[bool, str]
                   "refuses it, and change nothing")
 
 
-def missing_api(pool_class: Any) -> list[str]:
-    """Operations of the reference API that ``pool_class`` lacks (empty when complete)."""
-    return [op for op in REQUIRED_API if not callable(getattr(pool_class, op, None))]
+def missing_api(pool_class: Any, lacks: Iterable[str] = ()) -> list[str]:
+    """Operations of the reference API that ``pool_class`` lacks (empty when complete), but those
+    declared lacking (``lacks``, and the class's ``kvpool_lacks``)."""
+    declared = {*lacks, *(getattr(pool_class, "kvpool_lacks", ()) or ())}
+    return [op for op in REQUIRED_API if op not in declared and not callable(getattr(pool_class, op, None))]
+
+
+class Mispredicted(BaseException):
+    """A pool that answers ahead of its process (a pool in another process, driven at speed) found
+    that the process answered a call otherwise than it had said: the run is to be made again, each
+    call waiting for its answer, to find exactly where and how.
+
+    A ``BaseException`` so that it passes the lockstep's comparison of refusals untouched; the
+    message says which call and what differed, ``__cause__`` the process's failure, if it failed.
+    """
 
 
 class LoadError(ValueError):
@@ -266,7 +284,7 @@ def load_object(spec: str) -> Any:
 
 
 __all__ = [
-    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "ReferencePool",
+    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted", "ReferencePool",
     "adapter_factory", "adapter_for_class", "kvpool_adapter", "load_object", "missing_api",
     "vllm_adapter",
 ]

@@ -11,7 +11,16 @@ with one JSON line on its stdout (``oracle/DRIVE_PROTOCOL.md``):
   call), or ``{"ok": false, "error": "..."}``;
 * ``{"op": ..., "args": {...}}``, exactly a trace call line's first two
   fields: the process answers with the rest of that line, ``result``,
-  ``error``, ``events``, ``fired`` and (if it said so) ``observation``.
+  ``error``, ``events``, ``fired`` and (if it said so) ``observation``; a
+  refusal may say why in ``message``, a metrics collector's calls come in
+  ``told`` (if the header's answer said ``"metrics": true``);
+* ``{"op": "observe", "args": {"blocks": [...], "keys": [[hash, group], ...]}}``
+  (only to a process whose header answer said ``"observe": true``): what
+  ``get_num_free_blocks``, ``is_block_writable`` of each block and
+  ``get_cached_block`` of each key answer, in one line.
+
+The header's answer may say what the pool lacks (``"lacks"``: names of
+operations, call features and pool shapes, ``kvpool.oracle.generate.features``).
 
 Unknown fields are ignored both ways.  Each answer, put together with its
 call, must be a valid trace line: it is read by the trace reader
@@ -22,21 +31,30 @@ field-by-field messages a trace writer gets.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.model import OPERATIONS
+
+from ..generate.features import closed
 from ..trace.read import Header, TraceStep, parse_header, parse_outcome, parse_step
-from ..trace.schema import DEFAULT_REFERENCE, HEADER_FIELDS, FieldError, Json, show
+from ..trace.schema import DEFAULT_REFERENCE, HEADER_FIELDS, FieldError, Json, is_int, show
 from ..trace.schema import VERSION as TRACE_VERSION
 
 VERSION = 1
 """The protocol version this module speaks."""
 KEY = "kvpool_drive"
 ANSWER_FIELDS = ("result", "error", "events", "fired", "observation")
+"""The fields of an answer that its trace line holds; ``told`` and ``message`` are read apart, any
+other field is ignored."""
 POOL_FIELDS = (*(f for f in HEADER_FIELDS if f != "kvpool_trace"), "reference", "block_sizes", "meta",
                "vllm_errors")
 """The fields of a header's ``pool`` (a trace header's, but its version); any other is ignored."""
-"""The fields of an answer; any other field is ignored."""
+OBSERVE = "observe"
+"""The operation of the line that asks for what a call's footprint touched, in one answer."""
+TOLD = ("allocated", "accessed", "evicted", "reset")
+"""What a metrics collector is told, as ``told`` names it: ``on_block_allocated`` ... ``reset``."""
 
 
 class ProtocolError(ValueError):
@@ -80,13 +98,16 @@ def decode(line: bytes) -> Json:
 
 def pool_fields(num_blocks: int, caching: bool, hash_block_size: int, events: bool, *,
                 medium: str = "GPU", reference: str = DEFAULT_REFERENCE,
-                block_sizes: dict[int, int] | None = None) -> dict[str, Json]:
-    """The ``pool`` of a header: the trace header's fields of this configuration."""
+                block_sizes: dict[int, int] | None = None, metrics: bool = False) -> dict[str, Json]:
+    """The ``pool`` of a header: the trace header's fields of this configuration; ``metrics``
+    asks for a metrics collector (``"metrics_collector": true``, which a trace header leaves out)."""
     out: dict[str, Json] = {"num_blocks": num_blocks, "enable_caching": caching,
                             "hash_block_size": hash_block_size, "enable_kv_cache_events": events,
                             "medium": medium, "reference": reference}
     if block_sizes:
         out["block_sizes"] = {str(g): n for g, n in sorted(block_sizes.items())}
+    if metrics:
+        out["metrics_collector"] = True
     return out
 
 
@@ -97,7 +118,8 @@ def header(pool: dict[str, Json]) -> dict[str, Json]:
 
 def trace_header(pool: dict[str, Json], meta: dict[str, Json] | None = None) -> dict[str, Json]:
     """The trace header (line 1 of a trace file) of the same pool."""
-    out: dict[str, Json] = {"kvpool_trace": TRACE_VERSION, **pool}
+    out: dict[str, Json] = {"kvpool_trace": TRACE_VERSION,
+                            **{k: v for k, v in pool.items() if k in POOL_FIELDS}}
     if meta:
         out["meta"] = meta
     return out
@@ -124,6 +146,7 @@ def read_pool(value: Json) -> Header:
         raise ProtocolError("garbage", str(exc).replace("header", "pool", 1)) from None
 
 
+OPERATION_NAMES = frozenset(n for n, op in OPERATIONS.items() if op.role != "caller")
 OPTIONAL_OPS = ("_insert_block_hash", "_maybe_evict_cached_block")
 """vLLM's private members its engine calls: a pool may lack them (it says so in ``unsupported``),
 and the workloads then leave them out, as for a Python pool without them."""
@@ -137,11 +160,19 @@ class HeaderAnswer:
     fresh: dict[str, Json] | None
     """The fresh pool's observation, as the process wrote it."""
     unsupported: frozenset[str] = frozenset()
-    """Operations of :data:`OPTIONAL_OPS` the pool does not have."""
+    """Operations the pool does not have (of ``unsupported``, or named in ``lacks``)."""
+    lacks: frozenset[str] = frozenset()
+    """Everything the pool declared it lacks (``unsupported`` and ``lacks``), as declared."""
+    observe: bool = False
+    """The process answers :data:`OBSERVE` lines."""
+    metrics: bool = False
+    """The pool reports a metrics collector's calls (``told``) in every answer."""
 
 
-def read_header_answer(value: Json, header_: Header) -> HeaderAnswer:
+def read_header_answer(value: Json, header_: Header, collector: bool = False) -> HeaderAnswer:
     """The answer to a header: ``{"ok": true}`` (maybe with an observation), or a refusal.
+
+    ``collector``: whether the header asked for a metrics collector (``metrics`` counts only then).
 
     Raises :class:`ProtocolError`: ``version`` when the process names another
     version, ``refused`` when it could not make the pool, ``garbage`` otherwise.
@@ -159,20 +190,35 @@ def read_header_answer(value: Json, header_: Header) -> HeaderAnswer:
     if ok is not True:
         raise ProtocolError("garbage", f"ok: expected true or false, got {show(ok)} (answer "
                             f"{show(value)})")
-    lacks = value.get("unsupported", [])
-    if not (isinstance(lacks, list) and all(op in OPTIONAL_OPS for op in lacks)):
+    unsupported = value.get("unsupported", [])
+    if not (isinstance(unsupported, list) and all(op in OPTIONAL_OPS for op in unsupported)):
         raise ProtocolError("garbage", f"unsupported: expected a list of {list(OPTIONAL_OPS)}, got "
-                            f"{show(lacks)}")
+                            f"{show(unsupported)}")
+    lacks = value.get("lacks", [])
+    if not (isinstance(lacks, list) and all(isinstance(n, str) for n in lacks)):
+        raise ProtocolError("garbage", f"lacks: expected a list of names, got {show(lacks)}")
+    declared = frozenset(unsupported) | frozenset(lacks)
+    try:
+        ops = frozenset(n for n in closed(declared) if n in OPERATION_NAMES)
+    except ValueError as exc:
+        raise ProtocolError("garbage", f"lacks: {exc}") from None
+    flags = {}
+    for flag in ("observe", "metrics"):
+        flags[flag] = value.get(flag, False)
+        if not isinstance(flags[flag], bool):
+            raise ProtocolError("garbage", f"{flag}: expected true or false, got {show(flags[flag])}")
+    if flags["metrics"] and not collector:
+        flags["metrics"] = False  # no collector was asked for: none to report
     obs = value.get("observation")
     if obs is None:
-        return HeaderAnswer(None, None, frozenset(lacks))
+        return HeaderAnswer(None, None, ops, declared, flags["observe"], flags["metrics"])
     try:
         step = parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None,
                            "events": [], "observation": obs}, 1, header_)
     except FieldError as exc:
         raise ProtocolError("garbage", f"header answer: {exc}") from None
     fresh = step.observation or {}
-    return HeaderAnswer(frozenset(fresh), fresh, frozenset(lacks))
+    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], flags["metrics"])
 
 
 def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, number: int,
@@ -220,6 +266,84 @@ def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, nu
     return step, line
 
 
+def asks_metrics(value: Json) -> bool:
+    """The process's side: whether a header asks for a metrics collector."""
+    pool = value.get("pool") if isinstance(value, dict) else None
+    return isinstance(pool, dict) and pool.get("metrics_collector") is True
+
+
+def observe_line(blocks: Sequence[int], keys: Sequence[tuple[bytes, int]]) -> dict[str, Json]:
+    """The line asking for the free count, each block's writability and each key's lookup."""
+    return {"op": OBSERVE, "args": {"blocks": list(blocks), "keys": [[h.hex(), g] for h, g in keys]}}
+
+
+def read_observe_args(args: Json) -> tuple[list[int], list[tuple[bytes, int]]]:
+    """The process's side: an observe line's blocks and keys."""
+    if not isinstance(args, dict) or not isinstance(args.get("blocks"), list) or not isinstance(
+            args.get("keys"), list):
+        raise ProtocolError("garbage", f"args: expected {{\"blocks\": [...], \"keys\": [...]}}, got "
+                            f"{show(args)}")
+    blocks = args["blocks"]
+    if not all(is_int(b) for b in blocks):
+        raise ProtocolError("garbage", f"args.blocks: expected block ids, got {show(blocks)}")
+    keys = []
+    for i, k in enumerate(args["keys"]):
+        if not (isinstance(k, list) and len(k) == 2 and isinstance(k[0], str) and is_int(k[1])):
+            raise ProtocolError("garbage", f"args.keys[{i}]: expected [hex hash, group], got {show(k)}")
+        try:
+            keys.append((bytes.fromhex(k[0]), k[1]))
+        except ValueError:
+            raise ProtocolError("garbage", f"args.keys[{i}][0]: not hex: {show(k[0])}") from None
+    return blocks, keys
+
+
+def read_observed(value: Json, blocks: int, keys: int) -> tuple[int, list[bool], list[int | None]]:
+    """The answer to an observe line: ``{"result": {"num_free": n, "writable": [...],
+    "cached": [...]}, ...}``, one writability per block and one block id (or null) per key."""
+    if not isinstance(value, dict):
+        raise ProtocolError("garbage", f"expected an answer object, got {show(value)}")
+    if value.get("error") is not None:
+        raise ProtocolError("garbage", f"error: the observe line was refused ({show(value['error'])})")
+    result = value.get("result")
+    if not isinstance(result, dict):
+        raise ProtocolError("garbage", f"result: expected {{\"num_free\", \"writable\", \"cached\"}}, "
+                            f"got {show(result)}")
+    num_free: Any = result.get("num_free")
+    writable, cached = result.get("writable"), result.get("cached")
+    if not is_int(num_free):
+        raise ProtocolError("garbage", f"result.num_free: expected an integer, got {show(num_free)}")
+    if not (isinstance(writable, list) and len(writable) == blocks
+            and all(type(w) is bool for w in writable)):
+        raise ProtocolError("garbage", f"result.writable: expected {blocks} true/false, got "
+                            f"{show(writable)}")
+    if not (isinstance(cached, list) and len(cached) == keys
+            and all(c is None or is_int(c) for c in cached)):
+        raise ProtocolError("garbage", f"result.cached: expected {keys} block ids or null, got "
+                            f"{show(cached)}")
+    return num_free, writable, cached
+
+
+def read_told(value: Json) -> list[tuple[str, int | None]]:
+    """An answer's ``told``: what the metrics collector was told during the call, in order."""
+    told = value.get("told") if isinstance(value, dict) else None
+    if told is None:
+        raise ProtocolError("garbage", "told: missing (the header's answer said the pool reports a "
+                            "metrics collector's calls)")
+    out: list[tuple[str, int | None]] = []
+    for i, t in enumerate(told if isinstance(told, list) else [told]):
+        if not (isinstance(t, list) and len(t) == 2 and t[0] in TOLD and (t[1] is None or is_int(t[1]))):
+            raise ProtocolError("garbage", f"told[{i}]: expected [one of {list(TOLD)}, block id or null], "
+                                f"got {show(t)}")
+        out.append((t[0], t[1]))
+    return out
+
+
+def message_of(value: Json) -> str | None:
+    """A refusal's ``message``, when the answer carries one (a string; anything else is ignored)."""
+    message = value.get("message") if isinstance(value, dict) else None
+    return message if isinstance(message, str) and message else None
+
+
 def read_call(value: Json, header_: Header, number: int) -> TraceStep:
     """The process's side: a call line, its arguments decoded as the trace reader decodes them."""
     if not isinstance(value, dict) or "op" not in value or "args" not in value:
@@ -232,6 +356,7 @@ def read_call(value: Json, header_: Header, number: int) -> TraceStep:
         raise ProtocolError("garbage", str(exc)) from None
 
 
-__all__ = ["ANSWER_FIELDS", "KEY", "OPTIONAL_OPS", "POOL_FIELDS", "VERSION", "HeaderAnswer",
-           "ProtocolError", "decode", "encode", "header", "pool_fields", "read_answer", "read_call",
-           "read_header_answer", "read_pool", "trace_header"]
+__all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "OPTIONAL_OPS", "POOL_FIELDS", "TOLD",
+           "VERSION", "HeaderAnswer", "ProtocolError", "asks_metrics", "decode", "encode", "header",
+           "message_of", "observe_line", "pool_fields", "read_answer", "read_call", "read_header_answer",
+           "read_observe_args", "read_observed", "read_pool", "read_told", "trace_header"]

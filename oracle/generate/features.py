@@ -239,7 +239,7 @@ def _gains_secondary(s: PoolState, op: str, named: dict[str, Any], real: list[in
     if not (isinstance(tokens, int) and tokens > 0 and not tokens % hbs
             and tokens // hbs <= len(getattr(request, "block_hashes", ()))):
         return False  # refused: no key is added
-    key = prefix_key(request, tokens, hbs, named.get("kv_cache_group_id"))
+    key = prefix_key(request, tokens, hbs, named.get("kv_cache_group_id", 0))
     return key != p.key and real[0] not in s.index.get(key, ())
 
 

@@ -95,6 +95,7 @@ def run_campaign(
     misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31", blocks: int | None = None, long_lived: bool = False,
+    lacks: frozenset[str] = frozenset(),
 ) -> int:
     """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""
     failures = 0
@@ -104,7 +105,7 @@ def run_campaign(
         try:
             pair = run_one(pool_factory, seed + run, steps, misuse=misuse,
                            errors_match=errors_match, reference=reference, blocks=blocks,
-                           long_lived=long_lived)
+                           long_lived=long_lived, lacks=lacks)
             total_calls += pair.steps
             print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls, "
                   f"{pair.model.num_blocks} blocks)", file=out)

@@ -61,6 +61,19 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// What was wrong, for the answer's `message`.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Refusal::NotEnoughFreeBlocks => "fewer free blocks than asked for",
+            Refusal::InvalidArgument => "an argument out of its range (a count, size, group, mask, hash or prefix)",
+            Refusal::UnknownBlock => "a block id not in [0, num_blocks)",
+            Refusal::NullBlock => "the null block where it cannot be",
+            Refusal::NotInUse => "a block released more often than it is held",
+            Refusal::HashConflict => "a block already cached at that prefix, or one with hashes as the target",
+            Refusal::CachingDisabled => "a cache entry in a pool without prefix caching",
+        }
+    }
+
     /// The error class name the trace format uses for this kind.
     pub fn name(&self) -> &'static str {
         match self {
@@ -247,6 +260,8 @@ pub struct Pool {
     pub events: Vec<Json>,
     /// Watchers notified by the current call: (name, block).
     pub fired: Vec<(String, usize)>,
+    /// What the current call told a metrics collector: ("allocated" | "accessed" | "evicted" | "reset", block).
+    pub told: Vec<(&'static str, Option<usize>)>,
 }
 
 fn count(value: i128) -> Outcome<usize> {
@@ -276,6 +291,7 @@ impl Pool {
             watchers: Vec::new(),
             events: Vec::new(),
             fired: Vec::new(),
+            told: Vec::new(),
         }
     }
 
@@ -434,7 +450,9 @@ impl Pool {
         for &b in &taken {
             if self.caching {
                 self.drop_hashes(b, true);
+                self.told.push(("evicted", Some(b)));
             }
+            self.told.push(("allocated", Some(b)));
             self.ref_cnt[b] = 1;
         }
         Ok(taken)
@@ -475,6 +493,7 @@ impl Pool {
                 self.free.remove(b);
             }
             self.ref_cnt[b] += 1;
+            self.told.push(("accessed", Some(b)));
         }
         Ok(())
     }
@@ -502,6 +521,7 @@ impl Pool {
 
     pub fn evict_blocks(&mut self, ids: &[i128]) -> Outcome<()> {
         for b in self.ids(ids)? {
+            self.told.push(("evicted", Some(b)));
             self.drop_hashes(b, true);
         }
         Ok(())
@@ -510,6 +530,7 @@ impl Pool {
     pub fn maybe_evict_cached_block(&mut self, b: i128) -> Outcome<bool> {
         let b = self.id(b)?;
         let had = self.primary[b].is_some();
+        self.told.push(("evicted", Some(b)));
         self.drop_hashes(b, true);
         Ok(had)
     }
@@ -528,6 +549,7 @@ impl Pool {
         if self.events_on {
             self.events.push(Json::Obj(vec![("type".into(), Json::Str("AllBlocksCleared".into()))]));
         }
+        self.told.push(("reset", None));
         true
     }
 
