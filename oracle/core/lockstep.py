@@ -41,7 +41,7 @@ from kvpool.model.pool import keys_of
 from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
-from ..generate.capabilities import Unmakeable, declared_lacks, lacked_in
+from ..generate.capabilities import SKIPPED, Unmakeable, declared_lacks, lacked_in
 from ..generate.features import FeatureLog, call_features, kept
 from .abstraction import (
     concrete_key,
@@ -434,6 +434,22 @@ class Lockstep(Translate):
         elif decl.role != "query":  # a query touches nothing; one that did is seen by the next check
             self._check_footprint(op, fp, noted)
         return m_error if m_error else m_result
+
+    def can(self, op: str, *args: Any, **kwargs: Any) -> bool:
+        """Whether the pool has all this call has: its operation and each feature of its shape."""
+        if not self.lacks:
+            return True
+        try:
+            bound = OPERATIONS[op].bind(args, kwargs)
+        except TypeError:
+            return True
+        return lacked_in(self.lacks, self.model, op, bound, second=self.which == 1,
+                         metrics=self.metrics is not None) is None
+
+    def maybe(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`call`, for a call a generator can do without: left out (``SKIPPED``) when the pool
+        lacks something it has."""
+        return self.call(op, *args, **kwargs) if self.can(op, *args, **kwargs) else SKIPPED
 
     def _refuse_lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         try:

@@ -35,6 +35,17 @@ EXTRAS = ("lora", "salt", "session", "mm")
 """The extra keys a request may carry, by the feature that names each."""
 
 
+class _Skipped:
+    """What :meth:`~kvpool.oracle.core.lockstep.Lockstep.maybe` returns for a call it did not make."""
+
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+
+SKIPPED = _Skipped()
+"""A call left out because the pool lacks something it has."""
+
+
 class Unmakeable(UnsatisfiedAssumption):
     """A generator asked for a call the pool lacks: the run (or the state machine's example) ends
     before it.  An unsatisfied assumption to Hypothesis, which then drops the example."""
@@ -152,5 +163,5 @@ def _refused(model: Any, op: str, bound: Sequence[Any]) -> bool:
     return False
 
 
-__all__ = ["DECLARABLE", "EXTRAS", "Capabilities", "Unmakeable", "declared_lacks", "lacked_in",
+__all__ = ["DECLARABLE", "EXTRAS", "SKIPPED", "Capabilities", "Unmakeable", "declared_lacks", "lacked_in",
            "parse_lacks"]

@@ -34,7 +34,17 @@ from kvpool.model.state import NULL
 from ..core.abstraction import same_refusal
 from ..core.lockstep import Lockstep
 from .capabilities import Unmakeable
-from .features import ALL, FEATURES, IMPOSSIBLE, FeatureLog, Pair, closed, legal_pairs, possible
+from .features import (
+    ALL,
+    FEATURES,
+    IMPOSSIBLE,
+    IMPOSSIBLE_ON,
+    FeatureLog,
+    Pair,
+    closed,
+    legal_pairs,
+    possible,
+)
 
 HBS, BS = 2, 6
 """The hash block size and the block size of directed calls (three chunks: two boundaries inside)."""
@@ -52,7 +62,7 @@ def _largest_sets(op: str, lacks: frozenset[str] = frozenset()) -> list[frozense
     """The largest sets of ``op``'s features (those the pool has) no two of which are impossible
     together."""
     base = frozenset(f for f in FEATURES if possible(f, op, lacks))
-    clash = [p for p in IMPOSSIBLE if p <= base]
+    clash = [p for p in (*IMPOSSIBLE, *IMPOSSIBLE_ON.get(op, ())) if p <= base]
     torn = sorted({f for p in clash for f in p})
     found: list[frozenset[str]] = []
     for k in range(len(torn) + 1):

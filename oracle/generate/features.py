@@ -115,6 +115,12 @@ ON_NEEDS: dict[tuple[str, str], tuple[frozenset[str], ...]] = {
 """What a feature cannot be without on one operation: a block cached whole that has a secondary key
 is being promoted; a partial entry on a block with keys needs one inside it, or a rewrite."""
 
+IMPOSSIBLE_ON: dict[str, tuple[frozenset[str], ...]] = {
+    "cache_partial_block": (frozenset({"null_block", "secondary"}),),
+}
+"""Pairs that cannot meet in one call of one operation (they may in another's): a partial entry
+offered on the null block touches no block, so none of its keys."""
+
 ALWAYS: dict[str, str] = {"unpin_blocks": "watcher", "_insert_block_hash": "insert"}
 """Operations every call of which has a feature: lacking the feature is lacking the operation."""
 
@@ -160,7 +166,8 @@ def legal_pairs(ops: Iterable[str] = ALL, lacks: Iterable[str] = ()) -> list[Pai
         if a in gone or b in gone or frozenset({a, b}) in IMPOSSIBLE:
             continue
         shared = FEATURES[a][1] & FEATURES[b][1] & have
-        if any(possible(a, op, gone) and possible(b, op, gone) for op in shared):
+        if any(possible(a, op, gone) and possible(b, op, gone)
+               and frozenset({a, b}) not in IMPOSSIBLE_ON.get(op, ()) for op in shared):
             out.append((a, b))
     return out
 
@@ -397,6 +404,7 @@ def pair_coverage(log: FeatureLog, phase: str, misuse: bool, ops: Iterable[str] 
     return PairCoverage(phase, misuse, len(legal) - len(missed), len(legal), missed)
 
 
-__all__ = ["ALWAYS", "CORE", "DECLARABLE", "FEATURES", "IMPOSSIBLE", "NEEDS", "ON_NEEDS", "SHAPES",
+__all__ = ["ALWAYS", "CORE", "DECLARABLE", "FEATURES", "IMPOSSIBLE", "IMPOSSIBLE_ON", "NEEDS", "ON_NEEDS",
+           "SHAPES",
            "FeatureLog", "Pair", "PairCoverage", "call_features", "closed", "kept", "legal_pairs",
            "pair_coverage", "possible"]

@@ -315,7 +315,7 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     """
     started = time.perf_counter()
     examples = [0]
-    base = machine_for(adapter, misuse=opts.misuse, reference=opts.reference)
+    base = machine_for(adapter, misuse=opts.misuse, reference=opts.reference, lacks=opts.lacks)
 
     class Counted(base):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
@@ -327,7 +327,8 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     # The database key: one per implementation, misuse setting and reference, the same on
     # every shard (Hypothesis hashes the class's source, then this).
     Counted._hypothesis_internal_add_digest = (
-        f"{adapter.name}|misuse={opts.misuse}|{opts.reference}".encode())
+        f"{adapter.name}|misuse={opts.misuse}|{opts.reference}"
+        + (f"|lacks={','.join(sorted(opts.lacks))}" if opts.lacks else "")).encode()
     hypothesis_seed(opts.machine_seed())(Counted)
     wanted = opts.machine_examples()
     if wanted == 0:

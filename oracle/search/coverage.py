@@ -197,7 +197,7 @@ def measure_phase(run_phase: Callable[[Adapter, Options], PhaseResult], adapter:
     if result.features is not None:
         pool = adapter_factory(adapter)(4, True, 1)
         ops = [op for op in OPERATIONS if callable(getattr(pool, op, None))]
-        pairs = pair_coverage(result.features, result.name, misuse, ops)
+        pairs = pair_coverage(result.features, result.name, misuse, ops, opts.lacks)
     return result, replace(measured, phase=result.name, pairs=pairs)
 
 
