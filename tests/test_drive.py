@@ -247,6 +247,34 @@ def test_each_planted_bug_is_caught_with_a_short_trace(rust_pool: str, bug: str,
         {k: line[k] for k in ("result", "error", "events", "fired")} for line in recorded]
 
 
+MINIMAL_BUGS = ("cached-to-head", "dup-listing-once", "mm-absolute-offset", "null-hashed")
+"""The planted bugs a pool of ``--minimal``'s shape can have (the others need masks, groups,
+partial entries or watchers)."""
+
+
+def test_the_rust_pools_minimal_mode_conforms_and_is_never_asked_what_it_lacks(rust_pool: str,
+                                                                             tmp_path: Path) -> None:
+    """One group, blocks of one hash chunk, no partial entries, watchers, masks or copied keys: the
+    process answers any line with what it lacks as a protocol violation, so a single such call would
+    fail the run; the first lines say what is not checked, every legal pair of the rest meets."""
+    done = kvpool("conform", "--exec", f"{rust_pool} --minimal", "--runs", "2", "--steps", "500",
+                  "--examples", "60", "--coverage", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "operations never called: _insert_block_hash, cache_partial_block, unpin_blocks" in done.stdout
+    assert "features never made: big_block, group1*," in done.stdout
+    met = re.findall(r"feature pairs met in one call: (\d+)/(\d+) legal", done.stdout)
+    assert met and met[0][0] == met[0][1] and int(met[0][1]) < 216, done.stdout  # the campaign: all
+
+
+@pytest.mark.parametrize("bug", MINIMAL_BUGS)
+def test_the_minimal_pools_planted_bugs_are_caught(rust_pool: str, bug: str, tmp_path: Path) -> None:
+    done = kvpool("conform", "--exec", f"{rust_pool} --minimal --bug {bug}", "--phase", "campaign",
+                  "--runs", "2", "--steps", "500", cwd=tmp_path)
+    assert done.returncode == 1 and "DIVERGES from the model" in done.stdout, done.stdout + done.stderr
+    report = check_trace(tmp_path / "kvpool-drive-campaign.jsonl")
+    assert report.divergence is not None and report.steps <= 15, done.stdout
+
+
 def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool: str) -> None:
     with DriveAdapter([rust_pool]) as adapter:
         first = adapter.construct(6, True, 1, False)
@@ -357,7 +385,8 @@ def test_check_exec_honours_every_option_check_has(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     sizes = {json.loads(line)["num_blocks"] for line in log.read_text().splitlines()}
     assert 64 in sizes and (tmp_path / "new" / "dir").is_dir()
-    assert "not checked, as the pool lacks them: operations never called: unpin_blocks" in done.stdout
+    assert "not checked, as the pool lacks them" in done.stdout
+    assert "operations never called: unpin_blocks" in done.stdout
     log.unlink()
     lived = kvpool("check", "--exec", misbehaving("well", "--log", str(log)), "--runs", "1", "--steps", "40",
                    "--long-lived", cwd=tmp_path)

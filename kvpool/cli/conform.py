@@ -237,7 +237,7 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
           file=out)
     print(f"  {why}", file=out)
     for line in Capabilities.of(opts.lacks).not_checked():
-        print(f"  not checked, as the pool lacks them: {line}", file=out)
+        print(f"  {line}", file=out)
     with quiet(pool_loggers(adapter) if not verbose else []) as silenced:
         if silenced:
             print(f"  the pool's log lines are silenced ({', '.join(silenced)}; --verbose shows them)",

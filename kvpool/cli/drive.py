@@ -88,7 +88,8 @@ def report(run: DriveRun, out: TextIO, meta: dict[str, Any]) -> None:
         how = shrunk.note or (f"shrunk from {shrunk.before:,} trace lines against the process, "
                               f"{shrunk.replays} replays" if shrunk.before != len(shrunk.lines)
                               else "as it happened")
-        print(f"{name}: the pool's calls as a trace: {path} ({len(shrunk.lines)} trace lines; {how})",
+        count = len(shrunk.lines)
+        print(f"{name}: the pool's calls as a trace: {path} ({count} trace line{'s' * (count != 1)}; {how})",
               file=out)
         pool = {k: v for k, v in shrunk.pool.items() if k != "metrics_collector"}
         print(f"  the pool: {json.dumps(pool, separators=(', ', ': '))}", file=out)
@@ -148,7 +149,7 @@ def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     print(f"kvpool check: {adapter.name}; {why}", file=out)
     lacks = frozenset(ns.lacks) | adapter.lacks
     for line in Capabilities.of(lacks).not_checked():
-        print(f"  not checked, as the pool lacks them: {line}", file=out)
+        print(f"  {line}", file=out)
     run = DriveRun(adapter, Path(ns.trace_dir), shrink=not ns.no_shrink)
     phase = run.phase(run_campaign_phase)
     results: list[Any] = []

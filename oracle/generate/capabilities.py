@@ -97,20 +97,20 @@ class Capabilities:
         return frozenset(e for e in EXTRAS if e not in self.lacks)
 
     def not_checked(self) -> list[str]:
-        """What a check of this pool leaves out, readably, for the first lines of a verdict."""
+        """What a check of this pool leaves out, readably, for the first lines of a verdict: a
+        heading, then the operations never called and the features never made, indented."""
         if not self.lacks:
             return []
         ops = sorted(n for n in self.lacks if n in OPERATIONS)
         features = sorted(n for n in self.lacks if n in FEATURES or n in SHAPES)
         implied = self.lacks - self.declared
-        lines = []
+        lines = ["not checked, as the pool lacks them"
+                 + (f" (* implied by what it declares: {', '.join(sorted(self.declared))})" if implied
+                    else "") + ":"]
         if ops:
-            lines.append("operations never called: " + ", ".join(_mark(n, implied) for n in ops))
+            lines.append("  operations never called: " + ", ".join(_mark(n, implied) for n in ops))
         if features:
-            lines.append("features never made: " + ", ".join(_mark(n, implied) for n in features))
-        if implied:
-            lines.append("(* implied by what the pool declared it lacks: "
-                         + ", ".join(sorted(self.declared)) + ")")
+            lines.append("  features never made: " + ", ".join(_mark(n, implied) for n in features))
         return lines
 
 

@@ -18,6 +18,7 @@ occurs in each phase, misuse on or off.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
@@ -146,7 +147,9 @@ def closed(lacks: Iterable[str]) -> frozenset[str]:
                          "another operation, a feature or a shape")
     unknown = sorted(out - set(DECLARABLE))
     if unknown:
-        raise ValueError(f"unknown name(s) {', '.join(map(repr, unknown))}: a pool may lack an "
+        close = [m for n in unknown for m in difflib.get_close_matches(n, DECLARABLE, 1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ValueError(f"unknown name(s) {', '.join(map(repr, unknown))}{hint}: a pool may lack an "
                          f"operation, a feature or a shape ({', '.join(DECLARABLE)})")
     while True:
         more = {f for f, groups in NEEDS.items() if any(g <= out for g in groups)}
