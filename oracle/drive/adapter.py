@@ -70,6 +70,8 @@ class DriveAdapter:
     """Lines sent to processes already ended."""
     speculate: bool = False
     """Whether the pools made now answer ahead of their process (:meth:`ahead`)."""
+    pipelined: bool = True
+    """Whether :meth:`ahead` lets pools answer ahead at all (False: every call waits for its answer)."""
     declared: frozenset[str] | None = None
     """What the process declared its pool lacks, at its first header (None: no pool made yet)."""
 
@@ -132,7 +134,7 @@ class DriveAdapter:
     def ahead(self) -> Iterator[DriveAdapter]:
         """Pools made within answer ahead of their process; every answer is checked before it ends
         (raising :class:`~kvpool.oracle.core.adapter.Mispredicted` at the first that differs)."""
-        was, self.speculate = self.speculate, True
+        was, self.speculate = self.speculate, self.pipelined
         try:
             yield self
             self.settle()

@@ -179,13 +179,16 @@ class Workload:
 
     def lookup(self, req: Request, group: int) -> list[int]:
         """The prefix-cache hits of ``req`` in ``group``, as vLLM's manager looks them up: block
-        by block until a miss, short of the last token (which is always computed)."""
+        by block until a miss, short of the last token (which is always computed), and short of a
+        block hit already (a key copied in by offload can name a block at a second position: one
+        table holds a block once)."""
         bs = self.cfg.block_sizes[group]
         hits: list[int] = []
         if self.cfg.caching:
             for block_hash in self._hashes(req, group):
                 found = self.pair.maybe("get_cached_block", block_hash, [group])
-                if found is None or found is SKIPPED or (len(hits) + 1) * bs >= req.num_tokens:
+                if (found is None or found is SKIPPED or (len(hits) + 1) * bs >= req.num_tokens
+                        or found[0] in hits):
                     break
                 hits.extend(found)
         self.seen.extend(hits)

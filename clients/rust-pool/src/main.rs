@@ -4,7 +4,7 @@
 //! answers each with one JSON line on stdout and exits at the end of stdin. Everything else
 //! it has to say goes to stderr. Standard library only: `cargo build --release --offline`.
 //!
-//!     rust-pool [--observe] [--minimal] [--lacks NAMES] [--bug NAME]... [--trivial]
+//!     rust-pool [--observe] [--minimal] [--lacks NAMES] [--no-observe-lines] [--bug NAME]... [--trivial]
 //!
 //! `--observe` adds the whole pool to every answer (a trace's `observation`); `--minimal` is
 //! the pool an engine with one KV-cache group and blocks of one hash chunk serves (no partial
@@ -243,6 +243,9 @@ struct Server {
     pool: Option<Pool>,
     bugs: Bugs,
     observe: bool,
+    /// Whether the header's answer offers `observe` lines (`--no-observe-lines`: a process of
+    /// protocol version 1 as first written, asked one query a line).
+    observe_lines: bool,
     lacks: Lacks,
     /// The current pool reports what its metrics collector is told (the header asked for one).
     metrics: bool,
@@ -265,8 +268,10 @@ impl Server {
                 Ok(pool) => {
                     let asked = value.get("pool").and_then(|p| p.get("metrics_collector")) == Some(&Json::Bool(true));
                     self.metrics = asked && !self.lacks.has("metrics");
-                    let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true)),
-                                          ("observe", Json::Bool(true))];
+                    let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
+                    if self.observe_lines {
+                        fields.push(("observe", Json::Bool(true)));
+                    }
                     if self.metrics {
                         fields.push(("metrics", Json::Bool(true)));
                     }
@@ -361,20 +366,22 @@ fn observe(pool: &Pool, a: Args) -> Result<Json, Malformed> {
 }
 
 fn usage(code: i32) -> ! {
-    eprintln!("usage: rust-pool [--observe] [--minimal] [--lacks NAMES] [--bug NAME]... [--trivial]\n  bugs: {}",
+    eprintln!("usage: rust-pool [--observe] [--minimal] [--lacks NAMES] [--no-observe-lines] [--bug NAME]... \
+               [--trivial]\n  bugs: {}",
               Bugs::NAMES.join(", "));
     std::process::exit(code)
 }
 
 fn main() {
     let mut bugs = Bugs::default();
-    let (mut observe, mut trivial) = (false, false);
+    let (mut observe, mut trivial, mut observe_lines) = (false, false, true);
     let mut lacks = Lacks::default();
     let mut argv = std::env::args().skip(1);
     while let Some(arg) = argv.next() {
         match arg.as_str() {
             "--observe" => observe = true,
             "--trivial" => trivial = true,
+            "--no-observe-lines" => observe_lines = false,
             "--minimal" => lacks.names.extend(MINIMAL.iter().map(|n| n.to_string())),
             "--lacks" => {
                 let names = argv.next().unwrap_or_else(|| usage(2));
@@ -394,7 +401,7 @@ fn main() {
     let mut input = BufReader::with_capacity(1 << 16, io::stdin().lock());
     let mut out = BufWriter::new(io::stdout().lock());
     lacks.names.dedup();
-    let mut server = Server { pool: None, bugs, observe, lacks, metrics: false, line: 0 };
+    let mut server = Server { pool: None, bugs, observe, observe_lines, lacks, metrics: false, line: 0 };
     let mut raw = Vec::new();
     let mut text = String::new();
     loop {
