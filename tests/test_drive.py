@@ -275,8 +275,10 @@ def test_the_minimal_pools_planted_bugs_are_caught(rust_pool: str, bug: str, tmp
     assert report.divergence is not None and report.steps <= 15, done.stdout
 
 
-def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool: str) -> None:
-    with DriveAdapter([rust_pool]) as adapter:
+@pytest.mark.parametrize("observe", [False, True])
+def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool: str, observe: bool) -> None:
+    """Also as the process shows its pool: the mirror shows the pool after the undo."""
+    with DriveAdapter([rust_pool, *(["--observe"] if observe else [])]) as adapter:
         first = adapter.construct(6, True, 1, False)
         second = adapter.construct(6, True, 1, False)
         mine = first.get_new_blocks(2)
@@ -285,6 +287,9 @@ def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool:
         with pytest.raises(DrivenRefusal) as refused:
             first.free_blocks([mine[0], theirs[0], theirs[0]])  # the second pool's block once too often
         assert type(refused.value).__name__ == "BlockNotInUseError"
+        if observe:  # before any other call shows the pool again
+            assert [b.ref_cnt for b in first.blocks[1:3]] == [1, 1]
+            assert first.free_block_queue.num_free_blocks == 3
         assert (first.get_num_free_blocks(), first.is_block_writable(mine[0])) == before
         assert second.get_num_free_blocks() == 4
         first.free_blocks([mine[1], theirs[0]])  # each pool takes back its own

@@ -18,7 +18,6 @@ that the model changed nothing outside the footprint (O(pool size)).
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from .observe import (
     WHITE_BOX,
     Observation,
     Observer,
+    accepts,
     comparable,
     model_block_view,
     model_entries,
@@ -179,15 +179,6 @@ class MetricsRecorder:
         self.log.append(("reset", None))
 
 
-def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
-    """Whether ``fn`` takes ``keyword`` (or any keyword)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 class _Foreign:
     """Stands for a block id outside the pool when the pool's block class cannot be built."""
 
@@ -271,7 +262,7 @@ class Lockstep(Translate):
         With ``metrics``, the pool is built with a :class:`MetricsRecorder` if
         its factory takes a ``metrics_collector``.
         """
-        recorder = MetricsRecorder() if metrics and _accepts(pool_factory, "metrics_collector") else None
+        recorder = MetricsRecorder() if metrics and accepts(pool_factory, "metrics_collector") else None
         extra = {} if recorder is None else {"metrics_collector": recorder}
         pool = pool_factory(num_blocks, caching, hash_block_size, enable_kv_cache_events=events,
                             **extra)
@@ -401,7 +392,7 @@ class Lockstep(Translate):
             p_error, p_result = exc, None
         refused = refusal_name(m_error) if m_error is not None else None
         self._record(op, args, refused or short(m_result), refused)
-        if self.log is not None:
+        if self.log is not None and not self.echo:  # an echoed run is made again for its failure
             self.log.add(self.which, op, args, None if m_error else m_result, refused)
         if refused is not None:
             self.refusals_seen[refused] += 1
@@ -480,7 +471,7 @@ class Lockstep(Translate):
             return tuple(args)
 
     def _record(self, op: str, args: Sequence[Any], outcome: str, error: str | None) -> None:
-        small = self.model.num_blocks <= PICTURED_BLOCKS
+        small = self.model.num_blocks <= PICTURED_BLOCKS and not self.echo  # pictures: of a run made again
         shown = tuple(list(a) if isinstance(a, list) else a for a in args)
         self.trace.append(CallRecord(op, shown, outcome, error, self.model.copy() if small else None))
 

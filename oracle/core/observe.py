@@ -250,7 +250,7 @@ class Observer:
         pool = self.pool
         batch = getattr(pool, "observe_calls", None)
         if self._batched is None:
-            self._batched = callable(batch) and _takes_blocks(batch)
+            self._batched = callable(batch) and accepts(batch, "blocks")
         if self._batched and batch is not None:
             num_free, writable, hits = batch(probes, blocks=blocks)
             return num_free, [bool(w) for w in writable], list(hits)
@@ -332,12 +332,14 @@ def entry_ids(entry: Any) -> tuple[int, ...]:
     return tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
 
 
-def _takes_blocks(fn: Any) -> bool:
-    """Whether an ``observe_calls`` takes ``blocks`` (one of a footprint), or only the probes."""
+def accepts(fn: Any, keyword: str) -> bool:
+    """Whether ``fn`` takes ``keyword`` (or any keyword): an ``observe_calls`` that takes
+    ``blocks`` (a footprint's), a constructor that takes ``metrics_collector``."""
     try:
-        return "blocks" in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def observe_pool(pool: Any, probes: Iterable[Key] = ()) -> Observation:

@@ -107,7 +107,8 @@ class DriveAdapter:
         Typed as the reference API: :class:`DrivenPool` makes most of its methods from the
         operations' declarations when it is imported, where mypy cannot see them."""
         pool = protocol.pool_fields(num_blocks, caching, hash_block_size, events,
-                                    reference=self.reference, metrics=metrics_collector is not None)
+                                    reference=self.reference, metrics=metrics_collector is not None,
+                                    when_asked=self.speculate)
         header = Header(num_blocks, caching, hash_block_size, events, "GPU", self.reference)
         slot = self._take()
         session = slot.session = Session(slot.process, pool, header, None, None,

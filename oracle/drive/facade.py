@@ -38,17 +38,17 @@ from typing import Any
 from kvpool.model import OPERATIONS, Operation
 from kvpool.model.footprints import Footprint
 from kvpool.model.operations import Translate
-from kvpool.model.pool import keys_of
 from kvpool.model.state import NULL, Key, PoolState
 
-from ..core.abstraction import EVENT_FIELDS, concrete_key, key_of, published, refusal_name
+from ..core.abstraction import EVENT_FIELDS, key_of, published, refusal_name
 from ..core.observe import observe_model
 from ..trace.check import Expected, expected_of
 from ..trace.read import TraceStep
-from ..trace.schema import Json, show
+from ..trace.schema import Json
 from ..trace.write import observation_to_json, request_to_json
 from . import protocol
-from .session import FAILED_CALL_ERRORS, Call, Expect, Observed, Session, whole_view
+from .session import FAILED_CALL_ERRORS, Call, Expect, Observed, Session
+from .views import footprint, footprint_view, shown_view, whole_view
 
 CROSS_POOL = ("free_blocks",)
 """Operations that take blocks of another pool of the same engine, each pool taking back its own
@@ -221,10 +221,17 @@ class DrivenPool:
         self._reuse_watchers: dict[int, str] | None = {} if shape and "watched" in shape else None
         self._sent: dict[int, tuple[Any, tuple[int, int], dict[str, Json]]] = {}
         """The last form each request was sent in (by identity), while it has not grown."""
+        self._texts: dict[int, tuple[Json, str]] = {}
+        """Those forms as text, by the identity of the form (:func:`.protocol.call_line`)."""
         self._expected: _Expected | None = None
         self._model: PoolState | None = None
-        self._viewed: tuple[frozenset[int], frozenset[Key]] | None = None
-        """Ahead, for a process that shows the pool: what the last call's answer is checked on."""
+        self._viewed: tuple[frozenset[int], frozenset[Key], bool] | None = None
+        """Ahead: the blocks and keys the last call's answer is checked on (and whether all)."""
+        self._viewed_answer: tuple[list[int], list[Key], Observed] | None = None
+        """Ahead: the questions the last call carried, with the model's answer to them."""
+        self._probed: set[Key] = set()
+        """The keys the model indexed when the lockstep last compared the whole pool (it asks them
+        again at the next whole comparison: a key that left the index)."""
         self._prefetched: tuple[list[int], dict[Key, int | None], Observed] | None = None
         """The questions sent with the last call, answered: blocks, lookups, the whole answer."""
         if shape and session.fresh is not None:
@@ -324,7 +331,9 @@ class DrivenPool:
             self.requests[bytes(h)] = (sent, i)
         if len(self._sent) > 256:
             self._sent.clear()
+            self._texts.clear()
         self._sent[id(request)] = (request, size, sent)
+        self._texts[id(sent)] = (sent, protocol.text(sent))
         return sent
 
     def _block(self, block_id: int) -> DrivenBlock:
@@ -345,10 +354,10 @@ class DrivenPool:
 
     # ------------------------------------------------------------ one call
 
-    def _call(self, op: str, args: dict[str, Json]) -> Any:
+    def _call(self, op: str, args: dict[str, Json], expected: _Expected | None = None) -> Any:
         """One call: answered as the model says (ahead), or sent with the questions the lockstep
-        will ask after it and answered by the process."""
-        expected, self._expected = self._expected, None
+        will ask after it and answered by the process.  ``expected``: what the lockstep said of it
+        (taken before the arguments were encoded: an argument refused here takes it too)."""
         if self.ahead and expected is not None:
             return self._answer_ahead(op, args, expected)
         self.session.settle()
@@ -427,12 +436,30 @@ class DrivenPool:
 
     def _answer_ahead(self, op: str, args: dict[str, Json], expected: _Expected) -> Any:
         """Send the call with what the model says of it; answer as the model did, at once."""
-        model, error = expected.model, expected.error
+        model, error, session = expected.model, expected.error, self.session
         outcome = expected_of(op, model, expected.result, error, watcher_name)
         told = [(what, b) for what, b in model.out.told] if self.collector is not None else None
-        view = self._view(expected) if self.session.shape is not None and error is None else None
-        line = protocol.encode({"op": op, "args": args})
-        self.session.post([Expect(self._name(op), op, args, outcome, view=view, told=told)], [line])
+        expect = Expect(self._name(op), op, args, outcome, told=told)
+        self._viewed = self._viewed_answer = None
+        asks: dict[str, Json] | None = None
+        if OPERATIONS[op].role != "query" or expected.whole:  # what the lockstep asks after it
+            blocks, keys = self._asked(expected)
+            self._viewed = (frozenset(blocks), frozenset(keys), expected.whole)
+            if session.shape is not None and (expected.whole or not session.when_asked):
+                # the process shows the pool (the whole of it, or after every call): checked on it
+                expect.view = (whole_view(observation_to_json(observe_model(model))) if expected.whole
+                               else footprint_view(model, blocks, keys))
+                expect.show = session.when_asked
+            elif session.observe:  # asked with the call, answered with it (shown, when it shows)
+                asks = protocol.observe_line(blocks, keys)["args"]
+                expect.asks = (asks["blocks"], asks["keys"])
+                expect.observed = self._observed_by_model(blocks, keys)
+                self._viewed_answer = (blocks, keys, expect.observed)
+                if session.when_asked:
+                    expect.shown = shown_view(model, blocks, keys)
+            else:
+                self._viewed = None  # asked as lines of their own (observe_calls)
+        session.post([expect], [protocol.call_line(op, args, self._texts, asks, expect.show)])
         # the lockstep compares nothing of a pool that answers ahead (its ``echo``): no events,
         # watchers or collector calls to show it, only the answer the workload reads
         if error is not None:
@@ -443,16 +470,15 @@ class DrivenPool:
         session = self.session
         return f"call {len(session.log) + len(session.ahead) + 1} ({op})"
 
-    def _view(self, expected: _Expected) -> Any:
-        """Checks of the observation a process shows with its answer: the whole pool when the
-        lockstep compares it whole after this call, else the call's footprint."""
+    def _asked(self, expected: _Expected) -> tuple[list[int], list[Key]]:
+        """What the lockstep asks after a call: the footprint's blocks and keys, or every block and
+        every key the model indexes when it compares the whole pool then."""
         model = expected.model
-        if expected.whole:
-            self._viewed = None
-            return whole_view(observation_to_json(observe_model(model)))
-        blocks, keys = _footprint(model, expected.footprint)
-        self._viewed = (frozenset(blocks), frozenset(keys))
-        return footprint_view(model, blocks, keys)
+        blocks, keys = footprint(model, expected.footprint)
+        if expected.whole:  # the lockstep probes what the model indexes, and indexed at its last look
+            probed, self._probed = self._probed, set(model.index)
+            return list(range(self.num_blocks)), sorted(self._probed | probed | set(keys))
+        return blocks, keys
 
     def _observed_by_model(self, blocks: Sequence[int], probes: Sequence[Key]) -> Observed:
         model = self._model
@@ -470,17 +496,7 @@ class DrivenPool:
         probes = list(probes)
         asked = list(range(self.num_blocks)) if blocks is None else list(blocks)
         if self.ahead and self._model is not None:
-            answer = self._observed_by_model(asked, probes)
-            viewed, self._viewed = self._viewed, None
-            if self.session.shape is None:
-                self._post_questions(self._model, asked, probes, answer)
-            elif viewed is None or not (set(asked) <= viewed[0] and set(probes) <= viewed[1]):
-                model = self._model
-                self.session.post([Expect(self._name("get_num_free_blocks"), "get_num_free_blocks", {},
-                                          Expected(None, len(model.free), [], []),
-                                          view=whole_view(observation_to_json(observe_model(model))))],
-                                  [protocol.encode({"op": "get_num_free_blocks", "args": {}})])
-            return answer
+            return self._answer_questions(self._model, asked, probes)
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and set(asked) <= set(prefetched[0]):
             where = {b: i for i, b in enumerate(prefetched[0])}
@@ -492,6 +508,34 @@ class DrivenPool:
             return num_free, [writable[where[b]] for b in asked], [hits[k] for k in probes]
         num_free, found, answered = self._ask(asked, probes)
         return num_free, found, [answered[k] for k in probes]
+
+    def _answer_questions(self, model: PoolState, asked: list[int], probes: list[Key]) -> Observed:
+        """Ahead: the lockstep's questions answered as the model says, and those the last call did
+        not carry sent with their answers (or an observing process's whole pool checked)."""
+        viewed, self._viewed = self._viewed, None
+        known, self._viewed_answer = self._viewed_answer, None
+        if viewed is not None and known is not None and known[0] == asked and known[1] == probes:
+            return known[2]  # what the call carried, as the model answered it
+        answer = self._observed_by_model(asked, probes)
+        session = self.session
+        shown = session.shape if not session.when_asked else None  # one that shows when asked: asked
+        if viewed is not None and set(asked) <= viewed[0]:
+            covered = viewed[2] if shown is not None else False
+            keys_seen = covered or (shown is None or "index" in shown)
+            missing = [] if covered else [k for k in probes if not (keys_seen and k in viewed[1])]
+            if not missing:
+                return answer
+            if shown is None or "index" not in shown:
+                self._post_questions(model, [], missing, self._observed_by_model([], missing))
+                return answer
+        if shown is None:
+            self._post_questions(model, asked, probes, answer)
+        else:
+            self.session.post([Expect(self._name("get_num_free_blocks"), "get_num_free_blocks", {},
+                                      Expected(None, len(model.free), [], []),
+                                      view=whole_view(observation_to_json(observe_model(model))))],
+                              [protocol.encode({"op": "get_num_free_blocks", "args": {}})])
+        return answer
 
     def _ask(self, blocks: list[int], probes: list[Key]) -> tuple[int, list[bool], dict[Key, int | None]]:
         calls, lines = self._question_lines(blocks, probes)
@@ -509,9 +553,9 @@ class DrivenPool:
         model = expected.model
         if expected.whole:
             blocks = list(range(self.num_blocks))
-            keys = sorted(set(model.index) | set(_footprint(model, expected.footprint)[1]))
+            keys = sorted(set(model.index) | set(footprint(model, expected.footprint)[1]))
         else:
-            blocks, keys = _footprint(model, expected.footprint)
+            blocks, keys = footprint(model, expected.footprint)
         calls, lines = self._question_lines(blocks, keys)
         return calls, lines, blocks, keys
 
@@ -545,8 +589,9 @@ class DrivenPool:
         """Ahead: the questions, each with the model's answer."""
         calls, lines = self._question_lines(blocks, probes)
         if self.session.observe:
-            expects = [Expect(self._name(protocol.OBSERVE), protocol.OBSERVE, calls[0][1],
-                              observed=answer)]
+            view = shown_view(model, blocks, probes) if self.session.when_asked else None
+            expects = [Expect(self._name(protocol.OBSERVE), protocol.OBSERVE, calls[0][1], observed=answer,
+                              shown=view)]
         else:
             num_free, writable, hits = answer
             results: list[Json] = [num_free, *writable, *([h] if h is not None else None for h in hits)]
@@ -604,7 +649,8 @@ class DrivenPool:
             if line["op"] == "take_events":
                 self.kv_event_queue.clear()
             self.kv_event_queue += [event_of(e) for e in line.get("events") or ()]
-        last = session.log[-1].get("observation") if session.log else session.fresh
+        last = next((line["observation"] for line in reversed(session.log) if "observation" in line),
+                    session.fresh)
         if isinstance(last, dict) and not self.ahead:
             self._mirror(last)
 
@@ -614,59 +660,11 @@ def watcher_name(watcher: Any) -> str:
     return str(getattr(watcher, "name", None) or f"watcher-{id(watcher):x}")
 
 
-def _footprint(model: PoolState, fp: Footprint) -> tuple[list[int], list[Key]]:
-    """The blocks and keys the lockstep asks about after a call (its footprint, the keys of its
-    blocks after it), in its order."""
-    keys = set(fp.keys)
-    for b in fp.blocks:
-        keys.update(keys_of(model, b))
-    return sorted(fp.blocks), sorted(keys)
-
-
-def footprint_view(model: PoolState, blocks: Sequence[int], keys: Sequence[Key]
-                   ) -> Callable[[dict[str, Json]], list[str]]:
-    """Checks of the blocks and keys a call touched, in the observation a process shows: counts,
-    keys (primary with its tokens, secondary), watched, the index entries of each key, the free
-    count; what the model says of them now, compared when the answer comes."""
-    hexed = {k: concrete_key(k).hex() for k in keys}
-    want_free = len(model.free)
-    want = {b: (model.ref[b],
-                None if (p := model.primary[b]) is None else [concrete_key(p.key).hex(), p.num_tokens],
-                sorted(concrete_key(k).hex() for k in model.secondary[b]), b in model.watchers)
-            for b in blocks}
-    entries = {hexed[k]: list(model.index.get(k, ())) for k in keys}
-
-    def check(recorded: dict[str, Json]) -> list[str]:
-        diffs = [] if recorded["num_free"] == want_free else [
-            f"observation.num_free: recorded {recorded['num_free']}, model {want_free}"]
-        secondary, watched = recorded.get("secondary"), recorded.get("watched")
-        for b, (ref, primary, second, watch) in want.items():
-            got = recorded["primary"][b]
-            if got is not None and primary is not None and got[1] is None:
-                primary = [primary[0], None]
-            if recorded["ref"][b] != ref:
-                diffs.append(f"observation.ref[{b}]: recorded {recorded['ref'][b]}, model {ref}")
-            if got != primary:
-                diffs.append(f"observation.primary[{b}]: recorded {show(got)}, model {show(primary)}")
-            if secondary is not None and sorted(secondary[b]) != second:
-                diffs.append(f"observation.secondary[{b}]: recorded {show(secondary[b])}, "
-                             f"model {show(second)}")
-            if watched is not None and (b in watched) != watch:
-                diffs.append(f"observation.watched: block {b} recorded {b in watched}, model {watch}")
-        index = recorded.get("index")
-        if index is not None:
-            shown = dict((k, ids) for k, ids in index)
-            diffs += [f"observation.index {k[-14:]}: recorded {shown.get(k, [])}, model {ids}"
-                      for k, ids in entries.items() if shown.get(k, []) != ids]
-        return diffs
-
-    return check
-
-
 def _declared(decl: Operation) -> Callable[..., Any]:
     """The reference method of ``decl``: its arguments encoded by kind, its answer decoded."""
     def method(self: DrivenPool, *args: Any, **kwargs: Any) -> Any:
-        return self._call(decl.name, self._encode(decl, args, kwargs))
+        expected, self._expected = self._expected, None
+        return self._call(decl.name, self._encode(decl, args, kwargs), expected)
 
     method.__name__ = method.__qualname__ = decl.name
     method.__doc__ = f"{decl.doc} (sent to the pool process)"
@@ -683,4 +681,4 @@ for _name, _method in _declared_methods.items():
 
 __all__ = ["COLLECTOR", "CROSS_POOL", "FAILED_CALL_ERRORS", "NOT_SHOWN", "DrivenBlock", "DrivenEvent",
            "DrivenPool", "DrivenRefusal", "FreeQueueMirror", "IndexMirror", "Session", "event_of",
-           "footprint_view", "pool_form", "refusal_class", "watcher_name"]
+           "footprint_view", "pool_form", "refusal_class", "shown_view", "watcher_name"]

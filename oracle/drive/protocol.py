@@ -73,6 +73,31 @@ def encode(obj: Json) -> bytes:
     return _ENCODER.encode(obj).encode() + b"\n"
 
 
+def text(obj: Json) -> str:
+    """A value as :func:`encode` writes it in a line (compact JSON)."""
+    return _ENCODER.encode(obj)
+
+
+def call_line(op: str, args: dict[str, Json], texts: dict[int, tuple[Json, str]],
+              observe: dict[str, Json] | None = None, show: bool = False) -> bytes:
+    """A call line as :func:`encode` writes it, each argument found in ``texts`` (its ``id`` to the
+    value and its text: a request sent again as it was) taken from there rather than encoded again."""
+    known = {name: found[1] for name, value in args.items()
+             if (found := texts.get(id(value))) is not None and found[0] is value}
+    if not known:
+        line: dict[str, Json] = {"op": op, "args": args}
+        if observe is not None:
+            line["observe"] = observe
+        if show:
+            line["show"] = True
+        return encode(line)
+    rest = text({name: value for name, value in args.items() if name not in known})
+    spliced = ",".join(f'"{name}":{value}' for name, value in known.items())
+    tail = ("" if observe is None else f',"observe":{text(observe)}') + (',"show":true' if show else "")
+    body = "{" + spliced + ("," + rest[1:] if len(rest) > 2 else "}")
+    return f'{{"op":{text(op)},"args":{body}{tail}}}\n'.encode()
+
+
 def _reject(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -98,9 +123,11 @@ def decode(line: bytes) -> Json:
 
 def pool_fields(num_blocks: int, caching: bool, hash_block_size: int, events: bool, *,
                 medium: str = "GPU", reference: str = DEFAULT_REFERENCE,
-                block_sizes: dict[int, int] | None = None, metrics: bool = False) -> dict[str, Json]:
+                block_sizes: dict[int, int] | None = None, metrics: bool = False,
+                when_asked: bool = False) -> dict[str, Json]:
     """The ``pool`` of a header: the trace header's fields of this configuration; ``metrics``
-    asks for a metrics collector (``"metrics_collector": true``, which a trace header leaves out)."""
+    asks for a metrics collector (``"metrics_collector": true``), ``when_asked`` for the whole pool
+    only where a line asks it (``"show_when_asked": true``): neither goes into a trace header."""
     out: dict[str, Json] = {"num_blocks": num_blocks, "enable_caching": caching,
                             "hash_block_size": hash_block_size, "enable_kv_cache_events": events,
                             "medium": medium, "reference": reference}
@@ -108,6 +135,8 @@ def pool_fields(num_blocks: int, caching: bool, hash_block_size: int, events: bo
         out["block_sizes"] = {str(g): n for g, n in sorted(block_sizes.items())}
     if metrics:
         out["metrics_collector"] = True
+    if when_asked:
+        out["show_when_asked"] = True
     return out
 
 
@@ -167,12 +196,17 @@ class HeaderAnswer:
     """The process answers :data:`OBSERVE` lines."""
     metrics: bool = False
     """The pool reports a metrics collector's calls (``told``) in every answer."""
+    when_asked: bool = False
+    """The process shows its pool only in answers to lines that ask (``"show": true``), and the
+    blocks and keys an observe line names in its answer (``shown``)."""
 
 
-def read_header_answer(value: Json, header_: Header, collector: bool = False) -> HeaderAnswer:
+def read_header_answer(value: Json, header_: Header, collector: bool = False,
+                       when_asked: bool = False) -> HeaderAnswer:
     """The answer to a header: ``{"ok": true}`` (maybe with an observation), or a refusal.
 
-    ``collector``: whether the header asked for a metrics collector (``metrics`` counts only then).
+    ``collector``: whether the header asked for a metrics collector (``metrics`` counts only then);
+    ``when_asked``: whether it asked for the pool only when a line asks (``show_when_asked``).
 
     Raises :class:`ProtocolError`: ``version`` when the process names another
     version, ``refused`` when it could not make the pool, ``garbage`` otherwise.
@@ -203,13 +237,14 @@ def read_header_answer(value: Json, header_: Header, collector: bool = False) ->
     except ValueError as exc:
         raise ProtocolError("garbage", f"lacks: {exc}") from None
     flags = {}
-    for flag in ("observe", "metrics"):
+    for flag in ("observe", "metrics", "show_when_asked"):
         flags[flag] = value.get(flag, False)
         if not isinstance(flags[flag], bool):
             raise ProtocolError("garbage", f"{flag}: expected true or false, got {show(flags[flag])}")
     if flags["metrics"] and not collector:
         flags["metrics"] = False  # no collector was asked for: none to report
     obs = value.get("observation")
+    asked = bool(flags["show_when_asked"] and when_asked and flags["observe"] and obs is not None)
     if obs is None:
         return HeaderAnswer(None, None, ops, declared, flags["observe"], flags["metrics"])
     try:
@@ -218,17 +253,27 @@ def read_header_answer(value: Json, header_: Header, collector: bool = False) ->
     except FieldError as exc:
         raise ProtocolError("garbage", f"header answer: {exc}") from None
     fresh = step.observation or {}
-    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], flags["metrics"])
+    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], flags["metrics"], asked)
 
 
 def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, number: int,
-                observation: frozenset[str] | None) -> tuple[TraceStep, dict[str, Json]]:
+                observation: frozenset[str] | None, lazy: bool = False,
+                asked_to_show: bool = True) -> tuple[TraceStep, dict[str, Json]]:
     """A call's answer, checked as its trace line; returns the parsed step and the line itself.
 
-    ``observation``: the fields the header's answer promised (None: none may come).
+    ``observation``: the fields the header's answer promised (None: none may come).  ``lazy``: the
+    observation's entries are left for its reader to check (it reads a few; the whole pool is
+    checked whole when compared whole): only its fields' kinds and lengths are checked here.
+    ``asked_to_show``: whether this answer must show the pool (a process that shows it only when
+    asked leaves it out where the line did not ask).
     """
     if not isinstance(value, dict):
         raise ProtocolError("garbage", f"expected an answer object, got {show(value)}")
+    if not asked_to_show:
+        if "observation" in value:
+            raise ProtocolError("garbage", "observation: shown where the line did not ask for it (the "
+                                "header's answer said show_when_asked)")
+        observation = None
     line: dict[str, Json] = {"op": op, "args": args}
     for name in ANSWER_FIELDS:
         if name in value:
@@ -251,12 +296,21 @@ def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, nu
     for name in ("result", "error", "events"):
         if name not in line:
             raise ProtocolError("garbage", f"missing field {name!r} (answer {show(value)})")
+    read = line if not lazy or shown is None else {k: v for k, v in line.items() if k != "observation"}
     try:
-        step = parse_outcome(line, op, args, number, header_)
+        step = parse_outcome(read, op, args, number, header_)
     except FieldError as exc:
         raise ProtocolError("garbage", str(exc)) from None
     except RecursionError:
         raise ProtocolError("garbage", "answer is nested too deeply") from None
+    if lazy and isinstance(shown, dict):
+        kinds = {name: int if name == "num_free" else list for name in shown}
+        wrong = [name for name, kind in kinds.items() if type(shown[name]) is not kind]
+        if wrong:
+            kind = "an integer" if wrong[0] == "num_free" else "a list"
+            raise ProtocolError("garbage", f"observation.{wrong[0]}: expected {kind}, got "
+                                f"{show(shown[wrong[0]])}")
+        step.observation = shown
     if step.observation is not None:
         for name in ("ref", "primary", "secondary"):
             got = step.observation.get(name)
@@ -297,6 +351,10 @@ def read_observe_args(args: Json) -> tuple[list[int], list[tuple[bytes, int]]]:
     return blocks, keys
 
 
+_BOOL = frozenset({bool})
+_ID_OR_NULL = frozenset({int, type(None)})
+
+
 def read_observed(value: Json, blocks: int, keys: int) -> tuple[int, list[bool], list[int | None]]:
     """The answer to an observe line: ``{"result": {"num_free": n, "writable": [...],
     "cached": [...]}, ...}``, one writability per block and one block id (or null) per key."""
@@ -312,15 +370,81 @@ def read_observed(value: Json, blocks: int, keys: int) -> tuple[int, list[bool],
     writable, cached = result.get("writable"), result.get("cached")
     if not is_int(num_free):
         raise ProtocolError("garbage", f"result.num_free: expected an integer, got {show(num_free)}")
-    if not (isinstance(writable, list) and len(writable) == blocks
-            and all(type(w) is bool for w in writable)):
+    if not (isinstance(writable, list) and len(writable) == blocks and set(map(type, writable)) <= _BOOL):
         raise ProtocolError("garbage", f"result.writable: expected {blocks} true/false, got "
                             f"{show(writable)}")
-    if not (isinstance(cached, list) and len(cached) == keys
-            and all(c is None or is_int(c) for c in cached)):
+    if not (isinstance(cached, list) and len(cached) == keys and set(map(type, cached)) <= _ID_OR_NULL):
         raise ProtocolError("garbage", f"result.cached: expected {keys} block ids or null, got "
                             f"{show(cached)}")
     return num_free, writable, cached
+
+
+def read_observed_field(value: Json, blocks: int, keys: int) -> tuple[int, list[bool], list[int | None]]:
+    """The ``observed`` of an answer to a call line that carried ``observe`` (what it asked, after
+    the call), read as an observe line's result."""
+    if not isinstance(value, dict) or "observed" not in value:
+        raise ProtocolError("garbage", "observed: missing (the call line asked for it with observe)")
+    return read_observed({"result": value["observed"], "error": None}, blocks, keys)
+
+
+def observe_queries(blocks: Sequence[int], keys: Sequence[Json],
+                    observed: tuple[int, list[bool], list[int | None]]) -> list[dict[str, Json]]:
+    """The trace lines an observe line stands for: ``get_num_free_blocks``, then
+    ``is_block_writable`` of each block and ``get_cached_block`` of each key (``[hex, group]``)."""
+    num_free, writable, cached = observed
+    out: list[dict[str, Json]] = [{"op": "get_num_free_blocks", "args": {}, "result": num_free, "error": None,
+                                   "events": [], "fired": []}]
+    out += [{"op": "is_block_writable", "args": {"block_id": b}, "result": w, "error": None, "events": [],
+             "fired": []} for b, w in zip(blocks, writable, strict=True)]
+    out += [{"op": "get_cached_block", "args": {"block_hash": k[0], "kv_cache_group_ids": [k[1]]},
+             "result": None if c is None else [c], "error": None, "events": [], "fired": []}
+            for k, c in zip(keys, cached, strict=True)]
+    return out
+
+
+def trace_lines(lines: Sequence[dict[str, Json]]) -> list[dict[str, Json]]:
+    """Exchanged lines as trace lines: each ``observe`` line as the queries it stands for."""
+    out: list[dict[str, Json]] = []
+    for line in lines:
+        if line.get("op") == OBSERVE:
+            args = line["args"]
+            out += observe_queries(args["blocks"], args["keys"], line["result"])
+        else:
+            out.append(line)
+    return out
+
+
+SHOWN_FIELDS = ("ref", "primary", "secondary", "watched")
+"""What ``shown`` says of each block an observe line names (as an observation's entries)."""
+
+
+def read_shown(value: Json, blocks: int, keys: int, shape: frozenset[str]) -> dict[str, Json]:
+    """An observe answer's ``shown`` (a process that shows its pool when asked): per named block
+    its entries of the observation's fields it shows (``watched`` as true/false), and with
+    ``index`` the blocks of each named key; checked as the trace reader checks an observation."""
+    shown = value.get("shown") if isinstance(value, dict) else None
+    if not isinstance(shown, dict):
+        raise ProtocolError("garbage", "shown: missing (the header's answer said show_when_asked)")
+    want = [f for f in SHOWN_FIELDS if f in shape] + (["index"] if "index" in shape else [])
+    for name in want:
+        got = shown.get(name)
+        count = keys if name == "index" else blocks
+        if not (isinstance(got, list) and len(got) == count):
+            raise ProtocolError("garbage", f"shown.{name}: expected {count} entries, got {show(got)}")
+    fake: dict[str, Json] = {"ref": shown["ref"], "free": [], "num_free": 0, "primary": shown["primary"]}
+    if "secondary" in want:
+        fake["secondary"] = shown["secondary"]
+    if "index" in want:
+        fake["index"] = [["00" * 5, ids] for ids in shown["index"]]
+    try:  # its entries, as an observation's, read by the trace reader
+        parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None, "events": [],
+                    "observation": fake}, 1, Header(max(blocks, 1), True, 1, False, "GPU"))
+    except FieldError as exc:
+        raise ProtocolError("garbage", f"shown: {str(exc).replace('observation.', '')}") from None
+    if "watched" in want and not set(map(type, shown["watched"])) <= _BOOL:
+        raise ProtocolError("garbage", f"shown.watched: expected true/false per block, got "
+                            f"{show(shown['watched'])}")
+    return shown
 
 
 def read_told(value: Json) -> list[tuple[str, int | None]]:
@@ -356,7 +480,9 @@ def read_call(value: Json, header_: Header, number: int) -> TraceStep:
         raise ProtocolError("garbage", str(exc)) from None
 
 
-__all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "OPTIONAL_OPS", "POOL_FIELDS", "TOLD",
-           "VERSION", "HeaderAnswer", "ProtocolError", "asks_metrics", "decode", "encode", "header",
-           "message_of", "observe_line", "pool_fields", "read_answer", "read_call", "read_header_answer",
-           "read_observe_args", "read_observed", "read_pool", "read_told", "trace_header"]
+__all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "OPTIONAL_OPS", "POOL_FIELDS",
+           "SHOWN_FIELDS", "TOLD", "VERSION", "HeaderAnswer", "ProtocolError", "asks_metrics", "call_line",
+           "decode", "encode", "header", "message_of", "observe_line", "observe_queries", "pool_fields",
+           "read_answer", "read_call", "read_header_answer", "read_observe_args", "read_observed",
+           "read_observed_field", "read_pool", "read_shown", "read_told", "text", "trace_header",
+           "trace_lines"]

@@ -20,7 +20,6 @@ where.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from kvpool.model.request import prefix_key
 
 from ..core.abstraction import concrete_key
 from ..core.adapter import LoadError, load_object
-from ..core.observe import Observer
+from ..core.observe import Observer, accepts
 from ..generate.capabilities import parse_lacks
 from ..trace.read import Header, TraceStep, json_lines, parse_header
 from ..trace.schema import FieldError, Json, TraceError
@@ -76,14 +75,6 @@ class _Told:
         self.log.append(["reset", None])
 
 
-def _takes_collector(pool_class: Any) -> bool:
-    try:
-        params = inspect.signature(pool_class).parameters
-    except (TypeError, ValueError):
-        return False
-    return "metrics_collector" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 class Server(Translate):
     """One pool at a time, made by each header, called by each call line."""
 
@@ -98,6 +89,8 @@ class Server(Translate):
         """Events not yet taken, for a pool without ``kv_event_queue`` (taken after each call)."""
         self.told: _Told | None = None
         """The metrics collector the pool was made with, when the header asked for one."""
+        self.when_asked = False
+        """The pool is shown only where a line asks (the header asked, and the pool is observed)."""
         self.lines = 0
 
     # --------------------------------------------------------------- lines
@@ -107,21 +100,28 @@ class Server(Translate):
         try:
             value = protocol.decode(raw)
             if isinstance(value, dict) and protocol.KEY in value:
-                return self._open(protocol.read_pool(value), protocol.asks_metrics(value))
+                pool = value.get("pool") if isinstance(value, dict) else None
+                return self._open(protocol.read_pool(value), protocol.asks_metrics(value),
+                                  isinstance(pool, dict) and pool.get("show_when_asked") is True)
             if self.header is None:
                 raise protocol.ProtocolError("garbage", "a call before any header")
             if isinstance(value, dict) and value.get("op") == protocol.OBSERVE:
                 return self._observe(*protocol.read_observe_args(value.get("args")))
-            return self._call(protocol.read_call(value, self.header, self.lines))
+            asked = isinstance(value, dict) and value.get("show") is True
+            answer = self._call(protocol.read_call(value, self.header, self.lines), asked)
+            if isinstance(value, dict) and value.get("observe") is not None:  # asked with the call
+                answer["observed"] = self._observe(*protocol.read_observe_args(value["observe"]))["result"]
+            return answer
         except protocol.ProtocolError as exc:
             if exc.kind == "version":
                 return {"ok": False, "error": exc.what}
             print(f"serve: line {self.lines}: {exc.what}", file=sys.stderr)
             return {"result": None, "error": "ProtocolViolation", "events": [], "fired": []}
 
-    def _open(self, header: Header, metrics: bool = False) -> dict[str, Json]:
+    def _open(self, header: Header, metrics: bool = False,
+              header_asks_shown: bool = False) -> dict[str, Json]:
         extra: dict[str, Any] = {} if header.medium == "GPU" else {"medium": header.medium}
-        collector = metrics and "metrics" not in self.lacks and _takes_collector(self.pool_class)
+        collector = metrics and "metrics" not in self.lacks and accepts(self.pool_class, "metrics_collector")
         told = _Told() if collector else None
         if told is not None:
             extra["metrics_collector"] = told
@@ -133,6 +133,9 @@ class Server(Translate):
         self.pool, self.header, self.told = pool, header, told
         self.watchers, self.pending = {}, []
         answer: dict[str, Json] = {"kvpool_drive": protocol.VERSION, "ok": True, "observe": True}
+        self.when_asked = self.observe and bool(header_asks_shown)
+        if self.when_asked:
+            answer["show_when_asked"] = True
         if told is not None:
             answer["metrics"] = True
         lacks = [op for op in protocol.OPTIONAL_OPS if not callable(getattr(pool, op, None))]
@@ -151,10 +154,22 @@ class Server(Translate):
         for h, g in keys:
             hit = pool.get_cached_block(h, [g])
             cached.append(hit[0].block_id if hit else None)
-        return {"result": {"num_free": pool.get_num_free_blocks(),
-                           "writable": [bool(pool.is_block_writable(self.block(b))) for b in blocks],
-                           "cached": cached},
-                "error": None, "events": []}
+        result: dict[str, Json] = {"num_free": pool.get_num_free_blocks(),
+                                   "writable": [bool(pool.is_block_writable(self.block(b))) for b in blocks],
+                                   "cached": cached}
+        if self.when_asked:  # the named blocks' and keys' entries of the whole pool
+            whole = self._observation()
+            shown: dict[str, Json] = {"ref": [whole["ref"][b] for b in blocks],
+                                      "primary": [whole["primary"][b] for b in blocks]}
+            if "secondary" in whole:
+                shown["secondary"] = [whole["secondary"][b] for b in blocks]
+            if "watched" in whole:
+                shown["watched"] = [b in whole["watched"] for b in blocks]
+            if "index" in whole:
+                index = dict((k, ids) for k, ids in whole["index"])
+                shown["index"] = [index.get(concrete_key(k).hex(), []) for k in keys]
+            result["shown"] = shown
+        return {"result": result, "error": None, "events": []}
 
     def _observation(self) -> dict[str, Json]:
         return observation_to_json(Observer(self.pool).observe())
@@ -186,7 +201,7 @@ class Server(Translate):
             values[1] = self.watchers.setdefault(name, _Named(name, self.fired))
         return list(decl.pool_args(values, self))
 
-    def _call(self, step: TraceStep) -> dict[str, Json]:
+    def _call(self, step: TraceStep, show: bool = False) -> dict[str, Json]:
         pool, op = self.pool, step.op
         queue: Any = getattr(pool, "kv_event_queue", None)
         shown = isinstance(queue, list)
@@ -215,7 +230,7 @@ class Server(Translate):
             answer["message"] = message
         if self.told is not None:
             answer["told"] = list(self.told.log)
-        if self.observe:
+        if self.observe and (show or not self.when_asked):
             answer["observation"] = self._observation()
         return answer
 
@@ -275,28 +290,19 @@ def join(calls: str, answers: str, stdout: IO[str]) -> int:
         if call.get("op") == protocol.OBSERVE:
             blocks, keys = protocol.read_observe_args(call.get("args"))
             observed = protocol.read_observed(answer, len(blocks), len(keys))
-            out += _queries(blocks, keys, observed)
+            out += protocol.observe_queries(blocks, [[h.hex(), g] for h, g in keys], observed)
             continue
         line = {"op": call.get("op"), "args": call.get("args")}
         line.update({k: answer[k] for k in protocol.ANSWER_FIELDS if k in answer})
         line.setdefault("fired", [])
         out.append(line)
+        if call.get("observe") is not None:  # questions asked with the call, answered after it
+            blocks, keys = protocol.read_observe_args(call["observe"])
+            observed = protocol.read_observed_field(answer, len(blocks), len(keys))
+            out += protocol.observe_queries(blocks, [[h.hex(), g] for h, g in keys], observed)
     for value in out:
         stdout.write(json.dumps(value, separators=(",", ":")) + "\n")
     return 0
-
-
-def _queries(blocks: list[int], keys: list[tuple[bytes, int]],
-             observed: tuple[int, list[bool], list[int | None]]) -> list[Json]:
-    num_free, writable, cached = observed
-    out: list[Json] = [{"op": "get_num_free_blocks", "args": {}, "result": num_free, "error": None,
-                        "events": []}]
-    out += [{"op": "is_block_writable", "args": {"block_id": b}, "result": w, "error": None, "events": []}
-            for b, w in zip(blocks, writable, strict=True)]
-    out += [{"op": "get_cached_block", "args": {"block_hash": h.hex(), "kv_cache_group_ids": [g]},
-             "result": None if c is None else [c], "error": None, "events": []}
-            for (h, g), c in zip(keys, cached, strict=True)]
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -249,6 +249,9 @@ struct Server {
     lacks: Lacks,
     /// The current pool reports what its metrics collector is told (the header asked for one).
     metrics: bool,
+    /// The current pool is shown only where a line asks (`"show": true`), and observe answers
+    /// show the blocks and keys they name (the header asked, and `--observe`).
+    when_asked: bool,
     line: usize,
 }
 
@@ -268,12 +271,17 @@ impl Server {
                 Ok(pool) => {
                     let asked = value.get("pool").and_then(|p| p.get("metrics_collector")) == Some(&Json::Bool(true));
                     self.metrics = asked && !self.lacks.has("metrics");
+                    self.when_asked = self.observe && self.observe_lines
+                        && value.get("pool").and_then(|p| p.get("show_when_asked")) == Some(&Json::Bool(true));
                     let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
                     if self.observe_lines {
                         fields.push(("observe", Json::Bool(true)));
                     }
                     if self.metrics {
                         fields.push(("metrics", Json::Bool(true)));
+                    }
+                    if self.when_asked {
+                        fields.push(("show_when_asked", Json::Bool(true)));
                     }
                     if !self.lacks.names.is_empty() {
                         fields.push(("lacks", Json::Arr(self.lacks.names.iter().map(|n| Json::Str(n.clone())).collect())));
@@ -297,8 +305,9 @@ impl Server {
         if let Some(why) = self.lacks.refuses(op, args, pool.hbs) {
             return self.violation(&why);
         }
+        let when_asked = self.when_asked;
         if op == "observe" {
-            return match observe(pool, args) {
+            return match observe(pool, args, when_asked) {
                 Ok(result) => obj(vec![("result", result), ("error", Json::Null), ("events", Json::Arr(Vec::new()))]),
                 Err(Malformed(what)) => self.violation(&what),
             };
@@ -330,8 +339,14 @@ impl Server {
                 .collect();
             fields.push(("told", Json::Arr(told)));
         }
-        if self.observe {
+        if self.observe && (!when_asked || value.get("show") == Some(&Json::Bool(true))) {
             fields.push(("observation", pool.observation()));
+        }
+        if let Some(asked) = value.get("observe") {  // questions asked with the call, after it
+            match observe(pool, asked, when_asked) {
+                Ok(observed) => fields.push(("observed", observed)),
+                Err(Malformed(what)) => return self.violation(&what),
+            }
         }
         obj(fields)
     }
@@ -343,8 +358,9 @@ impl Server {
     }
 }
 
-/// An `observe` line: the free count, each block's writability, each key's lookup, at once.
-fn observe(pool: &Pool, a: Args) -> Result<Json, Malformed> {
+/// An `observe` line: the free count, each block's writability, each key's lookup, at once; with
+/// `shown`, the named blocks' and keys' entries of the whole pool too.
+fn observe(pool: &Pool, a: Args, shown: bool) -> Result<Json, Malformed> {
     let blocks = ints(a, "blocks")?;
     let keys = field(a, "keys")?.as_arr().ok_or_else(|| Malformed("args.keys: expected a list".into()))?;
     let mut writable = Vec::with_capacity(blocks.len());
@@ -353,16 +369,23 @@ fn observe(pool: &Pool, a: Args) -> Result<Json, Malformed> {
         writable.push(Json::Bool(w));
     }
     let mut cached = Vec::with_capacity(keys.len());
+    let mut named = Vec::with_capacity(keys.len());
     for k in keys {
         let (Some(hash), Some(group)) = (k.as_arr().and_then(|k| k.first()).and_then(Json::as_str).and_then(unhex),
                                          k.as_arr().and_then(|k| k.get(1)).and_then(Json::as_int)) else {
             return Err(Malformed("args.keys: expected [hex hash, group] pairs".into()));
         };
         let hit = pool.get_cached_block(&hash, &[group]).map_err(|_| Malformed("args.keys: bad group".into()))?;
+        named.push((hash, group));
         cached.push(hit.and_then(|ids| ids.first().copied()).map_or(Json::Null, |b| Json::Int(b as i128)));
     }
-    Ok(obj(vec![("num_free", Json::Int(pool.get_num_free_blocks() as i128)), ("writable", Json::Arr(writable)),
-                ("cached", Json::Arr(cached))]))
+    let mut fields = vec![("num_free", Json::Int(pool.get_num_free_blocks() as i128)),
+                          ("writable", Json::Arr(writable)), ("cached", Json::Arr(cached))];
+    if shown {
+        let blocks = ints(a, "blocks")?.into_iter().map(|b| b as usize).collect::<Vec<_>>();
+        fields.push(("shown", pool.shown(&blocks, &named)));
+    }
+    Ok(obj(fields))
 }
 
 fn usage(code: i32) -> ! {
@@ -401,7 +424,8 @@ fn main() {
     let mut input = BufReader::with_capacity(1 << 16, io::stdin().lock());
     let mut out = BufWriter::new(io::stdout().lock());
     lacks.names.dedup();
-    let mut server = Server { pool: None, bugs, observe, observe_lines, lacks, metrics: false, line: 0 };
+    let mut server = Server { pool: None, bugs, observe, observe_lines, lacks, metrics: false, when_asked: false,
+                              line: 0 };
     let mut raw = Vec::new();
     let mut text = String::new();
     loop {

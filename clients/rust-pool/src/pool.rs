@@ -746,6 +746,34 @@ impl Pool {
         if real == 0 { 0.0 } else { 1.0 - self.free.len as f64 / real as f64 }
     }
 
+    /// What the whole pool's observation says of `blocks` and `keys` (`shown` of an observe answer).
+    pub fn shown(&self, blocks: &[usize], keys: &[(Vec<u8>, i128)]) -> Json {
+        let key_of = |b: &usize| match &self.primary[*b] {
+            None => Json::Null,
+            Some((k, n)) => Json::Arr(vec![Json::Str(k.concrete_hex()), Json::Int(*n)]),
+        };
+        let secondary = |b: &usize| {
+            let mut keys: Vec<&Key> = self.secondary[*b].iter().collect();
+            keys.sort();
+            Json::Arr(keys.into_iter().map(|k| Json::Str(k.concrete_hex())).collect())
+        };
+        let index = keys.iter().map(|(hash, group)| {
+            let ids = (0..=MAX_GROUP).contains(group)
+                .then(|| self.index.get(&self.key(hash, *group as u32)))
+                .flatten()
+                .map_or(Vec::new(), |blocks| blocks.iter().map(|&b| Json::Int(b as i128)).collect());
+            Json::Arr(ids)
+        }).collect();
+        Json::Obj(vec![
+            ("ref".into(), Json::Arr(blocks.iter().map(|b| Json::Int(self.ref_cnt[*b])).collect())),
+            ("primary".into(), Json::Arr(blocks.iter().map(key_of).collect())),
+            ("secondary".into(), Json::Arr(blocks.iter().map(secondary).collect())),
+            ("watched".into(), Json::Arr(blocks.iter()
+                .map(|b| Json::Bool(self.watchers.iter().any(|(w, _)| w == b))).collect())),
+            ("index".into(), Json::Arr(index)),
+        ])
+    }
+
     /// The whole pool, as a trace's `observation` (secondary keys sorted, as the model shows them).
     pub fn observation(&self) -> Json {
         let ints = |v: Vec<usize>| Json::Arr(v.into_iter().map(|b| Json::Int(b as i128)).collect());
