@@ -53,7 +53,7 @@ class Capture:
 
     @classmethod
     def of(cls, session: Session) -> Capture:
-        lines = [*session.log, *([session.failed] if session.failed is not None else [])]
+        lines = session.trace()
         hung = session.failed is not None and session.failed["error"] == FAILED_CALL_ERRORS["hang"]
         return cls(dict(session.pool), session.header, lines, hung)
 
@@ -88,7 +88,7 @@ def replay(process: PoolProcess, pool: dict[str, Json], header: Header,
             session.calls(list(calls))
     except (ProcessFailure, ProcessHung):
         pass
-    return [*session.log, *([session.failed] if session.failed is not None else [])]
+    return session.trace()
 
 
 @dataclass
@@ -159,7 +159,7 @@ class Shrinker:
                     handed[i] = step.result
         except (ProcessFailure, ProcessHung):
             pass
-        return [*session.log, *([session.failed] if session.failed is not None else [])]
+        return session.trace()
 
     def shrink(self, cap: Capture) -> Shrunk:
         """The shortest calls found that still differ from the model where ``cap`` does."""
@@ -184,6 +184,11 @@ class Shrinker:
         def as_sent(kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
             return judged(self._replay(cap, [_call(line) for line in kept]))
 
+        if lines and lines[-1].get("error") in FAILED_CALL_ERRORS.values() and as_sent(lines) is None:
+            # the process failed, but not where these calls alone make it fail: what made it fail
+            # is more than them (its earlier pools, its age), and no cut of them is a witness
+            return Shrunk(lines, len(cap.lines), report, self.replays, note="not shrunk: replayed on "
+                          "their own, these calls do not make the process fail there")
         fewer = [line for line in lines[:-1] if line["op"] not in QUERIES] + lines[-1:]
         lines = (as_sent(fewer) if len(fewer) < len(lines) else None) or lines
         lines = ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
