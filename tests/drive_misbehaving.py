@@ -8,9 +8,9 @@ does what ``MODE`` says.  ``--pids FILE`` writes its pid (and a child's, for
 ``spawn``) so that the test can check that nothing outlives kvpool; ``--log
 FILE`` appends each header's pool, one JSON line each, so that a test can see
 which pools it was asked for; ``--lacks NAMES`` declares them in its header
-answers.
+answers; ``--record FILE`` appends every line of its input as it came.
 
-    python tests/drive_misbehaving.py MODE [--at N | --line N] [--pids FILE] [--log FILE]
+    python tests/drive_misbehaving.py MODE [--at N | --line N] [--pids FILE] [--log FILE] [--record FILE]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main() -> int:
     parser.add_argument("--pids", help="write this process's pid (and its child's) here")
     parser.add_argument("--log", help="append each header's pool here")
     parser.add_argument("--lacks", default="", help="declare these names lacking")
+    parser.add_argument("--record", help="append every input line here")
     parser.add_argument("--observe", action="store_true", help="answer with observations (no batches)")
     args = parser.parse_args()
     pids = [str(os.getpid())]
@@ -54,8 +55,11 @@ def main() -> int:
     server = Server(BlockPool, observe=args.observe, lacks=args.lacks.replace(",", " ").split())
     calls = lines = 0
     out = sys.stdout.buffer
+    record = open(args.record, "ab", buffering=0) if args.record else None  # noqa: SIM115 (the whole run)
     for raw in sys.stdin.buffer:
         lines += 1
+        if record is not None:
+            record.write(raw)
         value = protocol.decode(raw)
         header = isinstance(value, dict) and protocol.KEY in value
         if header and args.log:

@@ -107,9 +107,9 @@ def test_header_answers_version_refusal_and_logging() -> None:
     assert other.value.kind == "version"
 
 
-def _documented_exchange() -> list[tuple[str, object]]:
+def _documented_exchange(heading: str = "## A complete exchange") -> list[tuple[str, object]]:
     text = (ROOT / "oracle" / "DRIVE_PROTOCOL.md").read_text()
-    block = text.split("## A complete exchange", 1)[1].split("```", 2)[1]
+    block = text.split(heading, 1)[1].split("```", 2)[1]
     return [(line[0], json.loads(line[2:])) for line in block.splitlines() if line[:2] in ("> ", "< ")]
 
 
@@ -138,6 +138,11 @@ def test_the_documented_exchange(tmp_path: Path) -> None:
     path = tmp_path / "exchange.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in trace))
     assert check_trace(path).ok, check_trace(path).format()
+    # the optional parts: answered exactly so by kvpool's pool declaring the same lacks
+    server = Server(BlockPool, observe=False, lacks=["cache_partial_block", "several_groups"])
+    optional = _documented_exchange("## An exchange with the optional parts")
+    for (_mark, sent), (_back, documented) in zip(optional[::2], optional[1::2], strict=True):
+        assert server.answer(protocol.encode(sent)) == documented
 
 
 # ------------------------------------------------------------ reference clients

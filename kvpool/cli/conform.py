@@ -156,7 +156,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="kvpool conform",
         description="Run the lockstep campaign and the Hypothesis state machine against a\n"
                     "block pool implementation. Exit 0 if it agrees with the model, 1 on a\n"
-                    "divergence (the minimal trace is printed), 2 on a usage error.",
+                    "divergence (the minimal trace is printed), 2 on a usage error, 3 when\n"
+                    "only a caller contract was broken, 4 when a pool process failed (and\n"
+                    "nothing diverged), 5 on an error of kvpool itself.",
         epilog="examples:\n  kvpool conform --impl kvpool.impl:BlockPool\n"
                "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse "
                "--json out.json",
