@@ -25,7 +25,9 @@ from kvpool.cli.conform import _parser
 from kvpool.model import OPERATIONS
 from kvpool.model.guards import check_count
 from kvpool.model.refusals import Refusal, RefusalKind
-from kvpool.oracle.drive.process import GRACE, STDERR_LINES
+from kvpool.oracle.core.lockstep import BLOCKS_PER_CALL
+from kvpool.oracle.drive.adapter import PROCESSES
+from kvpool.oracle.drive.process import BATCH, GRACE, HIGH_WATER, STDERR_LINES
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "operations.md"
@@ -89,6 +91,9 @@ def test_the_protocol_pages_limits_are_the_codes() -> None:
     assert f"keeps its last {STDERR_LINES} lines" in text
     timeout = _parser().parse_args(["--exec", "x"]).timeout
     assert f"within `--timeout` seconds (default {timeout:g})" in text
+    assert f"batches of up to {BATCH // 1024} KiB" in text and f"up to {HIGH_WATER >> 20} MiB" in text
+    assert f"kvpool runs at most {('one', 'two', 'three')[PROCESSES - 1]}" in text
+    assert f"every `num_blocks / {BLOCKS_PER_CALL}` calls" in text
 
 
 def _integers(value: Any) -> list[int]:
