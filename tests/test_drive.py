@@ -26,9 +26,11 @@ from typing import Any
 import pytest
 
 from kvpool.impl import BlockPool
+from kvpool.model import ACTIONS, initial_state
 from kvpool.oracle.drive import DriveAdapter, protocol
 from kvpool.oracle.drive.facade import DrivenRefusal
 from kvpool.oracle.drive.serve import Server
+from kvpool.oracle.drive.views import shown_view
 from kvpool.oracle.trace import check_trace
 from kvpool.oracle.trace.check import canonical_event
 
@@ -88,6 +90,24 @@ def test_answers_are_read_as_trace_lines_and_unknown_fields_are_ignored() -> Non
                                         "num_free": 3}}, "the header's answer carried none")]:
         with pytest.raises(protocol.ProtocolError, match=re.escape(says)):
             _answer(bad)
+
+
+def test_what_a_process_shows_when_asked_is_checked_strictly() -> None:
+    """The blocks and keys an observe answer shows pass only when equal in kind too: a count of
+    ``true`` for 1, an entry too many, a block id written as ``true`` each differ (an answer that
+    passes is not read again)."""
+    model = initial_state(4, True, 1, False)
+    ACTIONS["get_new_blocks"](model, 1)
+    check = shown_view(model, [1, 2], [])
+    good = {"ref": [1, 0], "primary": [None, None], "secondary": [[], []], "watched": [False, False]}
+    assert check(good) == []
+    for name, wrong in (("ref", [True, 0]), ("ref", [1, 0, 0]), ("watched", [0, False]),
+                        ("secondary", ["", []])):
+        assert check({**good, name: wrong}), (name, wrong)
+    key = (b"\x01" * 8, 0)
+    model.index[key] = (1,)
+    assert shown_view(model, [], [key])({"ref": [], "primary": [], "index": [[True]]})
+    assert shown_view(model, [], [key])({"ref": [], "primary": [], "index": [[1]]}) == []
 
 
 def test_header_answers_version_refusal_and_logging() -> None:

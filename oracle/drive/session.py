@@ -354,8 +354,7 @@ class Session:
                 raise Mispredicted(f"{expect.name}: {'; '.join(diffs)}")
 
     def _verify(self, expect: Expect, raw: bytes) -> list[str]:
-        if (expect.outcome is not None and expect.view is None and expect.shown is None
-                and self._as_expected(expect, raw)):
+        if expect.outcome is not None and expect.view is None and self._as_expected(expect, raw):
             return []
         lazy = not getattr(expect.view, "whole", False)  # an observation compared whole is read whole
         step = self._answer(expect.op, expect.args, raw, len(self.log) + 1, expect.asks, lazy, expect.show)
@@ -382,18 +381,21 @@ class Session:
         return diffs
 
     def _as_expected(self, expect: Expect, raw: bytes) -> bool:
-        """Whether the answer is exactly what the model said (no events, no watchers): then it is
-        a valid trace line by construction, and is logged without the trace reader reading it.
-        Anything else (events, a field of another kind, an answer that differs) is read in full."""
+        """Whether the answer is exactly what the model said, value for value and kind for kind
+        (its events with every field as the model writes them): then it is a valid trace line by
+        construction, and is logged without the trace reader reading it.  Anything else (an optional
+        field left out, a hash as hex, a field of another kind, an answer that differs) is read in
+        full."""
         outcome = expect.outcome
-        if outcome is None or outcome.events or outcome.fired:
+        if outcome is None:
             return False
         try:
             value = protocol.decode(raw)
         except protocol.ProtocolError:
             return False
-        if type(value) is not dict or value.get("events") != [] or value.get("fired", []) != [] or (
-                "observation" in value):
+        if type(value) is not dict or "observation" in value or not (
+                _exactly(value.get("events"), outcome.events)
+                and _exactly(value.get("fired", []), outcome.fired)):
             return False
         error, result = value.get("error", _MISSING), value.get("result", _MISSING)
         want = None if outcome.error is None else refusal_name(outcome.error)
@@ -401,9 +403,9 @@ class Session:
             return False
         if type(result) is list and not set(map(type, result)) <= _INT:
             return False
-        if self.metrics and value.get("told", _MISSING) != [list(t) for t in expect.told or ()]:
+        if self.metrics and not _exactly(value.get("told"), [list(t) for t in expect.told or ()]):
             return False
-        observed = None
+        observed, shown = None, None
         if expect.asks is not None:
             try:
                 observed = protocol.read_observed_field(value, len(expect.asks[0]), len(expect.asks[1]))
@@ -411,10 +413,19 @@ class Session:
                 return False
             if observed != expect.observed:
                 return False
-        self.log.append({"op": expect.op, "args": expect.args, "result": result, "error": error, "events": [],
-                         "fired": []})
+        if expect.shown is not None:  # checked strictly by the view: no difference, nothing else to read
+            shape = self.shape or frozenset()
+            try:
+                shown = value["observed"]["shown"]
+                if (type(shown) is not dict or not all(f in shown for f in SHOWN if f in shape)
+                        or expect.shown(shown)):
+                    return False
+            except (TypeError, ValueError, IndexError, KeyError, AttributeError):  # read in full instead
+                return False
+        self.log.append({"op": expect.op, "args": expect.args, "result": result, "error": error,
+                         "events": value["events"], "fired": value.get("fired", [])})
         if observed is not None:
-            self.last_observed = observed
+            self.last_observed, self.last_shown = observed, shown
             self._log_observed({"blocks": expect.asks[0], "keys": expect.asks[1]}, observed)  # type: ignore[index]
         return True
 
@@ -433,12 +444,27 @@ class Session:
             self._failed([(first.op, first.args)], 0, kind)
 
 
+def _exactly(got: Json, want: Json) -> bool:
+    """Equal, and of the same JSON kind throughout (``true`` is not 1, ``2.0`` not 2): an answer's
+    events and notices written exactly as the model's need no other reading."""
+    if type(got) is not type(want):
+        return False
+    if type(got) is list:
+        return len(got) == len(want) and all(_exactly(g, w) for g, w in zip(got, want, strict=True))
+    if type(got) is dict:
+        return got.keys() == want.keys() and all(_exactly(got[k], want[k]) for k in got)
+    return bool(got == want)
+
+
 def _unshown(line: dict[str, Json]) -> dict[str, Json]:
     """A logged line but its observation (the log keeps only the last one shown)."""
     return {k: v for k, v in line.items() if k != "observation"}
 
 
 _MISSING = object()
+SHOWN = (*protocol.SHOWN_FIELDS, "index")
+"""The fields a process that shows its pool when asked shows of what an observe line names: those
+of its observation's fields."""
 _INT = frozenset({int})
 
 
