@@ -15,8 +15,10 @@
 //! `--trivial` answers every line with the same constant line, without reading it: the
 //! pipe's own cost, for benchmarks.
 
+mod free_queue;
 mod json;
 mod pool;
+mod types;
 
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 
