@@ -295,11 +295,16 @@ def short_line(number: int, line: dict[str, Json], model: Sequence[str] | None =
     return f"{number:>3} {line['op']}({args if len(args) <= room else args[:room - 3] + '...'}){tail}"
 
 
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def _short(value: Json) -> str:
     if isinstance(value, dict) and "request_id" in value:
         tokens, hashes = value.get("all_token_ids") or [], value.get("block_hashes") or []
         extra = [k for k in ("lora", "mm", "cache_salt", "session_id") if value.get(k)]
-        return (f"<request {value['request_id']}: {len(tokens)} tokens, {len(hashes)} hashes"
+        return (f"<request {value['request_id']}: {_count(len(tokens), 'token')}, "
+                f"{_count(len(hashes), 'hash', 'hashes')}"
                 + (f", {'+'.join(extra)}" if extra else "") + ">")
     if isinstance(value, list) and value and isinstance(value[0], dict):
         return "[" + ", ".join(str(v.get("type")) for v in value) + "]"
