@@ -13,6 +13,7 @@ mode is in ``tests/test_drive.py``.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,21 @@ def test_a_python_pool_declares_what_it_lacks(tmp_path: Path, capsys: pytest.Cap
     assert "reuse_fired*" in text  # implied
     bad = conform.main(["--impl", "kvpool.impl:BlockPool", "--lacks", "masks"])
     assert bad == 2 and "unknown name(s) 'masks' (did you mean mask?)" in capsys.readouterr().err
+
+
+def test_coverage_says_which_missed_branches_the_pool_lacks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branches of a lacked operation are missed because no call of it is made, not gaps; a
+    function it shares with another operation is not counted as lacked."""
+    monkeypatch.chdir(tmp_path)
+    code = conform.main(["--impl", "kvpool.impl:BlockPool", "--lacks", "unpin_blocks", "--phase", "campaign",
+                         "--runs", "1", "--steps", "200", "--coverage"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    lacked = [line for line in text.splitlines() if line.startswith("    [the pool lacks it]")]
+    assert lacked and any("on_reuse" in line for line in lacked), text
+    assert not any("on_reuse" in line for line in text.splitlines() if "[reachable without misuse]" in line)
+    assert re.search(r"\d+ of them reachable without misuse, \d+ in operations the pool lacks:", text), text
+    whole = conform.main(["--impl", "kvpool.impl:BlockPool", "--phase", "campaign", "--runs", "1",
+                          "--steps", "200", "--coverage"])
+    assert whole == 0 and "the pool lacks it" not in capsys.readouterr().out

@@ -70,7 +70,8 @@ say what was not checked.
          "missed": [{"line": 221, "to": 222, "source": "if b == NULL and ...:",
                      "into": "continue", "refusal": false,
                      "why": "needs misuse" | "caller contract" | "caller action"
-                            | "another --reference" | "reachable without misuse"}, ...],
+                            | "the pool lacks it" | "another --reference"
+                            | "reachable without misuse"}, ...],
          "pairs": {"met": 197, "legal": 197, "missed": ["mask+second_pool", ...]},
                                               # features met in one call (oracle/generate/features.py)
          "pool": {"covered": 269, "total": 410,  # the pool's own source's branches
@@ -321,9 +322,11 @@ def quiet(names: Sequence[str]) -> Iterator[list[str]]:
 
 
 def _print_coverage(measured: PhaseCoverage, out: TextIO) -> None:
+    lacked = sum(b.lacked for b in measured.missed)
     print(f"  model branches reached: {measured.covered}/{measured.total} "
           f"({measured.percent:.1f}%), {len(measured.missed)} missed, {len(measured.gaps)} of them "
-          f"reachable without misuse{':' if measured.missed else ''}", file=out)
+          f"reachable without misuse" + (f", {lacked} in operations the pool lacks" if lacked else "")
+          + (":" if measured.missed else ""), file=out)
     for branch in measured.missed:
         print(f"    [{branch.why}] {branch}", file=out)
     pool = measured.pool
