@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Some of the pool's killers (group ids, a masked range's parent hash) also run the model, and
 # the lockstep compares the model's events with the pool's, so those files kill model/ mutants
 # too.  model/split.py (a call's per-block z3 steps) is run by proofs.agreement alone, so
-# test_agreement.py is a killer of model/.  tests/test_registry.py cannot be one: it lists
+# test_agreement.py is a killer of model/, and model/derived.py (the parts an operation's kinds
+# say) is run by test_derived_parts.py.  tests/test_registry.py cannot be one: it lists
 # each model module's functions, and mutmut's trampolines add a function per mutant.
 KILLERS: dict[str, list[str]] = {
     "impl": [
@@ -61,6 +62,7 @@ KILLERS: dict[str, list[str]] = {
         "tests/test_impl_pool.py",
         "tests/test_impl_events.py",
         "tests/test_lockstep.py",
+        "tests/test_derived_parts.py",
     ],
 }
 

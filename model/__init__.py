@@ -4,7 +4,8 @@ Read it in this order: :mod:`.state` (the variables), :mod:`.events` and
 :mod:`.refusals` (the values it emits and raises), :mod:`.request` (what it
 reads of a request), :mod:`.pool` (one action per operation: the updates),
 :mod:`.guards` (when a call is refused), :mod:`.contracts` (what the caller
-must keep), :mod:`.operations` (each operation declared once, with all its
+must keep), :mod:`.kinds` and :mod:`.derived` (what an argument is, and the parts of
+an operation its kinds say), :mod:`.operations` (each operation declared once, with all its
 parts), :mod:`.invariants` (named predicates on a state) and
 :mod:`.properties` (named predicates on a call).  It imports nothing but the
 standard library: every value it compares a pool against is computed here.
@@ -14,6 +15,7 @@ from .contracts import CONTRACTS, ContractBroken
 from .events import Cleared, Event, Removed, Stored
 from .footprints import Footprint
 from .invariants import EVERYWHERE, INVARIANTS, LEMMAS, Around, violated
+from .kinds import Arg
 from .operations import (
     ACTIONS,
     CALLER_ACTIONS,
@@ -21,7 +23,6 @@ from .operations import (
     POOL_OPERATIONS,
     PUBLIC_OPERATIONS,
     QUERIES,
-    Arg,
     Operation,
 )
 from .refusals import Refusal, RefusalKind

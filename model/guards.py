@@ -80,25 +80,31 @@ def check_count(name: str, value: Any) -> None:
         raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be a non-negative int, got {value!r}")
 
 
-def check_group(group_id: Any) -> None:
+def check_group(group_id: Any, name: str = "kv_cache_group_id") -> None:
     """A KV-cache group id fits the four bytes keys carry it in."""
     if not isinstance(group_id, int) or not 0 <= group_id <= MAX_GROUP_ID:
-        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"kv_cache_group_id {group_id!r} is not a 32-bit id")
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} {group_id!r} is not a 32-bit id")
 
 
-def check_block_size(s: PoolState, size: Any) -> None:
+def check_block_size(s: PoolState, size: Any, name: str = "block_size") -> None:
     """A block size is a positive multiple of the hash block size."""
     if not isinstance(size, int) or size <= 0 or size % s.hash_block_size:
         raise Refusal(RefusalKind.INVALID_ARGUMENT,
-                      f"block_size {size!r} is not a positive multiple of {s.hash_block_size}")
+                      f"{name} {size!r} is not a positive multiple of {s.hash_block_size}")
 
 
-def check_chunks(s: PoolState, num_tokens: Any) -> None:
+def check_chunks(s: PoolState, num_tokens: Any, name: str = "num_tokens") -> None:
     """A token count is a positive multiple of the hash block size."""
     hbs = s.hash_block_size
     if not isinstance(num_tokens, int) or num_tokens <= 0 or num_tokens % hbs:
         raise Refusal(RefusalKind.INVALID_ARGUMENT,
-                      f"num_tokens {num_tokens!r} is not a positive multiple of {hbs}")
+                      f"{name} {num_tokens!r} is not a positive multiple of {hbs}")
+
+
+def check_callable(name: str, value: Any) -> None:
+    """A watcher is a callable."""
+    if not callable(value):
+        raise Refusal(RefusalKind.INVALID_ARGUMENT, f"{name} must be callable")
 
 
 def check_caching(s: PoolState, op: str) -> None:
@@ -149,8 +155,7 @@ def touch(s: PoolState, block_ids: Sequence[BlockId]) -> Verdict:
 
 
 def unpin_blocks(s: PoolState, block_ids: Sequence[BlockId], on_reuse: Any) -> Verdict:
-    if not callable(on_reuse):
-        raise Refusal(RefusalKind.INVALID_ARGUMENT, "on_reuse must be callable")
+    check_callable("on_reuse", on_reuse)
     check_ids(s, block_ids)
     if NULL in block_ids:
         raise Refusal(RefusalKind.NULL_BLOCK, "the null block cannot be unpinned")

@@ -1,21 +1,27 @@
 """One declaration per operation: the single source every other layer derives from.
 
 An :class:`Operation` names everything known about one pool operation: its
-arguments and their kinds, its result kind, its guard (the refusals, in
-order: :mod:`.guards`), its caller contracts (:mod:`.contracts`), its update
-(:mod:`.pool`), its footprint (:mod:`.footprints`), its split into per-block
-z3 steps (:mod:`.split`), its calls on a small pool (:mod:`.domains`) and,
-for the operations that move the free queue, the queue the eviction policy
-prescribes (:mod:`.properties`).  The proofs' step table, the bounded model
-checker's calls, the lockstep's argument mapping, the trace schema, the
-reference API the oracle requires, the seeded-bug wrappers and the fuzzer's
-operations are all read off :data:`OPERATIONS`; ``tests/test_registry.py``
-fails when a table anywhere disagrees with it.
+arguments and their kinds (:mod:`.kinds`), its result kind, its update
+(:mod:`.pool`), its guard (the refusals, in order: :mod:`.guards`), its
+caller contracts (:mod:`.contracts`), its footprint (:mod:`.footprints`),
+its split into per-block z3 steps (:mod:`.split`), its calls on a small pool
+(:mod:`.domains`) and, for the operations that move the free queue, the
+queue the eviction policy prescribes (:mod:`.properties`).  The proofs' step
+table, the bounded model checker's calls, the lockstep's argument mapping,
+the trace schema, the reference API the oracle requires, the seeded-bug
+wrappers and the fuzzer's operations are all read off :data:`OPERATIONS`;
+``tests/test_registry.py`` fails when a table anywhere disagrees with it.
 
-Adding an operation: its update in :mod:`.pool`, its guard in
-:mod:`.guards`, what it requires in :mod:`.contracts` (if anything), its
-footprint, split and domain, and one declaration below; then its z3 step in
-``proofs/transitions.py`` and its place in ``impl/``.
+A part the declaration leaves out is what the arguments' kinds say
+(:mod:`.derived`): each argument checked by its kind, then the declared
+``refuses``; the blocks the block arguments name as footprint, one z3 step
+per such block as split; a few values per kind as domain; no contracts.
+
+Adding an operation: its update in :mod:`.pool` and one declaration below
+(with its queue policy, if it moves the free queue); the parts its kinds
+cannot say where they belong (:mod:`.guards`, :mod:`.contracts`, ...); its
+z3 step in ``proofs/transitions.py`` if none of the steps fits; its place in
+``impl/``.
 """
 
 from __future__ import annotations
@@ -24,39 +30,20 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import contracts, domains, footprints, guards, pool, split
+from . import contracts, derived, domains, footprints, guards, pool, split
 from .footprints import Footprint
 from .guards import Noop
+from .kinds import Arg, ArgKind
 from .properties import Transition, freed_queue, handed_out_queue, touched_queue, unpinned_queue
 from .state import Output, PoolState
 
-ArgKind = Literal["count", "block", "blocks", "block_ids", "request", "watcher", "hash", "group",
-                  "groups", "size", "tokens", "tokens?", "flag", "mask?"]
-"""What an argument is.  ``block``/``blocks`` are block ids the pool receives as its block objects;
-``block_ids`` stay ids; ``count``, ``size`` (a block size) and ``tokens`` (a token count) are ints;
-``group``/``groups`` KV-cache group ids; ``hash`` a block hash; ``mask?`` a list of bools or None."""
 ResultKind = Literal["none", "blocks", "blocks?", "key?", "bool", "count", "fraction", "events"]
 """What an operation returns.  ``blocks`` are block ids (the pool returns its block objects);
 ``key?`` an index key (the pool returns its packed form) or None."""
 Role = Literal["action", "query", "caller"]
 """``action``: a pool operation that may change the pool; ``query``: one that never does;
 ``caller``: what the caller does outside the pool (ghost only)."""
-
-REQUIRED = object()
-"""The default of an argument that has none."""
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument: its name (the model's parameter name, which traces use), its kind and its default."""
-
-    name: str
-    kind: ArgKind
-    default: Any = REQUIRED
-
-    @property
-    def optional(self) -> bool:
-        return self.default is not REQUIRED
+UNSPLIT = ("identity",)
 
 
 class Translate:
@@ -69,27 +56,57 @@ class Translate:
         raise NotImplementedError
 
 
+def _derived(*_args: Any) -> Any:
+    """Stands for a part the declaration leaves out until it is derived from the arguments' kinds."""
+    raise AssertionError("derived when the operation is declared")
+
+
 @dataclass(frozen=True)
 class Operation:
-    """Everything known about one operation."""
+    """Everything known about one operation; a part left out is derived from the arguments' kinds."""
 
     name: str
     """Its name on the pool (``_insert_block_hash`` is a private member vLLM's engine calls)."""
     role: Role
     args: tuple[Arg, ...]
     result: ResultKind
-    guard: Callable[..., guards.Verdict]
-    requires: Callable[..., None]
     next: Callable[..., Any]
-    footprint: Callable[..., Footprint]
-    steps: tuple[str, ...]
+    """Its update (:mod:`.pool`): runs once the guard and the contracts let the call through."""
+    steps: tuple[str, ...] = UNSPLIT
     """The z3 steps its split uses (names in ``kvpool.proofs.transitions.STEPS``)."""
-    split: Callable[..., split.Split]
-    domain: Callable[[PoolState, domains.Scope], Iterator[tuple[Any, ...]]]
+    guard: Callable[..., guards.Verdict] = _derived
+    """Left out: each argument checked by its kind in declared order, then ``refuses``."""
+    refuses: tuple[derived.Check, ...] = ()
+    """For a guard left out: its refusals beyond the kinds, in order (:data:`.derived.REFUSALS`)."""
+    requires: Callable[..., None] = contracts.nothing
+    footprint: Callable[..., Footprint] = _derived
+    """Left out: the blocks its block arguments name, with their keys (a query's: nothing)."""
+    split: Callable[..., split.Split] = _derived
+    """Left out: its one step per block its block arguments name (a query's: identity)."""
+    domain: Callable[[PoolState, domains.Scope], Iterator[tuple[Any, ...]]] = _derived
+    """Left out: every combination of a few values per argument kind (a query's: none)."""
     queue: Callable[..., tuple[int, ...]] | None = None
     """The free queue the eviction policy prescribes after an accepted call (None: unchanged)."""
     pool_call: Callable[[Mapping[str, Any], Translate], tuple[Any, ...]] | None = None
     """How a real pool receives the arguments, when not argument for argument by kind."""
+
+    def __post_init__(self) -> None:
+        if self.refuses and self.guard is not _derived:
+            raise ValueError(f"{self.name}: refuses is for a guard derived from the kinds")
+        query = self.role == "query"
+        if self.guard is _derived:
+            self._derive("guard", derived.guard_of(self.name, self.args, self.refuses))
+        if self.footprint is _derived:
+            self._derive("footprint", footprints.nothing if query else derived.footprint_of(self.args))
+        if self.split is _derived:
+            if len(self.steps) != 1:
+                raise ValueError(f"{self.name}: steps {self.steps} need a split written out")
+            self._derive("split", split.unchanged if query else derived.split_of(self.steps[0], self.args))
+        if self.domain is _derived:
+            self._derive("domain", domains.none if query else derived.domain_of(self.args))
+
+    def _derive(self, part: str, value: Callable[..., Any]) -> None:
+        object.__setattr__(self, part, value)
 
     @property
     def private(self) -> bool:
@@ -174,7 +191,6 @@ REQUEST: ArgKind = "request"
 GROUP: ArgKind = "group"
 SIZE: ArgKind = "size"
 TOKENS: ArgKind = "tokens"
-UNSPLIT = ("identity",)
 
 
 def _insert_pool_call(a: Mapping[str, Any], to: Translate) -> tuple[Any, ...]:
@@ -188,76 +204,68 @@ def _declare(*ops: Operation) -> dict[str, Operation]:
 
 
 OPERATIONS: dict[str, Operation] = _declare(
-    Operation("get_new_blocks", "action", (Arg("num_blocks", COUNT),), "blocks",
-              guards.get_new_blocks, contracts.nothing, pool.get_new_blocks, footprints.get_new_blocks,
-              ("alloc",), split.get_new_blocks, domains.get_new_blocks, handed_out_queue),
-    Operation("free_blocks", "action", (Arg("block_ids", BLOCKS),), "none",
-              guards.free_blocks, contracts.nothing, pool.free_blocks, footprints.listed,
-              ("release",), split.free_blocks, domains.free_blocks, freed_queue),
-    Operation("touch", "action", (Arg("block_ids", BLOCKS),), "none",
-              guards.touch, contracts.nothing, pool.touch, footprints.listed,
-              ("touch",), split.touch, domains.free_blocks, touched_queue),
+    Operation("get_new_blocks", "action", (Arg("num_blocks", COUNT),), "blocks", pool.get_new_blocks,
+              steps=("alloc",), guard=guards.get_new_blocks, footprint=footprints.get_new_blocks,
+              split=split.get_new_blocks, domain=domains.get_new_blocks, queue=handed_out_queue),
+    Operation("free_blocks", "action", (Arg("block_ids", BLOCKS),), "none", pool.free_blocks,
+              steps=("release",), guard=guards.free_blocks, footprint=footprints.listed,
+              split=split.free_blocks, domain=domains.free_blocks, queue=freed_queue),
+    Operation("touch", "action", (Arg("block_ids", BLOCKS),), "none", pool.touch,
+              steps=("touch",), guard=guards.touch, footprint=footprints.listed,
+              split=split.touch, domain=domains.free_blocks, queue=touched_queue),
     Operation("unpin_blocks", "action", (Arg("block_ids", BLOCKS), Arg("on_reuse", "watcher")), "none",
-              guards.unpin_blocks, contracts.nothing, pool.unpin_blocks, footprints.listed,
-              ("unpin",), split.unpin_blocks, domains.unpin_blocks, unpinned_queue),
-    Operation("evict_blocks", "action", (Arg("block_ids", "block_ids"),), "none",
-              guards.evict_blocks, contracts.nothing, pool.evict_blocks, footprints.listed,
-              ("evict",), split.evict_blocks, domains.single_lists),
-    Operation("reset_prefix_cache", "action", (), "bool",
-              guards.reset_prefix_cache, contracts.nothing, pool.reset_prefix_cache,
-              footprints.reset_prefix_cache, ("reset",), split.reset_prefix_cache,
-              domains.no_arguments),
+              pool.unpin_blocks, steps=("unpin",), guard=guards.unpin_blocks, footprint=footprints.listed,
+              split=split.unpin_blocks, domain=domains.unpin_blocks, queue=unpinned_queue),
+    Operation("evict_blocks", "action", (Arg("block_ids", "block_ids"),), "none", pool.evict_blocks,
+              steps=("evict",), guard=guards.evict_blocks, footprint=footprints.listed,
+              split=split.evict_blocks, domain=domains.single_lists),
+    Operation("reset_prefix_cache", "action", (), "bool", pool.reset_prefix_cache,
+              steps=("reset",), guard=guards.reset_prefix_cache, footprint=footprints.reset_prefix_cache,
+              split=split.reset_prefix_cache),
     Operation("cache_full_blocks", "action",
               (Arg("request", REQUEST), Arg("block_ids", BLOCKS), Arg("num_cached_blocks", COUNT),
                Arg("num_full_blocks", COUNT), Arg("block_size", SIZE), Arg("kv_cache_group_id", GROUP),
-               Arg("block_mask", "mask?", None)), "none",
-              guards.cache_full_blocks, contracts.cache_full_blocks, pool.cache_full_blocks,
-              footprints.cache_full_blocks, ("cache_full", "identity"), split.cache_full_blocks,
-              domains.cache_full_blocks),
+               Arg("block_mask", "mask?", None)), "none", pool.cache_full_blocks,
+              steps=("cache_full", "identity"), guard=guards.cache_full_blocks,
+              requires=contracts.cache_full_blocks, footprint=footprints.cache_full_blocks,
+              split=split.cache_full_blocks, domain=domains.cache_full_blocks),
     Operation("cache_partial_block", "action",
               (Arg("request", REQUEST), Arg("block_id", BLOCK), Arg("num_tokens", TOKENS),
                Arg("kv_cache_group_id", GROUP), Arg("block_size", SIZE),
-               Arg("replace_existing_hashes", "flag", False)), "key?",
-              guards.cache_partial_block, contracts.cache_partial_block, pool.cache_partial_block,
-              footprints.cache_partial_block, ("cache_partial", "identity"), split.cache_partial_block,
-              domains.cache_partial_block),
+               Arg("replace_existing_hashes", "flag", False)), "key?", pool.cache_partial_block,
+              steps=("cache_partial", "identity"), guard=guards.cache_partial_block,
+              requires=contracts.cache_partial_block, footprint=footprints.cache_partial_block,
+              split=split.cache_partial_block, domain=domains.cache_partial_block),
     Operation("move_block_hashes", "action", (Arg("src_id", BLOCK), Arg("dst_id", BLOCK)), "none",
-              guards.move_block_hashes, contracts.move_block_hashes, pool.move_block_hashes,
-              footprints.move_block_hashes, ("move",), split.move_block_hashes, domains.move_block_hashes),
+              pool.move_block_hashes, steps=("move",), guard=guards.move_block_hashes,
+              requires=contracts.move_block_hashes, footprint=footprints.move_block_hashes,
+              split=split.move_block_hashes, domain=domains.move_block_hashes),
     Operation("emit_cached_block_events", "action",
               (Arg("request", REQUEST), Arg("num_cached_blocks", COUNT), Arg("block_size", SIZE),
-               Arg("kv_cache_group_id", GROUP)), "none",
-              guards.emit_cached_block_events, contracts.nothing, pool.emit_cached_block_events,
-              footprints.nothing, UNSPLIT, split.unchanged, domains.emit_cached_block_events),
-    Operation("take_events", "action", (), "events",
-              guards.take_events, contracts.nothing, pool.take_events, footprints.nothing,
-              UNSPLIT, split.unchanged, domains.no_arguments),
+               Arg("kv_cache_group_id", GROUP)), "none", pool.emit_cached_block_events,
+              guard=guards.emit_cached_block_events, domain=domains.emit_cached_block_events),
+    Operation("take_events", "action", (), "events", pool.take_events, guard=guards.take_events),
     Operation("_insert_block_hash", "action",
               (Arg("request", REQUEST), Arg("prefix_tokens", TOKENS), Arg("kv_cache_group_id", GROUP),
-               Arg("block_id", BLOCK), Arg("num_tokens", "tokens?")), "none",
-              guards.insert_block_hash, contracts.insert_block_hash, pool.insert_block_hash,
-              footprints.insert_block_hash, ("insert",), split.insert_block_hash, domains.insert_block_hash,
-              pool_call=_insert_pool_call),
+               Arg("block_id", BLOCK), Arg("num_tokens", "tokens?")), "none", pool.insert_block_hash,
+              steps=("insert",), guard=guards.insert_block_hash, requires=contracts.insert_block_hash,
+              footprint=footprints.insert_block_hash, split=split.insert_block_hash,
+              domain=domains.insert_block_hash, pool_call=_insert_pool_call),
     Operation("_maybe_evict_cached_block", "action", (Arg("block_id", BLOCK),), "bool",
-              guards.maybe_evict_cached_block, contracts.nothing, pool.maybe_evict_cached_block,
-              footprints.one_block, ("evict",), split.maybe_evict_cached_block,
-              domains.maybe_evict_cached_block),
+              pool.maybe_evict_cached_block, steps=("evict",), guard=guards.maybe_evict_cached_block,
+              footprint=footprints.one_block, split=split.maybe_evict_cached_block,
+              domain=domains.maybe_evict_cached_block),
     Operation("get_cached_block", "query", (Arg("block_hash", "hash"), Arg("kv_cache_group_ids", "groups")),
-              "blocks?", guards.get_cached_block, contracts.nothing, pool.get_cached_block,
-              footprints.nothing, UNSPLIT, split.unchanged, domains.none),
-    Operation("is_block_writable", "query", (Arg("block_id", BLOCK),), "bool",
-              guards.is_block_writable, contracts.nothing, pool.is_block_writable, footprints.nothing,
-              UNSPLIT, split.unchanged, domains.none),
-    Operation("get_num_free_blocks", "query", (), "count",
-              guards.get_num_free_blocks, contracts.nothing, pool.get_num_free_blocks, footprints.nothing,
-              UNSPLIT, split.unchanged, domains.none),
-    Operation("get_usage", "query", (), "fraction",
-              guards.get_usage, contracts.nothing, pool.get_usage, footprints.nothing,
-              UNSPLIT, split.unchanged, domains.none),
+              "blocks?", pool.get_cached_block, guard=guards.get_cached_block),
+    Operation("is_block_writable", "query", (Arg("block_id", BLOCK),), "bool", pool.is_block_writable,
+              guard=guards.is_block_writable),
+    Operation("get_num_free_blocks", "query", (), "count", pool.get_num_free_blocks,
+              guard=guards.get_num_free_blocks),
+    Operation("get_usage", "query", (), "fraction", pool.get_usage, guard=guards.get_usage),
     Operation("write_block", "caller",
-              (Arg("block_id", BLOCK), Arg("request", REQUEST), Arg("num_tokens", TOKENS)),
-              "none", guards.write_block, contracts.write_block, pool.write_block, footprints.write_block,
-              ("write",), split.write_block, domains.write_block),
+              (Arg("block_id", BLOCK), Arg("request", REQUEST), Arg("num_tokens", TOKENS)), "none",
+              pool.write_block, steps=("write",), guard=guards.write_block, requires=contracts.write_block,
+              footprint=footprints.write_block, split=split.write_block, domain=domains.write_block),
 )
 """Every operation, by its name on the pool (``write_block`` is the caller's)."""
 

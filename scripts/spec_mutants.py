@@ -118,8 +118,8 @@ MUTANTS: tuple[Mutant, ...] = (
             ("model/domains.py", I20 + "if nt == len(r.all_token_ids) and g == scope.groups[0]:\n",
              I20 + "if False:\n"))),
     Mutant("domain_touches_one_block", "domain", "the BMC touches one block per call, never two",
-           (("model/operations.py", '("touch",), split.touch, domains.free_blocks, touched_queue),',
-             '("touch",), split.touch, domains.single_lists, touched_queue),'),)),
+           (("model/operations.py", "split=split.touch, domain=domains.free_blocks, queue=touched_queue),",
+             "split=split.touch, domain=domains.single_lists, queue=touched_queue),"),)),
 )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import kvpool.model.contracts as model_contracts
+import kvpool.model.derived as model_derived
 import kvpool.model.domains as model_domains
 import kvpool.model.footprints as model_footprints
 import kvpool.model.guards as model_guards
@@ -50,9 +51,11 @@ from kvpool.model import (
     PoolState,
 )
 from kvpool.model.invariants import DERIVED_FROM
-from kvpool.model.operations import REQUIRED, ArgKind, ResultKind
+from kvpool.model.kinds import REQUIRED, ArgKind
+from kvpool.model.operations import ResultKind
 from kvpool.model.properties import EVENT_LOG, QUEUE_ORDER, STEP_PROPERTIES
-from kvpool.oracle.core.adapter import REQUIRED_API, ReferencePool
+from kvpool.oracle.core.adapter import REFERENCE_API, REQUIRED_API, ReferencePool, missing_api
+from kvpool.oracle.generate.defaults import WRITTEN, unwritten
 from kvpool.oracle.search import refinement
 from kvpool.oracle.search.campaign import run_one
 from kvpool.oracle.trace import schema
@@ -104,15 +107,17 @@ def test_every_update_and_guard_the_model_defines_is_declared() -> None:
         declared = {getattr(op, part) for op in OPERATIONS.values()}
         roots = {n for n, f in functions.items() if n not in called}
         assert {n for n in roots if functions[n] not in declared} == set(), module.__name__
-        assert all(fn.__module__ == module.__name__ for fn in declared), module.__name__
+        homes = (module.__name__, model_derived.__name__)  # written there, or (a guard) derived
+        assert all(fn.__module__ in homes for fn in declared), module.__name__
 
 
 def test_each_part_of_a_declaration_lives_in_its_module() -> None:
+    """Written in its module, or derived from the arguments' kinds (model/derived.py)."""
     modules = {"guard": model_guards, "requires": model_contracts, "next": model_pool,
                "footprint": model_footprints, "split": model_split, "domain": model_domains}
     for name, op in OPERATIONS.items():
         for part, module in modules.items():
-            assert getattr(op, part).__module__ == module.__name__, (name, part)
+            assert getattr(op, part).__module__ in (module.__name__, model_derived.__name__), (name, part)
 
 
 def test_every_action_has_a_docstring() -> None:
@@ -290,27 +295,51 @@ def test_the_trace_schema_has_every_pool_operation_with_its_declared_arguments()
     assert "write_block" not in schema.ARG_KINDS  # the caller's own writes: no pool sees them
 
 
-def _protocol_methods() -> dict[str, Any]:
-    return {n: f for n, f in vars(ReferencePool).items() if inspect.isfunction(f) and not n.startswith("_")}
-
-
-def test_the_reference_api_is_the_public_pool_operations() -> None:
-    assert tuple(REQUIRED_API) == PUBLIC_OPERATIONS
-    assert set(_protocol_methods()) == set(PUBLIC_OPERATIONS)
+def test_the_reference_api_is_the_public_pool_operations_not_written_out() -> None:
+    """The Protocol names no operation (the declarations are the API); the check reads them."""
+    assert set(OPERATIONS) >= REFERENCE_API  # vLLM's API, every operation of it declared
+    assert set(REQUIRED_API) == {n for n in REFERENCE_API if not n.startswith("_")}
+    assert tuple(n for n in PUBLIC_OPERATIONS if n in REQUIRED_API) == REQUIRED_API  # declared order
+    assert not {n for n, f in vars(ReferencePool).items() if callable(f) and not n.startswith("_")}
     assert isinstance(BlockPool(4, True, 1), ReferencePool)
+    assert missing_api(BlockPool) == []
 
 
 @pytest.mark.parametrize("name", PUBLIC_OPERATIONS)
-def test_the_reference_protocol_spells_each_operation_as_the_pool_does(name: str) -> None:
-    """Its parameters are the pool's (vLLM's names), one per declared argument, optional alike."""
-    proto = list(inspect.signature(_protocol_methods()[name]).parameters.values())[1:]
+def test_the_pool_takes_each_public_operation_as_declared(name: str) -> None:
+    """One parameter per declared argument (vLLM's names), optional alike, with the declared defaults."""
     pool = list(inspect.signature(getattr(BlockPool, name)).parameters.values())[1:]
-    assert [(p.name, p.default) for p in proto] == [(p.name, p.default) for p in pool]
     op = OPERATIONS[name]
     assert op.pool_call is None  # public operations pass their arguments one for one
-    assert [p.default is not inspect.Parameter.empty for p in proto] == [a.optional for a in op.args]
-    assert [p.default for p in proto if p.default is not inspect.Parameter.empty] == [
+    assert [p.default is not inspect.Parameter.empty for p in pool] == [a.optional for a in op.args]
+    assert [p.default for p in pool if p.default is not inspect.Parameter.empty] == [
         a.default for a in op.args if a.optional]
+
+
+def test_a_pool_that_cannot_take_an_operation_as_declared_is_named() -> None:
+    class Narrow(BlockPool):
+        def touch(self) -> None:  # type: ignore[override]
+            """Takes no blocks."""
+
+    class Wide(BlockPool):
+        def get_usage(self, scale: float) -> float:  # type: ignore[override]
+            """Wants an argument the declaration does not have."""
+            return scale
+
+    class Lacking:
+        pass
+
+    class Required(BlockPool):
+        def cache_partial_block(self, request: Any, block: Any, num_tokens: int, kv_cache_group_id: int,
+                                block_size: int, replace_existing_hashes: bool) -> Any:
+            """Wants the optional flag."""
+
+    assert missing_api(Narrow) == ["touch(block_ids)"]
+    assert missing_api(Wide) == ["get_usage()"]
+    assert missing_api(Required) == ["cache_partial_block(request, block_id, num_tokens, kv_cache_group_id, "
+                                     "block_size) without replace_existing_hashes"]
+    assert missing_api(Lacking) == list(REQUIRED_API)
+    assert missing_api(BlockPool(4, True, 1)) == []  # an instance: its bound methods
 
 
 def test_every_pool_operation_is_a_method_of_the_pool() -> None:
@@ -383,6 +412,11 @@ def test_the_fuzzer_mutates_op_into_every_operation() -> None:
 
 # --------------------------------------------------------------------------
 # What the workloads reach, and the invariants and step properties.
+
+
+def test_the_generators_name_only_declared_operations_as_written_by_hand() -> None:
+    assert set(POOL_OPERATIONS) >= WRITTEN
+    assert unwritten() == [n for n in POOL_OPERATIONS if n not in WRITTEN]
 
 
 def test_the_workload_exercises_every_operation() -> None:

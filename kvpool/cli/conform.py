@@ -120,7 +120,7 @@ from traceback import format_exception, print_exc
 from typing import Any, TextIO
 
 from kvpool.model import REFERENCES
-from kvpool.oracle.core.adapter import Adapter, misuse_setting
+from kvpool.oracle.core.adapter import Adapter, lacking, misuse_setting
 from kvpool.oracle.drive.adapter import DriveAdapter
 from kvpool.oracle.generate.capabilities import Capabilities, declared_lacks, parse_lacks
 from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
@@ -241,6 +241,9 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
     print(f"  {why}", file=out)
     for line in Capabilities.of(opts.lacks).not_checked():
         print(f"  {line}", file=out)
+    pool_class = getattr(adapter, "pool_class", None)
+    if pool_class is not None and (lacks := lacking(pool_class)):
+        print(f"  not called (the pool lacks them, as it may): {', '.join(lacks)}", file=out)
     with quiet(pool_loggers(adapter) if not verbose else []) as silenced:
         if silenced:
             print(f"  the pool's log lines are silenced ({', '.join(silenced)}; --verbose shows them)",

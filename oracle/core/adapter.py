@@ -2,9 +2,10 @@
 
 The oracle drives every implementation through the reference API (vLLM
 0.31.0's ``BlockPool``): the same operation names and signatures, and blocks
-as objects with ``block_id``, ``ref_cnt`` and ``block_hash``.
-:class:`ReferencePool` spells that API out; :class:`Lockstep` calls it with
-block ids translated and observes the pool through its public surface,
+as objects with ``block_id``, ``ref_cnt`` and ``block_hash``.  The
+operations are the model's declarations (:data:`kvpool.model.OPERATIONS`),
+not written out again: :func:`missing_api` checks a pool class against them.
+:class:`Lockstep` calls them with block ids translated and observes the pool through its public surface,
 adding vLLM's internals where the pool has them
 (:mod:`kvpool.oracle.core.observe`).
 
@@ -48,54 +49,58 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from kvpool.model import PUBLIC_OPERATIONS
+from kvpool.model import OPERATIONS, PUBLIC_OPERATIONS, Operation
 
 from .abstraction import any_value_error, same_refusal, vllm_refusal
 
 ErrorMatcher = Callable[[Exception, Exception | None], bool]
 
-REQUIRED_API: tuple[str, ...] = PUBLIC_OPERATIONS
-"""The operations every pool must have: the model's public ones (vLLM's private members
-``_insert_block_hash`` and ``_maybe_evict_cached_block`` are called only where a pool has them)."""
+REFERENCE_API: frozenset[str] = frozenset({
+    "get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks", "reset_prefix_cache",
+    "cache_full_blocks", "cache_partial_block", "move_block_hashes", "emit_cached_block_events",
+    "take_events", "_insert_block_hash", "_maybe_evict_cached_block", "get_cached_block",
+    "is_block_writable", "get_num_free_blocks", "get_usage"})
+"""vLLM 0.31.0's ``BlockPool``: the API pools were written against.  It does not grow: an
+operation declared beyond it is checked where a pool has it and left out where it does not (the
+generators call only what a pool has), so a new operation breaks no pool written before it."""
+
+
+def required_api() -> tuple[str, ...]:
+    """The operations every pool must have: the model's public ones of vLLM's API (its private
+    members ``_insert_block_hash`` and ``_maybe_evict_cached_block`` are called only where a pool
+    has them, as is every operation declared beyond it)."""
+    return tuple(n for n in PUBLIC_OPERATIONS if n in REFERENCE_API)
+
+
+def optional_api() -> tuple[str, ...]:
+    """The operations a pool may lack: vLLM's private members, and every one declared beyond its API."""
+    return tuple(n for n, op in OPERATIONS.items() if op.role != "caller" and n not in required_api())
+
+
+REQUIRED_API: tuple[str, ...] = required_api()
+"""The operations every pool must have (:func:`required_api`, as the declarations stand at import)."""
 
 
 @runtime_checkable
 class ReferencePool(Protocol):
     """A pool with the reference API; blocks are objects with a ``block_id``.
 
-    Besides the operations, the observation reads ``blocks`` (each with
-    ``block_id``, ``ref_cnt``, ``block_hash``) and ``free_block_queue`` (with
-    ``get_all_free_blocks()`` and ``num_free_blocks``); vLLM's internals are
-    read where present (:class:`~kvpool.oracle.core.observe.Observer`).
+    Its operations are the model's public ones (vLLM's, :func:`required_api`, and any declared since
+    that it has), each
+    taking its declared arguments in declared order under vLLM's parameter
+    names; :func:`missing_api` checks them.  Besides them the observation reads
+    ``blocks`` (each with ``block_id``, ``ref_cnt``, ``block_hash``) and
+    ``free_block_queue`` (with ``get_all_free_blocks()`` and
+    ``num_free_blocks``); vLLM's internals are read where present
+    (:class:`~kvpool.oracle.core.observe.Observer`).
     """
 
     blocks: list[Any]
     free_block_queue: Any
-
-    def get_new_blocks(self, num_blocks: int) -> list[Any]: ...
-    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None: ...
-    def touch(self, blocks: Sequence[Any]) -> None: ...
-    def unpin_blocks(self, blocks: Iterable[Any], on_reuse: Callable[[Any], None]) -> None: ...
-    def evict_blocks(self, block_ids: Iterable[int]) -> None: ...
-    def reset_prefix_cache(self) -> bool: ...
-    def cache_full_blocks(self, request: Any, blocks: list[Any], num_cached_blocks: int,
-                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
-                          block_mask: list[bool] | None = None) -> None: ...
-    def cache_partial_block(self, request: Any, block: Any, num_tokens: int,
-                            kv_cache_group_id: int, block_size: int,
-                            replace_existing_hashes: bool = False) -> Any: ...
-    def move_block_hashes(self, src_block: Any, dst_block: Any) -> None: ...
-    def emit_cached_block_events(self, request: Any, num_cached_blocks: int, block_size: int,
-                                 kv_cache_group_id: int) -> None: ...
-    def take_events(self) -> list[Any]: ...
-    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> Any: ...
-    def is_block_writable(self, block: Any) -> bool: ...
-    def get_num_free_blocks(self) -> int: ...
-    def get_usage(self) -> float: ...
 
 
 class Adapter(Protocol):
@@ -238,10 +243,49 @@ def misuse_setting(adapter: Adapter, requested: bool = True) -> tuple[bool, str]
 
 
 def missing_api(pool_class: Any, lacks: Iterable[str] = ()) -> list[str]:
-    """Operations of the reference API that ``pool_class`` lacks (empty when complete), but those
-    declared lacking (``lacks``, and the class's ``kvpool_lacks``)."""
+    """The required operations ``pool_class`` lacks, or the calls of any it has that it cannot take,
+    but those declared lacking (``lacks``, and the class's ``kvpool_lacks``).
+
+    Read off the declarations when asked: a method must take the declared
+    arguments positionally (``touch(block_ids)``), and the required ones alone
+    (``cache_full_blocks(...) without block_mask``); the names are vLLM's, not
+    the model's, so they are not compared.  A method whose signature cannot be
+    read (a compiled one) is taken as it is.
+    """
+    out, required = [], required_api()
     declared = {*lacks, *(getattr(pool_class, "kvpool_lacks", ()) or ())}
-    return [op for op in REQUIRED_API if op not in declared and not callable(getattr(pool_class, op, None))]
+    for name, op in OPERATIONS.items():
+        if op.role == "caller" or op.private or name in declared:
+            continue
+        method = getattr(pool_class, name, None)
+        if not callable(method):
+            if name in required:
+                out.append(name)
+        elif untaken := _untaken_call(method, op):
+            out.append(untaken)
+    return out
+
+
+def lacking(pool: Any) -> list[str]:
+    """The operations of :func:`optional_api` ``pool`` (a class or an instance) lacks: left unchecked."""
+    return [n for n in optional_api() if not callable(getattr(pool, n, None))]
+
+
+def _untaken_call(method: Callable[..., Any], op: Operation) -> str | None:
+    """The call of ``op`` with its declared arguments (or its required ones) ``method`` cannot take."""
+    try:
+        sig = inspect.signature(method)
+    except (TypeError, ValueError):
+        return None
+    lead = [] if inspect.ismethod(method) else [None]  # a function on the class takes the pool first
+    required = [a.name for a in op.args if not a.optional]
+    optional = [a.name for a in op.args if a.optional]
+    for names, left_out in (([*required, *optional], ""), (required, f" without {', '.join(optional)}")):
+        try:
+            sig.bind(*lead, *[None] * len(names))
+        except TypeError:
+            return f"{op.name}({', '.join(names)}){left_out}"
+    return None
 
 
 class Mispredicted(BaseException):
@@ -284,7 +328,7 @@ def load_object(spec: str) -> Any:
 
 
 __all__ = [
-    "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted", "ReferencePool",
-    "adapter_factory", "adapter_for_class", "kvpool_adapter", "load_object", "missing_api",
-    "vllm_adapter",
+    "REFERENCE_API", "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted",
+    "ReferencePool", "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking", "load_object",
+    "missing_api", "optional_api", "required_api", "vllm_adapter",
 ]

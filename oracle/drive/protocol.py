@@ -37,6 +37,7 @@ from typing import Any
 
 from kvpool.model import OPERATIONS
 
+from ..core.adapter import optional_api
 from ..generate.features import closed
 from ..trace.read import Header, TraceStep, parse_header, parse_outcome, parse_step
 from ..trace.schema import DEFAULT_REFERENCE, HEADER_FIELDS, FieldError, Json, is_int, show
@@ -176,9 +177,9 @@ def read_pool(value: Json) -> Header:
 
 
 OPERATION_NAMES = frozenset(n for n, op in OPERATIONS.items() if op.role != "caller")
-OPTIONAL_OPS = ("_insert_block_hash", "_maybe_evict_cached_block")
-"""vLLM's private members its engine calls: a pool may lack them (it says so in ``unsupported``),
-and the workloads then leave them out, as for a Python pool without them."""
+OPTIONAL_OPS = tuple(optional_api())
+"""The operations a pool may lack (it says so in ``unsupported``): vLLM's private members its engine
+calls, and those kvpool declares beyond vLLM 0.31.0's API; the workloads then leave them out."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from kvpool.model.operations import Translate
 from kvpool.model.request import prefix_key
 
 from ..core.abstraction import concrete_key
-from ..core.adapter import LoadError, load_object
+from ..core.adapter import LoadError, lacking, load_object
 from ..core.observe import Observer, accepts
 from ..generate.capabilities import parse_lacks
 from ..trace.read import Header, TraceStep, json_lines, parse_header
@@ -138,7 +138,7 @@ class Server(Translate):
             answer["show_when_asked"] = True
         if told is not None:
             answer["metrics"] = True
-        lacks = [op for op in protocol.OPTIONAL_OPS if not callable(getattr(pool, op, None))]
+        lacks = lacking(pool)
         if lacks:
             answer["unsupported"] = lacks
         if self.lacks:

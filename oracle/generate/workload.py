@@ -42,6 +42,7 @@ from kvpool.model.state import NULL
 
 from ..core.lockstep import Lockstep
 from .capabilities import SKIPPED
+from .defaults import default_call, unwritten
 from .entries import partial_spots, rekey, rewritable, writable
 from .misuse import wrong_call
 from .requests import draw_documents, random_request
@@ -56,6 +57,9 @@ MAX_RUNNING = 24
 """Requests in flight at most (an engine's ``max_num_seqs``).  A pool of the default shapes (at
 most 24 blocks) never holds this many, each request holding a block it allocated itself; an
 engine-sized one would otherwise admit requests without end."""
+DEFAULT_SHARE = 1 / 48
+"""The share of steps that call an operation no step calls (:meth:`Workload.default`), when there
+is one: about as often as a step of weight one."""
 
 
 @dataclass
@@ -80,6 +84,10 @@ class Workload:
     """Blocks of the second pool held for a free through the first, as they will be listed."""
     seen: deque[int] = field(default_factory=lambda: deque(maxlen=SCAN_LIMIT))
     """The blocks handed out, hit and released lately: where a step on a large pool picks."""
+    defaulted: list[str] = field(default_factory=list)
+    """The pool's operations no step calls (:mod:`.defaults`), known at the first step."""
+    default_dice: random.Random | None = None
+    """The dice of :meth:`default`, apart from the steps' own (made at the first step)."""
 
     def __post_init__(self) -> None:
         self.documents = draw_documents(self.rng)
@@ -483,6 +491,21 @@ class Workload:
         """A deliberately wrong call, of a kind drawn among :data:`.misuse.MISUSES`."""
         wrong_call(self)
 
+    def default(self) -> None:
+        """A call of an operation no step here makes, drawn from its arguments' kinds (:mod:`.defaults`)."""
+        ops, dice = self._defaults()
+        if ops:
+            default_call(self.pair, dice.choice(ops), dice.choice, self._new_request(),
+                         list(self.cfg.block_sizes), self.misuse_on)
+
+    def _defaults(self) -> tuple[list[str], random.Random]:
+        """The pool's operations no step calls, and the dice that call them: seeded from the steps'
+        dice without rolling them, so that those fall as they would without them."""
+        if self.default_dice is None:
+            self.defaulted = [name for name in unwritten() if self.pair.supports(name)]
+            self.default_dice = random.Random(repr(self.rng.getstate()))
+        return self.defaulted, self.default_dice
+
     STEPS: tuple[tuple[str, float], ...] = (
              ("admit", 6), ("decode", 8), ("finish", 4), ("slide", 1), ("move", 1),
              ("drop_copies", 1), ("share", 1), ("partial_inside", 1), ("rewrite", 1), ("sparse", 1),
@@ -490,12 +513,17 @@ class Workload:
              ("take", 6), ("misuse", 3))
 
     def step(self) -> str:
-        """One step, drawn by :attr:`STEPS`' weights.
+        """One step, drawn by :attr:`STEPS`' weights (or, when the pool has an operation no step
+        calls, now and then :meth:`default`).
 
         On a pool larger than :data:`SCAN_LIMIT` a reset is rarer in proportion: it
         costs the pool (and the model's footprint) every block it indexes, so
         that a call costs the same on average on any pool size.
         """
+        ops, dice = self._defaults()
+        if ops and dice.random() < DEFAULT_SHARE:
+            self.default()
+            return "default"
         steps: list[tuple[str, float]] = [x for x in self.STEPS if self.misuse_on or x[0] != "misuse"]
         scale = min(1.0, SCAN_LIMIT / self.pair.model.num_blocks)
         if scale < 1:

@@ -13,7 +13,9 @@ rule sets of :mod:`.machine_requests` (serving requests),
 :mod:`.machine_misuse` (wrong calls), each over :mod:`.machine_state` (what
 the machine holds) and drawing from :mod:`.machine_draws`; this module adds
 the rules on the whole pool, the campaign's steps and directed calls as
-rules, the invariant, and :class:`MachineFailure`, which reads a shrunk failure.
+rules, a call of each operation no rule calls from its arguments' kinds
+(:mod:`..generate.defaults`), the invariant, and :class:`MachineFailure`, which
+reads a shrunk failure.
 
 Why dedicated rules rather than the random :class:`Workload`: Hypothesis can
 only shrink and print what it draws as rule arguments.  A rule that draws a
@@ -64,11 +66,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from ..core.adapter import Adapter, adapter_factory
+from ..generate.defaults import chooser, unwritten
+from ..generate.defaults import default_call as make_default_call
 from ..generate.directed import SCENARIOS, Directed, scenarios
 from ..generate.features import FEATURES as FEATURE_NAMES
 from ..generate.features import closed
 from ..generate.workload import Workload
 from .machine_blocks import BlockRules
+from .machine_draws import Prompt, prompts
 from .machine_misuse import MisuseRules
 from .machine_requests import RequestRules
 
@@ -162,6 +167,20 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
             self.pair.check()
 
 
+def _default_rule(ops: list[str]) -> Any:
+    """The rule that calls ``ops``, the operations no other rule calls, from their arguments' kinds."""
+
+    @rule(op=st.sampled_from(ops), prompt=prompts, picks=st.lists(st.integers(0, 255), max_size=12))
+    def default_call(self: PoolMachine, op: str, prompt: Prompt, picks: list[int]) -> None:
+        """A call of ``op`` on blocks of its own, each argument picked among its kind's values
+        (:mod:`..generate.defaults`)."""
+        if self.lock.supports(op):
+            make_default_call(self.lock, op, chooser(picks), self._request(prompt),
+                              list(self.cfg.block_sizes), self.MISUSE)
+
+    return default_call
+
+
 def machine_for(adapter: Adapter, *, misuse: bool | None = None,
                 reference: str = "0.31", lacks: frozenset[str] = frozenset()) -> type[PoolMachine]:
     """A state machine class driving ``adapter``'s pool against the model.
@@ -176,6 +195,8 @@ def machine_for(adapter: Adapter, *, misuse: bool | None = None,
     attrs: dict[str, Any] = {"ADAPTER": adapter, "MISUSE": misuse_on and "misuse" not in gone,
                              "REFERENCE": reference, "LACKS": gone,
                              "__doc__": f"Lockstep state machine for {adapter.name}."}
+    if unwritten():  # operations declared since the rules were written (a rule only then: seeds stay)
+        attrs["default_call"] = _default_rule(unwritten())
     return type(f"PoolMachine_{_ident(adapter.name)}", (PoolMachine,), attrs)
 
 

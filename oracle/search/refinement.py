@@ -47,7 +47,18 @@ from typing import Any
 
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import CALLER_ACTIONS, EVERYWHERE, Around, ContractBroken, Operation, Refusal, violated
+from kvpool.model import (
+    CALLER_ACTIONS,
+    EVERYWHERE,
+    OPERATIONS,
+    Around,
+    ContractBroken,
+    Operation,
+    Refusal,
+    violated,
+)
+from kvpool.model.derived import domain_of
+from kvpool.model.domains import Scope
 from kvpool.model.state import NULL, PoolState
 
 from ..core.lockstep import CallerBrokeContract, Divergence, Lockstep, Watcher
@@ -301,16 +312,13 @@ def exact_key(s: PoolState) -> Hashable:
 
 
 def queries(s: PoolState, requests: Sequence[Any], groups: Sequence[int] = (0, 1)) -> Iterator[Call]:
-    """Every read-only call: lookups of every request hash, writability of every id, counts."""
-    hashes = list(dict.fromkeys(h for r in requests for h in r.block_hashes))
-    group_lists = [[g] for g in groups] + ([list(groups)] if len(groups) > 1 else [])
-    for h in hashes:
-        for gs in group_lists:
-            yield "get_cached_block", (h, gs)
-    for b in range(s.num_blocks):
-        yield "is_block_writable", (b,)
-    yield "get_num_free_blocks", ()
-    yield "get_usage", ()
+    """Every read-only call, each query with a few values per argument kind as the model gives them
+    (:func:`kvpool.model.derived.domain_of`): lookups of every request hash in each group and in all,
+    writability of every id, counts."""
+    scope = Scope(requests, groups, ())
+    for name, op in OPERATIONS.items():
+        if op.role == "query":
+            yield from ((name, args) for args in domain_of(op.args)(s, scope))
 
 
 def misuse(s: PoolState, requests: Sequence[Any]) -> Iterator[Call]:
