@@ -141,8 +141,8 @@ def test_coverage_says_which_missed_branches_the_pool_lacks(
     text = capsys.readouterr().out
     assert code == 0, text
     lacked = [line for line in text.splitlines() if line.startswith("    [the pool lacks it]")]
-    assert lacked and any("on_reuse" in line for line in lacked), text
-    assert not any("on_reuse" in line for line in text.splitlines() if "[reachable without misuse]" in line)
+    assert lacked and any('"unpin"' in line for line in lacked), text
+    assert not any('"unpin"' in line for line in text.splitlines() if "[reachable without misuse]" in line)
     assert re.search(r"\d+ of them reachable without misuse, \d+ in operations the pool lacks:", text), text
     whole = conform.main(["--impl", "kvpool.impl:BlockPool", "--phase", "campaign", "--runs", "1",
                           "--steps", "200", "--coverage"])

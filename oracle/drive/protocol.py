@@ -177,9 +177,6 @@ def read_pool(value: Json) -> Header:
 
 
 OPERATION_NAMES = frozenset(n for n, op in OPERATIONS.items() if op.role != "caller")
-OPTIONAL_OPS = tuple(optional_api())
-"""The operations a pool may lack (it says so in ``unsupported``): vLLM's private members its engine
-calls, and those kvpool declares beyond vLLM 0.31.0's API; the workloads then leave them out."""
 
 
 @dataclass(frozen=True)
@@ -226,15 +223,16 @@ def read_header_answer(value: Json, header_: Header, collector: bool = False,
         raise ProtocolError("garbage", f"ok: expected true or false, got {show(ok)} (answer "
                             f"{show(value)})")
     unsupported = value.get("unsupported", [])
-    if not (isinstance(unsupported, list) and all(op in OPTIONAL_OPS for op in unsupported)):
-        raise ProtocolError("garbage", f"unsupported: expected a list of {list(OPTIONAL_OPS)}, got "
+    optional = optional_api()  # read when asked: an operation declared later is optional too
+    if not (isinstance(unsupported, list) and all(op in optional for op in unsupported)):
+        raise ProtocolError("garbage", f"unsupported: expected a list of {list(optional)}, got "
                             f"{show(unsupported)}")
     lacks = value.get("lacks", [])
     if not (isinstance(lacks, list) and all(isinstance(n, str) for n in lacks)):
         raise ProtocolError("garbage", f"lacks: expected a list of names, got {show(lacks)}")
     declared = frozenset(unsupported) | frozenset(lacks)
     try:
-        ops = frozenset(n for n in closed(declared) if n in OPERATION_NAMES)
+        ops = frozenset(unsupported) | frozenset(n for n in closed(lacks) if n in OPERATION_NAMES)
     except ValueError as exc:
         raise ProtocolError("garbage", f"lacks: {exc}") from None
     flags = {}
@@ -481,7 +479,7 @@ def read_call(value: Json, header_: Header, number: int) -> TraceStep:
         raise ProtocolError("garbage", str(exc)) from None
 
 
-__all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "OPTIONAL_OPS", "POOL_FIELDS",
+__all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "POOL_FIELDS",
            "SHOWN_FIELDS", "TOLD", "VERSION", "HeaderAnswer", "ProtocolError", "asks_metrics", "call_line",
            "decode", "encode", "header", "message_of", "observe_line", "observe_queries", "pool_fields",
            "read_answer", "read_call", "read_header_answer", "read_observe_args", "read_observed",
