@@ -318,12 +318,15 @@ def _fuzz_stored(hashes: list[int], parent: int | None, group: int, size: int, t
             "extra_keys": [None if i % 2 else ["s", ["img", 0]] for i in range(len(hashes))]}
 
 
-@given(st.lists(st.one_of(
+_streams = st.lists(st.one_of(
     st.builds(_fuzz_stored, _hashes, st.none() | st.integers(0, 5), st.integers(0, 1), st.integers(0, 3),
               st.integers(0, 8), st.sampled_from(["GPU", "CPU", None]), st.sampled_from([None, "a"])),
     st.builds(lambda h, g: {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU", "group_idx": g},
               st.integers(0, 5), st.integers(0, 1)),
-    st.just({"type": "AllBlocksCleared"})), max_size=14))
+    st.just({"type": "AllBlocksCleared"})), max_size=14)
+
+
+@given(_streams)
 def test_any_stream_reads_through_every_profile_and_the_warnings(events: list[dict[str, Any]]) -> None:
     from kvpool.oracle.events.check import Position
     from kvpool.oracle.events.routers import Query
@@ -343,6 +346,27 @@ def test_any_stream_reads_through_every_profile_and_the_warnings(events: list[di
         assert 0 <= held <= len(query.hashes)
         for block in range(len(query.hashes)):
             assert profile.explain(query, block, held=block < held).rule in profile.rules
+
+
+@given(_streams)
+def test_a_profile_told_no_query_comes_reacts_and_answers_as_one_that_explains(
+        events: list[dict[str, Any]]) -> None:
+    """A reading's profiles (the watcher's) keep nothing only an explanation needs: the same reactions,
+    the same index, and explain refuses rather than answering from what it did not keep."""
+    from kvpool.oracle.events.check import Position
+    from kvpool.oracle.events.routers import Query
+
+    query = Query("q", 0, 2, (0, 1, 2, 3), (0, 1), "a", (("img", 0, 1),))
+    for name in PROFILES:
+        factory = profile_factory(name)[1]
+        full, lean = factory({0: 2, 1: 2}), factory({0: 2, 1: 2})
+        lean.unasked()
+        for i, e in enumerate(events):
+            assert full.feed(e, Position(i + 1)) == lean.feed(e, Position(i + 1))
+        assert full.prefix(query) == lean.prefix(query)
+        if name in ("dynamo", "llm-d:2025", "llm-d:2026"):
+            with pytest.raises(RuntimeError, match="unasked"):
+                lean.explain(query, 0, held=False)
 
 
 def test_a_pool_that_hides_each_calls_events_is_read_at_take_events(tmp_path: Path) -> None:

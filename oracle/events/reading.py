@@ -67,6 +67,7 @@ class Reading:
             retire=self._retire if self.specs else None)
         self.routers = [RouterReport(spec, name) for spec, _ in self.specs]
         self.profiles: list[Profile] | None = None
+        self._feeds: list[tuple[RouterReport, Callable[[dict[str, Any], Position], list[Reaction]]]] = []
         self.held: deque[tuple[dict[str, Any], Position, bool]] = deque()
         self.retired: dict[Key, None] = {}
         self.fed = 0
@@ -108,8 +109,11 @@ class Reading:
         self.profiles = [factory(sizes) for _, factory in self.specs]
         for profile in self.profiles:
             profile.bound(self.history)
+            profile.unasked()  # a reading's profiles are read for their reactions only
+        self._feeds = []
         for report, profile in zip(self.routers, self.profiles, strict=True):
             report.rules = dict(profile.rules)
+            self._feeds.append((report, profile.feed))
         while self.held:
             self._through(*self.held.popleft())
 
@@ -118,9 +122,9 @@ class Reading:
         if not self.fed % TRIM:
             for profile in self.profiles or ():
                 profile.trim()
-        for report, profile in zip(self.routers, self.profiles or (), strict=True):
+        for report, feed in self._feeds:
             report.events += 1
-            reactions = profile.feed(event, pos)
+            reactions = feed(event, pos)
             if not reactions:
                 continue
             if blind:
@@ -146,7 +150,7 @@ class Reading:
         the profiles from empty (configured again once group 0's size is known)."""
         self.finish()
         self.checker.restart(pos, known_empty)
-        self.profiles = None
+        self.profiles, self._feeds = None, []
         self.retired.clear()
 
     def finish(self) -> None:

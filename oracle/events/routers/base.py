@@ -118,6 +118,19 @@ class Profile(ABC):
     def rule(self, rule_id: str) -> Rule:
         return self.rules[rule_id]
 
+    explains: bool = True
+    """Whether it keeps what only :meth:`explain` reads (why a key went, why a store was dropped)."""
+
+    def unasked(self) -> None:
+        """No query will be asked of it (a bare stream, a live engine: only its reactions are read), so
+        it keeps its index and nothing kept only to explain an answer; :meth:`explain` then refuses."""
+        self.explains = False
+
+    def _explaining(self) -> None:
+        if not self.explains:
+            raise RuntimeError(f"{self.name} was told no query would be asked (unasked): it kept nothing "
+                               "to explain an answer with")
+
     cap: int = 65_536
     """How much the profile keeps to explain its answers, and of what its router would keep forever
     (:meth:`bound`)."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..kinds import Position
+from ..kinds import Position, hash64
 from .base import (
     Cause,
     Profile,
@@ -174,24 +174,24 @@ class DynamoRouter(Profile):
             self.lookup.clear()
             self.counts.clear()
             return []
-        hashes = event_hashes(event)
         group = event.get("group_idx")
         ignored = ("dynamo.group-filter" if group is not None and group != 0
                    else "dynamo.medium-filter" if event.get("medium") in _OTHER_TIERS else None)
         if ignored is not None:
-            if kind == "BlockStored":
-                for h in hashes:
+            if kind == "BlockStored" and self.explains:
+                for h in event_hashes(event):
                     self.dropped[h] = Cause(ignored, pos, "the store was not indexed")
             return []
         if kind == "BlockRemoved":
-            self._remove(hashes, pos)
+            self._remove(event["block_hashes"], pos)
             return []
-        return self._store(event, hashes, pos)
+        return self._store(event, event_hashes(event), pos)
 
     def _store(self, event: dict[str, Any], hashes: list[int], pos: Position) -> list[Reaction]:
         parent = event_parent(event)
+        explains = self.explains
         if (len(hashes) > 1 and len(set(hashes)) < len(hashes)) or (parent is not None and parent in hashes):
-            for h in hashes:
+            for h in hashes if explains else ():
                 self.dropped[h] = Cause("dynamo.duplicate-hash", pos, "the store repeats a hash")
             return [Reaction("unhandled", "dynamo.duplicate-hash", pos,
                              "a self-referencing store (a hash repeated): dropped")]
@@ -199,15 +199,16 @@ class DynamoRouter(Profile):
         counts, latest = self.counts, self.latest
         for h, _ in blocks:  # the count is kept even when the tree refuses the store
             counts[h] = counts.get(h, 0) + 1
-            latest[h] = pos
-        for h in hashes[len(blocks):]:
+            if explains:
+                latest[h] = pos
+        for h in hashes[len(blocks):] if explains else ():
             self.dropped[h] = Cause("dynamo.block-size", pos, "no block published for this hash")
         if parent is None:
             current = self.root
         elif parent in self.lookup:
             current = self.lookup[parent]
         else:
-            for h in hashes:
+            for h in hashes if explains else ():
                 self.dropped[h] = Cause("dynamo.parent-not-found", pos, f"parent {show_hash(parent)} "
                                         "not in the worker's lookup table")
             return [Reaction("dropped-store", "dynamo.parent-not-found", pos,
@@ -226,18 +227,19 @@ class DynamoRouter(Profile):
                 current.children[key] = child
                 child.parent, child.key = current, key
             if child is current:
-                for rest in hashes[hashes.index(h):]:
+                for rest in hashes[hashes.index(h):] if explains else ():
                     self.dropped[rest] = Cause("dynamo.self-reference", pos, "rejected as self-referencing")
                 return [*reactions, Reaction(
                     "unhandled", "dynamo.self-reference", pos, f"block {show_hash(h)} is its own parent's "
                     "node: the tree now refers to itself and the rest of the store is dropped")]
-            rule = ("dynamo.block-size" if not aligned else "dynamo.reuse-node" if reused
-                    else "dynamo.tokens-hash")
             child.held = True
-            child.cause = (rule, pos, h, aligned)
             self.lookup[h] = child
-            self.dropped.pop(h, None)
             current = child
+            if explains:
+                rule = ("dynamo.block-size" if not aligned else "dynamo.reuse-node" if reused
+                        else "dynamo.tokens-hash")
+                child.cause = (rule, pos, h, aligned)
+                self.dropped.pop(h, None)
         return reactions
 
     def _published(self, event: dict[str, Any], hashes: list[int]) -> list[tuple[int, TreeKey]]:
@@ -253,26 +255,32 @@ class DynamoRouter(Profile):
             out.append((hashes[i], (tuple(tokens[i * size:(i + 1) * size]), lora, mm)))
         return out
 
-    def _remove(self, hashes: list[int], pos: Position) -> None:
-        for h in hashes:
+    def _remove(self, hashes: list[Any], pos: Position) -> None:
+        for raw in hashes:
+            h = raw if type(raw) is int and raw >= 0 else int(hash64(raw))
             n = self.counts.get(h)
             if n is not None:
                 if n > 1:
                     self.counts[h] = n - 1
-                    self.filtered[h] = pos
+                    if self.explains:
+                        self.filtered[h] = pos
                     continue
                 del self.counts[h]
-            self.filtered.pop(h, None)
+            if self.explains:
+                self.filtered.pop(h, None)
             node = self.lookup.pop(h, None)
             if node is not None:  # else BlockNotFound: skipped
                 self._leave(node, pos, h)
 
     def _leave(self, node: _Node, pos: Position, h: int | None = None) -> None:
-        node.held, node.gone_hash = False, h
-        node.cause = ("dynamo.clear" if h is None else "dynamo.remove", pos, h, None)
+        node.held = False
+        if self.explains:
+            node.gone_hash = h
+            node.cause = ("dynamo.clear" if h is None else "dynamo.remove", pos, h, None)
+            if node.children:
+                node.emptied = pos
         if node.children:
             node.children.clear()
-            node.emptied = pos
         self.dead.append(node)
         while len(self.dead) > self.cap:
             old = self.dead.popleft()
@@ -323,6 +331,7 @@ class DynamoRouter(Profile):
         return min(len(query.hashes), len(self._walk(query)) * size // query.block_size)
 
     def explain(self, query: Query, block: int, held: bool) -> Cause:
+        self._explaining()
         path = self._walk(query)
         size = self.kv_block_size or query.block_size
         at = block * query.block_size // size

@@ -256,8 +256,9 @@ class LlmdRouter(Profile):
                 kept = sum(1 for e in self.data.values() if e)
                 return [Reaction("ignored-clear", "llm-d.clear-ignored", pos,
                                  f"{kept} request key(s) stay indexed")] if kept else []
-            for rk in self.data:
-                self.removed[rk] = (self.seq, Cause("llm-d.clear", pos, "cleared"))
+            if self.explains:
+                for rk in self.data:
+                    self.removed[rk] = (self.seq, Cause("llm-d.clear", pos, "cleared"))
             self.data.clear()
             self.groups_of.clear()  # one pod: every entry is the pod's
             return []
@@ -280,8 +281,9 @@ class LlmdRouter(Profile):
         return [] if 0 < event["block_size"] < self.block_sizes.get(in_group, 0) else reactions
 
     def _drop(self, hashes: list[int], rule: str, pos: Position, kind: str, message: str) -> list[Reaction]:
-        for h in hashes:
-            self.dropped[h] = (self.seq, Cause(rule, pos, message))
+        if self.explains:
+            for h in hashes:
+                self.dropped[h] = (self.seq, Cause(rule, pos, message))
         return [Reaction(kind, rule, pos, message)]
 
     def _store(self, event: dict[str, Any], hashes: list[int], entry: Entry, pos: Position) -> list[Reaction]:
@@ -347,15 +349,24 @@ class LlmdRouter(Profile):
             reactions.append(Reaction("misread-store", "llm-d.request-keys", pos,
                                       f"{len(hashes)} hash(es) with {len(tokens)} token_ids: indexed as "
                                       f"{len(keys)} request key(s) of those tokens"))
-        named, group, seq = frozenset(hashes), event_group(event), self.seq
-        data, added, groups_of, removed = self.data, self.added, self.groups_of, self.removed
+        data = self.data
+        if not self.explains:  # no query will ask why: the index alone
+            for rk in keys:
+                entries = data.get(rk)
+                if entries is None:
+                    data[rk] = {entry}
+                else:
+                    entries.add(entry)
+            return reactions
+        group, added, groups_of, removed = event_group(event), self.added, self.groups_of, self.removed
+        made = (self.seq, why, frozenset(hashes))
         for rk in keys:  # _add, inline: a store adds one request key per block
             entries = data.get(rk)
             if entries is None:
                 data[rk] = {entry}
             else:
                 entries.add(entry)
-            added[rk] = (seq, why, named)
+            added[rk] = made
             groups = groups_of.get(rk)
             if groups is None:
                 groups_of[rk] = {group}
@@ -368,8 +379,9 @@ class LlmdRouter(Profile):
         if tainted:
             for rk in keys:
                 self.tainted[rk] = None
+        indexed, stored = (self.seq, pos, tainted, rule), self.stored
         for h in hashes:
-            self.stored[h] = (self.seq, pos, tainted, rule)
+            stored[h] = indexed
         return reactions
 
     def _no_keys(self, hashes: list[int], tokens: list[int], entry: Entry, pos: Position) -> list[Reaction]:
@@ -397,6 +409,8 @@ class LlmdRouter(Profile):
             self.data[rk] = {entry}
         else:
             entries.add(entry)
+        if not self.explains:
+            return
         self.added[rk] = (self.seq, why, hashes)
         groups = self.groups_of.get(rk)
         if groups is None:
@@ -418,6 +432,8 @@ class LlmdRouter(Profile):
             entries.discard(entry)
             if not entries:
                 del data[rk]
+                if not self.explains:
+                    continue
                 groups = self.groups_of.pop(rk, None)
                 alone = groups is None or (len(groups) == 1 and group in groups)
                 others = [] if groups is None or alone else sorted(g for g in groups if g != group)
@@ -482,6 +498,7 @@ class LlmdRouter(Profile):
         return min(len(query.hashes), n * self.size // query.block_size)
 
     def explain(self, query: Query, block: int, held: bool) -> Cause:
+        self._explaining()
         keys = self._query_keys(query)
         at = block * query.block_size // self.size if self.size else 0
         rk = keys[at] if at < len(keys) else None
