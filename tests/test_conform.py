@@ -76,7 +76,7 @@ def test_kvpool_impl_conforms_with_json_and_junit(tmp_path: Path, monkeypatch: p
     assert doc["schema"] == conform.SCHEMA and doc["ok"] is True and doc["exit_code"] == 0
     assert doc["settings"] == {"steps": 300, "runs": 2, "examples": 60, "machine_steps": 20,
                                "seed": 0, "misuse": True, "reference": "0.31", "shard": [1, 1],
-                               "database": None, "blocks": None, "long_lived": False}
+                               "database": None, "blocks": None, "long_lived": False, "lacks": []}
     assert [p["name"] for p in doc["phases"]] == ["campaign", "machine"]
     assert all(p["ok"] and p["failure"] is None and p["executed"] > 0 for p in doc["phases"])
     suite = ET.parse(junit_path).getroot().find("testsuite")
@@ -116,7 +116,7 @@ def test_seeded_bug_is_caught_with_a_short_trace(bug: str, tmp_path: Path) -> No
         shrunk = campaign["failure"]
         assert shrunk["shrunk_from"] >= len(shrunk["trace"]) >= 1 and shrunk["seed"] in (0, 1)
         assert campaign["executed"] >= shrunk["shrunk_from"]
-        assert f"{shrunk['shrunk_from']} calls, shrunk to {len(shrunk['trace'])}" in text
+        assert f"{shrunk['shrunk_from']:,} workload calls, shrunk to {len(shrunk['trace'])}" in text
     cases = {c.get("name"): c for c in ET.parse(junit_path).getroot().iter("testcase")}
     failed = cases["machine"].find("failure")
     assert failed is not None and failed.get("message") == failure["message"]

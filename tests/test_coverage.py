@@ -112,7 +112,7 @@ def test_a_measurement_is_plain_data() -> None:
     assert {b.file for b in measured.missed} == {"pool.py", "guards.py", "contracts.py"}
     doc = json.loads(json.dumps(measured.to_json()))
     assert doc["phase"] == "one call" and doc["covered"] == measured.covered
-    assert {"file", "line", "to", "source", "into", "refusal", "contract", "caller", "why"} == set(
+    assert {"file", "line", "to", "source", "into", "refusal", "contract", "caller", "lacked", "why"} == set(
         doc["missed"][0])
 
 

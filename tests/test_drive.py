@@ -21,13 +21,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvpool.impl import BlockPool
+from kvpool.model import ACTIONS, initial_state
 from kvpool.oracle.drive import DriveAdapter, protocol
 from kvpool.oracle.drive.facade import DrivenRefusal
 from kvpool.oracle.drive.serve import Server
+from kvpool.oracle.drive.views import shown_view
 from kvpool.oracle.trace import check_trace
 from kvpool.oracle.trace.check import canonical_event
 
@@ -89,6 +92,24 @@ def test_answers_are_read_as_trace_lines_and_unknown_fields_are_ignored() -> Non
             _answer(bad)
 
 
+def test_what_a_process_shows_when_asked_is_checked_strictly() -> None:
+    """The blocks and keys an observe answer shows pass only when equal in kind too: a count of
+    ``true`` for 1, an entry too many, a block id written as ``true`` each differ (an answer that
+    passes is not read again)."""
+    model = initial_state(4, True, 1, False)
+    ACTIONS["get_new_blocks"](model, 1)
+    check = shown_view(model, [1, 2], [])
+    good = {"ref": [1, 0], "primary": [None, None], "secondary": [[], []], "watched": [False, False]}
+    assert check(good) == []
+    for name, wrong in (("ref", [True, 0]), ("ref", [1, 0, 0]), ("watched", [0, False]),
+                        ("secondary", ["", []])):
+        assert check({**good, name: wrong}), (name, wrong)
+    key = (b"\x01" * 8, 0)
+    model.index[key] = (1,)
+    assert shown_view(model, [], [key])({"ref": [], "primary": [], "index": [[True]]})
+    assert shown_view(model, [], [key])({"ref": [], "primary": [], "index": [[1]]}) == []
+
+
 def test_header_answers_version_refusal_and_logging() -> None:
     header = protocol.read_pool(protocol.header(protocol.pool_fields(4, True, 1, True)))
     assert protocol.read_header_answer({"ok": True, "pid": 12}, header).observation is None
@@ -106,9 +127,9 @@ def test_header_answers_version_refusal_and_logging() -> None:
     assert other.value.kind == "version"
 
 
-def _documented_exchange() -> list[tuple[str, object]]:
+def _documented_exchange(heading: str = "## A complete exchange") -> list[tuple[str, object]]:
     text = (ROOT / "oracle" / "DRIVE_PROTOCOL.md").read_text()
-    block = text.split("## A complete exchange", 1)[1].split("```", 2)[1]
+    block = text.split(heading, 1)[1].split("```", 2)[1]
     return [(line[0], json.loads(line[2:])) for line in block.splitlines() if line[:2] in ("> ", "< ")]
 
 
@@ -137,6 +158,11 @@ def test_the_documented_exchange(tmp_path: Path) -> None:
     path = tmp_path / "exchange.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in trace))
     assert check_trace(path).ok, check_trace(path).format()
+    # the optional parts: answered exactly so by kvpool's pool declaring the same lacks
+    server = Server(BlockPool, observe=False, lacks=["cache_partial_block", "several_groups"])
+    optional = _documented_exchange("## An exchange with the optional parts")
+    for (_mark, sent), (_back, documented) in zip(optional[::2], optional[1::2], strict=True):
+        assert server.answer(protocol.encode(sent)) == documented
 
 
 # ------------------------------------------------------------ reference clients
@@ -201,7 +227,13 @@ def test_the_reference_clients_ignore_unknown_fields_and_check_the_version(rust_
 
 
 def _normalised(text: str) -> list[object]:
-    return [json.loads(line) for line in text.splitlines()]
+    """The answers, but a refusal's ``message``: free text, each pool its own words."""
+    out = []
+    for line in text.splitlines():
+        answer = json.loads(line)
+        answer.pop("message", None)
+        out.append(answer)
+    return out
 
 
 def test_rust_and_kvpool_answer_line_for_line(rust_pool: str, tmp_path: Path) -> None:
@@ -240,8 +272,38 @@ def test_each_planted_bug_is_caught_with_a_short_trace(rust_pool: str, bug: str,
         {k: line[k] for k in ("result", "error", "events", "fired")} for line in recorded]
 
 
-def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool: str) -> None:
-    with DriveAdapter([rust_pool]) as adapter:
+MINIMAL_BUGS = ("cached-to-head", "dup-listing-once", "mm-absolute-offset", "null-hashed")
+"""The planted bugs a pool of ``--minimal``'s shape can have (the others need masks, groups,
+partial entries or watchers)."""
+
+
+def test_the_rust_pools_minimal_mode_conforms_and_is_never_asked_what_it_lacks(rust_pool: str,
+                                                                             tmp_path: Path) -> None:
+    """One group, blocks of one hash chunk, no partial entries, watchers, masks or copied keys: the
+    process answers any line with what it lacks as a protocol violation, so a single such call would
+    fail the run; the first lines say what is not checked, every legal pair of the rest meets."""
+    done = kvpool("conform", "--exec", f"{rust_pool} --minimal", "--runs", "2", "--steps", "500",
+                  "--examples", "60", "--coverage", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "operations never called: _insert_block_hash, cache_partial_block, unpin_blocks" in done.stdout
+    assert "features never made: big_block, group1*," in done.stdout
+    met = re.findall(r"feature pairs met in one call: (\d+)/(\d+) legal", done.stdout)
+    assert met and met[0][0] == met[0][1] and int(met[0][1]) < 216, done.stdout  # the campaign: all
+
+
+@pytest.mark.parametrize("bug", MINIMAL_BUGS)
+def test_the_minimal_pools_planted_bugs_are_caught(rust_pool: str, bug: str, tmp_path: Path) -> None:
+    done = kvpool("conform", "--exec", f"{rust_pool} --minimal --bug {bug}", "--phase", "campaign",
+                  "--runs", "2", "--steps", "500", cwd=tmp_path)
+    assert done.returncode == 1 and "DIVERGES from the model" in done.stdout, done.stdout + done.stderr
+    report = check_trace(tmp_path / "kvpool-drive-campaign.jsonl")
+    assert report.divergence is not None and report.steps <= 15, done.stdout
+
+
+@pytest.mark.parametrize("observe", [False, True])
+def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool: str, observe: bool) -> None:
+    """Also as the process shows its pool: the mirror shows the pool after the undo."""
+    with DriveAdapter([rust_pool, *(["--observe"] if observe else [])]) as adapter:
         first = adapter.construct(6, True, 1, False)
         second = adapter.construct(6, True, 1, False)
         mine = first.get_new_blocks(2)
@@ -250,6 +312,9 @@ def test_a_free_across_two_processes_that_one_refuses_changes_neither(rust_pool:
         with pytest.raises(DrivenRefusal) as refused:
             first.free_blocks([mine[0], theirs[0], theirs[0]])  # the second pool's block once too often
         assert type(refused.value).__name__ == "BlockNotInUseError"
+        if observe:  # before any other call shows the pool again
+            assert [b.ref_cnt for b in first.blocks[1:3]] == [1, 1]
+            assert first.free_block_queue.num_free_blocks == 3
         assert (first.get_num_free_blocks(), first.is_block_writable(mine[0])) == before
         assert second.get_num_free_blocks() == 4
         first.free_blocks([mine[1], theirs[0]])  # each pool takes back its own
@@ -269,34 +334,110 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("mode", "extra", "says"), [
-    ("crash", [], r"the pool process crashed at call 7 \(\w+\): exited with status 101"),
-    ("garbage", [], r"the pool process answered garbage at call 7 \(\w+\): answer is not JSON"),
-    ("wrong", [], r"(num_free: model \d+ \| pool \d+|result: recorded \d+, model \d+)"),
+    ("crash", [], r"the pool process crashed at call 7 \(\w+\) \(line \d+ of its input\): exited with status "
+                  r"101"),
+    ("garbage", [], r"the pool process answered garbage at call 7 \(\w+\) \(line \d+ of its input\): answer "
+                    r"is not JSON"),
+    ("null-events", [], r"the pool process answered garbage at call 7 .*events: expected the list"),
     ("extra", ["--observe"], r"the pool process wrote a line no call asked for at call [78] "),
-    ("version", [], r"the pool process speaks another protocol version at the header: answered in "
-                    r"protocol version 2"),
-    ("log", [], r"the pool process logged on stdout at the header: answered \"INFO pool starting\""),
-    ("refuse", [], r"the pool process refused to make the pool at the header: .*no pools today"),
+    ("version", [], r"the pool process speaks another protocol version at the header \(line 1 of its "
+                    r"input\): answered in protocol version 2"),
+    ("log", [], r"the pool process logged on stdout at the header \(line 1 of its input\): answered "
+                r"\"INFO pool starting\""),
+    ("refuse", [], r"the pool process refused to make the pool at the header.*: .*no pools today"),
     # A hang is waited out for --timeout seconds: 5, so that a loaded machine's slow start of the
     # process before call 7 is not taken for the hang.
-    ("hang", ["--timeout", "5"], r"the pool process hung at call 7 \(\w+\): gave no answer within 5s"),
+    ("hang", ["--timeout", "5"], r"the pool process hung at call 7 \(\w+\) \(line \d+ of its input\): "
+                                 r"gave no answer within 5s"),
     ("spawn", ["--timeout", "5"], r"the pool process hung at call 7"),
     ("linger", [], r"the pool process did not end cleanly: did not exit within 10s"),
+    ("wrong", [], r"(num_free: model \d+ \| pool \d+|result: recorded \d+, model \d+)"),
 ])
 def test_a_misbehaving_process_gets_a_verdict_and_leaves_nothing_behind(
         mode: str, extra: list[str], says: str, tmp_path: Path) -> None:
+    """A verdict naming the call and its input line, the tail of its stderr once, as text, and a
+    trace file; exit 4 (the process failed), but 1 for an answer that differs (a divergence)."""
     pids = tmp_path / "pids"
     flags = [e for e in extra if e == "--observe"]
     options = [e for e in extra if e != "--observe"]
     done = kvpool("conform", "--exec", misbehaving(mode, "--at", "7", "--pids", str(pids), *flags),
                   "--runs", "1", "--steps", "30", "--examples", "5", *options, cwd=tmp_path)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == (1 if mode == "wrong" else 4), done.stdout + done.stderr
     assert re.search(says, done.stdout), done.stdout
-    assert "Traceback" not in done.stdout + done.stderr
-    if mode not in ("version", "log", "refuse", "wrong"):  # its own stderr line, as a tail
-        assert f"| misbehaving at call 7 as asked: {mode}" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr and "\\n" not in done.stdout
+    if mode not in ("version", "log", "refuse", "wrong"):  # its own stderr line, once a verdict
+        verdicts = done.stdout.count("  the process: ")
+        assert done.stdout.count(f"| misbehaving at call 7 as asked: {mode}") == verdicts > 0, done.stdout
+    if mode not in ("version", "log", "refuse", "linger"):  # the pool's calls as a trace file
+        assert list(tmp_path.glob("kvpool-drive-*.jsonl")), done.stdout
     for pid in map(int, pids.read_text().split()):
         assert _gone(pid), f"process {pid} outlived kvpool conform"
+
+
+@pytest.mark.parametrize(("where", "argv", "code"), [
+    ("the campaign", ["--phase", "campaign", "--runs", "2", "--steps", "300"], 4),
+    ("the machine", ["--phase", "machine", "--examples", "40"], 4),
+    ("a probe", ["--phase", "campaign"], 4),
+    ("a shrink", ["--phase", "campaign", "--runs", "1", "--steps", "400"], 1),
+])
+def test_a_process_failing_at_a_line_anywhere_gets_a_verdict(where: str, argv: list[str], code: int,
+                                                              tmp_path: Path) -> None:
+    """A process that dies at a line of its input, whatever the call (so that a replay does not
+    find it where the run did): during a campaign, the state machine (Hypothesis sees a failure
+    that comes and goes), the first pools kvpool makes, or the shrink of a divergence it found
+    first.  Always a verdict with its stderr, never a traceback; 1 only for the divergence."""
+    line = {"the campaign": "300", "the machine": "300", "a probe": "2", "a shrink": "60"}[where]
+    mode = "wrong" if where == "a shrink" else "crash"
+    done = kvpool("conform", "--exec", misbehaving(mode, "--at", "40", "--line", line) if mode == "wrong"
+                  else misbehaving(mode, "--line", line), *argv, cwd=tmp_path)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    if mode == "crash":
+        assert re.search(rf"the pool process crashed .*line {line} of its input", done.stdout), done.stdout
+        assert done.stdout.count(f"| misbehaving at line {line} as asked: crash") >= 1, done.stdout
+    if where != "a probe":
+        assert list(tmp_path.glob("kvpool-drive-*.jsonl")), done.stdout
+
+
+def test_a_refusals_message_is_shown(tmp_path: Path) -> None:
+    done = kvpool("conform", "--exec", misbehaving("deny", "--at", "9"), "--phase", "campaign", "--runs", "1",
+                  "--steps", "50", cwd=tmp_path)
+    assert done.returncode == 1 and "no calls on Tuesdays" in done.stdout, done.stdout
+
+
+def test_check_exec_honours_every_option_check_has(tmp_path: Path) -> None:
+    """``--blocks``, ``--long-lived``, ``--lacks`` reach the pools ``check --exec`` makes (its headers
+    say so); ``--trace-dir`` is made when missing."""
+    log = tmp_path / "headers"
+    done = kvpool("check", "--exec", misbehaving("well", "--log", str(log)), "--runs", "1", "--steps", "40",
+                  "--blocks", "64", "--lacks", "mask,unpin_blocks",
+                  "--trace-dir", str(tmp_path / "new" / "dir"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sizes = {json.loads(line)["num_blocks"] for line in log.read_text().splitlines()}
+    assert 64 in sizes and (tmp_path / "new" / "dir").is_dir()
+    assert "not checked, as the pool lacks them" in done.stdout
+    assert "operations never called: unpin_blocks" in done.stdout
+    log.unlink()
+    lived = kvpool("check", "--exec", misbehaving("well", "--log", str(log)), "--runs", "1", "--steps", "40",
+                   "--long-lived", cwd=tmp_path)
+    assert lived.returncode == 0, lived.stdout + lived.stderr
+    assert {json.loads(line)["num_blocks"] for line in log.read_text().splitlines()} & {64, 256, 1024}
+    options = {a.dest for a in _check_parser()._actions} - {"help", "exec", "pool"}
+    for dest in options:  # every option of check reaches check --exec (read off the namespace)
+        assert f"ns.{dest}" in DRIVE_CLI or f"args.{dest}" in CHECK_CLI, dest
+
+
+def _check_parser() -> Any:
+    import argparse
+
+    from kvpool.cli import check
+
+    root = argparse.ArgumentParser()
+    return check.add_parser(root.add_subparsers())
+
+
+DRIVE_CLI = (ROOT / "kvpool" / "cli" / "drive.py").read_text()
+CHECK_CLI = (ROOT / "kvpool" / "cli" / "check.py").read_text()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -325,10 +466,11 @@ def test_the_process_dies_with_kvpool_even_when_kvpool_is_killed(tmp_path: Path)
 
 
 def test_usage_errors_of_exec(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
     for argv, says in [(["--exec", ""], "empty command"),
                        (["--exec", "no-such-binary-kvpool"], "cannot start"),
                        (["--exec", SERVE, "--timeout", "0"], "--timeout must be positive"),
-                       (["--exec", SERVE, "--trace-dir", str(tmp_path / "no")], "--trace-dir")]:
+                       (["--exec", SERVE, "--trace-dir", str(tmp_path / "file" / "no")], "--trace-dir")]:
         done = kvpool("conform", *argv, cwd=tmp_path)
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert "Traceback" not in done.stderr

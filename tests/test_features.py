@@ -38,7 +38,7 @@ def test_each_phase_makes_every_legal_pair_meet(phase: Any, misuse: bool) -> Non
     result = phase(kvpool_adapter(), Options(misuse=misuse))
     assert result.ok and result.features is not None
     met = pair_coverage(result.features, result.name, misuse)
-    assert met.legal == len(legal_pairs()) == 197 and len(FEATURES) == 30  # docs/oracle.md
+    assert met.legal == len(legal_pairs()) == 216 and len(FEATURES) == 31  # docs/oracle.md
     assert not met.missed, met.missed
     assert not [p for p in IMPOSSIBLE if tuple(sorted(p)) in result.features.pairs]  # never made
 
@@ -71,9 +71,9 @@ def test_a_partial_entry_over_an_item_that_is_not_the_last() -> None:
     items = [MultiModalFeature("a", PlaceholderRange(5, 2)), MultiModalFeature("b", PlaceholderRange(9, 1))]
     req = Request("r", list(range(12)), block_hasher=get_request_block_hasher(2), mm_features=items)
     got = call_features(s, "cache_partial_block", (req, 1, 6, 1, 4, False))
-    assert got == {"partial", "mm_several", "mm_spans_chunk", "events", "group1", "big_block"}
+    assert got == {"partial", "mm", "mm_several", "mm_spans_chunk", "events", "group1", "big_block"}
     assert call_features(s, "cache_partial_block", (req, 0, 6, 0, 4, False)) == {
-        "null_block", "mm_several", "mm_spans_chunk", "events", "big_block"}
+        "null_block", "mm", "mm_several", "mm_spans_chunk", "events", "big_block"}
     assert call_features(s, "free_blocks", ([3, 0, 3],), metrics=True) == {
         "listed_twice", "null_block", "events", "metrics"}
 

@@ -73,7 +73,7 @@ def test_the_campaign_phase_reports_the_shrunk_trace_with_both_lengths() -> None
                            "--examples", "1"], out=out)
     text = out.getvalue()
     assert status == 1
-    assert f"{failure.shrunk_from} calls, shrunk to {len(failure.trace)}" in text, text
+    assert f"{failure.shrunk_from:,} workload calls, shrunk to {len(failure.trace)}" in text, text
     assert "campaign: DIVERGED (divergence), 0 calls" not in text
     assert "request r" in text and "lockstep says (on the shrunk calls):" in text
 

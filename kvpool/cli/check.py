@@ -55,6 +55,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     check.add_argument(
         "--no-misuse", action="store_true",
         help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
+    check.add_argument(
+        "--lacks", metavar="NAMES", type=_lacks, default=frozenset(),
+        help="what the pool lacks, besides what it declares (operations, features, shapes; commas or "
+             "spaces): no call with any is made")
     from . import drive  # the options of --exec
 
     drive.add_options(check)
@@ -81,12 +85,26 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from .usage import import_or_exit  # lazy: with the oracle it checks for
 
-    adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
+    pool_class = import_or_exit(parser, "--pool", args.pool)
+    adapter = adapter_for_class(pool_class)
     misuse, why = misuse_setting(adapter, not args.no_misuse)
     print(f"kvpool check: {adapter.name}; {why}")
+    lacks = frozenset(args.lacks) | frozenset(getattr(pool_class, "kvpool_lacks", ()) or ())
     return run_campaign(adapter.factory(), steps=steps, runs=runs, seed=args.seed,
                         out=sys.stdout, misuse=misuse, errors_match=adapter.errors_match,
-                        reference=args.reference, blocks=args.blocks, long_lived=args.long_lived)
+                        reference=args.reference, blocks=args.blocks, long_lived=args.long_lived,
+                        lacks=lacks)
+
+
+def _lacks(text: str) -> frozenset[str]:
+    """``--lacks``, checked (argparse reports a bad name as a usage error)."""
+    # lazy: the oracle loads Hypothesis, only when a command runs
+    from kvpool.oracle.generate.capabilities import parse_lacks
+
+    try:
+        return parse_lacks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 __all__ = ["HELP", "add_parser", "run"]

@@ -11,9 +11,17 @@ compared call by call with the model:
   shrunk to a minimal trace of readable steps.
 
 Exit status: 0 when both agree with the model, 1 on a divergence (or a crash
-of the implementation), 2 on a usage error (bad ``--impl``/``--adapter``, a
-class without the pool API, an output file that cannot be written), reported
-as one line without a traceback.
+of an implementation in this process), 2 on a usage error (bad
+``--impl``/``--adapter``, a class without the pool API, an output file that
+cannot be written), reported as one line without a traceback, 3 when only a
+caller contract was broken, 4 when a pool process failed (crashed, hung,
+broke the protocol, did not end cleanly) and no divergence was found, 5 on an
+error of kvpool itself (with its traceback: a bug to report).
+
+``--lacks NAMES`` (and what the pool declares: a class's ``kvpool_lacks``, a
+process's header answer) names operations, call features and pool shapes the
+pool does not have: no call with any of them is made, and the first lines
+say what was not checked.
 
 ``--json FILE`` writes this document (schema ``kvpool.conform/1``)::
 
@@ -21,13 +29,15 @@ as one line without a traceback.
       "schema": "kvpool.conform/1",
       "implementation": "pkg.module:Class",   # the adapter's name
       "ok": true,                             # every phase agreed
-      "exit_code": 0,                         # 0 agree, 1 divergence, 3 caller broke a contract
+      "exit_code": 0,                         # 0 agree, 1 divergence, 3 caller broke a contract,
+                                              # 4 a pool process failed
       "shard": [1, 2] | null,                 # --shard I/N; null: the whole run (or merged)
       "merged": null | [[1, 2], [2, 2]],      # kvpool merge: the shards joined
       "settings": {"steps": 1000, "runs": 4, "examples": 200, "machine_steps": 25,
                    "seed": 0, "misuse": true, "reference": "0.31", "shard": [1, 1],
                    "database": null | "redis://HOST:PORT/N" | "DIR",  # KVPOOL_EXAMPLE_DB
-                   "blocks": null | 65536, "long_lived": false},  # the campaign's pools
+                   "blocks": null | 65536, "long_lived": false,  # the campaign's pools
+                   "lacks": ["mask", ...]},   # what the pool lacks (declared), never made
       "phases": [
         {"name": "campaign",                  # then "machine"
          "ok": false,
@@ -37,7 +47,9 @@ as one line without a traceback.
          "replayed": false,                   # the failure came from replaying the
                                               # example database, before generating
          "failure": null | {
-            "kind": "divergence" | "crash",   # crash: the pool raised outside a call
+            "kind": "divergence" | "crash" | "process" | "contract",
+                                              # crash: the pool raised outside a call;
+                                              # process: a pool process failed (its verdict)
             "message": "free_blocks: model raised ...",   # first line
             "details": "full message, with the last lockstep calls",
             "trace": ["step 3: get_new_blocks(1) -> [1]", ...],
@@ -58,7 +70,8 @@ as one line without a traceback.
          "missed": [{"line": 221, "to": 222, "source": "if b == NULL and ...:",
                      "into": "continue", "refusal": false,
                      "why": "needs misuse" | "caller contract" | "caller action"
-                            | "another --reference" | "reachable without misuse"}, ...],
+                            | "the pool lacks it" | "another --reference"
+                            | "reachable without misuse"}, ...],
          "pairs": {"met": 197, "legal": 197, "missed": ["mask+second_pool", ...]},
                                               # features met in one call (oracle/generate/features.py)
          "pool": {"covered": 269, "total": 410,  # the pool's own source's branches
@@ -103,12 +116,13 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from traceback import format_exception
+from traceback import format_exception, print_exc
 from typing import Any, TextIO
 
 from kvpool.model import REFERENCES
 from kvpool.oracle.core.adapter import Adapter, lacking, misuse_setting
 from kvpool.oracle.drive.adapter import DriveAdapter
+from kvpool.oracle.generate.capabilities import Capabilities, declared_lacks, parse_lacks
 from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 from kvpool.oracle.search.conform import (
     Failure,
@@ -143,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="kvpool conform",
         description="Run the lockstep campaign and the Hypothesis state machine against a\n"
                     "block pool implementation. Exit 0 if it agrees with the model, 1 on a\n"
-                    "divergence (the minimal trace is printed), 2 on a usage error.",
+                    "divergence (the minimal trace is printed), 2 on a usage error, 3 when\n"
+                    "only a caller contract was broken, 4 when a pool process failed (and\n"
+                    "nothing diverged), 5 on an error of kvpool itself.",
         epilog="examples:\n  kvpool conform --impl kvpool.impl:BlockPool\n"
                "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse "
                "--json out.json",
@@ -191,6 +207,10 @@ def _parser() -> argparse.ArgumentParser:
                              "ValueError message (by default any ValueError counts)")
     parser.add_argument("--verbose", action="store_true",
                         help="let the pool's own log lines through (its module's loggers are silenced)")
+    parser.add_argument("--lacks", metavar="NAMES", default="",
+                        help="what the pool lacks, besides what it declares (operations, features and "
+                             "shapes, as --coverage names them; commas or spaces): no call with any is "
+                             "made; the first lines say what is not checked")
     drive.add_options(parser)
     return parser
 
@@ -219,6 +239,8 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
           f"{'none (KVPOOL_EXAMPLE_DB names one)' if opts.database is None else describe(opts.database)}",
           file=out)
     print(f"  {why}", file=out)
+    for line in Capabilities.of(opts.lacks).not_checked():
+        print(f"  {line}", file=out)
     pool_class = getattr(adapter, "pool_class", None)
     if pool_class is not None and (lacks := lacking(pool_class)):
         print(f"  not called (the pool lacks them, as it may): {', '.join(lacks)}", file=out)
@@ -244,11 +266,13 @@ def _phases(adapter: Adapter, opts: Options, out: TextIO, traceback: bool,
             result, measured = measure_phase(phase, adapter, opts)
             coverage.append(measured)
         results.append(result)
-        what = "calls" if result.name == "campaign" else "examples"
-        status = "ok" if result.ok else f"DIVERGED ({result.failure.kind})"  # type: ignore[union-attr]
+        what = "workload calls" if result.name == "campaign" else "examples"
+        status = "ok" if result.ok else _status(result.failure)
         if result.replayed:
             status += ", replayed from the example database"
-        print(f"{result.name}: {status}, {result.executed} {what} in {result.seconds:.1f}s",
+        lines = getattr(adapter, "protocol_lines", None)
+        sent = f" ({lines():,} protocol lines so far)" if callable(lines) else ""
+        print(f"{result.name}: {status}, {result.executed:,} {what} in {result.seconds:.1f}s{sent}",
               file=out)
         if coverage is not None:
             _print_coverage(coverage[-1], out)
@@ -258,8 +282,20 @@ def _phases(adapter: Adapter, opts: Options, out: TextIO, traceback: bool,
                 print("  --fail-fast: the other phases are not run", file=out)
                 break
     agree = all(r.ok for r in results)
-    print("agrees with the model" if agree else "DIVERGES from the model", file=out)
+    code = exit_code(results)
+    print("agrees with the model" if agree else "DIVERGES from the model" if code == 1
+          else "FAILED: " + {3: "the calls broke a caller contract", 4: "the pool process failed"}.get(
+              code, "see above"), file=out)
     return results
+
+
+def _status(failure: Failure | None) -> str:
+    kind = failure.kind if failure is not None else "?"
+    if kind == "process":
+        return "FAILED (the pool process failed)"
+    if kind == "contract":
+        return "STOPPED (the calls broke a caller contract)"
+    return f"DIVERGED ({kind})"
 
 
 def pool_loggers(adapter: Adapter) -> list[str]:
@@ -289,9 +325,11 @@ def quiet(names: Sequence[str]) -> Iterator[list[str]]:
 
 
 def _print_coverage(measured: PhaseCoverage, out: TextIO) -> None:
+    lacked = sum(b.lacked for b in measured.missed)
     print(f"  model branches reached: {measured.covered}/{measured.total} "
           f"({measured.percent:.1f}%), {len(measured.missed)} missed, {len(measured.gaps)} of them "
-          f"reachable without misuse{':' if measured.missed else ''}", file=out)
+          f"reachable without misuse" + (f", {lacked} in operations the pool lacks" if lacked else "")
+          + (":" if measured.missed else ""), file=out)
     for branch in measured.missed:
         print(f"    [{branch.why}] {branch}", file=out)
     pool = measured.pool
@@ -310,13 +348,17 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
     failure = result.failure
     if failure is None:
         return
-    if result.name == "machine" and failure.kind != "hang":  # a hang is not shrunk
+    if failure.kind == "process":  # the process's verdict (with its stderr), once
+        for line in failure.details.splitlines():
+            print(f"    {line}", file=out)
+        return
+    if result.name == "machine":
         print(f"  minimal trace ({len(failure.trace)} steps, shrunk by Hypothesis):", file=out)
         for step in failure.trace:
             print(f"    {step}", file=out)
         print("  lockstep says:", file=out)
     elif failure.shrunk_from is not None:
-        print(f"  run with seed {failure.seed}: {failure.shrunk_from} calls, shrunk to "
+        print(f"  run with seed {failure.seed}: {failure.shrunk_from:,} workload calls, shrunk to "
               f"{len(failure.trace)} (delta debugging, each cut replayed on fresh pools):", file=out)
         for request in failure.requests:
             print(f"    request {request}", file=out)
@@ -328,7 +370,7 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
         print(f"  run with seed {failure.seed}{note}:", file=out)
     for line in failure.details.splitlines():
         print(f"    {line}", file=out)
-    if failure.cause is not None:
+    if failure.cause is not None and getattr(failure.cause, "verdict", None) is None:
         if traceback:
             print("  the pool's own exception:", file=out)
             for line in "".join(format_exception(failure.cause)).rstrip().splitlines():
@@ -423,10 +465,14 @@ def _parse(argv: Sequence[str] | None) -> _Args:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive")
     if ns.reference not in REFERENCES:
         raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")
+    try:
+        lacks = parse_lacks(ns.lacks)
+    except ValueError as exc:
+        raise UsageError(f"--lacks {exc}") from None
     opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
                    machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
                    reference=ns.reference, blocks=ns.blocks, long_lived=ns.long_lived,
-                   shrink=not ns.no_shrink)
+                   shrink=not ns.no_shrink, lacks=lacks)
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
     if ns.shard is not None:
@@ -452,25 +498,35 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         driven = None
         if ns is not None and ns.exec is not None:
             driven = drive.exec_adapter(ns.exec, ns, args.opts.reference, args.opts.misuse)
+            args.opts = replace(args.opts, lacks=args.opts.lacks | driven.lacks)
         else:
             adapter = load_adapter(args.impl, args.adapter,
-                                   strict_messages=bool(getattr(ns, "strict_messages", False)))
+                                   strict_messages=bool(getattr(ns, "strict_messages", False)),
+                                   lacks=args.opts.lacks)
+            args.opts = replace(args.opts, lacks=args.opts.lacks | declared_lacks(
+                adapter, getattr(adapter, "pool_class", None)).declared)
     except UsageError as exc:
         print(f"kvpool conform: error: {exc}", file=sys.stderr)
         return 2
     except drive.NoPool as exc:
         print(f"kvpool conform: {exc}", file=out)
-        return 1
+        return 4
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-    if driven is not None and ns is not None:
-        return _conform_exec(driven, args, ns, out)
-    coverage: list[PhaseCoverage] | None = [] if args.coverage else None
-    results = conform(adapter, args.opts, out, args.traceback, coverage,
-                      _chosen(ns, (run_campaign_phase, run_machine_phase)),
-                      fail_fast=bool(getattr(ns, "fail_fast", False)),
-                      verbose=bool(getattr(ns, "verbose", False)))
-    return _outputs(adapter, args, results, coverage)
+    try:
+        if driven is not None and ns is not None:
+            return _conform_exec(driven, args, ns, out)
+        coverage: list[PhaseCoverage] | None = [] if args.coverage else None
+        results = conform(adapter, args.opts, out, args.traceback, coverage,
+                          _chosen(ns, (run_campaign_phase, run_machine_phase)),
+                          fail_fast=bool(getattr(ns, "fail_fast", False)),
+                          verbose=bool(getattr(ns, "verbose", False)))
+        return _outputs(adapter, args, results, coverage)
+    except Exception:  # a bug of kvpool's own, not the pool's: not a divergence's exit status
+        print("kvpool conform: internal error (a bug in kvpool, not a finding about the pool); "
+              "please report it with this traceback:", file=sys.stderr)
+        print_exc()
+        return 5
 
 
 def _chosen(ns: argparse.Namespace | None, phases: Sequence[Phase]) -> list[Phase]:
@@ -483,20 +539,25 @@ def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, ou
     """``--exec``: the phases against the process, each failure kept as a trace (:mod:`.drive`)."""
     # lazy: the drive protocol only for --exec
     from kvpool.oracle.drive.failure import DriveRun
+    from kvpool.oracle.drive.process import ProcessFailure, ProcessHung
 
     run = DriveRun(adapter, Path(ns.trace_dir), shrink=not ns.no_shrink)
     coverage: list[PhaseCoverage] | None = [] if args.coverage else None
     results: list[PhaseResult] = []
+    status = 4
     try:
         results = conform(adapter, args.opts, out, args.traceback, coverage,
-                          phases=_chosen(ns, [run.phase(run_campaign_phase), run.phase(run_machine_phase)]),
+                          phases=_chosen(ns, [run.phase(run_campaign_phase),
+                                              run.phase(run_machine_phase)]),
                           fail_fast=ns.fail_fast, verbose=True)
         drive.report(run, out, drive.meta_of(adapter.command, "kvpool conform --exec",
                                              args.opts.seed))
         status = _outputs(adapter, args, results, coverage)
+    except (ProcessFailure, ProcessHung) as exc:  # between the phases (a probe, a shrink's pool)
+        print(exc.verdict.format(), file=out)
     finally:
-        badly = drive.verdicts(adapter, results, out)
-    return 1 if badly and status == 0 else status
+        badly = drive.verdicts(adapter, out)
+    return 4 if badly and status == 0 else status
 
 
 def _outputs(adapter: Adapter, args: _Args, results: list[PhaseResult],
@@ -517,15 +578,18 @@ def _outputs(adapter: Adapter, args: _Args, results: list[PhaseResult],
 
 
 def exit_code(results: list[PhaseResult]) -> int:
-    """0 every phase agreed, 1 a divergence or crash, 3 only a caller contract broken.
+    """0 every phase agreed, 1 a divergence or crash, 4 a pool process failed (and nothing
+    diverged), 3 only a caller contract broken.
 
     A broken contract is the calls' fault, not the pool's: the model says nothing
     about what a pool does then (``kvpool.model.contracts``).
     """
-    failures = [r.failure for r in results if not r.ok]
-    if not failures:
+    kinds = {r.failure.kind if r.failure is not None else "crash" for r in results if not r.ok}
+    if not kinds:
         return 0
-    return 3 if all(f is not None and f.kind == "contract" for f in failures) else 1
+    if kinds & {"divergence", "crash"}:
+        return 1
+    return 4 if "process" in kinds else 3
 
 
 __all__ = ["SCHEMA", "conform", "failure_json", "junit_xml", "main", "result_document"]

@@ -12,6 +12,7 @@ returns.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -37,7 +38,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                        help=f"seconds the process may take over one answer ({DEFAULT_TIMEOUT:g})")
     group.add_argument("--trace-dir", default=".", metavar="DIR",
-                       help="where a failure's trace is written, kvpool-drive-PHASE.jsonl (.)")
+                       help="where a failure's trace is written, kvpool-drive-PHASE.jsonl (., made if "
+                            "missing)")
     group.add_argument("--no-shrink", action="store_true",
                        help="keep a failure as it happened: no delta debugging of a campaign run's "
                             "calls (any pool), no shrinking of a trace against the process")
@@ -51,6 +53,10 @@ def exec_adapter(command: str, ns: argparse.Namespace, reference: str, misuse: b
     if ns.timeout <= 0:
         raise UsageError("--timeout must be positive")
     trace_dir = Path(ns.trace_dir)
+    try:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--trace-dir {ns.trace_dir!r}: cannot make it: {exc.strerror or exc}") from None
     if not trace_dir.is_dir() or not os.access(trace_dir, os.W_OK):
         raise UsageError(f"--trace-dir {ns.trace_dir!r}: not a writable directory")
     try:
@@ -59,7 +65,7 @@ def exec_adapter(command: str, ns: argparse.Namespace, reference: str, misuse: b
     except ValueError as exc:
         raise UsageError(f"--exec {command!r}: {exc}") from None
     try:
-        adapter.construct(4, True, 1, False)
+        adapter.lacks  # noqa: B018 - a first pool, made to ask what the process lacks
     except (ProcessFailure, ProcessHung) as exc:
         adapter.close()
         if exc.verdict.kind == "start":
@@ -70,7 +76,7 @@ def exec_adapter(command: str, ns: argparse.Namespace, reference: str, misuse: b
 
 class NoPool(Exception):
     """The process could not make a first pool (wrong version, refusal, garbage, a hang, a crash):
-    no phase can run; the verdict is reported and the command exits 1."""
+    no phase can run; the verdict is reported and the command exits 4."""
 
 
 def report(run: DriveRun, out: TextIO, meta: dict[str, Any]) -> None:
@@ -79,33 +85,41 @@ def report(run: DriveRun, out: TextIO, meta: dict[str, Any]) -> None:
     from kvpool.oracle.drive.failure import short_line
 
     for name, (path, shrunk) in run.traces(meta).items():
-        how = shrunk.note or (f"shrunk from {shrunk.before} against the process, {shrunk.replays} "
-                              "replays" if shrunk.before != len(shrunk.lines) else "as it happened")
-        print(f"{name}: the pool's calls as a trace: {path} ({len(shrunk.lines)} calls; {how})",
+        how = shrunk.note or (f"shrunk from {shrunk.before:,} trace lines against the process, "
+                              f"{shrunk.replays} replays" if shrunk.before != len(shrunk.lines)
+                              else "as it happened")
+        count = len(shrunk.lines)
+        print(f"{name}: the pool's calls as a trace: {path} ({count} trace line{'s' * (count != 1)}; {how})",
               file=out)
+        pool = {k: v for k, v in shrunk.pool.items() if k != "metrics_collector"}
+        print(f"  the pool: {json.dumps(pool, separators=(', ', ': '))}", file=out)
         shown = shrunk.lines[-PRINTED:]
         if len(shrunk.lines) > PRINTED:
-            print(f"    ... {len(shrunk.lines) - PRINTED} calls before these", file=out)
+            print(f"    ... {len(shrunk.lines) - PRINTED} trace lines before these", file=out)
         first = len(shrunk.lines) - len(shown) + 1
+        differs = shrunk.report.divergence
         for number, line in enumerate(shown, start=first):
-            print(f"  {short_line(number, line)}", file=out)
+            model = differs.diffs if differs is not None and differs.step == number else None
+            print(f"  {short_line(number, line, model)}", file=out)
         print(f"  kvpool check-trace {shlex.quote(str(path))}"
               f"{' --vllm-errors' if run.adapter.vllm_errors else ''}:", file=out)
         for text in shrunk.report.format().splitlines():
             print(f"    {text}", file=out)
 
 
-def verdicts(adapter: DriveAdapter, results: Sequence[Any], out: TextIO) -> bool:
-    """Each phase failure the process caused (crash, garbage, ...) in full; then end every
-    process and say how each ended.  True when one broke the protocol at the end (it wrote
-    more, or did not exit at the end of its stdin, or exited with an error): a failure too."""
-    for result in results:
-        cause = getattr(result.failure, "cause", None)
-        if isinstance(cause, ProcessFailure):
-            print(f"{result.name}: {cause.verdict.format()}", file=out)
+def verdicts(adapter: DriveAdapter, out: TextIO) -> bool:
+    """End every process and say how each ended, once per distinct way (the phases' failures were
+    printed with them).  True when one broke the protocol at the end (it wrote more, or did not
+    exit at the end of its stdin, or exited with an error): a failure of the process too."""
     ended = adapter.close()
+    seen: dict[tuple[str, str], int] = {}
     for verdict in ended:
-        print(f"at the end: {verdict.format()}", file=out)
+        seen[verdict.kind, verdict.what] = seen.get((verdict.kind, verdict.what), 0) + 1
+    for verdict in ended:
+        count = seen.pop((verdict.kind, verdict.what), 0)
+        if count:
+            copies = f" ({count} copies of the process)" if count > 1 else ""
+            print(f"at the end{copies}: {verdict.format()}", file=out)
     return bool(ended)
 
 
@@ -114,10 +128,12 @@ def meta_of(command: Sequence[str], tool: str, seed: int) -> dict[str, Any]:
 
 
 def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``kvpool check --exec``: the seeded campaign against the process, as for a Python pool."""
+    """``kvpool check --exec``: the seeded campaign against the process, as for a Python pool,
+    with every option ``check`` has (``--blocks``, ``--long-lived``, ``--lacks``, ...)."""
     # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
     from kvpool.oracle.core.adapter import misuse_setting
     from kvpool.oracle.drive.failure import DriveRun
+    from kvpool.oracle.generate.capabilities import Capabilities
     from kvpool.oracle.search.conform import Options, run_campaign_phase
 
     out = out or sys.stdout
@@ -128,34 +144,48 @@ def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     except NoPool as exc:
         print(f"kvpool check: {exc}", file=out)
-        return 1
+        return 4
     _misuse, why = misuse_setting(adapter, not ns.no_misuse)
     print(f"kvpool check: {adapter.name}; {why}", file=out)
+    lacks = frozenset(ns.lacks) | adapter.lacks
+    for line in Capabilities.of(lacks).not_checked():
+        print(f"  {line}", file=out)
     run = DriveRun(adapter, Path(ns.trace_dir), shrink=not ns.no_shrink)
     phase = run.phase(run_campaign_phase)
-    results = []
+    results: list[Any] = []
     try:
         for number in range(ns.runs):
             seed = ns.seed + number
             opts = Options(steps=ns.steps, runs=1, seed=seed, misuse=not ns.no_misuse,
-                           reference=ns.reference)
+                           reference=ns.reference, blocks=ns.blocks, long_lived=ns.long_lived,
+                           shrink=not ns.no_shrink, lacks=lacks)
             result = phase(adapter, opts)
             results.append(result)
             if result.ok:
-                print(f"run {number + 1}/{ns.runs} seed {seed}: ok ({result.executed} calls)", file=out)
+                print(f"run {number + 1}/{ns.runs} seed {seed}: ok ({result.executed:,} workload calls)",
+                      file=out)
                 continue
-            details = result.failure.details if result.failure else ""
-            print(f"run {number + 1}/{ns.runs} seed {seed}: DIVERGED\n{details}", file=out)
+            failure = result.failure
+            what = "FAILED (the pool process failed)" if failure and failure.kind == "process" else "DIVERGED"
+            details = failure.details if failure else ""
+            print(f"run {number + 1}/{ns.runs} seed {seed}: {what}\n{details}", file=out)
             break  # this run's trace is the one written
         agreed = sum(r.ok for r in results)
         calls = sum(r.executed for r in results)
-        print(f"{agreed}/{ns.runs} runs agree; {calls} calls"
-              + ("" if agreed == len(results) else "; stopped at the first divergence"), file=out)
+        print(f"{agreed}/{ns.runs} runs agree; {calls:,} workload calls, {adapter.protocol_lines():,} "
+              "protocol lines" + ("" if agreed == len(results) else "; stopped at the first failure"),
+              file=out)
         report(run, out, meta_of(adapter.command, "kvpool check --exec", ns.seed))
+    except (ProcessFailure, ProcessHung) as exc:  # a pool the report made failed: its verdict
+        print(exc.verdict.format(), file=out)
+        results.append(None)
     finally:
-        badly = verdicts(adapter, results, out)
-    failed = badly or not all(r.ok for r in results)
-    return 1 if failed else 0
+        badly = verdicts(adapter, out)
+    kinds = {r.failure.kind if r is not None and r.failure is not None else "process"
+             for r in results if r is None or not r.ok}
+    if kinds - {"process"}:
+        return 1
+    return 4 if kinds or badly else 0
 
 
 __all__ = ["NoPool", "add_options", "check_exec", "exec_adapter", "meta_of", "report", "verdicts"]

@@ -48,12 +48,13 @@ def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any
         parser.error(str(exc))
 
 
-def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True) -> Adapter:
+def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True,
+                 lacks: frozenset[str] = frozenset()) -> Adapter:
     """The adapter named by ``--impl`` or ``--adapter``; a bad one raises :class:`UsageError`."""
     from kvpool.oracle.search.conform import load_adapter as load  # hypothesis: only when asked
 
     try:
-        return load(impl, adapter, strict_messages)
+        return load(impl, adapter, strict_messages, lacks)
     except LoadError as exc:
         raise UsageError(f"{'--impl' if impl is not None else '--adapter'} {exc}") from None
 

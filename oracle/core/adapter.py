@@ -49,7 +49,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -137,12 +137,18 @@ class ClassAdapter:
     name: str
     supports_misuse: bool = True
     matcher: ErrorMatcher = same_refusal
+    lacks: frozenset[str] = frozenset()
+    """What the pool lacks besides what its class declares (``kvpool_lacks``): ``--lacks``."""
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
                   events: bool, metrics_collector: Any = None) -> ReferencePool:
         extra = {} if metrics_collector is None else {"metrics_collector": metrics_collector}
         pool: ReferencePool = self.pool_class(num_blocks, caching, hash_block_size,
                                               enable_kv_cache_events=events, **extra)
+        if self.lacks:  # the lockstep reads a pool's lacks off the pool
+            own = tuple(getattr(pool, "kvpool_lacks", ()) or ())
+            with contextlib.suppress(AttributeError, TypeError):
+                pool.kvpool_lacks = (*own, *sorted(self.lacks - set(own)))  # type: ignore[attr-defined]
         return pool
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
@@ -236,8 +242,9 @@ def misuse_setting(adapter: Adapter, requested: bool = True) -> tuple[bool, str]
                   "refuses it, and change nothing")
 
 
-def missing_api(pool_class: Any) -> list[str]:
-    """The required operations ``pool_class`` lacks, or the calls of any it has that it cannot take.
+def missing_api(pool_class: Any, lacks: Iterable[str] = ()) -> list[str]:
+    """The required operations ``pool_class`` lacks, or the calls of any it has that it cannot take,
+    but those declared lacking (``lacks``, and the class's ``kvpool_lacks``).
 
     Read off the declarations when asked: a method must take the declared
     arguments positionally (``touch(block_ids)``), and the required ones alone
@@ -246,8 +253,9 @@ def missing_api(pool_class: Any) -> list[str]:
     read (a compiled one) is taken as it is.
     """
     out, required = [], required_api()
+    declared = {*lacks, *(getattr(pool_class, "kvpool_lacks", ()) or ())}
     for name, op in OPERATIONS.items():
-        if op.role == "caller" or op.private:
+        if op.role == "caller" or op.private or name in declared:
             continue
         method = getattr(pool_class, name, None)
         if not callable(method):
@@ -280,6 +288,16 @@ def _untaken_call(method: Callable[..., Any], op: Operation) -> str | None:
     return None
 
 
+class Mispredicted(BaseException):
+    """A pool that answers ahead of its process (a pool in another process, driven at speed) found
+    that the process answered a call otherwise than it had said: the run is to be made again, each
+    call waiting for its answer, to find exactly where and how.
+
+    A ``BaseException`` so that it passes the lockstep's comparison of refusals untouched; the
+    message says which call and what differed, ``__cause__`` the process's failure, if it failed.
+    """
+
+
 class LoadError(ValueError):
     """A ``module:name`` that names no usable pool or adapter.
 
@@ -310,7 +328,7 @@ def load_object(spec: str) -> Any:
 
 
 __all__ = [
-    "REFERENCE_API", "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "ReferencePool",
-    "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking", "load_object", "missing_api",
-    "optional_api", "required_api", "vllm_adapter",
+    "REFERENCE_API", "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted",
+    "ReferencePool", "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking", "load_object",
+    "missing_api", "optional_api", "required_api", "vllm_adapter",
 ]

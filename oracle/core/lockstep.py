@@ -18,7 +18,6 @@ that the model changed nothing outside the footprint (O(pool size)).
 
 from __future__ import annotations
 
-import inspect
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from kvpool.model.pool import keys_of
 from kvpool.model.request import prefix_key
 from kvpool.model.state import Key, Output, PoolState
 
+from ..generate.capabilities import SKIPPED, Unmakeable, declared_lacks, lacked_in
 from ..generate.features import FeatureLog, call_features, kept
 from .abstraction import (
     concrete_key,
@@ -56,6 +56,7 @@ from .observe import (
     WHITE_BOX,
     Observation,
     Observer,
+    accepts,
     comparable,
     model_block_view,
     model_entries,
@@ -138,11 +139,19 @@ class CallRecord:
     state: PoolState | None = None
     """The model's state after the call; kept (a copy) for the last :data:`PICTURED` calls of
     small pools only."""
+    theirs: str | None = None
+    """What the pool answered, where it is not what the model answered (``outcome``)."""
 
     @property
     def call(self) -> str:
         """The call as one line: ``free_blocks([1, 2])``."""
         return f"{self.op}{short_args(self.args)}"
+
+    @property
+    def shown(self) -> str:
+        """The call and what came of it: the model's answer, and the pool's beside it if other."""
+        theirs = f" (pool: {self.theirs})" if self.theirs is not None else ""
+        return f"{self.call} -> {self.outcome}{theirs}"
 
 
 PICTURED = 12
@@ -168,15 +177,6 @@ class MetricsRecorder:
 
     def reset(self) -> None:
         self.log.append(("reset", None))
-
-
-def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
-    """Whether ``fn`` takes ``keyword`` (or any keyword)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 class _Foreign:
@@ -246,6 +246,11 @@ class Lockstep(Translate):
     """Where each call's shape features go (:mod:`.features`; None: not described)."""
     directed: int = 0
     """Calls made on fresh pools after the run to make the feature pairs it missed (:mod:`.directed`)."""
+    unmade: int = 0
+    """Workload steps cut short before a call with something the pool lacks."""
+    lacks: frozenset[str] | None = None
+    """What the pool declares it lacks, closed (:mod:`..generate.capabilities`): a call with any of
+    it is never made (None: read off the pool's ``kvpool_lacks``)."""
 
     @classmethod
     def fresh(
@@ -257,10 +262,12 @@ class Lockstep(Translate):
         With ``metrics``, the pool is built with a :class:`MetricsRecorder` if
         its factory takes a ``metrics_collector``.
         """
-        recorder = MetricsRecorder() if metrics and _accepts(pool_factory, "metrics_collector") else None
+        recorder = MetricsRecorder() if metrics and accepts(pool_factory, "metrics_collector") else None
         extra = {} if recorder is None else {"metrics_collector": recorder}
         pool = pool_factory(num_blocks, caching, hash_block_size, enable_kv_cache_events=events,
                             **extra)
+        if recorder is not None and getattr(pool, "metrics_collector", recorder) is None:
+            recorder = None  # the pool took the keyword and attached none (a process that reports none)
         model = initial_state(num_blocks, caching, hash_block_size, events,
                               **REFERENCES[reference])
         try:
@@ -272,11 +279,15 @@ class Lockstep(Translate):
     def __post_init__(self) -> None:
         # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.
         self.observer = Observer(getattr(self.pool, "wrapped", self.pool))
+        if self.lacks is None:
+            self.lacks = declared_lacks(self.pool).lacks
         if self.full_every is None:
-            # a pool seen only through its calls shows no block on its own: it is compared
-            # whole (a few calls, pipelined by a process behind the drive protocol) every call
-            spacing = max(1, self.model.num_blocks // BLOCKS_PER_CALL)
-            self.full_every = 1 if self.observer.api_only else spacing
+            self.full_every = max(1, self.model.num_blocks // BLOCKS_PER_CALL)
+        expect = getattr(self.pool, "expect", None)
+        self._expect = expect if callable(expect) else None
+        self.echo = bool(getattr(self.pool, "ahead", False))
+        """The pool answers as the model said it would (told by :attr:`_expect`) and compares its
+        process's answers itself as they come: nothing is compared here, only asked."""
 
     @property
     def known_limit(self) -> int:
@@ -332,12 +343,16 @@ class Lockstep(Translate):
     # ------------------------------------------------------------ one call
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``op`` on both sides; raise :class:`Divergence` on any difference."""
+        """Run ``op`` on both sides; raise :class:`Divergence` on any difference (and
+        :class:`~..generate.capabilities.Unmakeable`, having made nothing, for a call with
+        something the pool lacks)."""
+        if self.lacks:
+            self._refuse_lacked(op, args, kwargs)
         self.steps += 1
         self.ops_seen[op] += 1
         decl = OPERATIONS[op]
         model = self.model
-        if self.observer.black_box:
+        if self.observer.black_box and not self.echo:
             self._remember(args)
         m_error: Exception | None = None
         m_result: Any = None
@@ -368,6 +383,8 @@ class Lockstep(Translate):
             m_error = exc
             model.out = Output()
             fp = self._refused_footprint(decl, bound)
+        if self._expect is not None:  # the pool may send what it will be asked after the call with it
+            self._expect(model, m_result, m_error, fp, self.steps - self.last_full >= (self.full_every or 1))
         try:
             p_result = getattr(self.pool, op)(*self._pool_args(decl, args), **kwargs)
             p_error = None
@@ -375,18 +392,27 @@ class Lockstep(Translate):
             p_error, p_result = exc, None
         refused = refusal_name(m_error) if m_error is not None else None
         self._record(op, args, refused or short(m_result), refused)
-        if self.log is not None:
+        if self.log is not None and not self.echo:  # an echoed run is made again for its failure
             self.log.add(self.which, op, args, None if m_error else m_result, refused)
         if refused is not None:
             self.refusals_seen[refused] += 1
-        if (m_error is None) != (p_error is None) or (
+        if self.echo:
+            self.fired.clear()
+            if self.metrics is not None:
+                self.metrics.log.clear()
+        elif getattr(p_error, "verdict", None) is not None:  # a pool process that failed: its verdict
+            self.trace[-1].theirs = "its process failed"
+            raise self._diverged(op, str(p_error).splitlines()[0], ["process"], p_error)
+        elif (m_error is None) != (p_error is None) or (
             m_error and not self.errors_match(m_error, p_error)
         ):
+            self.trace[-1].theirs = short(p_result) if p_error is None else f"raised {p_error!r}"
             raise self._diverged(op, f"model raised {m_error!r} | pool raised {p_error!r}",
                                  ["refusal"], p_error if m_error is None else None)
-        if m_error is None:
-            self._compare_result(decl, m_result, p_result)
-        self._compare_notices(op)
+        else:
+            if m_error is None:
+                self._compare_result(decl, m_result, p_result)
+            self._compare_notices(op)
         if snapshot is not None:
             outside = changed_outside(snapshot, model, fp)
             if outside:
@@ -399,6 +425,32 @@ class Lockstep(Translate):
         elif decl.role != "query":  # a query touches nothing; one that did is seen by the next check
             self._check_footprint(op, fp, noted)
         return m_error if m_error else m_result
+
+    def can(self, op: str, *args: Any, **kwargs: Any) -> bool:
+        """Whether the pool has all this call has: its operation and each feature of its shape."""
+        if not self.lacks:
+            return True
+        try:
+            bound = OPERATIONS[op].bind(args, kwargs)
+        except TypeError:
+            return True
+        return lacked_in(self.lacks, self.model, op, bound, second=self.which == 1,
+                         metrics=self.metrics is not None) is None
+
+    def maybe(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`call`, for a call a generator can do without: left out (``SKIPPED``) when the pool
+        lacks something it has."""
+        return self.call(op, *args, **kwargs) if self.can(op, *args, **kwargs) else SKIPPED
+
+    def _refuse_lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        try:
+            bound = OPERATIONS[op].bind(args, kwargs)
+        except TypeError:  # a malformed call: made, and refused as such
+            return
+        missing = lacked_in(self.lacks or frozenset(), self.model, op, bound, second=self.which == 1,
+                            metrics=self.metrics is not None)
+        if missing is not None:
+            raise Unmakeable(op, missing)
 
     def _refused_footprint(self, decl: Operation, bound: tuple[Any, ...] | None) -> Footprint:
         """What a refused call would have touched: where the pool must show that it changed nothing."""
@@ -419,7 +471,7 @@ class Lockstep(Translate):
             return tuple(args)
 
     def _record(self, op: str, args: Sequence[Any], outcome: str, error: str | None) -> None:
-        small = self.model.num_blocks <= PICTURED_BLOCKS
+        small = self.model.num_blocks <= PICTURED_BLOCKS and not self.echo  # pictures: of a run made again
         shown = tuple(list(a) if isinstance(a, list) else a for a in args)
         self.trace.append(CallRecord(op, shown, outcome, error, self.model.copy() if small else None))
 
@@ -433,6 +485,7 @@ class Lockstep(Translate):
             if taken:
                 raise self._diverged(decl.name, "taken events differ: " + "; ".join(taken), ["events"])
         elif m_result != p_result:
+            self.trace[-1].theirs = short(p_result)
             raise self._diverged(decl.name, f"model returned {short(m_result)} | pool returned "
                                  f"{short(p_result)}", ["result"])
 
@@ -482,8 +535,11 @@ class Lockstep(Translate):
                 raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken)
         if self.observe is not None:  # an adapter's own observation comes whole only
             return
-        diff, parts = [], []
         observer = self.observer
+        if observer.api_only:
+            self._check_through_calls(op, fp, keys)
+            return
+        diff, parts = [], []
         if observer.num_free() != len(s.free):
             diff.append(f"num_free: model {len(s.free)} | pool {observer.num_free()}")
             parts.append("num_free")
@@ -499,6 +555,31 @@ class Lockstep(Translate):
             mine, theirs = model_entries(s, k, whole), observer.entries(k)
             diff.append(f"index …{k[0][-3:].hex()}/g{k[1]}: model {mine} | pool {theirs}")
             parts.append("index" if whole else "lookups")
+        if diff:
+            raise self._diverged(f"observation after {op}", "; ".join(diff), parts)
+
+    def _check_through_calls(self, op: str, fp: Footprint, keys: set[Key]) -> None:
+        """The footprint of a pool seen only through calls: the free count, whether each of its
+        blocks is writable (ref count 1, no key), and what a lookup of each of its keys finds."""
+        s = self.model
+        blocks, probes = sorted(fp.blocks), sorted(keys)
+        num_free, writable, hits = self.observer.through_calls(blocks, probes)
+        if self.echo:
+            return
+        diff, parts = [], []
+        if num_free != len(s.free):
+            diff.append(f"num_free: model {len(s.free)} | pool {num_free}")
+            parts.append("num_free")
+        for b, w in zip(blocks, writable, strict=True):
+            mine = b != 0 and s.ref[b] == 1 and s.primary[b] is None
+            if w != mine:
+                diff.append(f"block {b} writable: model {mine} | pool {w}")
+                parts.append("writable")
+        for k, hit in zip(probes, hits, strict=True):
+            mine_hit = model_entries(s, k, False)
+            if hit != mine_hit:
+                diff.append(f"lookup …{k[0][-3:].hex()}/g{k[1]}: model {mine_hit} | pool {hit}")
+                parts.append("lookups")
         if diff:
             raise self._diverged(f"observation after {op}", "; ".join(diff), parts)
 
@@ -540,6 +621,8 @@ class Lockstep(Translate):
         probes = self._probes()
         theirs = (self.observe(observer.pool, probes) if self.observe is not None
                   else observer.observe(probes))
+        if self.echo:
+            return
         mine = comparable(observe_model(self.model, probes), theirs)
         diff, parts = mine.diff(theirs), mine.differing_parts(theirs)
         pending = observer.pending_events()
@@ -549,17 +632,25 @@ class Lockstep(Translate):
         if diff:
             raise self._diverged("observation", "; ".join(diff), parts, window=window)
 
+    def configuration(self) -> str:
+        """The pool this lockstep drives, as it was made: ``pool: 8 blocks, caching on, ...``."""
+        m = self.model
+        which = "the second pool" if self.which == 1 else "pool"
+        return (f"{which}: {m.num_blocks} blocks, caching {'on' if m.caching else 'off'}, hash block size "
+                f"{m.hash_block_size}, KV events {'on' if m.events_on else 'off'}, metrics collector "
+                f"{'attached' if self.metrics is not None else 'none'}"
+                + ("" if m.null_counted else ", vLLM 0.33 behaviour"))
+
     def _diverged(self, where: str, what: str, parts: list[str],
                   crash: BaseException | None = None, contract: str | None = None,
                   window: tuple[int, int] | None = None) -> Divergence:
         shown = list(self.trace)[-PICTURED:]
-        lines = [f"step {i}: {s.op}{short_args(s.args)} -> {s.outcome}"
-                 for i, s in enumerate(shown, start=self.steps - len(shown) + 1)]
+        lines = [f"step {i}: {s.shown}" for i, s in enumerate(shown, start=self.steps - len(shown) + 1)]
         place = where
         if window is not None and window[1] - window[0] > 1:
             place = (f"{where} (found by the whole-pool check after call {window[1]}; it passed after "
                      f"call {window[0]}: the damage is in calls {window[0] + 1} to {window[1]})")
-        text = f"{place}: {what}\nlast steps:\n  " + "\n  ".join(lines)
+        text = f"{place}: {what}\n{self.configuration()}\nlast steps:\n  " + "\n  ".join(lines)
         error = (Divergence(text) if contract is None
                  else CallerBrokeContract(text, contract, self.steps))
         error.__cause__ = crash  # the pool's own exception, with its traceback

@@ -28,6 +28,7 @@ block queued twice, is reported with the block it loops at.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -181,6 +182,8 @@ class Observer:
             "pending events": isinstance(getattr(pool, "kv_event_queue", None), list),
         }
         self.num_tokens = all(hasattr(b, "block_hash_num_tokens") for b in pool.blocks[:1])
+        self._batched: bool | None = None
+        """Whether the pool answers a footprint's questions in one ``observe_calls`` (asked once)."""
 
     @property
     def level(self) -> str:
@@ -239,6 +242,24 @@ class Observer:
         return Observation(ref=None, free=None, num_free=num_free, primary=None,
                            lookups=tuple(zip(probes, hits, strict=True)),
                            writable=tuple(bool(w) for w in writable))
+
+    def through_calls(self, blocks: list[int], probes: list[Key]) -> tuple[int, list[bool], list[int | None]]:
+        """Part of a pool seen only through calls: the free count, ``is_block_writable`` of
+        ``blocks`` and the first block ``get_cached_block`` returns for each of ``probes`` (what one
+        call's footprint touched).  One ``observe_calls(probes, blocks)`` when the pool has it."""
+        pool = self.pool
+        batch = getattr(pool, "observe_calls", None)
+        if self._batched is None:
+            self._batched = callable(batch) and accepts(batch, "blocks")
+        if self._batched and batch is not None:
+            num_free, writable, hits = batch(probes, blocks=blocks)
+            return num_free, [bool(w) for w in writable], list(hits)
+        hits = []
+        for block_hash, group in probes:
+            hit = pool.get_cached_block(block_hash, [group])
+            hits.append(hit[0].block_id if hit else None)
+        return (pool.get_num_free_blocks(), [bool(pool.is_block_writable(pool.blocks[b])) for b in blocks],
+                hits)
 
     def _index(self) -> tuple[tuple[Key, tuple[int, ...]], ...] | None:
         if not self.has["index multimap"]:
@@ -309,6 +330,16 @@ class Observer:
 def entry_ids(entry: Any) -> tuple[int, ...]:
     """The block ids of one entry of vLLM's index multimap: a block, or a dict of them by id."""
     return tuple(entry) if isinstance(entry, dict) else (entry.block_id,)
+
+
+def accepts(fn: Any, keyword: str) -> bool:
+    """Whether ``fn`` takes ``keyword`` (or any keyword): an ``observe_calls`` that takes
+    ``blocks`` (a footprint's), a constructor that takes ``metrics_collector``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def observe_pool(pool: Any, probes: Iterable[Key] = ()) -> Observation:

@@ -6,12 +6,19 @@ at once (blocks of a second pool freed through the first), and each pool is a
 process of its own.  The copy used is the one constructed least recently, so a
 run's first and second pool are always its two latest constructs; a process is
 reused (a new header makes a fresh pool) until it fails, then started anew.
+
+Within :meth:`DriveAdapter.ahead` the pools answer ahead of their process
+(:mod:`.session`): a phase that can make a run again (the campaign) drives
+the process at the pool's own speed, and makes the run again call by call
+when an answer, checked as it comes, differs from the model's
+(:class:`~kvpool.oracle.core.adapter.Mispredicted`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -20,8 +27,9 @@ from ..core.adapter import ReferencePool
 from ..trace.read import Header
 from ..trace.schema import DEFAULT_REFERENCE
 from . import protocol
-from .facade import DrivenPool, DrivenRefusal, Session
+from .facade import DrivenPool, DrivenRefusal
 from .process import PoolProcess, Verdict
+from .session import Session
 
 PROCESSES = 2
 """Copies of the command kept running: the workloads use at most two pools at once."""
@@ -58,6 +66,14 @@ class DriveAdapter:
     """The latest pools constructed (newest last), its scratch's included: where a failure's trace
     is found."""
     _scratch: DriveAdapter | None = field(default=None, repr=False)
+    retired: int = 0
+    """Lines sent to processes already ended."""
+    speculate: bool = False
+    """Whether the pools made now answer ahead of their process (:meth:`ahead`)."""
+    pipelined: bool = True
+    """Whether :meth:`ahead` lets pools answer ahead at all (False: every call waits for its answer)."""
+    declared: frozenset[str] | None = None
+    """What the process declared its pool lacks, at its first header (None: no pool made yet)."""
 
     @classmethod
     def from_command(cls, command: str, **kwargs: Any) -> DriveAdapter:
@@ -75,19 +91,32 @@ class DriveAdapter:
     def supports_misuse(self) -> bool:
         return self.misuse
 
+    @property
+    def lacks(self) -> frozenset[str]:
+        """What the process declares its pool lacks (a first pool, with a collector, is made to ask
+        it); ``metrics`` too when it reports no metrics collector's calls."""
+        if self.declared is None:
+            self.construct(4, True, 1, False, metrics_collector=_NoCollector())
+        return self.declared or frozenset()
+
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
-                  events: bool) -> ReferencePool:
-        """A fresh pool in the least recently used process (started if it is not running).
+                  events: bool, metrics_collector: Any = None) -> ReferencePool:
+        """A fresh pool in the least recently used process (started if it is not running);
+        ``metrics_collector`` is told what the process reports its pool's collector was told.
 
         Typed as the reference API: :class:`DrivenPool` makes most of its methods from the
         operations' declarations when it is imported, where mypy cannot see them."""
         pool = protocol.pool_fields(num_blocks, caching, hash_block_size, events,
-                                    reference=self.reference)
+                                    reference=self.reference, metrics=metrics_collector is not None,
+                                    when_asked=self.speculate)
         header = Header(num_blocks, caching, hash_block_size, events, "GPU", self.reference)
         slot = self._take()
-        session = slot.session = Session(slot.process, pool, header, None, None)
+        session = slot.session = Session(slot.process, pool, header, None, None,
+                                         vllm_errors=self.vllm_errors)
         session.open()
-        driven = DrivenPool(session)
+        if self.declared is None and metrics_collector is not None:
+            self.declared = session.lacks | (frozenset() if session.metrics else frozenset({"metrics"}))
+        driven = DrivenPool(session, ahead=self.speculate, collector=metrics_collector)
         self.recent.append(driven)  # shared with the scratch adapter: one list, updated in place
         del self.recent[:-2 * PROCESSES]
         return cast(ReferencePool, driven)
@@ -98,8 +127,45 @@ class DriveAdapter:
         with this adapter's."""
         if self._scratch is None:
             self._scratch = DriveAdapter(self.command, self.timeout, self.reference, self.misuse,
-                                         self.vllm_errors, self.cwd, self.env, recent=self.recent)
+                                         self.vllm_errors, self.cwd, self.env, recent=self.recent,
+                                         declared=self.declared)
         return self._scratch
+
+    @contextlib.contextmanager
+    def ahead(self) -> Iterator[DriveAdapter]:
+        """Pools made within answer ahead of their process; every answer is checked before it ends
+        (raising :class:`~kvpool.oracle.core.adapter.Mispredicted` at the first that differs)."""
+        was, self.speculate = self.speculate, self.pipelined
+        try:
+            yield self
+            self.settle()
+        except BaseException:
+            self.abandon()
+            raise
+        finally:
+            self.speculate = was
+
+    def abandon(self) -> None:
+        """Drop the pools with answers still owed (their process is ended: its pool is no longer
+        the model's), so that nothing of a run that failed is checked in another."""
+        for slot in self.slots:
+            session = slot.session
+            if session is not None and (session.ahead or slot.process.owed):
+                session.ahead.clear()
+                session.current = False
+                slot.session = None
+                slot.process.kill()
+
+    def protocol_lines(self) -> int:
+        """Lines sent to the processes so far (headers, calls and questions), scratch ones too."""
+        mine = sum(slot.process.total_sent for slot in self.slots) + self.retired
+        return mine + (self._scratch.protocol_lines() if self._scratch is not None else 0)
+
+    def settle(self) -> None:
+        """Wait for every answer still owed to a current pool, each checked."""
+        for slot in self.slots:
+            if slot.session is not None:
+                slot.session.settle()
 
     def borrow(self) -> PoolProcess:
         """A copy of the command for replays of one's own (shrinking a failure): the least
@@ -113,6 +179,8 @@ class DriveAdapter:
             self.slots.append(_Slot(PoolProcess(self.command, self.timeout, cwd=self.cwd,
                                                 env=self.env)))
         slot = min(self.slots, key=lambda s: s.used)
+        if slot.session is not None:  # its answers are checked before the process makes another pool
+            slot.session.settle()
         self.constructed += 1
         slot.used = self.constructed
         if slot.session is not None:
@@ -129,6 +197,7 @@ class DriveAdapter:
     def close(self) -> list[Verdict]:
         """End every process (stdin closed, then killed if it lingers); what they did wrong then."""
         verdicts = []
+        self.retired += sum(slot.process.total_sent for slot in self.slots)
         for slot in self.slots:
             if slot.session is not None:
                 slot.session.current = False
@@ -145,6 +214,13 @@ class DriveAdapter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _NoCollector:
+    """A collector for the pool made to ask what the process lacks: told nothing that matters."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: None
 
 
 __all__ = ["DEFAULT_TIMEOUT", "PROCESSES", "DriveAdapter"]

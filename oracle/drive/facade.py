@@ -1,24 +1,32 @@
 """A pool in another process, seen through the reference API: what the lockstep drives.
 
-:class:`DrivenPool` has vLLM 0.31's ``BlockPool`` operations; each sends one
-call line of the drive protocol and turns the answer back into the
-reference's values: blocks are :class:`DrivenBlock` proxies (by id), a
-refusal is an exception of the class the answer names, events are objects of
-classes named like vLLM's (a field the process left out compares equal to
-anything, as ``check-trace`` leaves it uncompared), and the watchers the
-answer says fired are called with their blocks.
+:class:`DrivenPool` has vLLM 0.31's ``BlockPool`` operations, each made from
+its declaration (``kvpool.model.OPERATIONS``) by its arguments' kinds: blocks
+are sent as ids (:class:`DrivenBlock` proxies; another pool's block as an id
+this pool lacks), requests as the trace writes them, hashes as hex, a reuse
+watcher by its name; an operation whose pool receives a key where the
+declaration names a request and a prefix (``_insert_block_hash``) sends the
+request and prefix that name the key.  An answer comes back as the
+reference returns it: blocks by id, a refusal as an exception of the class
+the answer names, events as objects of classes named like vLLM's (a field
+the process left out compares equal to anything, as ``check-trace`` leaves
+it uncompared), the watchers it says fired called with their blocks, the
+collector calls it reports made on the collector given.
 
 What the lockstep observes depends on the process.  When its answers carry
-an observation, the proxies show ``ref_cnt``/``block_hash``, and the free
-queue, index, secondary keys and watchers it wrote are mirrored under vLLM's
-attribute names, so :class:`~kvpool.oracle.core.observe.Observer` reads them as
-it reads a Python pool.  When they do not, the pool is seen only through
-calls (the observer's ``api-only`` level): :meth:`DrivenPool.observe_calls`
-sends the free count, every block's ``is_block_writable`` and the probed
-lookups in one go.
+an observation, the proxies show ``ref_cnt``/``block_hash`` and the free
+queue, index, secondary keys and watchers are mirrored under vLLM's
+attribute names.  When they do not, the pool is seen through calls:
+:meth:`DrivenPool.observe_calls` asks the free count, the writability of the
+blocks and the lookups of the keys the lockstep names, in one ``observe``
+line if the process answers those; the lockstep says before each call what
+it will ask after it (:meth:`DrivenPool.expect`), so the questions go with
+the call, in one exchange.
 
-Every call answered is kept as a trace line (:attr:`Session.log`), so a
-failure can be written as a trace that ``kvpool check-trace`` replays.
+Ahead (:attr:`DrivenPool.ahead`, the campaign's runs): the lockstep also says
+what the model answered, and the pool answers so at once, sending the call
+and the questions with what each answer must be (:mod:`.session`); nothing
+waits for the pipe, and an answer that differs is found when it comes.
 """
 
 from __future__ import annotations
@@ -28,23 +36,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.model import OPERATIONS, Operation
+from kvpool.model.footprints import Footprint
+from kvpool.model.operations import Translate
+from kvpool.model.state import NULL, Key, PoolState
 
-from ..core.abstraction import EVENT_FIELDS, key_of, published
-from ..trace.read import Header, TraceStep
+from ..core.abstraction import EVENT_FIELDS, key_of, published, refusal_name
+from ..core.observe import observe_model
+from ..trace.check import Expected, expected_of
+from ..trace.read import TraceStep
 from ..trace.schema import Json
-from ..trace.write import request_to_json
+from ..trace.write import observation_to_json, request_to_json
 from . import protocol
-from .process import PoolProcess, ProcessFailure, ProcessHung
+from .session import FAILED_CALL_ERRORS, Call, Expect, Observed, Session
+from .views import footprint, footprint_view, shown_view, whole_view
 
-SHORT_ANSWER = 120
-"""Answers up to this many bytes (without an observation) are read once per operation."""
-KNOWN_ANSWERS = 4096
-FAILED_CALL_ERRORS = {"crash": "ProcessCrashed", "hang": "ProcessHung"}
-"""The error name a trace line records for a call the process failed; ``ProtocolViolation`` else."""
-
-
-Call = tuple[str, dict[str, Json]]
-"""A call as sent: its operation and its arguments in the trace's form."""
+CROSS_POOL = ("free_blocks",)
+"""Operations that take blocks of another pool of the same engine, each pool taking back its own
+(vLLM's ``free_blocks``); elsewhere another pool's block is one this pool lacks."""
+COLLECTOR = {"allocated": "on_block_allocated", "accessed": "on_block_accessed",
+             "evicted": "on_block_evicted", "reset": "reset"}
+"""A metrics collector's methods, by the name ``told`` gives each."""
 
 
 class DrivenRefusal(Exception):
@@ -149,152 +160,99 @@ class IndexMirror:
     _cache: dict[bytes, dict[int, DrivenBlock]] = field(default_factory=dict)
 
 
+class _Layout(Translate):
+    """Records where a declaration's arguments go in the call a pool receives (its ``pool_call``)."""
+
+    def block(self, block_id: Any) -> Any:
+        return ("block", block_id)
+
+    def key(self, request: Any, prefix_tokens: Any, group: int) -> Any:
+        return ("key", (request, prefix_tokens, group))
+
+
+def pool_form(decl: Operation) -> list[Any]:
+    """Per argument a pool receives: the declared argument's name, ``("block", name)``, or
+    ``("key", (request, prefix, group names))`` for a key standing for those three."""
+    if decl.pool_call is None:
+        return [a.name for a in decl.args]
+    return list(decl.pool_call({a.name: a.name for a in decl.args}, _Layout()))
+
+
 @dataclass
-class Session:
-    """One pool's life in one process: its header, the calls answered, and what failed."""
+class _Expected:
+    """What the lockstep said of the call about to be made (:meth:`DrivenPool.expect`)."""
 
-    process: PoolProcess
-    pool: dict[str, Json]
-    header: Header
-    shape: frozenset[str] | None
-    """The observation fields every answer carries (None: none)."""
-    fresh: dict[str, Json] | None
-    log: list[dict[str, Json]] = field(default_factory=list)
-    unsupported: frozenset[str] = frozenset()
-    """The optional operations the process said its pool lacks."""
-    failed: dict[str, Json] | None = None
-    """The call the process failed at, as a trace line (error ``ProcessCrashed``, ...)."""
-    current: bool = True
-    answers: dict[tuple[str, bytes], tuple[Json, str | None, list[dict[str, Json]], Json]] = field(
-        default_factory=dict, repr=False)
-    """Short answers already read, by operation: most answers are one of a few lines."""
-
-    def open(self, again: bool = False) -> None:
-        """Send the header and read its answer: a new pool, or (``again``) this one from scratch,
-        which must be answered as the first time."""
-        proc = self.process
-        proc.start()
-        (raw,) = proc.exchange([protocol.encode(protocol.header(self.pool))], lambda _i: "the header")
-        try:
-            answer = protocol.read_header_answer(protocol.decode(raw), self.header)
-        except protocol.ProtocolError as exc:
-            raise proc.fail(exc.kind, exc.what, "the header") from None
-        proc.check_unasked("the header")
-        if again and (answer.observation, answer.fresh, answer.unsupported) != (
-                self.shape, self.fresh, self.unsupported):
-            raise proc.fail("nondeterministic", "answered the same header differently", "the header")
-        self.shape, self.fresh, self.unsupported = answer.observation, answer.fresh, answer.unsupported
-
-    def calls(self, calls: Sequence[tuple[str, dict[str, Json]]],
-              encoded: Sequence[bytes] | None = None) -> list[TraceStep]:
-        """Send ``calls`` at once (``encoded``: their lines, if made already); each answer
-        checked, logged and returned in order."""
-        if not self.current:
-            raise RuntimeError("this pool was replaced by a newer one in its process")
-        first = len(self.log) + 1
-        name: Callable[[int], str] = lambda i: f"call {first + i} ({calls[min(i, len(calls) - 1)][0]})"  # noqa: E731
-        proc = self.process
-        if encoded is None:
-            encoded = [protocol.encode({"op": op, "args": args}) for op, args in calls]
-        try:
-            raws = proc.exchange(encoded, name)
-        except (ProcessFailure, ProcessHung) as exc:  # the trace records the call it failed at
-            done = exc.answered
-            self._read(calls[:len(done)], done, first, name)
-            self._failed(calls, len(done), exc.verdict.kind)
-            raise
-        steps = self._read(calls, raws, first, name)
-        proc.check_unasked(name(len(calls) - 1))
-        return steps
-
-    def _read(self, calls: Sequence[tuple[str, dict[str, Json]]], raws: Sequence[bytes], first: int,
-              name: Callable[[int], str]) -> list[TraceStep]:
-        proc = self.process
-        out = []
-        known = self.answers
-        for i, (raw, (op, args)) in enumerate(zip(raws, calls, strict=True)):
-            seen = known.get((op, raw))
-            if seen is not None:  # the same short answer to the same operation: read once
-                result, error, events, fired = seen
-                line = {"op": op, "args": args, "result": result, "error": error, "events": events,
-                        "fired": fired}
-                step = TraceStep(first + i + 1, op, args, result, error, events, fired, None)
-            else:
-                try:
-                    step, line = protocol.read_answer(op, args, protocol.decode(raw), self.header,
-                                                      first + i + 1, self.shape)
-                except protocol.ProtocolError as exc:
-                    self._failed(calls, i, exc.kind)
-                    raise proc.fail(exc.kind, exc.what, name(i)) from None
-                if step.observation is None and len(raw) <= SHORT_ANSWER:
-                    if len(known) >= KNOWN_ANSWERS:
-                        known.clear()
-                    known[op, raw] = (step.result, step.error, step.events, step.fired)
-            self.log.append(line)
-            out.append(step)
-        return out
-
-    def _failed(self, calls: Sequence[tuple[str, dict[str, Json]]], i: int, kind: str) -> None:
-        if 0 <= i < len(calls):
-            op, args = calls[i]
-            self.failed = {"op": op, "args": args, "result": None,
-                           "error": FAILED_CALL_ERRORS.get(kind, "ProtocolViolation"), "events": []}
-
-    def replay(self, keep: int) -> None:
-        """Make the process's pool the one after the first ``keep`` logged calls, by replaying them.
-
-        For undoing a call (see :meth:`DrivenPool.free_blocks`); a process that
-        answers the same calls differently is a verdict.
-        """
-        kept = self.log[:keep]
-        self.log = []
-        self.open(again=True)
-        calls = [(str(line["op"]), dict(line["args"])) for line in kept]
-        if calls:
-            self.calls(calls)
-        for i, (old, new) in enumerate(zip(kept, self.log, strict=True)):
-            if old != new:
-                raise self.process.fail("nondeterministic", "answered a replay of the same calls "
-                                        "differently", f"call {i + 1} ({old['op']})")
+    model: PoolState
+    result: Any
+    error: BaseException | None
+    footprint: Footprint
+    whole: bool
 
 
 class DrivenPool:
-    """The reference API over a :class:`Session`; see the module docstring."""
+    """The reference API over a :class:`Session`; see the module docstring.
 
-    def __init__(self, session: Session) -> None:
+    ``ahead``: answer each call as the model does and check the process's answer when it comes;
+    ``collector``: a metrics collector told what the process reports (``told``).
+    """
+
+    def __init__(self, session: Session, *, ahead: bool = False, collector: Any = None) -> None:
         self.session = session
+        self.ahead = ahead
+        self.collector = self.metrics_collector = collector if session.metrics else None
         header = session.header
         self.num_blocks = header.num_blocks
         self.enable_caching = header.enable_caching
         self.hash_block_size = header.hash_block_size
         self.enable_kv_cache_events = header.enable_kv_cache_events
         self.medium = header.medium
+        self.kvpool_lacks = session.lacks
         self.blocks = [DrivenBlock(i, self) for i in range(self.num_blocks)]
         self.kv_event_queue: list[DrivenEvent] = []
         self.watchers: dict[str, Callable[[Any], Any]] = {}
         self.requests: dict[bytes, tuple[dict[str, Json], int]] = {}
-        """Every request hash sent, with the request (as last sent) and its chunk index: how
-        ``_insert_block_hash``'s key is sent as the request and prefix that name it."""
-        shape = session.shape or frozenset()
-        self.free_block_queue: FreeQueueMirror | None = FreeQueueMirror() if session.shape else None
-        self.cached_block_hash_to_block = IndexMirror() if "index" in shape else None
+        """Every request hash sent, with the request (as last sent) and its chunk index: how a key
+        is sent as the request and prefix that name it."""
+        shape = None if ahead else session.shape  # ahead, the lockstep sees the model's answers only
+        self.free_block_queue: FreeQueueMirror | None = FreeQueueMirror() if shape else None
+        self.cached_block_hash_to_block = IndexMirror() if shape and "index" in shape else None
         self.cached_block_hashes_by_block: dict[int, list[bytes]] | None = (
-            {} if "secondary" in shape else None)
-        self._reuse_watchers: dict[int, str] | None = {} if "watched" in shape else None
-        self._fixed: tuple[list[Call], list[bytes]] | None = None
-        self._probed: tuple[tuple[bytes, int], ...] = ()
-        """The keys the last observation probed: asked again with the next call."""
-        self._prefetched: tuple[tuple[tuple[bytes, int], ...], list[TraceStep]] | None = None
-        if session.fresh is not None:
+            {} if shape and "secondary" in shape else None)
+        self._reuse_watchers: dict[int, str] | None = {} if shape and "watched" in shape else None
+        self._sent: dict[int, tuple[Any, tuple[int, int], dict[str, Json]]] = {}
+        """The last form each request was sent in (by identity), while it has not grown."""
+        self._texts: dict[int, tuple[Json, str]] = {}
+        """Those forms as text, by the identity of the form (:func:`.protocol.call_line`)."""
+        self._expected: _Expected | None = None
+        self._model: PoolState | None = None
+        self._viewed: tuple[frozenset[int], frozenset[Key], bool] | None = None
+        """Ahead: the blocks and keys the last call's answer is checked on (and whether all)."""
+        self._viewed_answer: tuple[list[int], list[Key], Observed] | None = None
+        """Ahead: the questions the last call carried, with the model's answer to them."""
+        self._probed: set[Key] = set()
+        """The keys the model indexed when the lockstep last compared the whole pool (it asks them
+        again at the next whole comparison: a key that left the index)."""
+        self._prefetched: tuple[list[int], dict[Key, int | None], Observed] | None = None
+        """The questions sent with the last call, answered: blocks, lookups, the whole answer."""
+        if shape and session.fresh is not None:
             self._mirror(session.fresh)
         for op in session.unsupported:  # not callable: the workloads leave it out
             setattr(self, op, None)
 
-    # ------------------------------------------------------------ plumbing
+    # ------------------------------------------------------------ what the lockstep says
+
+    def expect(self, model: PoolState, result: Any, error: BaseException | None, footprint: Footprint,
+               whole: bool) -> None:
+        """The model's answer to the call about to be made, what it may change, and whether the
+        whole pool is compared after it (the lockstep's hook)."""
+        self._expected = _Expected(model, result, error, footprint, whole)
+        self._model = model
 
     @property
     def current(self) -> bool:
         return self.session.current
+
+    # ------------------------------------------------------------ arguments, by kind
 
     def _id(self, block: Any) -> Any:
         """A block argument as the id sent: another pool's block is an id this pool lacks."""
@@ -302,78 +260,84 @@ class DrivenPool:
             return block.block_id if block.owner is self or block.owner is None else self.num_blocks
         return getattr(block, "block_id", -1)
 
+    def _encode(self, decl: Operation, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
+        """A call's arguments in the protocol's form, by their declared kinds; an optional argument
+        left at its default is left out, as a trace leaves it."""
+        if decl.pool_call is None:
+            named = dict(zip((a.name for a in decl.args), decl.bind(args, kwargs), strict=True))
+        else:
+            named = self._from_pool_form(decl, [*args, *kwargs.values()])
+        out: dict[str, Json] = {}
+        for arg in decl.args:
+            value = named[arg.name]
+            if arg.kind == "flag":  # a flag is read by its truth, as the reference reads it
+                if value:
+                    out[arg.name] = True
+            elif not (arg.optional and value is arg.default):
+                out[arg.name] = self._encode_arg(arg.kind, value)
+        return out
+
+    def _from_pool_form(self, decl: Operation, values: Sequence[Any]) -> dict[str, Any]:
+        """The declared arguments of a call made in the form the pool receives (a key for the
+        request and prefix that name it)."""
+        named: dict[str, Any] = {}
+        for spec, value in zip(pool_form(decl), values, strict=True):
+            if isinstance(spec, tuple) and spec[0] == "key":
+                named.update(zip(spec[1], self._named_by(value), strict=True))
+            else:
+                named[spec[1] if isinstance(spec, tuple) else spec] = value
+        return named
+
+    def _named_by(self, key: bytes) -> tuple[dict[str, Json], int, int]:
+        """The request, prefix and group that name ``key``: the request sent with its hash (one is
+        always cached before its keys are copied), else a one-hash request; an empty key (no
+        prefix names it) as prefix 0, which every pool refuses."""
+        hbs = self.hash_block_size
+        block_hash, group = key_of(key) if len(key) > 4 else (b"", 0)
+        known = self.requests.get(block_hash)
+        if known is not None:
+            return known[0], (known[1] + 1) * hbs, group
+        request: dict[str, Json] = {"request_id": "kvpool-key", "all_token_ids": [],
+                                    "block_hashes": [block_hash.hex()] if block_hash else []}
+        return request, hbs if block_hash else 0, group
+
+    def _encode_arg(self, kind: str, value: Any) -> Json:
+        if kind == "block":
+            return self._id(value)
+        if kind == "blocks":
+            return [self._id(b) for b in value]
+        if kind == "request":
+            return value if isinstance(value, dict) else self._request(value)
+        if kind == "hash":
+            return bytes(value).hex()
+        if kind == "watcher":
+            if not callable(value):  # the model refuses it before anything else; it cannot travel
+                raise refusal_class("InvalidArgumentError")("on_reuse must be callable")
+            name = watcher_name(value)
+            self.watchers[name] = value
+            return name
+        if kind in ("block_ids", "groups", "mask?"):
+            return list(value)
+        return value
+
     def _request(self, request: Any) -> dict[str, Json]:
+        """A request as sent (made again only when it grew), its hashes remembered."""
+        size = (len(request.all_token_ids), len(getattr(request, "block_hashes", ())))
+        last = self._sent.get(id(request))
+        if last is not None and last[0] is request and last[1] == size:
+            return last[2]
         sent = request_to_json(request)
         for i, h in enumerate(getattr(request, "block_hashes", ())):
             self.requests[bytes(h)] = (sent, i)
+        if len(self._sent) > 256:
+            self._sent.clear()
+            self._texts.clear()
+        self._sent[id(request)] = (request, size, sent)
+        self._texts[id(sent)] = (sent, protocol.text(sent))
         return sent
 
-    def _step(self, op: str, args: dict[str, Json]) -> TraceStep:
-        """One call, its answer applied (events, watchers, observation), not yet raised."""
-        self._prefetched = None
-        (step,) = self.session.calls([(op, args)])
-        self._apply(step)
-        return step
-
-    def _call(self, op: str, args: dict[str, Json]) -> Any:
-        """One call; for a pool seen only through calls, the observation's queries go with it.
-
-        The lockstep observes the pool right after each call: the free count,
-        every block's writability and the keys it probed last time are asked
-        in the same exchange (queries change nothing), so that
-        :meth:`observe_calls` usually needs no exchange of its own.
-        """
-        if self.session.shape is not None:
-            step = self._step(op, args)
-        else:
-            calls, lines = self._observation_calls(self._probed)
-            steps = self.session.calls([(op, args), *calls],
-                                       [protocol.encode({"op": op, "args": args}), *lines])
-            for done in steps:
-                self._apply(done)
-            step, self._prefetched = steps[0], (self._probed, steps[1:])
-        self._raise(step)
-        return self._result(op, step.result)
-
-    @staticmethod
-    def _raise(step: TraceStep) -> None:
-        if step.error is not None:
-            raise refusal_class(step.error)(f"the pool process refused {step.op}: {step.error}")
-
-    def _apply(self, step: TraceStep) -> None:
-        if step.op == "take_events":
-            self.kv_event_queue.clear()
-        self.kv_event_queue += [event_of(e) for e in step.events]
-        for name, block_id in step.fired or ():
-            watcher = self.watchers.get(str(name))
-            if watcher is None or not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):
-                raise self.session.process.fail(
-                    "garbage", f"fired: [{name!r}, {block_id!r}] names no watcher given to "
-                    "unpin_blocks or no block of the pool", f"call {len(self.session.log)} ({step.op})")
-            watcher(self.blocks[block_id])
-        if step.observation is not None:
-            self._mirror(step.observation)
-
-    def _mirror(self, obs: dict[str, Json]) -> None:
-        """Show the process's observation under vLLM's names (trace fields, already checked)."""
-        blocks = self.blocks
-        for block, ref, primary in zip(blocks, obs["ref"], obs["primary"], strict=True):
-            block.ref_cnt = ref
-            block.block_hash = None if primary is None else bytes.fromhex(primary[0])
-            block.block_hash_num_tokens = None if primary is None else primary[1]
-        queue = self.free_block_queue
-        if queue is not None:
-            queue.blocks = [blocks[b] if 0 <= b < len(blocks) else DrivenBlock(b)
-                            for b in obs["free"]]
-            queue.num_free_blocks = obs["num_free"]
-        if self.cached_block_hash_to_block is not None:
-            self.cached_block_hash_to_block._cache = {
-                bytes.fromhex(k): {b: DrivenBlock(b) for b in ids} for k, ids in obs["index"]}
-        if self.cached_block_hashes_by_block is not None:
-            self.cached_block_hashes_by_block = {
-                b: [bytes.fromhex(k) for k in keys] for b, keys in enumerate(obs["secondary"]) if keys}
-        if self._reuse_watchers is not None:
-            self._reuse_watchers = {b: "" for b in obs["watched"]}
+    def _block(self, block_id: int) -> DrivenBlock:
+        return self.blocks[block_id] if 0 <= block_id < self.num_blocks else DrivenBlock(block_id)
 
     def _result(self, op: str, result: Json) -> Any:
         """An answer's result as the reference returns it, by the operation's declared result kind."""
@@ -388,38 +352,256 @@ class DrivenPool:
             return bytes.fromhex(str(result))
         return result
 
-    def _encode(self, decl: Operation, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Json]:
-        """A call's arguments in the protocol's form, by their declared kinds: blocks as this pool's
-        ids, requests as sent (and remembered), hashes as hex; an optional argument left at its
-        default is left out, as a trace leaves it."""
-        out: dict[str, Json] = {}
-        for arg, value in zip(decl.args, decl.bind(args, kwargs), strict=True):
-            if arg.kind == "flag":  # a flag is read by its truth, as the reference reads it
-                if value:
-                    out[arg.name] = True
-            elif not (arg.optional and value is arg.default):
-                out[arg.name] = self._encode_arg(arg.kind, value)
-        return out
+    # ------------------------------------------------------------ one call
 
-    def _encode_arg(self, kind: str, value: Any) -> Json:
-        if kind == "block":
-            return self._id(value)
-        if kind == "blocks":
-            return [self._id(b) for b in value]
-        if kind == "request":
-            return self._request(value)
-        if kind == "hash":
-            return bytes(value).hex()
-        if kind in ("block_ids", "groups", "mask?"):
-            return list(value)
-        return value
+    def _call(self, op: str, args: dict[str, Json], expected: _Expected | None = None) -> Any:
+        """One call: answered as the model says (ahead), or sent with the questions the lockstep
+        will ask after it and answered by the process.  ``expected``: what the lockstep said of it
+        (taken before the arguments were encoded: an argument refused here takes it too)."""
+        if self.ahead and expected is not None:
+            return self._answer_ahead(op, args, expected)
+        self.session.settle()
+        if self.session.shape is not None:
+            step = self._step(op, args)
+        else:
+            calls, lines, blocks, keys = self._questions(expected)
+            steps = self.session.calls([(op, args), *calls], [protocol.encode({"op": op, "args": args}),
+                                                              *lines])
+            self._apply(steps[0])
+            step = steps[0]
+            self._prefetched = None if expected is None else (blocks, *self._answers(keys, steps[1:]))
+        self._raise(step)
+        return self._result(op, step.result)
 
-    def _block(self, block_id: int) -> DrivenBlock:
-        return self.blocks[block_id] if 0 <= block_id < self.num_blocks else DrivenBlock(block_id)
+    def _step(self, op: str, args: dict[str, Json]) -> TraceStep:
+        """One call, waiting for its answer, applied (events, watchers, observation), not raised."""
+        self._prefetched = None
+        (step,) = self.session.calls([(op, args)])
+        self._apply(step)
+        return step
 
-    # ------------------------------------------------------ the reference API
+    def _raise(self, step: TraceStep) -> None:
+        if step.error is not None:
+            message = self.session.messages.get(step.line - 1)
+            said = f" ({message})" if message else ""
+            raise refusal_class(step.error)(f"the pool process refused {step.op}: {step.error}{said}")
 
-    # Every other operation is derived from its declaration: see _declared below the class.
+    def _apply(self, step: TraceStep) -> None:
+        if step.op == "take_events":
+            self.kv_event_queue.clear()
+        self.kv_event_queue += [event_of(e) for e in step.events]
+        for name, block_id in step.fired or ():
+            watcher = self.watchers.get(str(name))
+            if watcher is None or not (isinstance(block_id, int) and 0 <= block_id < self.num_blocks):
+                raise self.session.process.fail(
+                    "garbage", f"fired: [{name!r}, {block_id!r}] names no watcher given to "
+                    "unpin_blocks or no block of the pool", f"call {len(self.session.log)} ({step.op})")
+            watcher(self.blocks[block_id])
+        self._tell(self.session.told.pop(step.line, ()))
+        if step.observation is not None and not self.ahead:
+            self._mirror(step.observation)
+
+    def _tell(self, told: Iterable[tuple[str, int | None]]) -> None:
+        """Tell the collector what the process says its pool told its own."""
+        if self.collector is None:
+            return
+        for what, block_id in told:
+            method = getattr(self.collector, COLLECTOR[what])
+            if block_id is None:
+                method()
+            else:
+                method(self._block(block_id))
+
+    def _mirror(self, obs: dict[str, Json]) -> None:
+        """Show the process's observation under vLLM's names (trace fields, already checked)."""
+        blocks = self.blocks
+        for block, ref, primary in zip(blocks, obs["ref"], obs["primary"], strict=True):
+            block.ref_cnt = ref
+            block.block_hash = None if primary is None else bytes.fromhex(primary[0])
+            block.block_hash_num_tokens = None if primary is None else primary[1]
+        queue = self.free_block_queue
+        if queue is not None:
+            queue.blocks = [blocks[b] if 0 <= b < len(blocks) else DrivenBlock(b) for b in obs["free"]]
+            queue.num_free_blocks = obs["num_free"]
+        if self.cached_block_hash_to_block is not None:
+            self.cached_block_hash_to_block._cache = {
+                bytes.fromhex(k): {b: DrivenBlock(b) for b in ids} for k, ids in obs["index"]}
+        if self.cached_block_hashes_by_block is not None:
+            self.cached_block_hashes_by_block = {
+                b: [bytes.fromhex(k) for k in keys] for b, keys in enumerate(obs["secondary"]) if keys}
+        if self._reuse_watchers is not None:
+            self._reuse_watchers = {b: "" for b in obs["watched"]}
+
+    # ------------------------------------------------------------ ahead of the answers
+
+    def _answer_ahead(self, op: str, args: dict[str, Json], expected: _Expected) -> Any:
+        """Send the call with what the model says of it; answer as the model did, at once."""
+        model, error, session = expected.model, expected.error, self.session
+        outcome = expected_of(op, model, expected.result, error, watcher_name)
+        told = [(what, b) for what, b in model.out.told] if self.collector is not None else None
+        expect = Expect(self._name(op), op, args, outcome, told=told)
+        self._viewed = self._viewed_answer = None
+        asks: dict[str, Json] | None = None
+        if OPERATIONS[op].role != "query" or expected.whole:  # what the lockstep asks after it
+            blocks, keys = self._asked(expected)
+            self._viewed = (frozenset(blocks), frozenset(keys), expected.whole)
+            if session.shape is not None and (expected.whole or not session.when_asked):
+                # the process shows the pool (the whole of it, or after every call): checked on it
+                expect.view = (whole_view(observation_to_json(observe_model(model))) if expected.whole
+                               else footprint_view(model, blocks, keys))
+                expect.show = session.when_asked
+            elif session.observe:  # asked with the call, answered with it (shown, when it shows)
+                asks = protocol.observe_line(blocks, keys)["args"]
+                expect.asks = (asks["blocks"], asks["keys"])
+                expect.observed = self._observed_by_model(blocks, keys)
+                self._viewed_answer = (blocks, keys, expect.observed)
+                if session.when_asked:
+                    expect.shown = shown_view(model, blocks, keys)
+            else:
+                self._viewed = None  # asked as lines of their own (observe_calls)
+        session.post([expect], [protocol.call_line(op, args, self._texts, asks, expect.show)])
+        # the lockstep compares nothing of a pool that answers ahead (its ``echo``): no events,
+        # watchers or collector calls to show it, only the answer the workload reads
+        if error is not None:
+            raise refusal_class(refusal_name(error))(f"the model refuses {op}: {error}")
+        return expected.result if OPERATIONS[op].result == "events" else self._result(op, outcome.result)
+
+    def _name(self, op: str) -> str:
+        session = self.session
+        return f"call {len(session.log) + len(session.ahead) + 1} ({op})"
+
+    def _asked(self, expected: _Expected) -> tuple[list[int], list[Key]]:
+        """What the lockstep asks after a call: the footprint's blocks and keys, or every block and
+        every key the model indexes when it compares the whole pool then."""
+        model = expected.model
+        blocks, keys = footprint(model, expected.footprint)
+        if expected.whole:  # the lockstep probes what the model indexes, and indexed at its last look
+            probed, self._probed = self._probed, set(model.index)
+            return list(range(self.num_blocks)), sorted(self._probed | probed | set(keys))
+        return blocks, keys
+
+    def _observed_by_model(self, blocks: Sequence[int], probes: Sequence[Key]) -> Observed:
+        model = self._model
+        if model is None:
+            raise RuntimeError("no call was expected yet")
+        writable = [b != NULL and model.ref[b] == 1 and model.primary[b] is None for b in blocks]
+        return len(model.free), writable, [hit[0] if (hit := model.index.get(k)) else None for k in probes]
+
+    # ------------------------------------------------------------ seeing the pool through calls
+
+    def observe_calls(self, probes: Sequence[tuple[bytes, int]],
+                      blocks: Sequence[int] | None = None) -> Observed:
+        """The observer's questions: ``get_num_free_blocks``, ``is_block_writable`` of ``blocks``
+        (every block when None), ``get_cached_block`` of each probed key in its group."""
+        probes = list(probes)
+        asked = list(range(self.num_blocks)) if blocks is None else list(blocks)
+        if self.ahead and self._model is not None:
+            return self._answer_questions(self._model, asked, probes)
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and set(asked) <= set(prefetched[0]):
+            where = {b: i for i, b in enumerate(prefetched[0])}
+            num_free, writable, _hits = prefetched[2]
+            hits = prefetched[1]
+            missing = [k for k in probes if k not in hits]
+            if missing:
+                hits = {**hits, **self._ask([], missing)[2]}
+            return num_free, [writable[where[b]] for b in asked], [hits[k] for k in probes]
+        num_free, found, answered = self._ask(asked, probes)
+        return num_free, found, [answered[k] for k in probes]
+
+    def _answer_questions(self, model: PoolState, asked: list[int], probes: list[Key]) -> Observed:
+        """Ahead: the lockstep's questions answered as the model says, and those the last call did
+        not carry sent with their answers (or an observing process's whole pool checked)."""
+        viewed, self._viewed = self._viewed, None
+        known, self._viewed_answer = self._viewed_answer, None
+        if viewed is not None and known is not None and known[0] == asked and known[1] == probes:
+            return known[2]  # what the call carried, as the model answered it
+        answer = self._observed_by_model(asked, probes)
+        session = self.session
+        shown = session.shape if not session.when_asked else None  # one that shows when asked: asked
+        if viewed is not None and set(asked) <= viewed[0]:
+            covered = viewed[2] if shown is not None else False
+            keys_seen = covered or (shown is None or "index" in shown)
+            missing = [] if covered else [k for k in probes if not (keys_seen and k in viewed[1])]
+            if not missing:
+                return answer
+            if shown is None or "index" not in shown:
+                self._post_questions(model, [], missing, self._observed_by_model([], missing))
+                return answer
+        if shown is None:
+            self._post_questions(model, asked, probes, answer)
+        else:
+            self.session.post([Expect(self._name("get_num_free_blocks"), "get_num_free_blocks", {},
+                                      Expected(None, len(model.free), [], []),
+                                      view=whole_view(observation_to_json(observe_model(model))))],
+                              [protocol.encode({"op": "get_num_free_blocks", "args": {}})])
+        return answer
+
+    def _ask(self, blocks: list[int], probes: list[Key]) -> tuple[int, list[bool], dict[Key, int | None]]:
+        calls, lines = self._question_lines(blocks, probes)
+        steps = self.session.calls(calls, lines)
+        for step in steps:
+            self._apply(step)
+        hits, observed = self._answers(probes, steps)
+        return observed[0], observed[1], hits
+
+    def _questions(self, expected: _Expected | None
+                   ) -> tuple[list[Call], list[bytes], list[int], list[Key]]:
+        """The questions to send with a call: those the lockstep will ask after it."""
+        if expected is None:
+            return [], [], [], []
+        model = expected.model
+        if expected.whole:
+            blocks = list(range(self.num_blocks))
+            keys = sorted(set(model.index) | set(footprint(model, expected.footprint)[1]))
+        else:
+            blocks, keys = footprint(model, expected.footprint)
+        calls, lines = self._question_lines(blocks, keys)
+        return calls, lines, blocks, keys
+
+    def _question_lines(self, blocks: Sequence[int], keys: Sequence[Key]
+                        ) -> tuple[list[Call], list[bytes]]:
+        """One observe line when the process answers them; else one query per question."""
+        if self.session.observe:
+            line = protocol.observe_line(blocks, keys)
+            return [(protocol.OBSERVE, line["args"])], [protocol.encode(line)]
+        calls: list[Call] = [("get_num_free_blocks", {})]
+        calls += [("is_block_writable", {"block_id": b}) for b in blocks]
+        calls += [("get_cached_block", {"block_hash": h.hex(), "kv_cache_group_ids": [g]})
+                  for h, g in keys]
+        return calls, [protocol.encode({"op": op, "args": a}) for op, a in calls]
+
+    def _answers(self, keys: Sequence[Key], steps: Sequence[TraceStep]
+                 ) -> tuple[dict[Key, int | None], Observed]:
+        """The questions' answers: lookups by key, and the free count, writability, lookups."""
+        for step in steps:
+            self._raise(step)
+        if self.session.observe:
+            observed: Observed = steps[0].result
+        else:
+            fixed = len(steps) - len(keys)
+            observed = (steps[0].result, [bool(s.result) for s in steps[1:fixed]],
+                        [s.result[0] if s.result else None for s in steps[fixed:]])
+        return dict(zip(keys, observed[2], strict=True)), observed
+
+    def _post_questions(self, model: PoolState, blocks: list[int], probes: list[Key],
+                        answer: Observed) -> None:
+        """Ahead: the questions, each with the model's answer."""
+        calls, lines = self._question_lines(blocks, probes)
+        if self.session.observe:
+            view = shown_view(model, blocks, probes) if self.session.when_asked else None
+            expects = [Expect(self._name(protocol.OBSERVE), protocol.OBSERVE, calls[0][1], observed=answer,
+                              shown=view)]
+        else:
+            num_free, writable, hits = answer
+            results: list[Json] = [num_free, *writable, *([h] if h is not None else None for h in hits)]
+            expects = []
+            for (op, args), result in zip(calls, results, strict=True):
+                number = len(self.session.log) + len(self.session.ahead) + len(expects) + 1
+                expects.append(Expect(f"call {number} ({op})", op, args, Expected(None, result, [], [])))
+        self.session.post(expects, lines)
+
+    # ------------------------------------------------------------ operations that need more
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
         """Free the listed blocks; another driven pool's blocks are freed by its own process.
@@ -430,20 +612,24 @@ class DrivenPool:
         by replaying their pools' calls without them
         (:meth:`Session.replay`): neither pool changed, as the model says.
         """
-        own: list[Any] = []
+        listed = list(ordered_blocks)
         theirs: dict[DrivenPool, list[int]] = {}
-        for block in ordered_blocks:
+        own: list[Any] = []
+        for block in listed:
             owner = getattr(block, "owner", None)
             if isinstance(owner, DrivenPool) and owner is not self and owner.current:
                 theirs.setdefault(owner, []).append(block.block_id)
             else:
-                own.append(self._id(block))
+                own.append(block)
         if not theirs:
-            self._call("free_blocks", {"block_ids": own})
+            _declared_methods["free_blocks"](self, own)
             return
+        self._expected = None
+        for pool in (self, *theirs):
+            pool.session.settle()
         done: list[DrivenPool] = []
         if own:
-            self._raise(self._step("free_blocks", {"block_ids": own}))
+            self._raise(self._step("free_blocks", {"block_ids": [self._id(b) for b in own]}))
             done.append(self)
         for pool, ids in theirs.items():
             step = pool._step("free_blocks", {"block_ids": ids})
@@ -463,100 +649,36 @@ class DrivenPool:
             if line["op"] == "take_events":
                 self.kv_event_queue.clear()
             self.kv_event_queue += [event_of(e) for e in line.get("events") or ()]
-        last = session.log[-1].get("observation") if session.log else session.fresh
-        if isinstance(last, dict):
+        last = next((line["observation"] for line in reversed(session.log) if "observation" in line),
+                    session.fresh)
+        if isinstance(last, dict) and not self.ahead:
             self._mirror(last)
 
-    def unpin_blocks(self, blocks: Iterable[Any], on_reuse: Any) -> None:
-        """Unpin; the watcher travels by name (an uncallable one is refused here, as the model
-        refuses it before anything else: the protocol can only name callables)."""
-        ids = [self._id(b) for b in blocks]
-        if not callable(on_reuse):
-            raise refusal_class("InvalidArgumentError")("on_reuse must be callable")
-        name = str(getattr(on_reuse, "name", None) or f"watcher-{id(on_reuse):x}")
-        self.watchers[name] = on_reuse
-        self._call("unpin_blocks", {"block_ids": ids, "on_reuse": name})
 
-    def _insert_block_hash(self, key: bytes, block: Any, num_tokens: int | None) -> None:
-        """vLLM's offload path receives a key; the protocol sends the request and prefix naming it.
-
-        The key's hash is looked up among the requests sent (a request is
-        always cached somewhere before its keys are copied).  A key no request
-        sent names goes as a one-hash request, and an empty key (no prefix
-        names it: what the lockstep hands over for a prefix no hash names) as
-        prefix 0, which every pool refuses.
-        """
-        hbs = self.hash_block_size
-        block_hash, group = key_of(key) if len(key) > 4 else (b"", 0)
-        known = self.requests.get(block_hash)
-        if known is not None:
-            request, prefix = known[0], (known[1] + 1) * hbs
-        else:
-            request = {"request_id": "kvpool-key", "all_token_ids": [],
-                       "block_hashes": [block_hash.hex()] if block_hash else []}
-            prefix = hbs if block_hash else 0
-        self._call("_insert_block_hash", {"request": request, "prefix_tokens": prefix,
-                                          "kv_cache_group_id": group, "block_id": self._id(block),
-                                          "num_tokens": num_tokens})
-
-    def observe_calls(self, probes: Sequence[tuple[bytes, int]]) -> tuple[int, list[bool], list[int | None]]:
-        """The observer's calls of an ``api-only`` pool, sent at once (pipelined).
-
-        ``get_num_free_blocks``, ``is_block_writable`` of every block, then
-        ``get_cached_block`` of each probed key in its group.
-        """
-        probes = tuple(probes)
-        fixed = 1 + self.num_blocks
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None:  # asked with the call before (see _call); only new keys now
-            asked, steps = prefetched
-            answered = dict(zip(asked, steps[fixed:], strict=True))
-            missing = tuple(k for k in probes if k not in answered)
-            if missing:
-                for key, step in zip(missing, self.session.calls(*self._lookups(missing)), strict=True):
-                    self._apply(step)
-                    answered[key] = step
-            steps = [*steps[:fixed], *(answered[k] for k in probes)]
-        else:
-            steps = self.session.calls(*self._observation_calls(probes))
-            for step in steps:
-                self._apply(step)
-        for step in steps:
-            self._raise(step)
-        self._probed = probes
-        hits = [s.result[0] if s.result else None for s in steps[fixed:]]
-        return steps[0].result, [bool(s.result) for s in steps[1:fixed]], hits
-
-    def _observation_calls(self, probes: Sequence[tuple[bytes, int]]) -> tuple[list[Call], list[bytes]]:
-        """The queries of one observation through calls, and their lines."""
-        if self._fixed is None:  # the same lines every time: made once
-            fixed: list[Call] = [("get_num_free_blocks", {})] + [
-                ("is_block_writable", {"block_id": b}) for b in range(self.num_blocks)]
-            self._fixed = (fixed, [protocol.encode({"op": op, "args": a}) for op, a in fixed])
-        calls, lines = self._lookups(probes)
-        return self._fixed[0] + calls, self._fixed[1] + lines
-
-    @staticmethod
-    def _lookups(probes: Sequence[tuple[bytes, int]]) -> tuple[list[Call], list[bytes]]:
-        calls: list[Call] = [("get_cached_block", {"block_hash": h.hex(), "kv_cache_group_ids": [g]})
-                             for h, g in probes]
-        return calls, [protocol.encode({"op": op, "args": a}) for op, a in calls]
+def watcher_name(watcher: Any) -> str:
+    """The name a reuse watcher travels by: its ``name``, else one made of its identity."""
+    return str(getattr(watcher, "name", None) or f"watcher-{id(watcher):x}")
 
 
 def _declared(decl: Operation) -> Callable[..., Any]:
     """The reference method of ``decl``: its arguments encoded by kind, its answer decoded."""
     def method(self: DrivenPool, *args: Any, **kwargs: Any) -> Any:
-        return self._call(decl.name, self._encode(decl, args, kwargs))
+        expected, self._expected = self._expected, None
+        return self._call(decl.name, self._encode(decl, args, kwargs), expected)
 
     method.__name__ = method.__qualname__ = decl.name
     method.__doc__ = f"{decl.doc} (sent to the pool process)"
     return method
 
 
-for _decl in OPERATIONS.values():  # the operations with nothing to translate but their kinds
-    if _decl.role != "caller" and _decl.name not in vars(DrivenPool):
-        setattr(DrivenPool, _decl.name, _declared(_decl))
+_declared_methods: dict[str, Callable[..., Any]] = {
+    name: _declared(decl) for name, decl in OPERATIONS.items() if decl.role != "caller"}
+"""Every operation of the pool, made from its declaration."""
+for _name, _method in _declared_methods.items():
+    if _name not in CROSS_POOL:
+        setattr(DrivenPool, _name, _method)
 
 
-__all__ = ["FAILED_CALL_ERRORS", "NOT_SHOWN", "DrivenBlock", "DrivenEvent", "DrivenPool",
-           "DrivenRefusal", "FreeQueueMirror", "IndexMirror", "Session", "event_of", "refusal_class"]
+__all__ = ["COLLECTOR", "CROSS_POOL", "FAILED_CALL_ERRORS", "NOT_SHOWN", "DrivenBlock", "DrivenEvent",
+           "DrivenPool", "DrivenRefusal", "FreeQueueMirror", "IndexMirror", "Session", "event_of",
+           "footprint_view", "pool_form", "refusal_class", "shown_view", "watcher_name"]

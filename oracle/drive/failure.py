@@ -30,8 +30,8 @@ from ..trace.read import Header
 from ..trace.schema import Json
 from . import protocol
 from .adapter import DriveAdapter
-from .facade import FAILED_CALL_ERRORS, Session
 from .process import PoolProcess, ProcessFailure, ProcessHung
+from .session import FAILED_CALL_ERRORS, Session
 
 Call = tuple[str, dict[str, Json]]
 Phase = Callable[[Any, Options], PhaseResult]
@@ -53,7 +53,7 @@ class Capture:
 
     @classmethod
     def of(cls, session: Session) -> Capture:
-        lines = [*session.log, *([session.failed] if session.failed is not None else [])]
+        lines = session.trace()
         hung = session.failed is not None and session.failed["error"] == FAILED_CALL_ERRORS["hang"]
         return cls(dict(session.pool), session.header, lines, hung)
 
@@ -88,7 +88,7 @@ def replay(process: PoolProcess, pool: dict[str, Json], header: Header,
             session.calls(list(calls))
     except (ProcessFailure, ProcessHung):
         pass
-    return [*session.log, *([session.failed] if session.failed is not None else [])]
+    return session.trace()
 
 
 @dataclass
@@ -100,6 +100,8 @@ class Shrunk:
     report: CheckReport
     replays: int = 0
     note: str = ""
+    pool: dict[str, Json] = field(default_factory=dict)
+    """The pool the lines were answered by (its header's fields)."""
 
 
 @dataclass
@@ -157,7 +159,7 @@ class Shrinker:
                     handed[i] = step.result
         except (ProcessFailure, ProcessHung):
             pass
-        return [*session.log, *([session.failed] if session.failed is not None else [])]
+        return session.trace()
 
     def shrink(self, cap: Capture) -> Shrunk:
         """The shortest calls found that still differ from the model where ``cap`` does."""
@@ -182,6 +184,11 @@ class Shrinker:
         def as_sent(kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
             return judged(self._replay(cap, [_call(line) for line in kept]))
 
+        if lines and lines[-1].get("error") in FAILED_CALL_ERRORS.values() and as_sent(lines) is None:
+            # the process failed, but not where these calls alone make it fail: what made it fail
+            # is more than them (its earlier pools, its age), and no cut of them is a witness
+            return Shrunk(lines, len(cap.lines), report, self.replays, note="not shrunk: replayed on "
+                          "their own, these calls do not make the process fail there")
         fewer = [line for line in lines[:-1] if line["op"] not in QUERIES] + lines[-1:]
         lines = (as_sent(fewer) if len(fewer) < len(lines) else None) or lines
         lines = ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
@@ -219,24 +226,18 @@ class DriveRun:
         def guarded(adapter: Any, opts: Options) -> PhaseResult:
             try:
                 result = run(adapter, opts)
-            except ProcessHung as exc:
+            except (ProcessHung, ProcessFailure) as exc:  # a hang passes everything, unshrunk
                 verdict = exc.verdict
                 name = "campaign" if "campaign" in run.__name__ else "machine"
-                calls = [f"call {i}: {line['op']}" for i, line in enumerate(self._log(), start=1)]
-                details = "\n".join([verdict.format(), "calls answered before it:", *calls[-12:]])
                 result = PhaseResult(name, False, 0.0, 0, Failure(
-                    "hang", verdict.format().splitlines()[0], details, calls[-12:], opts.seed,
-                    cause=ProcessFailure(verdict)))
+                    "process", verdict.format().splitlines()[0], verdict.format(), [], opts.seed,
+                    cause=exc))
             if not result.ok:
                 self.captured[result.name] = [Capture.of(p.session) for p in reversed(self.adapter.recent)]
             return result
 
         guarded.__name__ = run.__name__
         return guarded
-
-    def _log(self) -> list[dict[str, Json]]:
-        recent = self.adapter.recent
-        return list(recent[-1].session.log) if recent else []
 
     def traces(self, meta: dict[str, Json]) -> dict[str, tuple[Path, Shrunk]]:
         """Write each failed phase's trace (shrunk unless asked not to); path and shrink by phase."""
@@ -249,6 +250,7 @@ class DriveRun:
             if chosen is None:
                 continue
             cap, shrunk = chosen
+            shrunk.pool = cap.pool
             path = self.trace_dir / f"kvpool-drive-{name}.jsonl"
             write_trace(path, cap.pool, shrunk.lines, {**meta, "phase": name,
                                                        "calls_before_shrinking": shrunk.before})
@@ -275,8 +277,9 @@ class DriveRun:
         return None
 
 
-def short_line(number: int, line: dict[str, Json]) -> str:
-    """One trace line in one short line: ``3 free_blocks(block_ids=[2, 1]) -> null``."""
+def short_line(number: int, line: dict[str, Json], model: Sequence[str] | None = None) -> str:
+    """One trace line in one short line: ``3 free_blocks(block_ids=[2, 1]) -> null``, the pool's
+    answer; ``model``: how the model's differs (``check-trace``'s words), shown beside it."""
     args = ", ".join(f"{k}={_short(v)}" for k, v in dict(line["args"]).items())
     outcome = f"raised {line['error']}" if line.get("error") else _short(line.get("result"))
     events = [e.get("type") for e in line.get("events") or () if isinstance(e, dict)]
@@ -286,15 +289,22 @@ def short_line(number: int, line: dict[str, Json]) -> str:
         tail += f"; events {', '.join(str(e) for e in events)}"
     if fired:
         tail += f"; fired {_short(fired)}"
+    if model:
+        tail += "   <- the model differs: " + "; ".join(model)
     room = max(40, 150 - len(tail))  # the arguments give way: what came of the call stays
     return f"{number:>3} {line['op']}({args if len(args) <= room else args[:room - 3] + '...'}){tail}"
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _short(value: Json) -> str:
     if isinstance(value, dict) and "request_id" in value:
         tokens, hashes = value.get("all_token_ids") or [], value.get("block_hashes") or []
         extra = [k for k in ("lora", "mm", "cache_salt", "session_id") if value.get(k)]
-        return (f"<request {value['request_id']}: {len(tokens)} tokens, {len(hashes)} hashes"
+        return (f"<request {value['request_id']}: {_count(len(tokens), 'token')}, "
+                f"{_count(len(hashes), 'hash', 'hashes')}"
                 + (f", {'+'.join(extra)}" if extra else "") + ">")
     if isinstance(value, list) and value and isinstance(value[0], dict):
         return "[" + ", ".join(str(v.get("type")) for v in value) + "]"

@@ -36,6 +36,11 @@ STDERR_LINES = 30
 STDERR_LINE_CHARS = 300
 MAX_LINE = 1 << 26
 """Longest answer line accepted (64 MiB): a process that never ends a line is stopped there."""
+HIGH_WATER = 1 << 20
+"""Bytes of posted lines that may wait to be written before a post waits for the process."""
+BATCH = 1 << 15
+"""Bytes of posted lines gathered before they are written: each write to the pipe wakes the
+process (on a busy machine a wake-up costs more than the lines), so lines go in batches."""
 GRACE = 10.0
 """Seconds a process has to exit once its stdin is closed, before it is killed: as long as the
 default wait for an answer, so that a loaded machine slowing an interpreter's exit is no verdict."""
@@ -53,9 +58,14 @@ class Verdict:
     """``call 17 (free_blocks)``, ``the header``; None: between calls."""
     stderr: list[str] = field(default_factory=list)
     command: str = ""
+    line: int | None = None
+    """The line of the process's input (from 1, since it started) it happened at."""
 
     def format(self) -> str:
         where = f" at {self.call}" if self.call else ""
+        if self.line is not None:
+            where += (f" (line {self.line} of its input)" if self.call
+                      else f" at line {self.line} of its input")
         said = HEADLINES.get(self.kind, f"the pool process failed ({self.kind})")
         lines = [f"{said}{where}: {self.what}", f"  the process: {self.command}"]
         if self.stderr:
@@ -194,7 +204,17 @@ class PoolProcess:
         self._buffer = bytearray()
         self._stderr: StderrTail | None = None
         self._poller: select.poll | None = None
+        self._out = bytearray()
+        """Lines posted and not yet written (the pipe was full)."""
+        self._answers: collections.deque[bytes] = collections.deque()
+        """Answer lines read and not yet taken."""
+        self.owed = 0
+        """Lines written (or waiting to be) whose answers were not taken yet."""
         self.lines_read = 0
+        self.lines_sent = 0
+        """Lines sent to this copy of the process (its input line count); answers taken."""
+        self.total_sent = 0
+        """Lines sent to every copy started, in all."""
 
     # ---------------------------------------------------------------- life
 
@@ -225,7 +245,9 @@ class PoolProcess:
         self._poller = select.poll()  # stdout always; stdin while a write waits for room
         self._poller.register(stdout.fileno(), select.POLLIN)
         self._buffer.clear()
-        self.lines_read = 0
+        self._out.clear()
+        self._answers.clear()
+        self.owed = self.lines_read = self.lines_sent = 0
         _LIVE.add(self)
 
     def kill(self) -> None:
@@ -261,9 +283,11 @@ class PoolProcess:
             if popen.stdin is not None:
                 popen.stdin.close()
         deadline = time.monotonic() + GRACE
-        extra = bytes(self._buffer)
+        self._split()  # answers still owed (left unread) are not extra; any line after them is
+        owed_lines = max(0, self.owed - len(self._answers))
+        extra = b"".join(a + b"\n" for a in list(self._answers)[self.owed:]) + bytes(self._buffer)
         fd = popen.stdout.fileno() if popen.stdout is not None else -1
-        while fd >= 0 and time.monotonic() < deadline and len(extra) < 4096:
+        while fd >= 0 and time.monotonic() < deadline and len(extra) < 4096 + owed_lines * 4096:
             ready = selectors.DefaultSelector()
             ready.register(fd, selectors.EVENT_READ)
             events = ready.select(max(0.0, deadline - time.monotonic()))
@@ -280,6 +304,8 @@ class PoolProcess:
                 break
             extra += chunk
         status = _exit_status(popen, max(0.0, deadline - time.monotonic()))
+        if owed_lines:  # the answers still owed, as far as they came: not extra
+            extra = b"\n".join(extra.split(b"\n")[owed_lines:])
         if extra.strip():
             verdict = self._verdict("extra output", "after its last answer, at the end of its "
                                     f"stdin: {_shown(extra.splitlines()[0])!r}", None)
@@ -299,67 +325,117 @@ class PoolProcess:
 
         All may be in flight at once; ``names(i)`` names the ``i``-th for a
         verdict (``call 17 (free_blocks)``).  Each answer must come within the
-        timeout of the one before it (of the start, for the first).
+        timeout of the one before it (of the start, for the first).  Nothing
+        else may be in flight (see :meth:`post`).
         """
-        popen, poller = self.popen, self._poller
-        if popen is None or poller is None or popen.stdin is None or popen.stdout is None:
+        if self.owed:
+            raise RuntimeError("exchange with answers still owed: wait for them first")
+        self.post(lines, names)
+        return self.wait(len(lines), names)
+
+    def post(self, lines: Sequence[bytes], names: Callable[[int], str]) -> None:
+        """Send ``lines`` without waiting for their answers (pipelined): written as far as the pipe
+        takes them now, the rest with the next :meth:`post`, :meth:`collect` or :meth:`wait`
+        (a post blocks only while more than :data:`HIGH_WATER` bytes wait to be written).
+        ``names(i)`` names the ``i``-th line owed an answer, oldest first."""
+        if self.popen is None or self._poller is None:
             raise ProcessFailure(self._verdict("crash", "is not running", names(0)))
-        out_fd, in_fd = popen.stdout.fileno(), popen.stdin.fileno()
-        if self._buffer or poller.poll(0):
-            self._fill(out_fd, names(0))
+        if not self.owed and (self._buffer or self._poller.poll(0)):
+            self._fill(names(0))
             if self._buffer:
                 raise self._unasked("before it, a line no call asked for", names(0))
-        answers: list[bytes] = []
+        self._out += b"".join(lines)
+        self.owed += len(lines)
+        self.lines_sent += len(lines)
+        self.total_sent += len(lines)
+        if len(self._out) >= BATCH:  # each write wakes the process: write many lines at once
+            self._pump(names, 0, block=len(self._out) > HIGH_WATER)
+
+    def collect(self, names: Callable[[int], str]) -> list[bytes]:
+        """The answers that have come, oldest first, without waiting (and once a batch of lines
+        waits, written)."""
+        if len(self._out) >= BATCH or (self._poller is not None and self._poller.poll(0)):
+            self._pump(names, 0, block=False)
+        return self._take(min(len(self._answers), self.owed))
+
+    def wait(self, count: int, names: Callable[[int], str]) -> list[bytes]:
+        """The next ``count`` answers owed, oldest first, waiting for them (each within the
+        timeout of the one before)."""
+        self._pump(names, count, block=True)
+        return self._take(count)
+
+    def _take(self, count: int) -> list[bytes]:
+        out = [self._answers.popleft() for _ in range(count)]
+        self.owed -= count
+        self.lines_read += count
+        return out
+
+    def _pump(self, names: Callable[[int], str], need: int, *, block: bool) -> None:
+        """Write what waits to be written and read what has come: until ``need`` answers are in
+        and at most :data:`HIGH_WATER` bytes wait (``block``, each answer within the timeout of the
+        one before), or once without waiting."""
+        popen, poller = self.popen, self._poller
+        if popen is None or poller is None or popen.stdin is None or popen.stdout is None:
+            raise ProcessFailure(self._verdict("crash", "is not running", names(len(self._answers))))
+        out_fd, in_fd = popen.stdout.fileno(), popen.stdin.fileno()
+        answers = self._answers
         try:
-            pending = self._write(in_fd, memoryview(b"".join(lines)), names(0))
-            if pending:  # the pipe is full: wait for it to take more, reading meanwhile
-                poller.register(in_fd, select.POLLOUT)
             deadline = time.monotonic() + self.timeout
             while True:
-                buffer = self._buffer
-                while len(answers) < len(lines):
-                    cut = buffer.find(b"\n")
-                    if cut < 0:
-                        break
-                    answers.append(bytes(buffer[:cut]))
-                    del buffer[:cut + 1]
-                    self.lines_read += 1
-                    deadline = time.monotonic() + self.timeout
-                if len(answers) == len(lines):
-                    break
-                if len(buffer) > MAX_LINE:
+                if self._out:
+                    self._out = bytearray(self._write(in_fd, memoryview(self._out), names(len(answers))))
+                if not block:
+                    while poller.poll(0):
+                        self._fill(names(len(answers)))
+                had = len(answers)
+                self._split()  # lines beyond those owed stay: the caller judges the answers first
+                if len(self._buffer) > MAX_LINE:
                     raise self._fail("garbage", f"wrote more than {MAX_LINE} bytes without ending "
                                      "the line", names(len(answers)))
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if not block or (len(answers) >= need and len(self._out) <= HIGH_WATER):
+                    return
+                now = time.monotonic()
+                if len(answers) > had:
+                    deadline = now + self.timeout
+                if deadline <= now:
                     self._hung(names(len(answers)))
-                for fd, _event in poller.poll(left * 1000):
-                    if fd == in_fd:
-                        pending = self._write(in_fd, pending, names(len(answers)))
-                        if not pending:
+                if self._out:
+                    poller.register(in_fd, select.POLLOUT)
+                try:
+                    events = poller.poll((deadline - now) * 1000)
+                finally:
+                    if self._out:
+                        with contextlib.suppress(KeyError, ValueError):
                             poller.unregister(in_fd)
-                    else:
-                        self._fill(out_fd, names(len(answers)))
+                for fd, _event in events:
+                    if fd == out_fd:
+                        self._fill(names(len(answers)))
         except (ProcessFailure, ProcessHung) as exc:
-            exc.answered = answers  # what came before, for the trace of the failure
+            exc.answered = list(answers)[:self.owed]  # what came before, for the trace of the failure
+            answers.clear()
             raise
-        finally:
-            if self._poller is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._poller.unregister(in_fd)
-        return answers
+
+    def _split(self) -> None:
+        """Move the complete lines read into the answers."""
+        buffer = self._buffer
+        cut = buffer.find(b"\n")
+        while cut >= 0:
+            self._answers.append(bytes(buffer[:cut]))
+            del buffer[:cut + 1]
+            cut = buffer.find(b"\n")
 
     def check_unasked(self, name: str) -> None:
         """Fail if a line no call asked for came in the reads that brought the answers.
 
         The caller checks the answers first: a log line read as an answer is reported as what it
         is, and the line after it, pushed one place on, is not what goes wrong first."""
-        if self._buffer:
+        if len(self._answers) > self.owed or (self._buffer and not self.owed):
             raise self._unasked("more lines than calls came back", name)
 
     def _unasked(self, what: str, name: str) -> ProcessFailure:
         """The failure for output no call asked for, left in the buffer: its first line shown."""
-        first = bytes(self._buffer).split(b"\n")[0]
+        first = (self._answers[self.owed] if len(self._answers) > self.owed
+                 else bytes(self._buffer).split(b"\n")[0])
         return self._fail("extra output", f"{what} (a second answer to a call, or logging on "
                           f"stdout?): {_shown(first)!r}", name)
 
@@ -374,9 +450,12 @@ class PoolProcess:
             raise self._exited(name) from None
         return pending[sent:]
 
-    def _fill(self, fd: int, name: str) -> None:
+    def _fill(self, name: str) -> None:
+        popen = self.popen
+        if popen is None or popen.stdout is None:
+            raise self._exited(name)
         try:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(popen.stdout.fileno(), 1 << 20)
         except BlockingIOError:
             return
         except OSError:
@@ -387,20 +466,23 @@ class PoolProcess:
 
     # ------------------------------------------------------------ verdicts
 
-    def _verdict(self, kind: str, what: str, call: str | None) -> Verdict:
+    def _verdict(self, kind: str, what: str, call: str | None, line: int | None = None) -> Verdict:
         """A verdict; the process is killed first (its stream can no longer be trusted), so that
-        its stderr ends and every line it wrote before is in the tail."""
+        its stderr ends and every line it wrote before is in the tail.  ``line``: the input line
+        (None: the first one whose answer has not come)."""
+        if line is None and self.lines_sent:
+            line = min(self.lines_read + len(self._answers) + 1, self.lines_sent)
         self.kill()
         tail = self._stderr.tail(wait=1.0) if self._stderr is not None else []
-        return Verdict(kind, what, call, tail, self.command)
+        return Verdict(kind, what, call, tail, self.command, line)
 
-    def _fail(self, kind: str, what: str, call: str | None) -> ProcessFailure:
+    def _fail(self, kind: str, what: str, call: str | None, line: int | None = None) -> ProcessFailure:
         """A verdict for the caller, as an exception."""
-        return ProcessFailure(self._verdict(kind, what, call))
+        return ProcessFailure(self._verdict(kind, what, call, line))
 
-    def fail(self, kind: str, what: str, call: str | None) -> ProcessFailure:
-        """:meth:`_fail` for the protocol layer, which judges the lines."""
-        return self._fail(kind, what, call)
+    def fail(self, kind: str, what: str, call: str | None, line: int | None = None) -> ProcessFailure:
+        """:meth:`_fail` for the protocol layer, which judges the lines (``line``: the one judged)."""
+        return self._fail(kind, what, call, line)
 
     def _exited(self, call: str) -> ProcessFailure:
         popen = self.popen

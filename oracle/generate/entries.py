@@ -59,9 +59,13 @@ def rekey(pair: Lockstep, run: Running, group: int, cfg: RunConfig, i: int, chun
     state block; then ``replace_existing_hashes`` registers what it holds now.
     """
     block, bs = run.tables[group][i], cfg.block_sizes[group]
+    upto = i * bs + cfg.hash_block_size * chunks
+    if not pair.can("cache_partial_block", run.request, block, upto, group, bs, True) or (
+            not writable(pair, block) and not pair.can("evict_blocks", [block])):
+        return  # a pool without rewrites (or evictions) is not asked for one
     if not writable(pair, block):
         pair.call("evict_blocks", [block])
-    pair.call("cache_partial_block", run.request, block, i * bs + cfg.hash_block_size * chunks, group, bs,
+    pair.call("cache_partial_block", run.request, block, upto, group, bs,
               True)  # replace_existing_hashes, positional so that traces show it
 
 

@@ -18,12 +18,14 @@ occurs in each phase, misuse on or off.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
 
 from kvpool.model import OPERATIONS, Refusal, RefusalKind
+from kvpool.model.request import prefix_key
 from kvpool.model.state import NULL, PoolState
 
 Pair = tuple[str, str]
@@ -38,6 +40,7 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
     "lora": ("the request has a LoRA adapter", REQUEST_OPS),
     "salt": ("the request has a cache salt", REQUEST_OPS),
     "session": ("the request has a session id", REQUEST_OPS),
+    "mm": ("the chunks the call hashes overlap a multimodal item", REQUEST_OPS),
     "mm_several": ("the chunks the call hashes overlap a multimodal item that is not the request's last",
                    REQUEST_OPS),
     "mm_spans_chunk": ("a multimodal item the call's chunks overlap spans a hash-chunk boundary",
@@ -78,21 +81,104 @@ FEATURES: dict[str, tuple[str, frozenset[str]]] = {
 IMPOSSIBLE: dict[frozenset[str], str] = {
     frozenset({"partial", "null_block"}): "a partial entry on the null block registers nothing",
     **{frozenset({"sparse", f}): "a call asking for fewer blocks than are cached caches none"
-       for f in ("promotion", "mask", "secondary", "mm_several", "mm_spans_chunk", "mm_before_chunk")},
+       for f in ("promotion", "mask", "secondary", "mm", "mm_several", "mm_spans_chunk", "mm_before_chunk")},
     **{frozenset({"out_of_blocks", f}): "a refused allocation takes no block"
        for f in ("evicting_alloc", "reuse_fired", "secondary")},
 }
 """Pairs that share an operation but cannot meet in one legal call, each with the reason."""
 
 
-def legal_pairs(ops: Iterable[str] = ALL) -> list[Pair]:
-    """Every legal pair among the operations ``ops`` (those a pool has)."""
-    have = frozenset(ops)
+SHAPES: dict[str, str] = {
+    "several_groups": "several KV-cache groups (a group id other than 0)",
+    "caching_off": "a pool built without prefix caching",
+    "misuse": "deliberately wrong calls, refused with the model's error names",
+}
+"""What a pool may lack besides operations and call features: shapes of the pool itself."""
+
+NEEDS: dict[str, tuple[frozenset[str], ...]] = {
+    "group1": (ONE({"several_groups"}),),
+    **{f: (ONE({"mm"}),) for f in ("mm_several", "mm_spans_chunk", "mm_before_chunk")},
+    "partial": (ONE({"big_block"}),),
+    "promotion": (ONE({"partial"}),),
+    "secondary": (ONE({"partial", "insert"}),),
+    "reuse_fired": (ONE({"watcher"}),),
+    "take": (ONE({"events"}),),
+    "emit": (ONE({"events"}),),
+}
+"""What a feature cannot be without: each group names alternatives, one of which the pool must have
+(a partial entry inside a block needs a block size above the hash block size; a secondary key comes
+from a partial entry or an inserted key)."""
+
+ON_NEEDS: dict[tuple[str, str], tuple[frozenset[str], ...]] = {
+    ("secondary", "cache_full_blocks"): (ONE({"promotion"}),),
+    ("secondary", "cache_partial_block"): (ONE({"partial", "replace"}),),
+}
+"""What a feature cannot be without on one operation: a block cached whole that has a secondary key
+is being promoted; a partial entry on a block with keys needs one inside it, or a rewrite."""
+
+IMPOSSIBLE_ON: dict[str, tuple[frozenset[str], ...]] = {
+    "cache_partial_block": (frozenset({"null_block", "secondary"}),),
+}
+"""Pairs that cannot meet in one call of one operation (they may in another's): a partial entry
+offered on the null block touches no block, so none of its keys."""
+
+ALWAYS: dict[str, str] = {"unpin_blocks": "watcher", "_insert_block_hash": "insert"}
+"""Operations every call of which has a feature: lacking the feature is lacking the operation."""
+
+CORE: tuple[str, ...] = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "get_cached_block",
+                         "get_num_free_blocks", "is_block_writable")
+"""The operations every pool has: blocks handed out, cached, hit, released; what a caller sees of them."""
+DECLARABLE: tuple[str, ...] = (
+    *sorted(n for n, op in OPERATIONS.items() if op.role != "caller" and n not in CORE),
+    *sorted(FEATURES), *sorted(SHAPES))
+"""Every name a pool may declare it lacks: operations (but :data:`CORE`), call features, pool shapes."""
+
+
+def closed(lacks: Iterable[str]) -> frozenset[str]:
+    """``lacks`` with everything it implies: the features that need them, the operations whose
+    every call has one, the features no operation the pool has can have.
+
+    Raises ``ValueError`` naming a name that is none of :data:`DECLARABLE`.
+    """
+    out = set(lacks)
+    core = sorted(out & set(CORE))
+    if core:
+        raise ValueError(f"{', '.join(core)}: every pool has these ({', '.join(CORE)}); a pool may lack "
+                         "another operation, a feature or a shape")
+    unknown = sorted(out - set(DECLARABLE))
+    if unknown:
+        close = [m for n in unknown for m in difflib.get_close_matches(n, DECLARABLE, 1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ValueError(f"unknown name(s) {', '.join(map(repr, unknown))}{hint}: a pool may lack an "
+                         f"operation, a feature or a shape ({', '.join(DECLARABLE)})")
+    while True:
+        more = {f for f, groups in NEEDS.items() if any(g <= out for g in groups)}
+        more |= {op for op, f in ALWAYS.items() if f in out}
+        more |= {f for f, (_what, ops) in FEATURES.items() if ops & ALL and ops & ALL <= out}
+        if more <= out:
+            return frozenset(out)
+        out |= more
+
+
+def legal_pairs(ops: Iterable[str] = ALL, lacks: Iterable[str] = ()) -> list[Pair]:
+    """Every legal pair among the operations ``ops`` (those a pool has) and the features it has."""
+    gone = closed(lacks)
+    have = frozenset(ops) - gone
     out = []
     for a, b in combinations(sorted(FEATURES), 2):
-        if FEATURES[a][1] & FEATURES[b][1] & have and frozenset({a, b}) not in IMPOSSIBLE:
+        if a in gone or b in gone or frozenset({a, b}) in IMPOSSIBLE:
+            continue
+        shared = FEATURES[a][1] & FEATURES[b][1] & have
+        if any(possible(a, op, gone) and possible(b, op, gone)
+               and frozenset({a, b}) not in IMPOSSIBLE_ON.get(op, ()) for op in shared):
             out.append((a, b))
     return out
+
+
+def possible(feature: str, op: str, lacks: frozenset[str]) -> bool:
+    """Whether a call of ``op`` can have ``feature`` in a pool lacking ``lacks`` (closed)."""
+    return (op in FEATURES[feature][1] and feature not in lacks
+            and not any(g <= lacks for g in ON_NEEDS.get((feature, op), ())))
 
 
 # ------------------------------------------------------------------ one call
@@ -143,10 +229,28 @@ def call_features(s: PoolState, op: str, bound: Sequence[Any], *, second: bool =
             out.add("mask")
         if (named.get("num_full_blocks") or 0) < (named.get("num_cached_blocks") or 0):
             out.add("sparse")
-    if any(s.secondary[b] for b in touched if 0 <= b < s.num_blocks):
+    if any(s.secondary[b] for b in touched if 0 <= b < s.num_blocks) or _gains_secondary(s, op, named, real):
         out.add("secondary")
     out |= _operation_features(s, op, named, real)
     return {f for f in out if op in FEATURES[f][1]}
+
+
+def _gains_secondary(s: PoolState, op: str, named: dict[str, Any], real: list[int]) -> bool:
+    """Whether the call gives a hashed block a second key (a shorter partial entry, a copied key)."""
+    if op not in ("cache_partial_block", "_insert_block_hash") or not real:
+        return False
+    if named.get("replace_existing_hashes"):
+        return False
+    p = s.primary[real[0]]
+    tokens = named.get("num_tokens" if op == "cache_partial_block" else "prefix_tokens")
+    if p is None or (op == "cache_partial_block" and (not isinstance(tokens, int) or p.num_tokens < tokens)):
+        return False
+    hbs, request = s.hash_block_size, named.get("request")
+    if not (isinstance(tokens, int) and tokens > 0 and not tokens % hbs
+            and tokens // hbs <= len(getattr(request, "block_hashes", ()))):
+        return False  # refused: no key is added
+    key = prefix_key(request, tokens, hbs, named.get("kv_cache_group_id", 0))
+    return key != p.key and real[0] not in s.index.get(key, ())
 
 
 def _ids(named: dict[str, Any]) -> list[Any]:
@@ -206,6 +310,8 @@ def _request_features(request: Any, span: tuple[int, int], hbs: int) -> set[str]
              for f in getattr(request, "mm_features", ())]
     for k, (a, b) in enumerate(items):
         overlaps = a < hi and b > lo
+        if overlaps:
+            out.add("mm")
         if overlaps and k < len(items) - 1:
             out.add("mm_several")
         if overlaps and a // hbs != (b - 1) // hbs:
@@ -294,11 +400,14 @@ class PairCoverage:
         return out
 
 
-def pair_coverage(log: FeatureLog, phase: str, misuse: bool, ops: Iterable[str] = ALL) -> PairCoverage:
-    legal = legal_pairs(ops)
+def pair_coverage(log: FeatureLog, phase: str, misuse: bool, ops: Iterable[str] = ALL,
+                  lacks: Iterable[str] = ()) -> PairCoverage:
+    legal = legal_pairs(ops, lacks)
     missed = tuple(p for p in legal if p not in log.pairs)
     return PairCoverage(phase, misuse, len(legal) - len(missed), len(legal), missed)
 
 
-__all__ = ["FEATURES", "IMPOSSIBLE", "FeatureLog", "Pair", "PairCoverage", "call_features", "kept",
-           "legal_pairs", "pair_coverage"]
+__all__ = ["ALWAYS", "CORE", "DECLARABLE", "FEATURES", "IMPOSSIBLE", "IMPOSSIBLE_ON", "NEEDS", "ON_NEEDS",
+           "SHAPES",
+           "FeatureLog", "Pair", "PairCoverage", "call_features", "closed", "kept", "legal_pairs",
+           "pair_coverage", "possible"]

@@ -53,7 +53,7 @@ def wrong_call(work: Workload) -> None:
     kind = rng.choice(MISUSES)
     if not cfg.caching and kind in CACHE_ENTRY_MISUSES:
         kind = "cache_disabled"  # a pool without caching refuses any cache entry as such
-    call = pair.call
+    call = pair.maybe  # a wrong call with something the pool lacks is not made
     if kind == "free_idle" and idle:
         call("free_blocks", [rng.choice(idle)])
     elif kind == "over_free" and used:

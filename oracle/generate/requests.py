@@ -22,8 +22,10 @@ def draw_documents(rng: random.Random) -> list[list[int]]:
 
 
 def random_request(rng: random.Random, documents: list[list[int]], hasher: BlockHasher, request_id: str,
-                   extra_keys: bool) -> Request:
-    """A prefix of a document, a short tail, and (with ``extra_keys``) LoRA, salt and images now and then."""
+                   extra_keys: bool, lacks: frozenset[str] = frozenset()) -> Request:
+    """A prefix of a document, a short tail, and (with ``extra_keys``) LoRA, salt and images now and then;
+    none of the extra keys a pool lacks (``lacks``: ``lora``, ``salt``, ``session``, ``mm``), which are
+    drawn all the same, so that a seed draws the same run for any pool."""
     doc = rng.choice(documents)
     tokens = doc[: rng.randint(1, 24)] + [rng.randrange(50) for _ in range(rng.choice([0, 0, 1, 3]))]
     kw: dict[str, Any] = {}
@@ -34,7 +36,12 @@ def random_request(rng: random.Random, documents: list[list[int]], hasher: Block
             kw["cache_salt"] = rng.choice(["s1", "s2"])
         if rng.random() < 0.25 and len(tokens) > 1:
             kw["mm_features"] = images(rng, len(tokens))
-    return Request(request_id, tokens, block_hasher=hasher, session_id=rng.choice([None, "sess"]), **kw)
+    session = rng.choice([None, "sess"])
+    for name, key in (("lora", "lora_request"), ("salt", "cache_salt"), ("mm", "mm_features")):
+        if name in lacks:
+            kw.pop(key, None)
+    return Request(request_id, tokens, block_hasher=hasher,
+                   session_id=None if "session" in lacks else session, **kw)
 
 
 def images(rng: random.Random, num_tokens: int) -> list[MultiModalFeature]:

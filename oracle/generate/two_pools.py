@@ -65,6 +65,8 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
     try:
         first.pool.free_blocks([p.pool.blocks[b] for p, b in listed])
     except Exception as exc:
+        if getattr(exc, "verdict", None) is not None:  # a pool process that failed: its verdict
+            raise
         p_error = exc
     first.steps += 1
     second.steps += 1

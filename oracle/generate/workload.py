@@ -41,6 +41,7 @@ from kvpool.model.request import hashes_at
 from kvpool.model.state import NULL
 
 from ..core.lockstep import Lockstep
+from .capabilities import SKIPPED
 from .defaults import default_call, unwritten
 from .entries import partial_spots, rekey, rewritable, writable
 from .misuse import wrong_call
@@ -104,9 +105,15 @@ class Workload:
 
     # -------------------------------------------------------------- requests
 
+    @property
+    def lacks(self) -> frozenset[str]:
+        """What the pool lacks (closed): the steps leave it out (:mod:`.capabilities`)."""
+        return self.pair.lacks or frozenset()
+
     def _new_request(self) -> Request:
         self.counter += 1
-        return random_request(self.rng, self.documents, self.hasher, f"r{self.counter}", self.cfg.extra_keys)
+        return random_request(self.rng, self.documents, self.hasher, f"r{self.counter}", self.cfg.extra_keys,
+                              self.lacks)
 
     def _hashes(self, req: Request, group: int) -> Any:
         return hashes_at(req, self.cfg.hash_block_size, self.cfg.block_sizes[group])
@@ -127,9 +134,12 @@ class Workload:
         new = full - run.cached[group]
         mask = ([self.rng.random() < 0.6 for _ in range(new - 1)] + [True]
                 if new > 1 and self.rng.random() < 0.15 else None)
-        self.pair.call("cache_full_blocks", req, run.tables[group], run.cached[group], full, bs, group,
-                       *([mask] if mask is not None else []))
-        run.cached[group] = max(run.cached[group], full)
+        if "mask" in self.lacks:
+            mask = None
+        made = self.pair.maybe("cache_full_blocks", req, run.tables[group], run.cached[group], full, bs,
+                               group, *([mask] if mask is not None else []))
+        if made is not SKIPPED:
+            run.cached[group] = max(run.cached[group], full)
         if self.rng.random() < 0.75:
             self._partial_last(run, group)
 
@@ -147,16 +157,16 @@ class Workload:
         block = run.tables[group][(upto - 1) // bs]
         replace = writable(self.pair, block) and self.rng.random() < 0.2
         if upto % bs or replace or self.pair.model.boundary_partials:
-            self.pair.call("cache_partial_block", run.request, block, upto, group, bs,
-                           *([True] if replace else []))  # replace_existing_hashes, shown in traces
+            self.pair.maybe("cache_partial_block", run.request, block, upto, group, bs,
+                            *([True] if replace else []))  # replace_existing_hashes, shown in traces
 
     def _grow(self, run: Running, group: int) -> bool:
         bs = self.cfg.block_sizes[group]
         need = -(-run.request.num_tokens // bs) - len(run.tables[group])
         if need <= 0:
             return True
-        got = self.pair.call("get_new_blocks", need)
-        if isinstance(got, Refusal):
+        got = self.pair.maybe("get_new_blocks", need)
+        if got is SKIPPED or isinstance(got, Refusal):
             return False
         run.tables[group].extend(got)
         self.seen.extend(got)
@@ -177,13 +187,16 @@ class Workload:
 
     def lookup(self, req: Request, group: int) -> list[int]:
         """The prefix-cache hits of ``req`` in ``group``, as vLLM's manager looks them up: block
-        by block until a miss, short of the last token (which is always computed)."""
+        by block until a miss, short of the last token (which is always computed), and short of a
+        block hit already (a key copied in by offload can name a block at a second position: one
+        table holds a block once)."""
         bs = self.cfg.block_sizes[group]
         hits: list[int] = []
         if self.cfg.caching:
             for block_hash in self._hashes(req, group):
-                found = self.pair.call("get_cached_block", block_hash, [group])
-                if found is None or (len(hits) + 1) * bs >= req.num_tokens:
+                found = self.pair.maybe("get_cached_block", block_hash, [group])
+                if (found is None or found is SKIPPED or (len(hits) + 1) * bs >= req.num_tokens
+                        or found[0] in hits):
                     break
                 hits.extend(found)
         self.seen.extend(hits)
@@ -199,12 +212,15 @@ class Workload:
         for group, bs in self.cfg.block_sizes.items():
             hits = self.lookup(req, group)
             window = min(self.rng.choice([0, 0, 0, 1, 2]), max(len(hits) - 1, 0))
-            hits[:window] = [NULL] * window  # a sliding-window hit: blocks out of the window are null
+            if "null_block" not in self.lacks:
+                hits[:window] = [NULL] * window  # a sliding-window hit: blocks out of the window are null
+            if not self.pair.can("touch", hits):
+                hits = []  # hits the pool cannot take (an idle one, a watched one): computed again
             self.pair.call("touch", hits)
             run.tables[group] = hits
             run.cached[group] = len(hits)
             if self.rng.random() < 0.5:  # events off or no hits: nothing to announce, still legal
-                self.pair.call("emit_cached_block_events", req, len(hits), bs, group)
+                self.pair.maybe("emit_cached_block_events", req, len(hits), bs, group)
             if not self._grow(run, group):
                 self._release(run, unpin=False)
                 return None
@@ -238,11 +254,12 @@ class Workload:
         for _group, table in run.tables.items():
             blocks = list(reversed(table))  # the tail of a prefix is evicted first
             self.seen.extend(blocks)
-            if unpin:  # a reader keeps the real blocks; null placeholders are not pinned
-                self.pair.call("unpin_blocks", [b for b in blocks if b != NULL],
-                               self.pair.watcher(run.request.request_id))
+            pinned = [b for b in blocks if b != NULL]  # a reader keeps the real blocks, not placeholders
+            watcher = self.pair.watcher(run.request.request_id)
+            if unpin and self.pair.can("unpin_blocks", pinned, watcher):
+                self.pair.call("unpin_blocks", pinned, watcher)
             else:
-                self.pair.call("free_blocks", blocks)
+                self.pair.maybe("free_blocks", blocks)
 
     def slide(self) -> None:
         """Sliding-window attention: blocks that left the window become the null block.
@@ -252,7 +269,7 @@ class Workload:
         """
         candidates = [(run, g) for run in self.running.values() for g, t in run.tables.items()
                       if len(t) > 2]
-        if not candidates:
+        if not candidates or "null_block" in self.lacks:
             return
         run, group = self.rng.choice(candidates)
         table = run.tables[group]
@@ -279,10 +296,10 @@ class Workload:
         if not candidates:
             return
         source = self.rng.choice(candidates)
-        got = self.pair.call("get_new_blocks", 1)
-        if isinstance(got, Refusal):
+        got = self.pair.maybe("get_new_blocks", 1)
+        if got is SKIPPED or isinstance(got, Refusal):
             return
-        self.pair.call("move_block_hashes", source, got[0])
+        self.pair.maybe("move_block_hashes", source, got[0])
         self.copies.append(got[0])
         self.seen.append(got[0])
 
@@ -301,20 +318,20 @@ class Workload:
         chunks = len(run.request.block_hashes)
         if not chunks:
             return
-        got = self.pair.call("get_new_blocks", 1)
-        if isinstance(got, Refusal):
+        got = self.pair.maybe("get_new_blocks", 1)
+        if got is SKIPPED or isinstance(got, Refusal):
             return
         upto = hbs * self.rng.randint(1, chunks)
-        self.pair.call("_insert_block_hash", run.request, upto, group, got[0], upto)
+        self.pair.maybe("_insert_block_hash", run.request, upto, group, got[0], upto)
         if self.rng.random() < 0.5:
             again = hbs * self.rng.randint(1, upto // hbs)
-            self.pair.call("_insert_block_hash", run.request, again, group, got[0], None)
+            self.pair.maybe("_insert_block_hash", run.request, again, group, got[0], None)
         self.copies.append(got[0])
         self.seen.append(got[0])
 
     def drop_copies(self) -> None:
-        self.pair.call("free_blocks", self.copies)
-        self.copies = []
+        if self.pair.maybe("free_blocks", self.copies) is not SKIPPED:
+            self.copies = []
 
     def share(self) -> None:
         """A holder that lists one block several times, as a sliding-window table with offloading does.
@@ -325,11 +342,14 @@ class Workload:
         listing corrupts its free queue.
         """
         if self.shared:
-            if self.rng.random() < 0.3:
-                self.pair.call("unpin_blocks", self.shared, self.pair.watcher("sharer"))
+            sharer = self.pair.watcher("sharer")
+            if self.rng.random() < 0.3 and self.pair.can("unpin_blocks", self.shared, sharer):
+                self.pair.call("unpin_blocks", self.shared, sharer)
             else:
-                self.pair.call("free_blocks", self.shared)
+                self.pair.maybe("free_blocks", self.shared)
             self.shared = []
+            return
+        if "listed_twice" in self.lacks:
             return
         m = self.pair.model
         pick = [b for b in self.scope() if b != NULL and (m.ref[b] > 0 or m.primary[b] is not None)]
@@ -357,8 +377,8 @@ class Workload:
             return
         run, group, (i, tokens) = self.rng.choice(options)
         for _ in range(self.rng.choice([1, 1, 2])):  # registered again: no change, no second event
-            self.pair.call("cache_partial_block", run.request, run.tables[group][i], tokens, group,
-                           self.cfg.block_sizes[group])
+            self.pair.maybe("cache_partial_block", run.request, run.tables[group][i], tokens, group,
+                            self.cfg.block_sizes[group])
 
     def rewrite(self) -> None:
         """A request rewrote a block it alone holds and registers it with ``replace_existing_hashes``.
@@ -383,8 +403,8 @@ class Workload:
             return
         run, group = self.rng.choice(options)
         cached = run.cached[group]
-        self.pair.call("cache_full_blocks", run.request, run.tables[group], cached,
-                       self.rng.randrange(cached), self.cfg.block_sizes[group], group)
+        self.pair.maybe("cache_full_blocks", run.request, run.tables[group], cached,
+                        self.rng.randrange(cached), self.cfg.block_sizes[group], group)
 
     def placeholders(self) -> None:
         """Null placeholders (sliding window) offered for caching: skipped, never hashed.
@@ -395,12 +415,12 @@ class Workload:
         req = self._new_request()
         bs = self.cfg.block_sizes[0]
         if self.rng.random() < 0.3 and req.block_hashes:
-            self.pair.call("cache_partial_block", req, NULL, self.cfg.hash_block_size, 0, bs)
+            self.pair.maybe("cache_partial_block", req, NULL, self.cfg.hash_block_size, 0, bs)
             return
         if not self.cfg.caching:
             return
         n = min(self.rng.randint(1, 3), len(self._hashes(req, 0)))
-        self.pair.call("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
+        self.pair.maybe("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
 
     def other_pool(self) -> None:
         """Blocks of a second pool of the same class, freed through this one.
@@ -424,14 +444,14 @@ class Workload:
             self.theirs = []
             free_across(self.pair, other, listed)
             return
-        got = other.call("get_new_blocks", self.rng.randint(1, 3))
-        if isinstance(got, Refusal):
+        got = other.maybe("get_new_blocks", self.rng.randint(1, 3))
+        if got is SKIPPED or isinstance(got, Refusal):
             return
         if self.cfg.caching and self.rng.random() < 0.5:
             req = self._new_request()
             bs = self.cfg.block_sizes[0]
-            other.call("cache_full_blocks", req, got, 0, min(len(got), req.num_tokens // bs), bs, 0)
-        if self.rng.random() < 0.3:
+            other.maybe("cache_full_blocks", req, got, 0, min(len(got), req.num_tokens // bs), bs, 0)
+        if self.rng.random() < 0.3 and "listed_twice" not in self.lacks and other.can("touch", got[:1]):
             other.call("touch", got[:1])
             got = got + got[:1]
         self.theirs = got
@@ -444,10 +464,11 @@ class Workload:
         else:
             ids = self.rng.sample(range(self.cfg.num_blocks), k=self.rng.randint(0, 3)
                                   if self.cfg.num_blocks > 3 else 1)
-        if len(ids) == 1 and self.rng.random() < 0.5 and self.pair.supports("_maybe_evict_cached_block"):
-            self.pair.call("_maybe_evict_cached_block", ids[0])  # vLLM's checkpointed-state manager
+        if (len(ids) == 1 and self.rng.random() < 0.5 and self.pair.supports("_maybe_evict_cached_block")
+                and self.pair.can("_maybe_evict_cached_block", ids[0])):
+            self.pair.maybe("_maybe_evict_cached_block", ids[0])  # vLLM's checkpointed-state manager
         else:
-            self.pair.call("evict_blocks", ids)
+            self.pair.maybe("evict_blocks", ids)
 
     def reset(self) -> None:
         if self.rng.random() < 0.5:
@@ -456,15 +477,15 @@ class Workload:
             self.drop_copies()
             if self.shared:
                 self.share()  # releases the block it holds several times
-        self.pair.call("reset_prefix_cache")
+        self.pair.maybe("reset_prefix_cache")
 
     def query(self) -> None:
-        self.pair.call("get_usage")
+        self.pair.maybe("get_usage")
         self.pair.call("get_num_free_blocks")
         self.pair.call("is_block_writable", self.rng.randrange(self.cfg.num_blocks))
 
     def take(self) -> None:
-        self.pair.call("take_events")
+        self.pair.maybe("take_events")
 
     def misuse(self) -> None:
         """A deliberately wrong call, of a kind drawn among :data:`.misuse.MISUSES`."""

@@ -11,6 +11,7 @@ from kvpool.model import OPERATIONS
 
 from ..core.abstraction import same_refusal
 from ..core.lockstep import Divergence, Lockstep
+from ..generate.capabilities import Capabilities, Unmakeable
 from ..generate.directed import Directed, missed_share
 from ..generate.features import FeatureLog
 from ..generate.long_lived import pool_blocks, workload_class
@@ -25,6 +26,7 @@ def run_one(
     reference: str = "0.31", observe: Callable[..., Any] | None = None,
     blocks: int | None = None, long_lived: bool = False, keep_log: bool = False,
     features: FeatureLog | None = None, share: tuple[int, int] | None = None,
+    lacks: frozenset[str] = frozenset(),
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
@@ -38,16 +40,19 @@ def run_one(
     (:class:`~.shrink.CallLog`, what :func:`~.shrink.shrink_log` cuts).
     ``features`` collects each call's shape features (:mod:`.features`); with
     ``share`` (``(run, runs)``) the run then makes the legal pairs of its share
-    it missed (:mod:`.directed`), and ``pair.directed`` counts those calls.
+    it missed (:mod:`.directed`), and ``pair.directed`` counts those calls.  ``lacks``: what the
+    pool declares it lacks (:mod:`.capabilities`): the run's shape and calls leave it out, and a
+    workload step that would make such a call stops before it.
     """
     rng = random.Random(seed)
-    cfg = RunConfig.draw(rng, seed, pool_blocks(seed, blocks, long_lived))
+    caps = Capabilities.of(lacks)
+    cfg = caps.fit(RunConfig.draw(rng, seed, pool_blocks(seed, blocks, long_lived)))
 
     def first() -> Lockstep:
         made = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
                               cfg.events, reference, metrics=cfg.metrics)
-        made.errors_match = errors_match
-        made.observe = observe
+        made.errors_match, made.observe = errors_match, observe
+        made.lacks = caps.lacks | (made.lacks or frozenset())  # and what the pool itself declares
         return made
 
     second = second_pool(pool_factory, cfg, reference, errors_match)
@@ -58,23 +63,28 @@ def run_one(
     def logged_second() -> Lockstep:
         made = second()
         made.log, made.features = log, features
+        made.lacks = caps.lacks | (made.lacks or frozenset())
         return made
 
-    work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse, second=logged_second)
+    work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse and caps.has("misuse"),
+                                      second=logged_second if caps.has("second_pool") else None)
     try:
         for number in range(steps):
             if log is not None:
                 log.step = number
-            work.step()
+            try:
+                work.step()
+            except Unmakeable:  # the step drew what the pool lacks; nothing of it was made
+                pair.unmade += 1
         pair.check()  # the whole pool once more at the end
     except Divergence as exc:
         exc.log = log
         raise
     if features is not None and share is not None:
-        aimed = Directed(pool_factory, reference, errors_match, observe)
+        aimed = Directed(pool_factory, reference, errors_match, observe, lacks=caps.lacks)
         have = [op for op in OPERATIONS if pair.supports(op)]
         try:
-            aimed.cover(missed_share(features, *share, ops=have), features)
+            aimed.cover(missed_share(features, *share, ops=have, lacks=caps.lacks), features)
         finally:
             pair.directed = aimed.calls
     return pair
@@ -85,6 +95,7 @@ def run_campaign(
     misuse: bool = True,
     errors_match: Callable[[Exception, Exception | None], bool] = same_refusal,
     reference: str = "0.31", blocks: int | None = None, long_lived: bool = False,
+    lacks: frozenset[str] = frozenset(),
 ) -> int:
     """Run ``runs`` seeded runs; print a line each; 0 if all agree, 1 otherwise."""
     failures = 0
@@ -94,7 +105,7 @@ def run_campaign(
         try:
             pair = run_one(pool_factory, seed + run, steps, misuse=misuse,
                            errors_match=errors_match, reference=reference, blocks=blocks,
-                           long_lived=long_lived)
+                           long_lived=long_lived, lacks=lacks)
             total_calls += pair.steps
             print(f"run {run + 1}/{runs} seed {seed + run}: ok ({pair.steps} calls, "
                   f"{pair.model.num_blocks} blocks)", file=out)

@@ -24,9 +24,12 @@ prints them and writes them as JSON and JUnit.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 import unittest
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +39,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from ..core.adapter import (
     Adapter,
+    ClassAdapter,
     LoadError,
+    Mispredicted,
     adapter_factory,
     adapter_for_class,
     load_object,
@@ -57,7 +62,8 @@ MACHINE_SEED_STRIDE = 1_000_003
 # ---------------------------------------------------------------- loading
 
 
-def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True) -> Adapter:
+def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True,
+                 lacks: frozenset[str] = frozenset()) -> Adapter:
     """The adapter for a pool class (``impl``) or from a factory (``adapter``), as ``module:name``.
 
     A class other than kvpool's may refuse for lack of blocks with any
@@ -70,11 +76,14 @@ def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = 
     """
     if impl is not None:
         pool_class = load_object(impl)
-        missing = missing_api(pool_class)
+        missing = missing_api(pool_class, lacks)
         if not callable(pool_class) or missing:
             raise LoadError(f"{impl!r} is not a block pool class: it lacks "
-                            f"{', '.join(missing) or 'a constructor'}")
+                            f"{', '.join(missing) or 'a constructor'}"
+                            + (" (declare what it lacks with kvpool_lacks or --lacks)" if missing else ""))
         loaded: Adapter = adapter_for_class(pool_class, strict_messages)
+        if lacks and isinstance(loaded, ClassAdapter):
+            loaded = dataclasses.replace(loaded, lacks=lacks)
         spec = impl
     elif adapter is None:
         raise LoadError("name a pool class (--impl) or an adapter (--adapter)")
@@ -159,6 +168,8 @@ class Options:
     """Whether the campaign's runs are long-lived (:mod:`.long_lived`)."""
     shrink: bool = True
     """Whether a campaign divergence is shrunk (:mod:`.shrink`)."""
+    lacks: frozenset[str] = frozenset()
+    """What the pool declares it lacks (:mod:`..generate.capabilities`): never made, not checked."""
 
     def settings_json(self) -> dict[str, Any]:
         """The options as a result document shows them (the database without its password)."""
@@ -166,7 +177,7 @@ class Options:
                 "machine_steps": self.machine_steps, "seed": self.seed, "misuse": self.misuse,
                 "reference": self.reference, "shard": [self.shard[0] + 1, self.shard[1]],
                 "database": None if self.database is None else describe(self.database),
-                "blocks": self.blocks, "long_lived": self.long_lived}
+                "blocks": self.blocks, "long_lived": self.long_lived, "lacks": sorted(self.lacks)}
 
     def machine_examples(self) -> int:
         """This shard's share of the state machine's examples."""
@@ -179,7 +190,9 @@ class Options:
 
 def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> Failure:
     text = str(exc)
-    kind = ("contract" if isinstance(exc, CallerBrokeContract)
+    process = process_failure(exc)
+    kind = ("process" if process is not None or isinstance(exc, NotRepeated)
+            else "contract" if isinstance(exc, CallerBrokeContract)
             else "divergence" if isinstance(exc, Divergence) else "crash")
     if kind == "crash":
         text = f"{type(exc).__name__}: {text}"
@@ -188,13 +201,34 @@ def _failure(exc: BaseException, trace: list[str] | None, seed: int | None) -> F
         trace = [ln.strip() for ln in lines if ln.strip().startswith("step ")]
     divergence = exc if isinstance(exc, Divergence) else None
     cause = exc.__cause__ if divergence is not None else exc
+    if process is not None:  # the process's verdict (with its stderr), then the calls before it
+        verdict = str(process)
+        steps = [ln for ln in lines if ln.strip().startswith("step ")]
+        text = "\n".join([verdict, *(["last calls:", *steps] if steps else [])])
+        return Failure(kind, verdict.splitlines()[0], text, trace, seed, divergence, process)
     return Failure(kind, lines[0], text, trace, seed, divergence, cause)
+
+
+def process_failure(exc: BaseException | None, depth: int = 0) -> BaseException | None:
+    """The failure of a pool process (anything with a ``verdict``) that ``exc`` is or carries: as
+    its cause or context, or among a group's exceptions (Hypothesis wraps a failure that came and
+    went, a process dying at a count of lines, in ``FlakyFailure``)."""
+    if exc is None or depth > 8:
+        return None
+    if getattr(exc, "verdict", None) is not None:
+        return exc
+    for inner in (exc.__cause__, exc.__context__, *getattr(exc, "exceptions", ())):
+        found = process_failure(inner, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _shrunk_failure(exc: BaseException, seed: int, made: int) -> Failure:
     """A campaign run's failure, its calls shrunk when the run kept them (:mod:`.shrink`)."""
     log = getattr(exc, "log", None)
-    if not isinstance(exc, Divergence) or isinstance(exc, CallerBrokeContract) or log is None:
+    if (not isinstance(exc, Divergence) or isinstance(exc, CallerBrokeContract) or log is None
+            or process_failure(exc) is not None):  # a process's failure is shrunk against it (drive)
         return _failure(exc, None, seed)
     shrunk = shrink_log(log)
     if shrunk.divergence is None or not shrunk.lines:
@@ -228,12 +262,13 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
             continue
         seed = opts.seed + run
         features = FeatureLog()
+        one = functools.partial(run_one, factory, seed, opts.steps, misuse=misuse,
+                                errors_match=adapter.errors_match, reference=opts.reference,
+                                observe=getattr(adapter, "observe", None), blocks=opts.blocks,
+                                long_lived=opts.long_lived, keep_log=opts.shrink,
+                                share=(run, opts.runs), lacks=opts.lacks)
         try:
-            pair = run_one(factory, seed, opts.steps, misuse=misuse,
-                           errors_match=adapter.errors_match, reference=opts.reference,
-                           observe=getattr(adapter, "observe", None), blocks=opts.blocks,
-                           long_lived=opts.long_lived, keep_log=opts.shrink, features=features,
-                           share=(run, opts.runs))
+            pair = _made(adapter, one, features)
         except Exception as exc:
             made = exc.first + len(exc.record) if isinstance(exc, Divergence) else 0
             met.update(features)
@@ -248,6 +283,34 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
                        dict(sorted(operations.items())), dict(sorted(refusals.items())), features=met)
 
 
+class NotRepeated(Exception):
+    """A run whose answers, given ahead, differed from the model's passed when made again call by
+    call: the pool answered the same calls differently (or the first run's check was wrong)."""
+
+
+def _made(adapter: Adapter, run: Callable[..., Lockstep], features: FeatureLog) -> Lockstep:
+    """``run(features=...)``, its pools answering ahead of their process when the adapter can
+    (:meth:`~..drive.adapter.DriveAdapter.ahead`); when an answer differed, the run made again,
+    each call waiting for its answer, raises the divergence exactly."""
+    ahead = getattr(adapter, "ahead", None)
+    if not callable(ahead):
+        return run(features=features)
+    fast = FeatureLog()
+    try:
+        with ahead():
+            pair = run(features=fast)
+    except Mispredicted as exc:
+        pair = run(features=features)
+        raise NotRepeated(f"answered the run's calls otherwise when they were made again one at a "
+                          f"time; the first time, {exc}") from exc
+    except Divergence as exc:  # the model's own (an echoed run keeps no calls): made again, kept
+        if isinstance(exc, CallerBrokeContract):
+            raise
+        return run(features=features)
+    features.update(fast)
+    return pair
+
+
 def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     """The state machine under Hypothesis; a failure comes back shrunk.
 
@@ -256,7 +319,7 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     """
     started = time.perf_counter()
     examples = [0]
-    base = machine_for(adapter, misuse=opts.misuse, reference=opts.reference)
+    base = machine_for(adapter, misuse=opts.misuse, reference=opts.reference, lacks=opts.lacks)
 
     class Counted(base):  # type: ignore[valid-type,misc]
         def __init__(self) -> None:
@@ -268,7 +331,8 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     # The database key: one per implementation, misuse setting and reference, the same on
     # every shard (Hypothesis hashes the class's source, then this).
     Counted._hypothesis_internal_add_digest = (
-        f"{adapter.name}|misuse={opts.misuse}|{opts.reference}".encode())
+        f"{adapter.name}|misuse={opts.misuse}|{opts.reference}"
+        + (f"|lacks={','.join(sorted(opts.lacks))}" if opts.lacks else "")).encode()
     hypothesis_seed(opts.machine_seed())(Counted)
     wanted = opts.machine_examples()
     if wanted == 0:
@@ -295,5 +359,5 @@ def run_machine_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     return PhaseResult("machine", True, time.perf_counter() - started, examples[0], features=met)
 
 
-__all__ = ["ADAPTER_ATTRS", "MACHINE_SEED_STRIDE", "Failure", "Options", "PhaseResult", "load_adapter",
-           "observation_level", "run_campaign_phase", "run_machine_phase"]
+__all__ = ["ADAPTER_ATTRS", "MACHINE_SEED_STRIDE", "Failure", "NotRepeated", "Options", "PhaseResult",
+           "load_adapter", "observation_level", "process_failure", "run_campaign_phase", "run_machine_phase"]

@@ -32,7 +32,7 @@ from kvpool.model import guards as model_guards
 from kvpool.model import pool as model_pool
 
 from ..core.adapter import adapter_factory
-from ..generate.features import PairCoverage, pair_coverage
+from ..generate.features import PairCoverage, closed, pair_coverage
 
 if TYPE_CHECKING:
     from ..core.adapter import Adapter
@@ -61,14 +61,19 @@ class Branch:
     """The text of line ``to``, stripped (empty for leaving the function): where it goes."""
     caller: bool = False
     """The branch is in a caller action (``kvpool.model.CALLER_ACTIONS``): no pool call takes it."""
+    lacked: bool = False
+    """The branch is in an operation the pool declares it lacks: no call of it is made."""
 
     @property
     def why(self) -> str:
         """Why a phase may miss it: ``needs misuse`` (a refusal), ``caller contract``, ``caller
-        action``, ``another --reference`` (a decision on a flag another vLLM release sets), or
-        ``reachable without misuse`` (a legal call takes it: a gap)."""
+        action``, ``the pool lacks it`` (an operation it declares lacking), ``another --reference``
+        (a decision on a flag another vLLM release sets), or ``reachable without misuse`` (a legal
+        call takes it: a gap)."""
         if self.caller:
             return "caller action"
+        if self.lacked:
+            return "the pool lacks it"
         if self.contract:
             return "caller contract"
         if self.refusal:
@@ -142,11 +147,12 @@ class PhaseCoverage:
         return out
 
 
-def measure(run: Callable[[], T], phase: str, misuse: bool,
-            sources: Sequence[str] = ()) -> tuple[T, PhaseCoverage]:
+def measure(run: Callable[[], T], phase: str, misuse: bool, sources: Sequence[str] = (),
+            lacks: frozenset[str] = frozenset()) -> tuple[T, PhaseCoverage]:
     """Run ``run()`` alone under branch coverage of the model's actions; its result and the coverage.
 
-    ``sources`` (the pool's own files) are measured too, into ``pool``.
+    ``sources`` (the pool's own files) are measured too, into ``pool``; the branches of the
+    operations in ``lacks`` are missed because the pool lacks them, not as gaps.
     Raises ``ImportError`` when coverage.py is not installed.
     """
     import coverage  # a test extra: imported only when asked for
@@ -159,7 +165,7 @@ def measure(run: Callable[[], T], phase: str, misuse: bool,
         result = run()
     finally:
         cov.stop()
-    return result, _read(cov, phase, misuse, files[len(MEASURED):])
+    return result, _read(cov, phase, misuse, files[len(MEASURED):], lacks)
 
 
 def pool_sources(adapter: Adapter) -> list[str]:
@@ -192,16 +198,18 @@ def measure_phase(run_phase: Callable[[Adapter, Options], PhaseResult], adapter:
                   opts: Options) -> tuple[PhaseResult, PhaseCoverage]:
     """One conformance phase (``run_campaign_phase`` or ``run_machine_phase``) alone, measured."""
     misuse = opts.misuse and adapter.supports_misuse
-    result, measured = measure(lambda: run_phase(adapter, opts), "", misuse, pool_sources(adapter))
+    result, measured = measure(lambda: run_phase(adapter, opts), "", misuse, pool_sources(adapter),
+                               closed(opts.lacks))
     pairs = None
     if result.features is not None:
         pool = adapter_factory(adapter)(4, True, 1)
         ops = [op for op in OPERATIONS if callable(getattr(pool, op, None))]
-        pairs = pair_coverage(result.features, result.name, misuse, ops)
+        pairs = pair_coverage(result.features, result.name, misuse, ops, opts.lacks)
     return result, replace(measured, phase=result.name, pairs=pairs)
 
 
-def _read(cov: Any, phase: str, misuse: bool, sources: Sequence[str] = ()) -> PhaseCoverage:
+def _read(cov: Any, phase: str, misuse: bool, sources: Sequence[str] = (),
+          lacks: frozenset[str] = frozenset()) -> PhaseCoverage:
     """The branch figures of the measured files, through coverage.py's JSON report.
 
     The JSON report is the public API that names missed branches (``branch_stats``
@@ -217,7 +225,9 @@ def _read(cov: Any, phase: str, misuse: bool, sources: Sequence[str] = ()) -> Ph
         mine = [(name, d["summary"]["covered_branches"], d["summary"]["num_branches"])
                 for name, d in sorted(files.items()) if os.path.realpath(name) in set(sources)]
         pool = SourceCoverage(sum(c for _n, c, _t in mine), sum(t for _n, _c, t in mine), tuple(mine))
-    callers = _caller_lines()
+    callers = _lines_of(lambda name, op: op.role == "caller")
+    lacked = (_lines_of(lambda name, op: name in lacks) - _lines_of(lambda name, op: name not in lacks)
+              if lacks else set())  # a function another operation shares is not the lacked one's
     missed: list[Branch] = []
     covered = total = 0
     for measured in MEASURED:
@@ -228,18 +238,19 @@ def _read(cov: Any, phase: str, misuse: bool, sources: Sequence[str] = ()) -> Ph
             lines = [line.strip() for line in fh.read().splitlines()]
         name = os.path.basename(measured)
         missed += [Branch(name, a, max(b, 0), lines[a - 1], lines[b - 1] if b > 0 else "",
-                          (measured, a) in callers)
+                          (measured, a) in callers, (measured, a) in lacked)
                    for a, b in data["missing_branches"]]
         covered += data["summary"]["covered_branches"]
         total += data["summary"]["num_branches"]
     return PhaseCoverage(phase, misuse, covered, total, tuple(sorted(missed)), pool=pool)
 
 
-def _caller_lines() -> set[tuple[str, int]]:
-    """The lines of the caller's own operations (the owner's writes), which no pool call runs."""
+def _lines_of(which: Callable[[str, Any], bool]) -> set[tuple[str, int]]:
+    """The lines of the operations ``which`` picks (by name and declaration): the caller's own
+    (the owner's writes), which no pool call runs, or those a pool lacks, which none is sent."""
     out: set[tuple[str, int]] = set()
-    for op in OPERATIONS.values():
-        if op.role != "caller":
+    for name, op in OPERATIONS.items():
+        if not which(name, op):
             continue
         for fn in (op.guard, op.requires, op.next):
             body, first = inspect.getsourcelines(fn)

@@ -68,8 +68,9 @@ from hypothesis.stateful import invariant, precondition, rule
 from ..core.adapter import Adapter, adapter_factory
 from ..generate.defaults import chooser, unwritten
 from ..generate.defaults import default_call as make_default_call
-from ..generate.directed import SCENARIOS, Directed
+from ..generate.directed import SCENARIOS, Directed, scenarios
 from ..generate.features import FEATURES as FEATURE_NAMES
+from ..generate.features import closed
 from ..generate.workload import Workload
 from .machine_blocks import BlockRules
 from .machine_draws import Prompt, prompts
@@ -108,8 +109,8 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
         scratch = getattr(self.ADAPTER, "scratch", None)  # a process-backed pool: its own processes
         maker = Directed(adapter_factory(scratch() if scratch else self.ADAPTER), self.REFERENCE,
                          self.ADAPTER.errors_match,
-                         getattr(self.ADAPTER, "observe", None))
-        for op, wanted in SCENARIOS:
+                         getattr(self.ADAPTER, "observe", None), lacks=self.LACKS)
+        for op, wanted in scenarios(self.LACKS) if self.LACKS else SCENARIOS:
             if op in ops:
                 maker.make(op, wanted - frozenset(leave_out), self.FEATURES)
 
@@ -121,10 +122,11 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
         ids = [cached[i % len(cached)] for i in picks]
         if also_uncached:
             ids += [b for b in range(self.cfg.num_blocks) if b not in cached][:1]
-        if len(ids) == 1 and self.lock.supports("_maybe_evict_cached_block"):
+        if (len(ids) == 1 and self.lock.supports("_maybe_evict_cached_block")
+                and self.lock.can("_maybe_evict_cached_block", ids[0])):
             self.lock.call("_maybe_evict_cached_block", ids[0])  # vLLM's checkpointed-state manager
         else:
-            self.lock.call("evict_blocks", ids)
+            self.lock.maybe("evict_blocks", ids)
 
     @precondition(lambda self: self._any_cached() or (self.pair is not None and self.pair.model.watchers))
     @rule(drain=st.booleans())
@@ -136,14 +138,14 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
             for table in self.held:
                 if table.live:
                     table.live = False
-                    self.lock.call("free_blocks", table.ids)
-        self.lock.call("reset_prefix_cache")
+                    self.lock.maybe("free_blocks", table.ids)
+        self.lock.maybe("reset_prefix_cache")
 
     @rule(block=st.integers(0, 15))
     def queries(self, block: int) -> None:
         """The read-only operations, and taking the pending events."""
-        self.lock.call("take_events")
-        self.lock.call("get_usage")
+        self.lock.maybe("take_events")
+        self.lock.maybe("get_usage")
         self.lock.call("get_num_free_blocks")
         self.lock.call("is_block_writable", block % self.cfg.num_blocks)
 
@@ -180,15 +182,18 @@ def _default_rule(ops: list[str]) -> Any:
 
 
 def machine_for(adapter: Adapter, *, misuse: bool | None = None,
-                reference: str = "0.31") -> type[PoolMachine]:
+                reference: str = "0.31", lacks: frozenset[str] = frozenset()) -> type[PoolMachine]:
     """A state machine class driving ``adapter``'s pool against the model.
 
     ``misuse`` defaults to what the adapter supports and is never turned on
     for an adapter that does not refuse misuse.  ``reference`` names the vLLM
-    version whose behaviour the model reproduces.
+    version whose behaviour the model reproduces.  ``lacks``: what the pool
+    lacks (:mod:`..generate.capabilities`), never made.
     """
+    gone = closed(lacks)
     misuse_on = adapter.supports_misuse if misuse is None else misuse and adapter.supports_misuse
-    attrs: dict[str, Any] = {"ADAPTER": adapter, "MISUSE": misuse_on, "REFERENCE": reference,
+    attrs: dict[str, Any] = {"ADAPTER": adapter, "MISUSE": misuse_on and "misuse" not in gone,
+                             "REFERENCE": reference, "LACKS": gone,
                              "__doc__": f"Lockstep state machine for {adapter.name}."}
     if unwritten():  # operations declared since the rules were written (a rule only then: seeds stay)
         attrs["default_call"] = _default_rule(unwritten())

@@ -19,6 +19,7 @@ from hypothesis.stateful import consumes, multiple, rule
 from kvpool.model import Refusal
 from kvpool.model.state import NULL
 
+from ..generate.capabilities import SKIPPED
 from ..generate.runs import Running
 from .machine_draws import Prompt, Table, prompts
 from .machine_state import MachineState, others, runs, tables
@@ -30,8 +31,8 @@ class BlockRules(MachineState):
     @rule(target=tables, n=st.integers(0, 3))
     def allocate(self, n: int) -> Any:
         """Blocks held outside any request (e.g. scratch for a copy)."""
-        got = self.lock.call("get_new_blocks", n)
-        if isinstance(got, Refusal):
+        got = self.lock.maybe("get_new_blocks", n)
+        if got is SKIPPED or isinstance(got, Refusal):
             return multiple()
         table = Table(list(got))
         self.held.append(table)
@@ -46,10 +47,10 @@ class BlockRules(MachineState):
         if not self._alive(run) or group not in run.tables or not run.tables[group]:
             return multiple()
         src = run.tables[group][-1]
-        got = self.lock.call("get_new_blocks", 1)
-        if isinstance(got, Refusal):
+        got = self.lock.maybe("get_new_blocks", 1)
+        if got is SKIPPED or isinstance(got, Refusal):
             return multiple()
-        self.lock.call("move_block_hashes", src, got[0])
+        self.lock.maybe("move_block_hashes", src, got[0])
         table = Table(list(got))
         self.held.append(table)
         return table
@@ -67,14 +68,14 @@ class BlockRules(MachineState):
         if (not self._alive(run) or not chunks or group not in self.cfg.block_sizes
                 or not self.cfg.caching or not self.lock.supports("_insert_block_hash")):
             return multiple()
-        got = self.lock.call("get_new_blocks", 1)
-        if isinstance(got, Refusal):
+        got = self.lock.maybe("get_new_blocks", 1)
+        if got is SKIPPED or isinstance(got, Refusal):
             return multiple()
         upto = hbs * (1 + (upto - 1) % chunks)
-        self.lock.call("_insert_block_hash", run.request, upto, group, got[0], upto)
+        self.lock.maybe("_insert_block_hash", run.request, upto, group, got[0], upto)
         if shorter is not None:
-            self.lock.call("_insert_block_hash", run.request, hbs * (1 + (shorter - 1) % (upto // hbs)),
-                           group, got[0], None)
+            self.lock.maybe("_insert_block_hash", run.request, hbs * (1 + (shorter - 1) % (upto // hbs)),
+                            group, got[0], None)
         table = Table(list(got))
         self.held.append(table)
         return table
@@ -84,7 +85,7 @@ class BlockRules(MachineState):
         """Free held blocks in one call; a block held several times is listed as often."""
         if table.live:
             table.live = False
-            self.lock.call("free_blocks", table.ids)
+            self.lock.maybe("free_blocks", table.ids)
 
     @rule(table=consumes(tables), reader=st.sampled_from(["reader1", "reader2"]))
     def unpin_held(self, table: Table, reader: str) -> None:
@@ -95,7 +96,11 @@ class BlockRules(MachineState):
         """
         if table.live:
             table.live = False
-            self.lock.call("unpin_blocks", table.ids, self.lock.watcher(reader))
+            watcher = self.lock.watcher(reader)
+            if self.lock.can("unpin_blocks", table.ids, watcher):
+                self.lock.call("unpin_blocks", table.ids, watcher)
+            else:  # a pool without readers: the blocks are freed
+                self.lock.maybe("free_blocks", table.ids)
 
     @rule(target=tables, pick=st.integers(0, 15), times=st.integers(2, 3))
     def share(self, pick: int, times: int) -> Any:
@@ -109,10 +114,11 @@ class BlockRules(MachineState):
         """
         m = self.lock.model
         candidates = [b for b in range(1, m.num_blocks) if m.ref[b] > 0 or m.primary[b] is not None]
-        if not candidates:
+        if not candidates or "listed_twice" in self.LACKS:
             return multiple()
         table = Table([candidates[pick % len(candidates)]] * times)
-        self.lock.call("touch", table.ids)
+        if self.lock.maybe("touch", table.ids) is SKIPPED:
+            return multiple()
         self.held.append(table)
         return table
 
@@ -123,14 +129,16 @@ class BlockRules(MachineState):
         Freed through the first pool (``release_other``, ``release_mixed``):
         cached ones must go to the tail of the second pool's queue.
         """
+        if "second_pool" in self.LACKS:
+            return multiple()
         second = self._second()
-        got = second.call("get_new_blocks", n)
-        if isinstance(got, Refusal):
+        got = second.maybe("get_new_blocks", n)
+        if got is SKIPPED or isinstance(got, Refusal):
             return multiple()
         if prompt is not None and self.cfg.caching:
             req = self._request(prompt)
             bs = self.cfg.block_sizes[0]
-            second.call("cache_full_blocks", req, list(got), 0, min(len(got), req.num_tokens // bs), bs, 0)
+            second.maybe("cache_full_blocks", req, list(got), 0, min(len(got), req.num_tokens // bs), bs, 0)
         return Table(list(got))
 
     @rule(theirs=consumes(others), reverse=st.booleans())
@@ -158,7 +166,7 @@ class BlockRules(MachineState):
         bs = self.cfg.block_sizes[0]
         req = self._request(prompt)
         if partial and req.block_hashes:
-            self.lock.call("cache_partial_block", req, NULL, self.cfg.hash_block_size, 0, bs)
+            self.lock.maybe("cache_partial_block", req, NULL, self.cfg.hash_block_size, 0, bs)
         elif self.cfg.caching:
             n = min(placeholders, len(self.work._hashes(req, 0)))
-            self.lock.call("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)
+            self.lock.maybe("cache_full_blocks", req, [NULL] * n, 0, n, bs, 0)

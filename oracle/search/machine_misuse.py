@@ -52,7 +52,7 @@ class MisuseRules(MachineState):
         hashed = [b for b in range(1, m.num_blocks) if m.primary[b] is not None]
         block = 1 + pick % (m.num_blocks - 1)  # any real block: each call is refused before it writes
         bs = self.cfg.block_sizes[0]
-        call = self.lock.call
+        call = self.lock.maybe  # a wrong call with something the pool lacks is not made
         if not self.cfg.caching and kind in CACHE_ENTRY_MISUSES:
             kind = "cache_disabled"  # as the campaign's: without caching, any cache entry is refused as such
         if kind == "free_idle" and idle:
@@ -114,7 +114,7 @@ class MisuseRules(MachineState):
         unhashed = [b for b in range(1, m.num_blocks) if m.primary[b] is None]
         cached_whole = [b for b, p in enumerate(m.primary) if p is not None and p.num_tokens >= bs]
         prompt = self._request(Prompt(0, 12))
-        call = self.lock.call
+        call = self.lock.maybe  # a wrong call with something the pool lacks is not made
         if kind == "bad_group":
             group = (-1, 2**32)[pick % 2]
             call("cache_full_blocks", prompt, [block], 0, 1, bs, group)
@@ -162,13 +162,13 @@ class MisuseRules(MachineState):
         saved, self.lock.foreign = self.lock.foreign, second.pool.blocks[b]
         try:
             if kind == "other_touch":
-                self.lock.call("touch", [*used[:1], stand_in])
+                self.lock.maybe("touch", [*used[:1], stand_in])
             elif kind == "other_unpin":
-                self.lock.call("unpin_blocks", [*used[:1], stand_in], self.lock.watcher("bad"))
+                self.lock.maybe("unpin_blocks", [*used[:1], stand_in], self.lock.watcher("bad"))
             elif kind == "other_writable":
-                self.lock.call("is_block_writable", stand_in)
+                self.lock.maybe("is_block_writable", stand_in)
             elif kind == "other_move":
-                self.lock.call("move_block_hashes", pick % m.num_blocks, stand_in)
+                self.lock.maybe("move_block_hashes", pick % m.num_blocks, stand_in)
         finally:
             self.lock.foreign = saved
         second.check()

@@ -21,6 +21,7 @@ from hypothesis.stateful import consumes, multiple, rule
 from kvpool.impl.request import Request
 from kvpool.model.state import NULL
 
+from ..generate.capabilities import SKIPPED
 from ..generate.entries import partial_spots, rekey, rewritable
 from ..generate.runs import Running
 from .machine_draws import Prompt, masks, prompts, skips
@@ -107,12 +108,15 @@ class RequestRules(MachineState):
         for group, bs in self.cfg.block_sizes.items():
             hits = [] if skip_lookup else self.work.lookup(req, group)  # as the workload looks up
             cut = min(window, max(len(hits) - 1, 0))
-            hits[:cut] = [NULL] * cut
+            if "null_block" not in self.LACKS:
+                hits[:cut] = [NULL] * cut
+            if not self.lock.can("touch", hits):
+                hits = []  # hits the pool cannot take (an idle one, a watched one): computed again
             self.lock.call("touch", hits)
             run.tables[group] = hits
             run.cached[group] = len(hits)
             if emit:  # with no hits, or events off, there is nothing to announce
-                self.lock.call("emit_cached_block_events", req, len(hits), bs, group)
+                self.lock.maybe("emit_cached_block_events", req, len(hits), bs, group)
             if not self.work._grow(run, group):
                 self.work._release(run, unpin=False)
                 return multiple()
@@ -134,7 +138,8 @@ class RequestRules(MachineState):
         if not self._alive(run):
             return
         for group in run.tables:
-            self._slide(run, group, slide - 2)
+            if "null_block" not in self.LACKS:
+                self._slide(run, group, slide - 2)
         for start in range(0, len(tokens), per_step):
             run.request.append_output_token_ids(tokens[start:start + per_step])
             for group in run.tables:
@@ -152,13 +157,14 @@ class RequestRules(MachineState):
         """
         if not self._alive(run):
             return multiple()
-        if reader is None:
-            self._drop(run)
+        watcher = self.lock.watcher(reader or "")
+        if reader is None or not all(self.lock.can("unpin_blocks", [b for b in t if b != NULL], watcher)
+                                     for t in run.tables.values()):
+            self._drop(run)  # freed: a pool without readers is not asked to keep them
             return run
         self.live.pop(run.request.request_id)
         for table in run.tables.values():
-            self.lock.call("unpin_blocks", [b for b in reversed(table) if b != NULL],
-                           self.lock.watcher(reader))
+            self.lock.call("unpin_blocks", [b for b in reversed(table) if b != NULL], watcher)
         return run
 
     @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 31), again=st.booleans())
@@ -180,8 +186,8 @@ class RequestRules(MachineState):
             return
         i, tokens = spots[pick % len(spots)]
         for _ in range(1 + again):
-            self.lock.call("cache_partial_block", run.request, run.tables[group][i], tokens, group,
-                           self.cfg.block_sizes[group])
+            self.lock.maybe("cache_partial_block", run.request, run.tables[group][i], tokens, group,
+                            self.cfg.block_sizes[group])
 
     @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 15), position=st.integers(0, 15))
     def rewrite(self, run: Running, group: int, pick: int, position: int) -> None:
@@ -206,8 +212,8 @@ class RequestRules(MachineState):
         if not self._alive(run) or group not in run.tables or not run.cached[group]:
             return
         cached = run.cached[group]
-        self.lock.call("cache_full_blocks", run.request, run.tables[group], cached, fewer % cached,
-                       self.cfg.block_sizes[group], group)
+        self.lock.maybe("cache_full_blocks", run.request, run.tables[group], cached, fewer % cached,
+                        self.cfg.block_sizes[group], group)
 
     def _cache(self, run: Running, group: int, skip_partial: bool,
                mask: tuple[bool, ...] | None) -> None:
@@ -225,14 +231,14 @@ class RequestRules(MachineState):
             return
         new = full - run.cached[group]
         args: list[Any] = [req, run.tables[group], run.cached[group], full, bs, group]
-        if mask is not None and new > 0:
+        if mask is not None and new > 0 and "mask" not in self.LACKS:
             args.append([mask[i % len(mask)] for i in range(new)])
-        self.lock.call("cache_full_blocks", *args)
-        run.cached[group] = max(run.cached[group], full)
+        if self.lock.maybe("cache_full_blocks", *args) is not SKIPPED:
+            run.cached[group] = max(run.cached[group], full)
         upto = (req.num_tokens // cfg.hash_block_size) * cfg.hash_block_size
         if not skip_partial and upto and (upto % bs or self.lock.model.boundary_partials):
-            self.lock.call("cache_partial_block", req, run.tables[group][(upto - 1) // bs], upto,
-                           group, bs)
+            self.lock.maybe("cache_partial_block", req, run.tables[group][(upto - 1) // bs], upto,
+                            group, bs)
 
     def _slide(self, run: Running, group: int, cut: int) -> None:
         """Sliding window: cached blocks before ``cut`` are freed and become the null block."""

@@ -19,6 +19,7 @@ from kvpool.impl.request import LoRARequest, Request
 
 from ..core.adapter import Adapter, adapter_factory
 from ..core.lockstep import Lockstep
+from ..generate.capabilities import Capabilities
 from ..generate.features import FeatureLog
 from ..generate.runs import RunConfig, Running
 from ..generate.two_pools import free_across
@@ -43,6 +44,8 @@ class MachineState(RuleBasedStateMachine):
     REFERENCE: ClassVar[str] = "0.31"
     FEATURES: ClassVar[FeatureLog | None] = None
     """Where the calls' shape features go, over all examples (:mod:`.features`; None: nowhere)."""
+    LACKS: ClassVar[frozenset[str]] = frozenset()
+    """What the pool lacks, closed (:mod:`..generate.capabilities`): no call with any of it."""
 
     cfg: RunConfig
     work: Workload
@@ -57,7 +60,7 @@ class MachineState(RuleBasedStateMachine):
 
     @initialize(cfg=configs())
     def setup(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = Capabilities(self.LACKS, self.LACKS).fit(cfg)
         self.pair = self._fresh()
         # Fixed documents and hasher; this Workload's dice are rolled only by ``workload_step``, seeded.
         self.work = Workload(random.Random(0), cfg, self.pair, misuse_on=self.MISUSE, second=self._second)
@@ -75,6 +78,7 @@ class MachineState(RuleBasedStateMachine):
         pair.errors_match = self.ADAPTER.errors_match
         pair.observe = getattr(self.ADAPTER, "observe", None)
         pair.features = self.FEATURES
+        pair.lacks = self.LACKS | (pair.lacks or frozenset())
         return pair
 
     def _second(self) -> Lockstep:
@@ -90,12 +94,14 @@ class MachineState(RuleBasedStateMachine):
         self.counter += 1
         tokens = self.work.documents[prompt.doc][: prompt.length] + list(prompt.tail)
         kw: dict[str, Any] = {}
-        if prompt.lora:
+        lacks = self.LACKS
+        if prompt.lora and "lora" not in lacks:
             kw["lora_request"] = LoRARequest(prompt.lora, LORA_IDS[prompt.lora], "/a")
-        if prompt.salt:
+        if prompt.salt and "salt" not in lacks:
             kw["cache_salt"] = prompt.salt
         return Request(f"r{self.counter}", tokens, block_hasher=self.work.hasher,
-                       mm_features=prompt.features(len(tokens)), session_id=prompt.session, **kw)
+                       mm_features=[] if "mm" in lacks else prompt.features(len(tokens)),
+                       session_id=None if "session" in lacks else prompt.session, **kw)
 
     def _alive(self, run: Running) -> bool:
         return self.live.get(run.request.request_id) is run

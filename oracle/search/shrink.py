@@ -213,6 +213,8 @@ def replay(log: CallLog, entries: Lines) -> Replay:
         except Divergence as exc:
             lines.append(_line(entry, pair))
             return Replay(exc, i, lines, refused)
+        except Exception as exc:  # the pool failed outside a call (a process that died between)
+            return Replay(_failed(exc, entry["op"], pair), i, lines, refused)
         if isinstance(result, Refusal):
             refused.add(result.kind.name)
         lines.append(_line(entry, pair))
@@ -223,7 +225,18 @@ def replay(log: CallLog, entries: Lines) -> Replay:
             pair.check()
         except Divergence as exc:
             return Replay(exc, len(entries), lines, refused)
+        except Exception as exc:
+            return Replay(_failed(exc, "observation", pair), len(entries), lines, refused)
     return Replay(None, len(entries), lines, refused)
+
+
+def _failed(exc: Exception, op: str, pair: Lockstep) -> Divergence:
+    """A failure of the pool outside a call's comparison, as the divergence a replay found: a pool
+    process's verdict (parts ``process``), or any other exception of the pool (``crash``)."""
+    process = getattr(exc, "verdict", None) is not None
+    out = pair._diverged(op, str(exc).splitlines()[0] if process else f"{type(exc).__name__}: {exc}",
+                         ["process" if process else "crash"], exc)
+    return out
 
 
 def _replayed(value: Any, tokens: int | None, requests: dict[int, Any], pair: Lockstep) -> Any:
@@ -249,7 +262,7 @@ def _line(entry: dict[str, Any], pair: Lockstep) -> str:
     where = "second pool: " if entry["pool"] == 1 else ""
     if record is None:
         return f"{where}{entry['op']}{short_args(entry['args'].values())}"
-    return f"{where}{record.op}{short_args(record.args)} -> {record.outcome}"
+    return f"{where}{record.shown}"
 
 
 @dataclass
@@ -279,6 +292,15 @@ def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
 
     ``on_kept`` is told the entries kept (a test replays them on another pool)."""
     blocks = log.blocks
+    try:
+        return _shrink(log, blocks, max_replays, on_kept)
+    except Exception as exc:  # the pool failing while the shrink makes pools (a process at its end)
+        return Shrunk([], len(log.entries), len(log.entries), None, 0,
+                      note=f"not shrunk: a replay failed before its calls ({str(exc).splitlines()[0]})")
+
+
+def _shrink(log: CallLog, blocks: int, max_replays: int,
+            on_kept: Callable[[Lines], object] | None) -> Shrunk:
     if len(log.entries) * blocks > MAX_COMPARED:
         return Shrunk([], len(log.entries), len(log.entries), None, 0,
                       note=f"not shrunk: replaying the run's {len(log.entries):,} calls on {blocks:,} "
@@ -297,7 +319,10 @@ def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
             return None
         budget["replays"] += 1
         budget["compared"] += cost
-        got = replay(log, kept)
+        try:
+            got = replay(log, kept)
+        except Exception:  # its pools could not be made (a process failing at a header): not kept
+            return None
         misuse = {k for k in got.refused if k != RefusalKind.NOT_ENOUGH_FREE_BLOCKS.name}
         if got.divergence is None or signature(got.divergence) != target or (misuse and not log.misuse):
             return None

@@ -139,7 +139,7 @@ def _event_diffs(where: str, recorded: list[dict[str, Json]], model: list[dict[s
     return out
 
 
-def _observation_diffs(recorded: dict[str, Json], model: dict[str, Json]) -> list[str]:
+def observation_diffs(recorded: dict[str, Json], model: dict[str, Json]) -> list[str]:
     out = []
     for name in OBSERVATION_FIELDS:
         if name not in recorded:  # not shown by the pool that recorded the trace
@@ -175,17 +175,39 @@ def model_call(state: PoolState, step: TraceStep, watchers: dict[str, Watcher],
         return state, None, exc
 
 
-def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: Any,
-                 error: BaseException | None, *, vllm_errors: bool = False) -> list[str]:
-    """Every difference between one recorded call and the model's run of it."""
+@dataclass
+class Expected:
+    """What the model says a call's line must hold: its refusal, result, events and watchers fired."""
+
+    error: BaseException | None
+    result: Json
+    events: list[dict[str, Json]]
+    fired: list[list[Json]]
+
+
+def expected_of(op: str, after: PoolState, result: Any, error: BaseException | None,
+                name: Callable[[Any], str] = lambda w: str(w.name)) -> Expected:
+    """The model's outcome of one call, as a trace line writes it (``name``: a watcher's name)."""
+    if error is not None:
+        return Expected(error, None, [], [])
+    events = [] if op == "take_events" else [model_event_to_json(e) for e in after.out.events]
+    return Expected(None, encode_model_result(op, result), events,
+                    [[name(w), b] for w, b in after.out.fired])
+
+
+def outcome_diffs(step: TraceStep, expected: Expected, *, vllm_errors: bool = False) -> list[str]:
+    """Every difference between one recorded call (but its observation) and the model's outcome."""
     diffs: list[str] = []
+    error = expected.error
     if not names_refusal(step.error, error, vllm_errors=vllm_errors):
         m_error = refusal_name(error) if error is not None else None
         diffs.append(f"error: recorded {step.error}, model {m_error}"
                      + (f" ({error})" if error is not None else ""))
     if error is None and step.error is None:  # a call only one side refused has no result to compare
-        m_result = encode_model_result(step.op, result)
-        if step.op == "get_usage" and _is_num(step.result):
+        m_result = expected.result
+        if type(step.result) is type(m_result) and step.result == m_result:
+            same = True  # the reader took each value as its kind: equal values are strictly equal
+        elif step.op == "get_usage" and _is_num(step.result):
             same = math.isclose(step.result, m_result, rel_tol=0, abs_tol=USAGE_TOLERANCE)
         elif step.op == "take_events":
             ev = _event_diffs("result", step.result, m_result)
@@ -195,15 +217,19 @@ def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: A
             same = _strict_equal(step.result, m_result)
         if not same:
             diffs.append(f"result: recorded {show(step.result)}, model {show(m_result)}")
-    emitted = [] if step.op == "take_events" or error is not None else after.out.events
-    if step.events is not None:  # null: the recording pool does not show a call's events
-        diffs += _event_diffs("events", step.events, [model_event_to_json(e) for e in emitted])
-    if step.fired is not None:
-        fired = [] if error is not None else [[w.name, b] for w, b in after.out.fired]
-        if not _strict_equal(step.fired, fired):
-            diffs.append(f"fired: recorded {show(step.fired)}, model {show(fired)}")
+    if step.events is not None and (step.events or expected.events):  # null: events not shown
+        diffs += _event_diffs("events", step.events, expected.events)
+    if step.fired is not None and not _strict_equal(step.fired, expected.fired):
+        diffs.append(f"fired: recorded {show(step.fired)}, model {show(expected.fired)}")
+    return diffs
+
+
+def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: Any,
+                 error: BaseException | None, *, vllm_errors: bool = False) -> list[str]:
+    """Every difference between one recorded call and the model's run of it."""
+    diffs = outcome_diffs(step, expected_of(step.op, after, result, error), vllm_errors=vllm_errors)
     if step.observation is not None:
-        diffs += _observation_diffs(step.observation, observation_to_json(observe_model(after)))
+        diffs += observation_diffs(step.observation, observation_to_json(observe_model(after)))
     return diffs
 
 
@@ -274,5 +300,6 @@ def _footprint_keys(state: PoolState, step: TraceStep) -> frozenset[Key]:
         return frozenset()
 
 
-__all__ = ["CheckReport", "StepContract", "StepDivergence", "agreeing_steps", "canonical_event",
-           "canonical_hash", "check_trace", "compare_step", "model_call"]
+__all__ = ["CheckReport", "Expected", "StepContract", "StepDivergence", "agreeing_steps", "canonical_event",
+           "canonical_hash", "check_trace", "compare_step", "expected_of", "model_call", "observation_diffs",
+           "outcome_diffs"]

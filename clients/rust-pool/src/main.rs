@@ -4,14 +4,21 @@
 //! answers each with one JSON line on stdout and exits at the end of stdin. Everything else
 //! it has to say goes to stderr. Standard library only: `cargo build --release --offline`.
 //!
-//!     rust-pool [--observe] [--bug NAME]... [--trivial]
+//!     rust-pool [--observe] [--minimal] [--lacks NAMES] [--no-observe-lines] [--bug NAME]... [--trivial]
 //!
-//! `--observe` adds the whole pool to every answer (a trace's `observation`); `--bug NAME`
-//! plants a classic mistake (see `pool::Bugs`); `--trivial` answers every line with the
-//! same constant line, without reading it: the pipe's own cost, for benchmarks.
+//! `--observe` adds the whole pool to every answer (a trace's `observation`); `--minimal` is
+//! the pool an engine with one KV-cache group and blocks of one hash chunk serves (no partial
+//! entries, no reuse watchers, no masks, no copied keys), declared in the header's answer
+//! (`"lacks"`); `--lacks a,b` declares other names lacking. A lacking pool refuses any line
+//! that has what it lacks with `ProtocolViolation` (as a pool without it would), so a check
+//! that sent one would fail. `--bug NAME` plants a classic mistake (see `pool::Bugs`);
+//! `--trivial` answers every line with the same constant line, without reading it: the
+//! pipe's own cost, for benchmarks.
 
+mod free_queue;
 mod json;
 mod pool;
+mod types;
 
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 
@@ -20,6 +27,67 @@ use pool::{Bugs, Pool, Refusal, Request};
 
 const VERSION: i128 = 1;
 const MAX_BLOCKS: i128 = 1 << 20;
+/// What `--minimal` declares lacking: one group, blocks of one hash chunk, no partial entries,
+/// no reuse watchers, no masks, no keys copied from another pool.
+const MINIMAL: [&str; 6] = ["several_groups", "big_block", "cache_partial_block", "unpin_blocks", "mask",
+                            "_insert_block_hash"];
+
+/// What the pool declares it lacks, and the checks that refuse a line having it.
+#[derive(Default)]
+struct Lacks {
+    names: Vec<String>,
+}
+
+impl Lacks {
+    fn has(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
+    }
+
+    /// Why a call line has something this pool lacks (None: it has all of it). Arguments out of
+    /// their range are left to the pool's own refusals.
+    fn refuses(&self, op: &str, a: Args, hbs: i128) -> Option<String> {
+        if self.has(op) || (op == "unpin_blocks" && self.has("watcher")) {
+            return Some(format!("this pool has no {}", op));
+        }
+        let group_ok = |g: i128| g == 0 || !(0..=u32::MAX as i128).contains(&g);
+        if self.has("several_groups") {
+            if let Some(g) = a.get("kv_cache_group_id").and_then(Json::as_int) {
+                if !group_ok(g) {
+                    return Some(format!("this pool has one KV-cache group, not group {}", g));
+                }
+            }
+            if let Some(gs) = a.get("kv_cache_group_ids").and_then(Json::as_arr) {
+                if gs.iter().filter_map(Json::as_int).any(|g| !group_ok(g)) {
+                    return Some("this pool has one KV-cache group".into());
+                }
+            }
+        }
+        if self.has("big_block") {
+            if let Some(bs) = a.get("block_size").and_then(Json::as_int) {
+                if bs > hbs && bs % hbs == 0 {
+                    return Some(format!("this pool's blocks are one hash chunk ({} tokens), not {}", hbs, bs));
+                }
+            }
+        }
+        if self.has("mask") && a.get("block_mask").is_some_and(|m| *m != Json::Null) {
+            return Some("this pool takes no block masks".into());
+        }
+        if self.has("null_block") && matches!(op, "cache_full_blocks" | "free_blocks" | "touch") {
+            let ids = a.get("block_ids").and_then(Json::as_arr);
+            if ids.is_some_and(|ids| ids.iter().any(|b| b.as_int() == Some(0))) {
+                return Some("this pool has no null blocks in block tables".into());
+            }
+        }
+        if let Some(r) = a.get("request") {
+            for (field, name) in [("lora", "lora"), ("cache_salt", "salt"), ("session_id", "session")] {
+                if self.has(name) && r.get(field).is_some_and(|v| *v != Json::Null) {
+                    return Some(format!("this pool reads no {} of a request", name));
+                }
+            }
+        }
+        None
+    }
+}
 
 /// A call line the pool cannot read: not its caller's misuse but a broken line.
 struct Malformed(String);
@@ -141,7 +209,7 @@ fn call(pool: &mut Pool, op: &str, a: Args) -> Result<Result<Json, Refusal>, Mal
     })
 }
 
-fn new_pool(spec: &Json, bugs: Bugs) -> Result<Pool, String> {
+fn new_pool(spec: &Json, bugs: Bugs, lacks: &Lacks) -> Result<Pool, String> {
     let p = spec.get("pool").ok_or("pool: missing")?;
     let num_blocks = p.get("num_blocks").and_then(Json::as_int).ok_or("pool.num_blocks: expected an integer")?;
     if !(1..=MAX_BLOCKS).contains(&num_blocks) {
@@ -155,6 +223,12 @@ fn new_pool(spec: &Json, bugs: Bugs) -> Result<Pool, String> {
     let events = p.get("enable_kv_cache_events").and_then(Json::as_bool)
         .ok_or("pool.enable_kv_cache_events: expected a bool")?;
     let medium = opt_str(p.get("medium")).ok_or("pool.medium: expected a string")?;
+    if events && lacks.has("events") {
+        return Err("this pool emits no KV events".into());
+    }
+    if !caching && lacks.has("caching_off") {
+        return Err("this pool always caches prefixes".into());
+    }
     let (null_counted, boundary_partials) = match p.get("reference").and_then(Json::as_str).unwrap_or("0.31") {
         "0.31" => (true, false),
         "0.33" => (false, true),
@@ -171,6 +245,15 @@ struct Server {
     pool: Option<Pool>,
     bugs: Bugs,
     observe: bool,
+    /// Whether the header's answer offers `observe` lines (`--no-observe-lines`: a process of
+    /// protocol version 1 as first written, asked one query a line).
+    observe_lines: bool,
+    lacks: Lacks,
+    /// The current pool reports what its metrics collector is told (the header asked for one).
+    metrics: bool,
+    /// The current pool is shown only where a line asks (`"show": true`), and observe answers
+    /// show the blocks and keys they name (the header asked, and `--observe`).
+    when_asked: bool,
     line: usize,
 }
 
@@ -186,9 +269,25 @@ impl Server {
                 return obj(vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(false)),
                                 ("error", Json::Str(format!("unsupported protocol version {}", version.dump())))]);
             }
-            return match new_pool(&value, self.bugs) {
+            return match new_pool(&value, self.bugs, &self.lacks) {
                 Ok(pool) => {
+                    let asked = value.get("pool").and_then(|p| p.get("metrics_collector")) == Some(&Json::Bool(true));
+                    self.metrics = asked && !self.lacks.has("metrics");
+                    self.when_asked = self.observe && self.observe_lines
+                        && value.get("pool").and_then(|p| p.get("show_when_asked")) == Some(&Json::Bool(true));
                     let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
+                    if self.observe_lines {
+                        fields.push(("observe", Json::Bool(true)));
+                    }
+                    if self.metrics {
+                        fields.push(("metrics", Json::Bool(true)));
+                    }
+                    if self.when_asked {
+                        fields.push(("show_when_asked", Json::Bool(true)));
+                    }
+                    if !self.lacks.names.is_empty() {
+                        fields.push(("lacks", Json::Arr(self.lacks.names.iter().map(|n| Json::Str(n.clone())).collect())));
+                    }
                     if self.observe {
                         fields.push(("observation", pool.observation()));
                     }
@@ -205,7 +304,18 @@ impl Server {
         let Some(pool) = self.pool.as_mut() else {
             return self.violation("a call before any header");
         };
+        if let Some(why) = self.lacks.refuses(op, args, pool.hbs) {
+            return self.violation(&why);
+        }
+        let when_asked = self.when_asked;
+        if op == "observe" {
+            return match observe(pool, args, when_asked) {
+                Ok(result) => obj(vec![("result", result), ("error", Json::Null), ("events", Json::Arr(Vec::new()))]),
+                Err(Malformed(what)) => self.violation(&what),
+            };
+        }
         pool.fired.clear();
+        pool.told.clear();
         let before = pool.events.len();
         let outcome = match call(pool, op, args) {
             Ok(outcome) => outcome,
@@ -216,14 +326,29 @@ impl Server {
         let fired = pool.fired.drain(..)
             .map(|(name, b)| Json::Arr(vec![Json::Str(name), Json::Int(b as i128)]))
             .collect();
-        let (result, error) = match outcome {
-            Ok(result) => (result, Json::Null),
-            Err(refusal) => (Json::Null, Json::Str(refusal.name().into())),
+        let (result, error, message) = match outcome {
+            Ok(result) => (result, Json::Null, None),
+            Err(refusal) => (Json::Null, Json::Str(refusal.name().into()), Some(refusal.describe())),
         };
         let mut fields = vec![("result", result), ("error", error), ("events", Json::Arr(events)),
                               ("fired", Json::Arr(fired))];
-        if self.observe {
+        if let Some(message) = message {
+            fields.push(("message", Json::Str(message.into())));
+        }
+        if self.metrics {
+            let told = pool.told.drain(..)
+                .map(|(what, b)| Json::Arr(vec![Json::Str(what.into()), b.map_or(Json::Null, |b| Json::Int(b as i128))]))
+                .collect();
+            fields.push(("told", Json::Arr(told)));
+        }
+        if self.observe && (!when_asked || value.get("show") == Some(&Json::Bool(true))) {
             fields.push(("observation", pool.observation()));
+        }
+        if let Some(asked) = value.get("observe") {  // questions asked with the call, after it
+            match observe(pool, asked, when_asked) {
+                Ok(observed) => fields.push(("observed", observed)),
+                Err(Malformed(what)) => return self.violation(&what),
+            }
         }
         obj(fields)
     }
@@ -235,19 +360,58 @@ impl Server {
     }
 }
 
+/// An `observe` line: the free count, each block's writability, each key's lookup, at once; with
+/// `shown`, the named blocks' and keys' entries of the whole pool too.
+fn observe(pool: &Pool, a: Args, shown: bool) -> Result<Json, Malformed> {
+    let blocks = ints(a, "blocks")?;
+    let keys = field(a, "keys")?.as_arr().ok_or_else(|| Malformed("args.keys: expected a list".into()))?;
+    let mut writable = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        let w = pool.is_block_writable(b).map_err(|_| Malformed(format!("args.blocks: no block {}", b)))?;
+        writable.push(Json::Bool(w));
+    }
+    let mut cached = Vec::with_capacity(keys.len());
+    let mut named = Vec::with_capacity(keys.len());
+    for k in keys {
+        let (Some(hash), Some(group)) = (k.as_arr().and_then(|k| k.first()).and_then(Json::as_str).and_then(unhex),
+                                         k.as_arr().and_then(|k| k.get(1)).and_then(Json::as_int)) else {
+            return Err(Malformed("args.keys: expected [hex hash, group] pairs".into()));
+        };
+        let hit = pool.get_cached_block(&hash, &[group]).map_err(|_| Malformed("args.keys: bad group".into()))?;
+        named.push((hash, group));
+        cached.push(hit.and_then(|ids| ids.first().copied()).map_or(Json::Null, |b| Json::Int(b as i128)));
+    }
+    let mut fields = vec![("num_free", Json::Int(pool.get_num_free_blocks() as i128)),
+                          ("writable", Json::Arr(writable)), ("cached", Json::Arr(cached))];
+    if shown {
+        let blocks = ints(a, "blocks")?.into_iter().map(|b| b as usize).collect::<Vec<_>>();
+        fields.push(("shown", pool.shown(&blocks, &named)));
+    }
+    Ok(obj(fields))
+}
+
 fn usage(code: i32) -> ! {
-    eprintln!("usage: rust-pool [--observe] [--bug NAME]... [--trivial]\n  bugs: {}", Bugs::NAMES.join(", "));
+    eprintln!("usage: rust-pool [--observe] [--minimal] [--lacks NAMES] [--no-observe-lines] [--bug NAME]... \
+               [--trivial]\n  bugs: {}",
+              Bugs::NAMES.join(", "));
     std::process::exit(code)
 }
 
 fn main() {
     let mut bugs = Bugs::default();
-    let (mut observe, mut trivial) = (false, false);
+    let (mut observe, mut trivial, mut observe_lines) = (false, false, true);
+    let mut lacks = Lacks::default();
     let mut argv = std::env::args().skip(1);
     while let Some(arg) = argv.next() {
         match arg.as_str() {
             "--observe" => observe = true,
             "--trivial" => trivial = true,
+            "--no-observe-lines" => observe_lines = false,
+            "--minimal" => lacks.names.extend(MINIMAL.iter().map(|n| n.to_string())),
+            "--lacks" => {
+                let names = argv.next().unwrap_or_else(|| usage(2));
+                lacks.names.extend(names.split([',', ' ']).filter(|n| !n.is_empty()).map(str::to_string));
+            }
             "--bug" => {
                 let name = argv.next().unwrap_or_else(|| usage(2));
                 if !bugs.plant(&name) {
@@ -261,7 +425,9 @@ fn main() {
     }
     let mut input = BufReader::with_capacity(1 << 16, io::stdin().lock());
     let mut out = BufWriter::new(io::stdout().lock());
-    let mut server = Server { pool: None, bugs, observe, line: 0 };
+    lacks.names.dedup();
+    let mut server = Server { pool: None, bugs, observe, observe_lines, lacks, metrics: false, when_asked: false,
+                              line: 0 };
     let mut raw = Vec::new();
     let mut text = String::new();
     loop {

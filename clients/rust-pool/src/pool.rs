@@ -10,220 +10,12 @@
 
 use std::collections::HashMap;
 
+use crate::free_queue::FreeQueue;
 use crate::json::Json;
+pub use crate::types::{published, Bugs, Item, Key, Lora, Outcome, Refusal, Request};
 
 pub const NULL: usize = 0;
 const MAX_GROUP: i128 = u32::MAX as i128;
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub hash: Vec<u8>,
-    pub group: u32,
-}
-
-impl Key {
-    /// The index key as vLLM spells it: the hash, then the group id in four big-endian bytes.
-    pub fn concrete_hex(&self) -> String {
-        let mut out = hex(&self.hash);
-        out.push_str(&hex(&self.group.to_be_bytes()));
-        out
-    }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-    out
-}
-
-/// A hash as vLLM's events publish it by default: the low 64 bits of its big-endian value.
-pub fn published(hash: &[u8]) -> Json {
-    let mut value: u64 = 0;
-    for b in &hash[hash.len().saturating_sub(8)..] {
-        value = (value << 8) | *b as u64;
-    }
-    Json::Int(value as i128)
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Refusal {
-    NotEnoughFreeBlocks,
-    InvalidArgument,
-    UnknownBlock,
-    NullBlock,
-    NotInUse,
-    HashConflict,
-    CachingDisabled,
-}
-
-impl Refusal {
-    /// The error class name the trace format uses for this kind.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Refusal::NotEnoughFreeBlocks => "NotEnoughFreeBlocksError",
-            Refusal::InvalidArgument => "InvalidArgumentError",
-            Refusal::UnknownBlock => "UnknownBlockError",
-            Refusal::NullBlock => "NullBlockError",
-            Refusal::NotInUse => "BlockNotInUseError",
-            Refusal::HashConflict => "BlockHashConflictError",
-            Refusal::CachingDisabled => "CachingDisabledError",
-        }
-    }
-}
-
-pub type Outcome<T> = Result<T, Refusal>;
-
-#[derive(Clone, Debug)]
-pub struct Lora {
-    pub name: String,
-    pub id: i128,
-}
-
-#[derive(Clone, Debug)]
-pub struct Item {
-    pub identifier: String,
-    pub offset: i128,
-    pub length: i128,
-}
-
-/// What the pool reads of a request.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub tokens: Vec<i128>,
-    pub hashes: Vec<Vec<u8>>,
-    pub lora: Option<Lora>,
-    pub mm: Vec<Item>,
-    pub cache_salt: Option<String>,
-    pub session_id: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Bugs {
-    /// Idle cached blocks go to the head of the free queue (reused first), not the tail.
-    pub cached_to_head: bool,
-    /// A block listed several times in one `free_blocks` drops one reference, not one per listing.
-    pub dup_listing_once: bool,
-    /// `cache_full_blocks` ignores `block_mask`: masked-out blocks are indexed too.
-    pub mask_ignored: bool,
-    /// Multimodal extra keys carry the item's offset in the prompt, not from the chunk's start.
-    pub mm_absolute_offset: bool,
-    /// Promoting a partial entry to a full block keeps the partial entry (no removal, no event).
-    pub promote_keeps_partial: bool,
-    /// `cache_full_blocks` caches the null block too, where vLLM skips it (sliding windows).
-    pub null_hashed: bool,
-    /// The index ignores the KV-cache group: a hash cached in one group hits in every group.
-    pub group_blind: bool,
-    /// `reset_prefix_cache` forgets the reuse watchers without notifying them.
-    pub reset_forgets_watchers: bool,
-}
-
-impl Bugs {
-    pub const NAMES: [&'static str; 8] = [
-        "cached-to-head", "dup-listing-once", "mask-ignored", "mm-absolute-offset",
-        "promote-keeps-partial", "group-blind", "reset-forgets-watchers", "null-hashed",
-    ];
-
-    pub fn plant(&mut self, name: &str) -> bool {
-        let flag = match name {
-            "cached-to-head" => &mut self.cached_to_head,
-            "dup-listing-once" => &mut self.dup_listing_once,
-            "mask-ignored" => &mut self.mask_ignored,
-            "mm-absolute-offset" => &mut self.mm_absolute_offset,
-            "promote-keeps-partial" => &mut self.promote_keeps_partial,
-            "null-hashed" => &mut self.null_hashed,
-            "group-blind" => &mut self.group_blind,
-            "reset-forgets-watchers" => &mut self.reset_forgets_watchers,
-            _ => return false,
-        };
-        *flag = true;
-        true
-    }
-}
-
-/// The free queue: a doubly linked list over block ids, head first, with a sentinel.
-struct FreeQueue {
-    next: Vec<usize>,
-    prev: Vec<usize>,
-    queued: Vec<bool>,
-    len: usize,
-    sentinel: usize,
-}
-
-impl FreeQueue {
-    fn new(num_blocks: usize) -> FreeQueue {
-        let sentinel = num_blocks;
-        let mut q = FreeQueue {
-            next: vec![sentinel; num_blocks + 1],
-            prev: vec![sentinel; num_blocks + 1],
-            queued: vec![false; num_blocks],
-            len: 0,
-            sentinel,
-        };
-        for b in 1..num_blocks {
-            q.push_back(b);
-        }
-        q
-    }
-
-    fn head(&self) -> usize {
-        self.next[self.sentinel]
-    }
-
-    fn link_after(&mut self, at: usize, b: usize) {
-        let after = self.next[at];
-        self.next[at] = b;
-        self.prev[b] = at;
-        self.next[b] = after;
-        self.prev[after] = b;
-        self.queued[b] = true;
-        self.len += 1;
-    }
-
-    fn push_back(&mut self, b: usize) {
-        let last = self.prev[self.sentinel];
-        self.link_after(last, b);
-    }
-
-    fn remove(&mut self, b: usize) {
-        let (p, n) = (self.prev[b], self.next[b]);
-        self.next[p] = n;
-        self.prev[n] = p;
-        self.queued[b] = false;
-        self.len -= 1;
-    }
-
-    fn pop_front(&mut self) -> usize {
-        let b = self.head();
-        self.remove(b);
-        b
-    }
-
-    /// `first` at the head, in order; `last` at the tail, in order.
-    fn requeue(&mut self, first: &[usize], last: &[usize]) {
-        let mut at = self.sentinel;
-        for &b in first {
-            self.link_after(at, b);
-            at = b;
-        }
-        for &b in last {
-            self.push_back(b);
-        }
-    }
-
-    fn ids(&self) -> Vec<usize> {
-        let mut out = Vec::with_capacity(self.len);
-        let mut b = self.head();
-        while b != self.sentinel {
-            out.push(b);
-            b = self.next[b];
-        }
-        out
-    }
-}
 
 pub struct Pool {
     pub num_blocks: usize,
@@ -247,6 +39,8 @@ pub struct Pool {
     pub events: Vec<Json>,
     /// Watchers notified by the current call: (name, block).
     pub fired: Vec<(String, usize)>,
+    /// What the current call told a metrics collector: ("allocated" | "accessed" | "evicted" | "reset", block).
+    pub told: Vec<(&'static str, Option<usize>)>,
 }
 
 fn count(value: i128) -> Outcome<usize> {
@@ -276,6 +70,7 @@ impl Pool {
             watchers: Vec::new(),
             events: Vec::new(),
             fired: Vec::new(),
+            told: Vec::new(),
         }
     }
 
@@ -434,7 +229,9 @@ impl Pool {
         for &b in &taken {
             if self.caching {
                 self.drop_hashes(b, true);
+                self.told.push(("evicted", Some(b)));
             }
+            self.told.push(("allocated", Some(b)));
             self.ref_cnt[b] = 1;
         }
         Ok(taken)
@@ -475,6 +272,7 @@ impl Pool {
                 self.free.remove(b);
             }
             self.ref_cnt[b] += 1;
+            self.told.push(("accessed", Some(b)));
         }
         Ok(())
     }
@@ -502,6 +300,7 @@ impl Pool {
 
     pub fn evict_blocks(&mut self, ids: &[i128]) -> Outcome<()> {
         for b in self.ids(ids)? {
+            self.told.push(("evicted", Some(b)));
             self.drop_hashes(b, true);
         }
         Ok(())
@@ -510,6 +309,7 @@ impl Pool {
     pub fn maybe_evict_cached_block(&mut self, b: i128) -> Outcome<bool> {
         let b = self.id(b)?;
         let had = self.primary[b].is_some();
+        self.told.push(("evicted", Some(b)));
         self.drop_hashes(b, true);
         Ok(had)
     }
@@ -528,6 +328,7 @@ impl Pool {
         if self.events_on {
             self.events.push(Json::Obj(vec![("type".into(), Json::Str("AllBlocksCleared".into()))]));
         }
+        self.told.push(("reset", None));
         true
     }
 
@@ -722,6 +523,34 @@ impl Pool {
     pub fn get_usage(&self) -> f64 {
         let real = self.num_blocks - 1;
         if real == 0 { 0.0 } else { 1.0 - self.free.len as f64 / real as f64 }
+    }
+
+    /// What the whole pool's observation says of `blocks` and `keys` (`shown` of an observe answer).
+    pub fn shown(&self, blocks: &[usize], keys: &[(Vec<u8>, i128)]) -> Json {
+        let key_of = |b: &usize| match &self.primary[*b] {
+            None => Json::Null,
+            Some((k, n)) => Json::Arr(vec![Json::Str(k.concrete_hex()), Json::Int(*n)]),
+        };
+        let secondary = |b: &usize| {
+            let mut keys: Vec<&Key> = self.secondary[*b].iter().collect();
+            keys.sort();
+            Json::Arr(keys.into_iter().map(|k| Json::Str(k.concrete_hex())).collect())
+        };
+        let index = keys.iter().map(|(hash, group)| {
+            let ids = (0..=MAX_GROUP).contains(group)
+                .then(|| self.index.get(&self.key(hash, *group as u32)))
+                .flatten()
+                .map_or(Vec::new(), |blocks| blocks.iter().map(|&b| Json::Int(b as i128)).collect());
+            Json::Arr(ids)
+        }).collect();
+        Json::Obj(vec![
+            ("ref".into(), Json::Arr(blocks.iter().map(|b| Json::Int(self.ref_cnt[*b])).collect())),
+            ("primary".into(), Json::Arr(blocks.iter().map(key_of).collect())),
+            ("secondary".into(), Json::Arr(blocks.iter().map(secondary).collect())),
+            ("watched".into(), Json::Arr(blocks.iter()
+                .map(|b| Json::Bool(self.watchers.iter().any(|(w, _)| w == b))).collect())),
+            ("index".into(), Json::Arr(index)),
+        ])
     }
 
     /// The whole pool, as a trace's `observation` (secondary keys sorted, as the model shows them).
