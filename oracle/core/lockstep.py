@@ -420,10 +420,13 @@ class Lockstep(Translate):
                                      f"says it does not: {', '.join(outside)}", ["footprint"])
         if shape is not None and self.features is not None:
             self.features.add(kept(shape, op, m_error))
-        if self.steps - self.last_full >= (self.full_every or 1):
-            self.check()
-        elif decl.role != "query":  # a query touches nothing; one that did is seen by the next check
+        whole = self.steps - self.last_full >= (self.full_every or 1)
+        # a query touches nothing (one that did is seen by the next whole check); the footprint
+        # comes first even before a whole check, so that a call damaging what it touched is named
+        if decl.role != "query" and not (whole and self.observer.api_only):
             self._check_footprint(op, fp, noted)
+        if whole:
+            self.check()
         return m_error if m_error else m_result
 
     def can(self, op: str, *args: Any, **kwargs: Any) -> bool:
@@ -508,7 +511,7 @@ class Lockstep(Translate):
             return  # nothing emitted, nothing queued
         diff = event_differences(emitted, pending[len(pending) - len(emitted):] if emitted else [])
         if len(pending) != len(self.model.events):
-            diff.append(f"pending events: model {len(self.model.events)} | pool {len(pending)}")
+            diff.append(f"events: model {len(self.model.events)} | pool {len(pending)}")
         if diff:
             raise self._diverged(op, "; ".join(f"pending {d}" for d in diff), ["pending events"])
 
