@@ -36,14 +36,23 @@ class Prefix:
     A prefix is its last chunk on top of the prefix before it.  Prefixes are
     values, made only by :meth:`then`, which interns them: equal prefixes are
     the same object, so comparing two costs nothing however long they are,
-    and two requests sharing a prefix share its chunks.
+    and two requests sharing a prefix share its chunks.  Each also keeps a
+    farther ancestor (``jump``, skew-binary spacing): :meth:`up_to` then
+    takes a number of steps logarithmic in the distance, so checking a
+    write into a block of a long prompt does not walk the prompt.
     """
 
-    __slots__ = ("__weakref__", "chunk", "depth", "parent")
+    __slots__ = ("__weakref__", "chunk", "depth", "jump", "parent")
 
     def __init__(self, parent: Prefix | None, chunk: Chunk | None) -> None:
         self.parent, self.chunk = parent, chunk
         self.depth: int = 0 if parent is None else parent.depth + 1
+        self.jump: Prefix = self if parent is None else parent
+        """An ancestor: the parent's jump's jump when the two spans are equal, else the parent."""
+        if parent is not None:
+            up = parent.jump
+            if parent.depth - up.depth == up.depth - up.jump.depth:
+                self.jump = up.jump
 
     def then(self, chunk: Chunk) -> Prefix:
         """This prefix followed by ``chunk``."""
@@ -59,7 +68,7 @@ class Prefix:
         """The first ``depth`` chunks of this prefix."""
         p = self
         while p.depth > depth:
-            p = p.parent  # type: ignore[assignment]
+            p = p.jump if p.jump.depth >= depth else p.parent  # type: ignore[assignment]
         return p
 
     def __iter__(self) -> Iterator[Chunk]:
