@@ -56,9 +56,12 @@ class Prefix:
 
     def then(self, chunk: Chunk) -> Prefix:
         """This prefix followed by ``chunk``."""
-        made = _MADE.get((id(self), chunk))
+        key = (id(self), chunk)
+        ref = _MADE.get(key)
+        made = None if ref is None else ref()
         if made is None:
-            made = _MADE[(id(self), chunk)] = Prefix(self, chunk)
+            made = Prefix(self, chunk)
+            _MADE[key] = _Made(made, key)
         return made
 
     def __len__(self) -> int:
@@ -84,7 +87,24 @@ class Prefix:
         return repr(tuple(self))
 
 
-_MADE: weakref.WeakValueDictionary[tuple[int, Chunk], Prefix] = weakref.WeakValueDictionary()
+class _Made(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to an interned prefix that forgets its entry when the prefix goes."""
+
+    __slots__ = ("key",)
+
+    def __new__(cls, made: Prefix, key: tuple[int, Chunk]) -> _Made:
+        return super().__new__(cls, made, _forget)
+
+    def __init__(self, made: Prefix, key: tuple[int, Chunk]) -> None:  # the referent: set by __new__
+        self.key = key
+
+
+def _forget(ref: weakref.ref) -> None:  # type: ignore[type-arg]
+    if isinstance(ref, _Made) and _MADE.get(ref.key) is ref:
+        del _MADE[ref.key]
+
+
+_MADE: dict[tuple[int, Chunk], _Made] = {}
 """Every live prefix, by (its parent's identity, its last chunk): how equal prefixes are one object."""
 Content = Prefix
 EMPTY = Prefix(None, None)
@@ -93,7 +113,7 @@ EMPTY = Prefix(None, None)
 
 def extends(longer: Content, shorter: Content) -> bool:
     """Whether ``longer`` holds ``shorter`` as a prefix."""
-    return len(longer) >= len(shorter) and longer.up_to(len(shorter)) is shorter
+    return longer.depth >= shorter.depth and longer.up_to(shorter.depth) is shorter
 
 
 def compatible(held: Content, written: Content) -> bool:
