@@ -18,6 +18,13 @@ from .hub import read_frame, write_frame
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    try:
+        return _serve()
+    except (BrokenPipeError, ConnectionError):  # the engine went without reading the totals
+        return 0
+
+
+def _serve() -> int:
     src, out = sys.stdin.buffer, sys.stdout.buffer
     checker = Checker()
     stopped: list[int] = []

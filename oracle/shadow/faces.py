@@ -17,6 +17,13 @@ from kvpool.model import OPERATIONS, POOL_OPERATIONS
 from .record import Shadow
 from .settings import ENV_STRICT, flag, logger
 
+_QUERIES = frozenset(op for op, decl in OPERATIONS.items() if decl.role == "query" and not decl.args)
+"""Queries without arguments: most of an engine's calls, recorded on a shorter path."""
+_INNER = ("_maybe_evict_cached_block", "_insert_block_hash", "get_num_free_blocks")
+"""What vLLM's pool calls on itself once per block (or per call) inside its operations."""
+_LOOPING = frozenset(op for op, decl in OPERATIONS.items() if decl.role != "query")
+"""Operations that may call those on every block they handle: while one runs, the pool's own calls
+skip the shadow's wrapper (a call of the pool to itself is never shadowed; this only makes it cheap)."""
 MODULE = "kvpool.oracle.shadow"
 """Where a shadowed class says it lives (the package users import)."""
 
@@ -28,12 +35,26 @@ def shadow_of(pool: Any) -> Shadow | None:
     return found if isinstance(found, Shadow) else None
 
 
-def _method(op: str, real: Callable[..., Any]) -> Callable[..., Any]:
+def _method(op: str, real: Callable[..., Any], base: type) -> Callable[..., Any]:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         shadow = self.__dict__.get("_kvpool_shadow")
         if shadow is None or shadow.depth or not shadow.active:  # the pool calling itself, or unshadowed
             return real(self, *args, **kwargs)
-        return shadow.call(op, real.__get__(self), args, kwargs)
+        if not args and not kwargs and op in _QUERIES:
+            return shadow.query(op, real, self)
+        if op not in _LOOPING:
+            return shadow.call(op, real.__get__(self), args, kwargs)
+        own = self.__dict__  # while it runs, its calls to itself go straight to its methods
+        direct = shadow.direct
+        if direct is None:
+            direct = shadow.direct = {name: getattr(base, name).__get__(self) for name in _INNER
+                                      if callable(getattr(base, name, None))}
+        own.update(direct)
+        try:
+            return shadow.call(op, real.__get__(self), args, kwargs)
+        finally:
+            for name in direct:
+                own.pop(name, None)
 
     method.__name__ = method.__qualname__ = op
     method.__doc__ = real.__doc__
@@ -51,7 +72,7 @@ def shadowed_class(base: type, **options: Any) -> type:
     for op in POOL_OPERATIONS:
         real = getattr(base, op, None)
         if callable(real):
-            namespace[op] = _method(op, real)
+            namespace[op] = _method(op, real, base)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         base.__init__(self, *args, **kwargs)  # type: ignore[misc]

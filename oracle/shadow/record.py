@@ -21,7 +21,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvpool.model import OPERATIONS, REFERENCES
 
@@ -44,8 +44,17 @@ from .settings import (
 )
 
 _numbers = itertools.count(1)
-_PLAIN = frozenset((list, tuple, int, bool, str, bytes, float, type(None)))
-"""Argument types that are no iterator (the check is skipped for them: it is on every call)."""
+_LISTS = frozenset(("blocks", "block_ids", "groups", "mask?"))
+"""Argument kinds an engine may pass as an iterator (read once: the pool then gets a list)."""
+_EMPTY = inspect.Parameter.empty
+
+
+class _Plan(NamedTuple):
+    """How a pool's method takes its arguments."""
+
+    signature: inspect.Signature
+    names: tuple[str, ...]
+    defaults: tuple[Any, ...]
 
 
 class RequestRefs:
@@ -141,15 +150,20 @@ class Shadow:
         if self.reference not in REFERENCES:
             raise ValueError(f"{ENV_REFERENCE}={self.reference!r}: expected one of {sorted(REFERENCES)}")
         self.active = False
+        self.direct: dict[str, Any] | None = None
+        """The pool's own methods, bound, for its calls to itself while an operation runs (faces)."""
         self.depth = 0
         """Calls of this pool in progress: a pool's calls to itself are its own business."""
         self.calls = 0
         self.own: list[Any] = []
         """The events this pool's calls queued and nobody took yet."""
         self._queue: Any = getattr(pool, "kv_event_queue", None)
-        self._signatures: dict[str, inspect.Signature | None] = {}
-        self._plans: dict[str, tuple[int, tuple[str, ...]]] = {}
-        """Per operation: how many parameters the pool's method takes, and the model's argument kinds."""
+        self._plans: dict[str, _Plan] = {}
+        """Per operation: the pool's method's parameters and their defaults (as the first call found)."""
+        self._kinds = {op: tuple(a.kind for a in decl.args) for op, decl in OPERATIONS.items()}
+        """Per operation: the kinds of the model's arguments."""
+        self._queued = isinstance(getattr(pool, "kv_event_queue", None), list)
+        """Whether the pool shows its pending events (a list, read before and after each call)."""
         self._results = {op: decl.result in ("blocks", "blocks?", "events", "key?")
                          for op, decl in OPERATIONS.items()}
         """Per operation: whether its result needs translating (blocks, events, a key)."""
@@ -188,21 +202,19 @@ class Shadow:
         """Run ``real(*args, **kwargs)`` (the pool's ``op``), then record the call for the checker."""
         if not self.active or self.depth:
             return real(*args, **kwargs)
-        # An iterator is read once: the pool gets it as a list (before anything else can fail).
-        if (args or kwargs) and any(type(a) not in _PLAIN and isinstance(a, Iterator)
-                                    for a in (*args, *kwargs.values())):
-            args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
-            kwargs = {k: list(v) if isinstance(v, Iterator) else v for k, v in kwargs.items()}
-        try:
-            args, kwargs, model_args = self._translate(op, real, args, kwargs)
-        except Unmodelled as why:
-            self.stop(f"cannot model {op}: {why}")
-            return real(*args, **kwargs)
-        except Exception as exc:  # the shadow's own failure: never the engine's
-            self.failed(exc)
-            return real(*args, **kwargs)
-        queue = self._events_list()
-        queued = len(queue) if queue is not None else 0
+        if args or kwargs or self._kinds.get(op) != ():  # else a call without arguments: nothing to say
+            try:
+                args, kwargs, model_args = self._translate(op, real, args, kwargs)
+            except Unmodelled as why:
+                self.stop(f"cannot model {op}: {why}")
+                return real(*args, **kwargs)
+            except Exception as exc:  # the shadow's own failure: never the engine's
+                self.failed(exc)
+                return real(*args, **kwargs)
+        else:
+            model_args = ()
+        queue = self.pool.kv_event_queue if self._queued else None
+        queued = len(queue) if type(queue) is list else 0
         self._fired = []
         self.depth += 1
         try:
@@ -224,15 +236,31 @@ class Shadow:
             raise error
         return result
 
+    def query(self, op: str, real: Callable[..., Any], pool: Any) -> Any:
+        """A query without arguments (``get_num_free_blocks``, ``get_usage``: most of an engine's
+        calls), recorded at the least cost: it queues no event and fires no watcher."""
+        if not self.active or self.depth or (self.whole and (self.calls + 1) % self.full_every == 0):
+            return self.call(op, real.__get__(pool), (), {})
+        self.depth += 1
+        try:
+            result = real(pool)
+        except Exception:
+            self.depth -= 1
+            return self.call(op, real.__get__(pool), (), {})  # its refusal, recorded as any call's
+        self.depth -= 1
+        self.calls += 1
+        self.hub.send(("call", self.number, op, (), result, None, () if self._queued else None, (), None))
+        return result
+
     def _events_list(self) -> list[Any] | None:
         queue = getattr(self.pool, "kv_event_queue", None)
-        return queue if type(queue) is list or isinstance(queue, list) else None
+        return queue if isinstance(queue, list) else None
 
     def _record(self, op: str, model_args: tuple[Any, ...], result: Any, error: BaseException | None,
                 queue: list[Any] | None, queued: int) -> None:
         if queue is not self._queue:
             self._taken_elsewhere(queue)
-        after = self._events_list()
+        after = self._events_list() if self._queued else None
         events: list[dict[str, Any]] | None = None
         if op == "take_events":
             if error is None and isinstance(result, list) and queue is not None:
@@ -271,59 +299,55 @@ class Shadow:
 
     # ------------------------------------------------------------ what the model receives
 
-    def _signature(self, op: str, real: Callable[..., Any]) -> inspect.Signature | None:
-        if op not in self._signatures:
+    def _plan(self, op: str, real: Callable[..., Any]) -> _Plan:
+        plan = self._plans.get(op)
+        if plan is None:
             try:
-                sig: inspect.Signature | None = inspect.signature(real)
+                sig = inspect.signature(real)
             except (TypeError, ValueError):
-                sig = None
+                raise Unmodelled(f"the pool's {op} has no signature to read") from None
             varying = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-            if sig is not None and any(p.kind in varying for p in sig.parameters.values()):
-                sig = None
-            self._signatures[op] = sig
-        return self._signatures[op]
+            if any(p.kind in varying for p in sig.parameters.values()):
+                raise Unmodelled(f"the pool's {op} takes arbitrary arguments")
+            plan = self._plans[op] = _Plan(sig, tuple(sig.parameters), tuple(
+                p.default for p in sig.parameters.values()))
+        return plan
 
     def _translate(self, op: str, real: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...]]:
         """The call as the pool receives it (iterators made lists, watchers that also note their
         firing) and as the checker receives it (plain values: block ids, requests by number)."""
-        plan = self._plans.get(op)
-        if plan is None:
-            sig = self._signature(op, real)
-            if sig is None:
-                raise Unmodelled(f"the pool's {op} takes arbitrary arguments")
-            plan = self._plans[op] = (len(sig.parameters), tuple(a.kind for a in OPERATIONS[op].args))
-        if not plan[1] and not kwargs and len(args) == plan[0]:  # a call without arguments
-            return args, kwargs, ()
-        if not kwargs and len(args) == plan[0]:  # the common call: every argument by position
+        plan = self._plan(op, real)
+        names, given = plan.names, len(args)
+        if given == len(names) and not kwargs:  # the common call: every argument by position
             values = list(args)
-            names: list[str] = []
+        elif given <= len(names) and all(k in names[given:] for k in kwargs):
+            values = list(args) + [kwargs.get(n, d) for n, d in zip(names[given:], plan.defaults[given:],
+                                                                     strict=True)]
+            if any(v is _EMPTY for v in values):
+                self._bind(op, plan, args, kwargs)  # a required argument missing: said by the binding
         else:
-            sig = self._signature(op, real)
-            assert sig is not None  # planned only for a signature
-            try:
-                bound = sig.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise Unmodelled(f"{op} called as its signature does not allow: {exc}") from None
-            bound.apply_defaults()
-            names, values = list(bound.arguments), list(bound.arguments.values())
+            values = self._bind(op, plan, args, kwargs)
         if op == "_insert_block_hash":  # the key's prefix is looked up by the checker
             return args, kwargs, (bytes(values[0]), self._id(values[1]),
                                   values[2] if len(values) > 2 else None)
-        kinds = plan[1]
+        kinds = self._kinds[op]
         if len(values) < len(kinds):
             raise Unmodelled(f"the pool's {op} takes fewer arguments than the model's")
         requests = self.hub.requests
         if requests.gone:
             requests.forget_gone()
         model: list[Any] = []
-        watched = False
+        changed = False
         for i, kind in enumerate(kinds):
             v = values[i]
+            if kind in _LISTS and v is not None and type(v) is not list and isinstance(v, Iterator):
+                v = values[i] = list(v)  # an iterator is read once: the pool gets it as a list
+                changed = True
             if kind == "blocks":
                 read = _read(op, values)
                 if read is None:
-                    model.append(self._ids(list(v), op == "free_blocks"))
+                    model.append(self._ids(v if type(v) is list else list(v), op == "free_blocks"))
                 else:  # only the blocks the pool caches: a long prompt's list is not sent each call
                     model.append(BlockSlice(read.start, self._ids(list(v[read])), len(v)))
             elif kind == "block":
@@ -336,15 +360,22 @@ class Shadow:
                 model.append(bytes(v))
             elif kind == "watcher":
                 model.append(self._watcher(v, values, i))
-                watched = callable(v)
+                changed = changed or callable(v)
             elif kind == "mask?":
                 model.append(None if v is None else list(v))
             else:
                 model.append(v)
-        if watched:  # the pool gets the watcher that also notes its firings
-            args, kwargs = _rebuilt(names or list(self._signature(op, real).parameters),  # type: ignore[union-attr]
-                                    values, args, kwargs)
+        if changed:  # the pool gets the lists read from iterators, the watchers that note their firing
+            args, kwargs = _rebuilt(list(names), values, args, kwargs)
         return args, kwargs, tuple(model)
+
+    def _bind(self, op: str, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        try:
+            bound = plan.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise Unmodelled(f"{op} called as its signature does not allow: {exc}") from None
+        bound.apply_defaults()
+        return list(bound.arguments.values())
 
     def _id(self, block: Any) -> int:
         """A block's id in this pool; the first id past the pool for a block not of it."""
