@@ -421,9 +421,10 @@ class Lockstep(Translate):
         if shape is not None and self.features is not None:
             self.features.add(kept(shape, op, m_error))
         whole = self.steps - self.last_full >= (self.full_every or 1)
-        # a query touches nothing (one that did is seen by the next whole check); the footprint
-        # comes first even before a whole check, so that a call damaging what it touched is named
-        if decl.role != "query" and not (whole and self.observer.api_only):
+        # a query touches nothing (one that did is seen by the next whole check), a pool seen only
+        # through calls shows no footprint; the footprint comes first even before a whole check, so
+        # that a call damaging what it touched is named
+        if decl.role != "query" and not self.observer.api_only:
             self._check_footprint(op, fp, noted)
         if whole:
             self.check()
