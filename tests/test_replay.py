@@ -239,3 +239,18 @@ def test_a_pool_in_another_process_is_replayed_over_the_drive_protocol(trace: Pa
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["requests"] == 12 and result["divergences"] == 0 and result["calls"] > 100
+
+
+@pytest.mark.xfail(reason="broken-pipe handling of every command comes with branch live-watch (at the CLI "
+                          "entry); remove this mark once it is merged", strict=False)
+def test_check_trace_into_a_closed_pipe_ends_without_a_traceback(trace: Path, tmp_path: Path) -> None:
+    """``kvpool check-trace FILE | head``: a reader that goes early is no error of the checker."""
+    out = tmp_path / "run.jsonl"
+    replay(trace, trace=out)
+    proc = subprocess.Popen([sys.executable, "-m", "kvpool", "check-trace", str(out), "--router", "set"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=600)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
