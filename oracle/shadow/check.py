@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvpool.impl.request import LoRARequest, MultiModalFeature, PlaceholderRange, Request
-from kvpool.model import OPERATIONS, REFERENCES, Footprint, Operation, initial_state
+from kvpool.model import OPERATIONS, REFERENCES, Operation, initial_state
 
 from ..core.abstraction import key_of, same_refusal, vllm_refusal
 from ..core.lockstep import CallerBrokeContract, CallRecord, Divergence, Lockstep, short_args
@@ -190,9 +190,7 @@ class _Recorded(Observer):
 class _ShadowLockstep(RecordingLockstep):
     """The recorder, writing each call's operation and arguments only (what came of it is the
     model's, until a call differs: that one is written whole), keeping no copy of the model per
-    call, and comparing footprints only where it sees the live pool."""
-
-    footprints: bool = True
+    call, and comparing footprints only where it sees the live pool (``footprints``)."""
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self.request_form, RequestLines):
@@ -223,13 +221,6 @@ class _ShadowLockstep(RecordingLockstep):
         self.written += 1
         if self.sink is not None:
             self.sink(line)
-
-    def _note(self, fp: Footprint) -> Any:
-        return super()._note(fp) if self.footprints else None
-
-    def _check_footprint(self, op: str, fp: Footprint, noted: Any) -> None:
-        if self.footprints:
-            super()._check_footprint(op, fp, noted)
 
     def _record(self, op: str, args: Any, outcome: str, error: str | None) -> None:
         self.trace.append(CallRecord(op, tuple(args), outcome, error, None))
