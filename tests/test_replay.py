@@ -91,7 +91,8 @@ def test_both_formats_are_read_and_a_prefix_of_the_trace(tmp_path: Path) -> None
     ('{"arrival": 0, "prompt": [], "output_length": 1}', "prompt"),
     ('{"arrival": 0, "prompt": [1], "output_length": 1, "lora": 3}', "lora"),
     ('[1, 2]', "expected an object per line"),
-    ('{"arrival": NaN', "Expecting"),
+    ('{"arrival": NaN}', "bad JSON: NaN is not valid JSON"),
+    ('{"arrival": 0', "bad JSON"),
 ])
 def test_a_bad_line_is_named_with_its_file_and_line(tmp_path: Path, line: str, what: str) -> None:
     path = tmp_path / "bad.jsonl"

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..trace.read import json_lines
+from ..trace.schema import TraceError
+
 FORMATS = ("auto", "mooncake", "plain")
 HASH_BLOCK_TOKENS = 512
 """Tokens per Mooncake hash id (the FAST'25 release's block size)."""
@@ -123,34 +126,30 @@ def read_requests(path: str | Path, *, form: str = "auto", hash_block_tokens: in
         raise ValueError(f"format {form!r}: expected one of {', '.join(FORMATS)}")
     if hash_block_tokens < 1:
         raise ValueError("--hash-block-tokens must be positive")
-    name = str(path)
-    try:
-        handle = Path(path).open("rb")  # noqa: SIM115 (closed below: a generator cannot open it in a with)
-    except OSError as exc:
-        raise ReplayInputError(name, 0, f"cannot read: {exc.strerror or exc}") from None
-    with handle:
-        index, last = 0, 0.0
-        for number, raw in enumerate(handle, start=1):
-            if limit is not None and index >= limit:
-                return
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-                if not isinstance(obj, dict):
-                    raise ValueError(f"expected an object per line, got {type(obj).__name__}")
-                if form == "auto":
-                    form = "mooncake" if "hash_ids" in obj else "plain"
-                req = (_mooncake(obj, index, hash_block_tokens) if form == "mooncake"
-                       else _plain(obj, index))
-                if req.arrival_ms < last:
-                    raise ValueError(f"arrival {req.arrival_ms:g} ms is before the previous line's "
-                                     f"{last:g} ms (requests must be in arrival order)")
-            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-                raise ReplayInputError(name, number, str(exc) or type(exc).__name__) from None
-            last = req.arrival_ms
-            index += 1
-            yield req
+    name, index, last = str(path), 0, 0.0
+    lines = json_lines(path)
+    while limit is None or index < limit:
+        try:
+            found = next(lines, None)
+        except TraceError as exc:  # unreadable, not UTF-8, not JSON
+            raise ReplayInputError(name, exc.line, exc.what) from None
+        if found is None:
+            return
+        number, obj = found
+        try:
+            if not isinstance(obj, dict):
+                raise ValueError(f"expected an object per line, got {type(obj).__name__}")
+            if form == "auto":
+                form = "mooncake" if "hash_ids" in obj else "plain"
+            req = _mooncake(obj, index, hash_block_tokens) if form == "mooncake" else _plain(obj, index)
+            if req.arrival_ms < last:
+                raise ValueError(f"arrival {req.arrival_ms:g} ms is before the previous line's "
+                                 f"{last:g} ms (requests must be in arrival order)")
+        except (ValueError, RecursionError) as exc:
+            raise ReplayInputError(name, number, str(exc) or type(exc).__name__) from None
+        last = req.arrival_ms
+        index += 1
+        yield req
 
 
 def synthetic_mooncake(seed: int, requests: int, *, hash_block_tokens: int = HASH_BLOCK_TOKENS,
