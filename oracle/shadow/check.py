@@ -37,7 +37,7 @@ from ..trace.record import RecordingLockstep
 from ..trace.schema import Json
 from ..trace.write import encode_args, encode_result, event_to_json, model_event_to_json, observation_to_json
 from .copied import copied_key
-from .messages import BlockSlice
+from .messages import BlockSlice, Packed
 from .settings import FIRST_LINE, TOTALS, ShadowDivergence, Unmodelled, logger
 from .working import RequestLines, Sink, close_trace
 
@@ -449,7 +449,9 @@ class Checker:
 
 def _request(fields: dict[str, Any]) -> Request:
     lora = fields["lora"]
-    return Request(fields["request_id"], fields["all_token_ids"], block_hashes=list(fields["block_hashes"]),
+    tokens, hashes = fields["all_token_ids"], fields["block_hashes"]
+    return Request(fields["request_id"], tokens.unpack() if isinstance(tokens, Packed) else tokens,
+                   block_hashes=hashes.unpack() if isinstance(hashes, Packed) else list(hashes),
                    lora_request=None if lora is None else LoRARequest(lora[0], lora[1], lora[2]),
                    mm_features=[MultiModalFeature(i, PlaceholderRange(o, n)) for i, o, n in fields["mm"]],
                    cache_salt=fields["cache_salt"], session_id=fields["session_id"])

@@ -40,8 +40,9 @@ def _method(op: str, real: Callable[..., Any], base: type) -> Callable[..., Any]
         shadow = self.__dict__.get("_kvpool_shadow")
         if shadow is None or shadow.depth or not shadow.active:  # the pool calling itself, or unshadowed
             return real(self, *args, **kwargs)
-        if not args and not kwargs and op in _QUERIES:
-            return shadow.query(op, real, self)
+        if not kwargs and ((not args and op in _QUERIES) or (
+                op == "get_cached_block" and len(args) == 2 and type(args[1]) is list)):
+            return shadow.query(op, real, self, args)
         if op not in _LOOPING:
             return shadow.call(op, real.__get__(self), args, kwargs)
         own = self.__dict__  # while it runs, its calls to itself go straight to its methods

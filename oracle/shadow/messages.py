@@ -3,7 +3,8 @@
 ``("pool", n, config)``
     pool ``n`` was created (its trace header, its name, where its trace goes, what it shows);
 ``("req", r, fields)``, ``("grow", r, tokens, hashes)``, ``("forget", r)``
-    request ``r`` seen for the first time, what it gained since, and that it is gone;
+    request ``r`` seen for the first time (its tokens and hashes :class:`Packed`), what it
+    gained since, and that it is gone;
 ``("call", n, op, args, result, error, events, fired, whole)``
     one call: the model's arguments (block ids, :class:`RequestRef`, watcher names,
     :class:`BlockSlice`), the pool's result (ids, event field dicts), its exception
@@ -19,7 +20,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import array
+from typing import Any, NamedTuple
 
 
 class RequestRef(NamedTuple):
@@ -42,4 +44,17 @@ class BlockSlice(NamedTuple):
         return [0] * self.start + self.ids + [0] * max(0, self.total - self.start - len(self.ids))
 
 
-__all__ = ["BlockSlice", "RequestRef"]
+class Packed(NamedTuple):
+    """Values of one kind as one block of bytes: ``q`` (64-bit ints) or ``Ns`` (``N`` bytes each)."""
+
+    kind: str
+    data: bytes
+
+    def unpack(self) -> list[Any]:
+        if self.kind == "q":
+            return array.array("q", self.data).tolist()
+        size = int(self.kind[:-1])
+        return [self.data[i:i + size] for i in range(0, len(self.data), size)]
+
+
+__all__ = ["BlockSlice", "Packed", "RequestRef"]

@@ -13,6 +13,7 @@ the pool itself).
 
 from __future__ import annotations
 
+import array
 import inspect
 import itertools
 import logging
@@ -29,7 +30,7 @@ from ..core.abstraction import pool_event
 from ..core.observe import Observer
 from ..trace.schema import VERSION, Json
 from . import hub as hubs
-from .messages import BlockSlice, RequestRef
+from .messages import BlockSlice, Packed, RequestRef
 from .settings import (
     ENV_KEEP,
     ENV_REFERENCE,
@@ -84,14 +85,15 @@ class RequestRefs:
             raise Unmodelled("a request with prompt embeddings (a trace cannot carry them)")
         number = next(self.numbers)
         lora = req.lora_request
-        fields = {"request_id": str(req.request_id), "all_token_ids": list(req.all_token_ids),
-                  "block_hashes": [bytes(h) for h in req.block_hashes],
+        token_ids, block_hashes = req.all_token_ids, req.block_hashes
+        fields = {"request_id": str(req.request_id), "all_token_ids": packed_ints(token_ids),
+                  "block_hashes": packed_bytes(block_hashes),
                   "lora": None if lora is None else (lora.lora_name, lora.lora_int_id, lora.lora_path),
                   "mm": [(f.identifier, f.mm_position.offset, f.mm_position.length)
                          for f in req.mm_features or ()],
                   "cache_salt": req.cache_salt, "session_id": getattr(req, "session_id", None)}
         self.send(("req", number, fields))
-        tokens, hashes = len(fields["all_token_ids"]), len(fields["block_hashes"])
+        tokens, hashes = len(token_ids), len(block_hashes)
         try:
             ref = weakref.ref(req, lambda _r: self._died(key, number))
         except TypeError:  # cannot be referred to weakly: sent whole each time, forgotten at once
@@ -110,6 +112,23 @@ class RequestRefs:
         """Tell the checker of the requests gone since the last call (never from inside a callback)."""
         while self.gone:
             self.send(("forget", self.gone.pop()))
+
+
+def packed_ints(values: Any) -> Packed | list[int]:
+    """Token ids as one block of bytes (a long prompt pickles at the speed of a copy), or a list
+    where one does not fit in 64 bits."""
+    try:
+        return Packed("q", array.array("q", values).tobytes())
+    except (OverflowError, TypeError):
+        return list(values)
+
+
+def packed_bytes(values: Any) -> Packed | list[bytes]:
+    """Hashes of one length as one block of bytes, or a list."""
+    hashes = [bytes(h) for h in values]
+    if hashes and all(len(h) == len(hashes[0]) for h in hashes):
+        return Packed(f"{len(hashes[0])}s", b"".join(hashes))
+    return hashes
 
 
 def plain_error(error: BaseException | None) -> tuple[tuple[str, ...], str] | None:
@@ -236,20 +255,34 @@ class Shadow:
             raise error
         return result
 
-    def query(self, op: str, real: Callable[..., Any], pool: Any) -> Any:
-        """A query without arguments (``get_num_free_blocks``, ``get_usage``: most of an engine's
-        calls), recorded at the least cost: it queues no event and fires no watcher."""
+    def query(self, op: str, real: Callable[..., Any], pool: Any, args: tuple[Any, ...] = ()) -> Any:
+        """A query (``get_num_free_blocks``, ``get_usage``, ``get_cached_block(hash, groups)``: most
+        of an engine's calls), recorded at the least cost: a query changes nothing, so unless it
+        raised or the queue of events moved, only its result is written down."""
         if not self.active or self.depth or (self.whole and (self.calls + 1) % self.full_every == 0):
-            return self.call(op, real.__get__(pool), (), {})
+            return self.call(op, real.__get__(pool), args, {})
+        queue = pool.kv_event_queue if self._queued else None
+        queued = len(queue) if queue is not None else 0
         self.depth += 1
         try:
-            result = real(pool)
+            result = real(pool, *args)
         except Exception:
             self.depth -= 1
-            return self.call(op, real.__get__(pool), (), {})  # its refusal, recorded as any call's
+            return self.call(op, real.__get__(pool), args, {})  # its refusal, recorded as any call's
         self.depth -= 1
+        model_args = (bytes(args[0]), list(args[1])) if args else ()
+        if queue is not None and (queue is not self._queue or pool.kv_event_queue is not queue
+                                  or len(queue) != queued):
+            self._fired = []
+            self.depth += 1
+            try:
+                self._record(op, model_args, result, None, queue, queued)
+            finally:
+                self.depth -= 1
+            return result
         self.calls += 1
-        self.hub.send(("call", self.number, op, (), result, None, () if self._queued else None, (), None))
+        self.hub.send(("call", self.number, op, model_args, plain_result(op, result) if args else result,
+                       None, () if self._queued else None, (), None))
         return result
 
     def _events_list(self) -> list[Any] | None:
