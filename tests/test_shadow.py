@@ -419,3 +419,22 @@ def test_the_whole_pool_is_compared_as_often_as_docs_vllm_md_says(monkeypatch: p
     assert shadow_of(pool).full_every == 96
     monkeypatch.setenv(sh.ENV_FULL_EVERY, "7")
     assert shadow_of(ShadowPool(BlockPool(96, True, 1))).full_every == 7
+
+
+def test_a_forked_process_does_not_write_into_its_parents_checker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM forks its workers after loading the plugin: a pool carried into the child is no longer
+    shadowed there (the parent's checker reads only the parent's records)."""
+    monkeypatch.setenv(sh.ENV_CHECK, "process")
+    found = Found()
+    pool = ShadowPool(BlockPool(8, True, 1))
+    pool.get_new_blocks(1)
+    sh.sync()
+    pid = os.fork()
+    if pid == 0:  # the child: its calls must not reach the parent's checker
+        for _ in range(hubs.BATCH + 1):
+            pool.get_num_free_blocks()
+        os._exit(0 if not shadow_of(pool).active else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pool.get_new_blocks(1)
+    assert found.now() == [] and shadow_of(pool).active and sh.sync()["calls"] >= 2

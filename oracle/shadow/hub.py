@@ -168,6 +168,10 @@ class ProcessHub(Hub):
         self.send(("pool", shadow.number, config))
 
     def flush(self) -> None:
+        if self.pid != os.getpid() and not self.dead:  # a process forked from the engine's: not its pipe
+            self.dead = True
+            for shadow in list(self.shadows.values()):
+                shadow.active = False
         if not self.buffer or self.dead:
             self.buffer.clear()
             return
