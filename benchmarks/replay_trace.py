@@ -94,6 +94,8 @@ def run_vllm_modes(path: str, settings: Settings, limit: int | None) -> None:
     from kvpool.oracle.replay.vllm_engine import run_vllm
 
     os.environ.setdefault(sh.ENV_DIR, tempfile.mkdtemp(prefix="kvpool-replay-bench-"))
+    # vLLM's imports and its model registry's first look at the architecture, before any run counts
+    run_vllm(read_requests(path, limit=2), settings, vllm_plugin.use, mode="none")
     results: dict[str, Replay] = {}
     for mode in ("none", "shadow", "replace"):
         checker = None
