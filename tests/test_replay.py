@@ -242,8 +242,6 @@ def test_a_pool_in_another_process_is_replayed_over_the_drive_protocol(trace: Pa
     assert result["requests"] == 12 and result["divergences"] == 0 and result["calls"] > 100
 
 
-@pytest.mark.xfail(reason="broken-pipe handling of every command comes with branch live-watch (at the CLI "
-                          "entry); remove this mark once it is merged", strict=False)
 def test_check_trace_into_a_closed_pipe_ends_without_a_traceback(trace: Path, tmp_path: Path) -> None:
     """``kvpool check-trace FILE | head``: a reader that goes early is no error of the checker."""
     out = tmp_path / "run.jsonl"
