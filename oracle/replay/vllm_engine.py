@@ -130,6 +130,8 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
         raise ValueError(f"plugin mode {mode!r}: expected one of {', '.join(PLUGIN_MODES)}")
     if trace is not None and "shadow" not in mode:
         raise ValueError("--trace with --engine vllm records through the shadow: use a mode with shadow")
+    # vLLM infers a CPU build from its version string only; this loop runs no model, so CPU it is
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     SamplingParams = _vllm("vllm.sampling_params").SamplingParams
     get_hash_fn_by_name = _vllm("vllm.utils.hashing").get_hash_fn_by_name
     kv_utils = _vllm("vllm.v1.core.kv_cache_utils")
