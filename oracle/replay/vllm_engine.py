@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -96,6 +97,22 @@ def _vllm(name: str) -> Any:
     return importlib.import_module(name)
 
 
+class NoDevice(RuntimeError):
+    """vLLM, imported before the loop ran without ``VLLM_TARGET_DEVICE``, found no platform."""
+
+
+def _cpu_platform() -> None:
+    """vLLM infers a CPU build from its version string only, once, when it is imported: this loop
+    runs no model, so ``VLLM_TARGET_DEVICE=cpu`` unless the caller chose, set before that import."""
+    if "vllm" not in sys.modules:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        return
+    platform = type(_vllm("vllm.platforms").current_platform).__name__
+    if platform == "UnspecifiedPlatform":
+        raise NoDevice("vLLM was imported before --engine vllm could choose its CPU platform and "
+                               "found no device: set VLLM_TARGET_DEVICE=cpu in the environment")
+
+
 def scheduler(settings: Settings, model_dir: Path) -> Any:
     """vLLM's ``Scheduler`` for one KV-cache group of full attention, with prefix caching."""
     torch, config, kv = _vllm("torch"), _vllm("vllm.config"), _vllm("vllm.v1.kv_cache_interface")
@@ -130,8 +147,7 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
         raise ValueError(f"plugin mode {mode!r}: expected one of {', '.join(PLUGIN_MODES)}")
     if trace is not None and "shadow" not in mode:
         raise ValueError("--trace with --engine vllm records through the shadow: use a mode with shadow")
-    # vLLM infers a CPU build from its version string only; this loop runs no model, so CPU it is
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    _cpu_platform()
     SamplingParams = _vllm("vllm.sampling_params").SamplingParams
     get_hash_fn_by_name = _vllm("vllm.utils.hashing").get_hash_fn_by_name
     kv_utils = _vllm("vllm.v1.core.kv_cache_utils")
@@ -251,4 +267,4 @@ def environment_mode() -> str:
     return ",".join(m.strip() for m in raw.split(",") if m.strip()) or "shadow"
 
 
-__all__ = ["ARCHITECTURE", "PLUGIN_MODES", "Install", "environment_mode", "run_vllm", "scheduler"]
+__all__ = ["ARCHITECTURE", "PLUGIN_MODES", "Install", "NoDevice", "environment_mode", "run_vllm", "scheduler"]
