@@ -4,7 +4,8 @@
 
 ``TRACE.jsonl`` is a request trace ``kvpool replay`` reads: Mooncake's FAST'25
 release (kvcache-ai/Mooncake, ``FAST25-release/traces/synthetic_trace.jsonl``,
-3,993 requests, fetched by hand; it is not in this repository).  ``vllm`` runs
+3,993 requests; not in this repository: ``curl -LO https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/synthetic_trace.jsonl``,
+sha256 ``bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131``).  ``vllm`` runs
 vLLM 0.31's scheduler over the trace three times in this process, the same
 trace and settings (32,768 blocks of 16 tokens, budget 8,192): vLLM's pool
 bare, under the shadow (its checker in a process of its own), and kvpool's
