@@ -3,10 +3,12 @@
     .venv-vllm/bin/python benchmarks/shadow_overhead.py [--steps 4000] [--seeds 4]
 
 The seeded workload (misuse off, no key copies: a pool alone) plays vLLM's own
-``BlockPool`` twice, bare and under the shadow (``oracle/shadow.py``: the model,
-the footprint comparison, the whole pool every ``num_blocks`` calls, each call's
-operation and arguments written to a file).  Only the time spent inside the pool's methods is
-counted, so the workload's own cost is left out; both runs make the same calls.
+``BlockPool`` twice, bare and under the shadow checking on the calling thread (``oracle/shadow/``
+strict, hence inline: the model, the footprint comparison, the whole pool every ``num_blocks``
+calls, each call's operation and arguments written to a file).  The default shadow checks in a
+process of its own; ``benchmarks/replay_trace.py`` measures that one inside vLLM's scheduler.
+Only the time spent inside the pool's methods is counted, so the workload's own cost is left
+out; both runs make the same calls.
 Printed: per-call CPU times and ``added / bare``, the median over the seeds of each seed's
 ratio, bare and shadowed run back to back (target at most 15).  Pools of the
 engine-like size ``--blocks`` (default 4096) unless ``--blocks 0`` (the drawn shapes).

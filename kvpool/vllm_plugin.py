@@ -127,9 +127,10 @@ def install() -> list[str]:
     return rebound
 
 
-def install_shadow() -> list[str]:
+def install_shadow(options: dict[str, Any] | None = None) -> list[str]:
     """Shadow every pool vLLM builds from now on: the pool class in place (vLLM's, or kvpool's
-    after :func:`install`) becomes a subclass whose pools the model shadows.
+    after :func:`install`) becomes a subclass whose pools the model shadows (``options``: the
+    shadow's, :class:`kvpool.oracle.shadow.Shadow`).
 
     The KV-cache coordinator builds every pool vLLM 0.31 has through that name
     (the GPU pool, the CPU offload manager's through its own coordinator), and
@@ -143,11 +144,24 @@ def install_shadow() -> list[str]:
     if "shadowed" in _installed:
         return list(_installed["shadow_rebound"])
     base = module.BlockPool
-    shadowed = shadowed_class(base, log=logging.getLogger("vllm.plugins.kvpool.shadow"))
+    shadowed = shadowed_class(base, **{"log": logging.getLogger("vllm.plugins.kvpool.shadow"),
+                                       **(options or {})})
     rebound, reparented = _rebind(base, shadowed)
     _installed.update(shadowed=shadowed, shadowed_base=base, shadow_rebound=rebound,
                       shadow_reparented=reparented)
     return rebound
+
+
+def use(mode: str, shadow_options: dict[str, Any] | None = None) -> None:
+    """Put in place the pool ``mode`` names (``KVPOOL_PLUGIN``'s modes, or ``none`` for vLLM's own
+    bare), whatever was in place before: for a process that runs vLLM's scheduler itself (``kvpool
+    replay --engine vllm``); ``shadow_options`` go to the shadow."""
+    chosen = () if mode == "none" else modes(mode)
+    uninstall()
+    if "replace" in chosen:
+        install()
+    if "shadow" in chosen:
+        install_shadow(shadow_options)
 
 
 def uninstall() -> None:
@@ -181,4 +195,4 @@ def uninstall() -> None:
 
 
 __all__ = ["ENV_MODE", "MODES", "SUPPORTED", "install", "install_shadow", "modes", "register", "supported",
-           "uninstall"]
+           "uninstall", "use"]

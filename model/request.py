@@ -36,20 +36,32 @@ class Prefix:
     A prefix is its last chunk on top of the prefix before it.  Prefixes are
     values, made only by :meth:`then`, which interns them: equal prefixes are
     the same object, so comparing two costs nothing however long they are,
-    and two requests sharing a prefix share its chunks.
+    and two requests sharing a prefix share its chunks.  Each also keeps a
+    farther ancestor (``jump``, skew-binary spacing): :meth:`up_to` then
+    takes a number of steps logarithmic in the distance, so checking a
+    write into a block of a long prompt does not walk the prompt.
     """
 
-    __slots__ = ("__weakref__", "chunk", "depth", "parent")
+    __slots__ = ("__weakref__", "chunk", "depth", "jump", "parent")
 
     def __init__(self, parent: Prefix | None, chunk: Chunk | None) -> None:
         self.parent, self.chunk = parent, chunk
         self.depth: int = 0 if parent is None else parent.depth + 1
+        self.jump: Prefix = self if parent is None else parent
+        """An ancestor: the parent's jump's jump when the two spans are equal, else the parent."""
+        if parent is not None:
+            up = parent.jump
+            if parent.depth - up.depth == up.depth - up.jump.depth:
+                self.jump = up.jump
 
     def then(self, chunk: Chunk) -> Prefix:
         """This prefix followed by ``chunk``."""
-        made = _MADE.get((id(self), chunk))
+        key = (id(self), chunk)
+        ref = _MADE.get(key)
+        made = None if ref is None else ref()
         if made is None:
-            made = _MADE[(id(self), chunk)] = Prefix(self, chunk)
+            made = Prefix(self, chunk)
+            _MADE[key] = _Made(made, key)
         return made
 
     def __len__(self) -> int:
@@ -59,7 +71,7 @@ class Prefix:
         """The first ``depth`` chunks of this prefix."""
         p = self
         while p.depth > depth:
-            p = p.parent  # type: ignore[assignment]
+            p = p.jump if p.jump.depth >= depth else p.parent  # type: ignore[assignment]
         return p
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -75,7 +87,24 @@ class Prefix:
         return repr(tuple(self))
 
 
-_MADE: weakref.WeakValueDictionary[tuple[int, Chunk], Prefix] = weakref.WeakValueDictionary()
+class _Made(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to an interned prefix that forgets its entry when the prefix goes."""
+
+    __slots__ = ("key",)
+
+    def __new__(cls, made: Prefix, key: tuple[int, Chunk]) -> _Made:
+        return super().__new__(cls, made, _forget)
+
+    def __init__(self, made: Prefix, key: tuple[int, Chunk]) -> None:  # the referent: set by __new__
+        self.key = key
+
+
+def _forget(ref: weakref.ref) -> None:  # type: ignore[type-arg]
+    if isinstance(ref, _Made) and _MADE.get(ref.key) is ref:
+        del _MADE[ref.key]
+
+
+_MADE: dict[tuple[int, Chunk], _Made] = {}
 """Every live prefix, by (its parent's identity, its last chunk): how equal prefixes are one object."""
 Content = Prefix
 EMPTY = Prefix(None, None)
@@ -84,7 +113,7 @@ EMPTY = Prefix(None, None)
 
 def extends(longer: Content, shorter: Content) -> bool:
     """Whether ``longer`` holds ``shorter`` as a prefix."""
-    return len(longer) >= len(shorter) and longer.up_to(len(shorter)) is shorter
+    return longer.depth >= shorter.depth and longer.up_to(shorter.depth) is shorter
 
 
 def compatible(held: Content, written: Content) -> bool:

@@ -24,6 +24,8 @@ from kvpool.oracle.search.database import example_database, from_env
 # report what they compared and still run under python -O).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest.register_assert_rewrite("impl_helpers")
+# vLLM (where installed) picks its platform once, at import: CPU here, before any test imports it.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 _db = from_env()
 _common = {"database": example_database(_db)} if _db else {}

@@ -1,9 +1,11 @@
-"""The shadow (``oracle/shadow.py``): a real pool's calls also run on the model, compared.
+"""The shadow (``oracle/shadow/``): a real pool's calls also run on the model, compared.
 
 Without vLLM: kvpool's pool, its seeded bugs (``kvpool.bugs.pools``) and the
 third-party pool of ``tests/third_party`` are shadowed and driven by the
-workload; vLLM's own pool under the shadow is ``tests/test_vllm_plugin.py``.
-Every run is bounded by its number of steps.
+workload, with the checker in a process of its own (the default) and on the
+engine's thread (``inline``); vLLM's own pool under the shadow is
+``tests/test_vllm_plugin.py`` and ``tests/test_vllm_replay.py``.  Every run is
+bounded by its number of steps.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import json
 import logging
 import os
 import random
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +32,11 @@ from kvpool.oracle.core.lockstep import Divergence, Lockstep
 from kvpool.oracle.generate.runs import RunConfig
 from kvpool.oracle.generate.workload import Workload
 from kvpool.oracle.shadow import Shadow, ShadowDivergence, ShadowPool, shadow_of, shadowed_class
+from kvpool.oracle.shadow import hub as hubs
 from kvpool.oracle.trace import check_trace
 
 ROOT = Path(__file__).resolve().parent.parent
+MODES = ("process", "inline")
 
 
 class Engine(Workload):
@@ -70,49 +76,96 @@ def drive(pool_class: type, seed: int, steps: int, misuse: bool = False,
     return made[0], pair
 
 
+class Found:
+    """What the shadows found during one test, wherever the checker ran."""
+
+    def __init__(self) -> None:
+        self.local = len(sh.TOTALS.findings)
+        self.remote = len(sh.sync().get("findings", []))
+
+    def now(self) -> list[dict[str, Any]]:
+        """The findings since the test began (the checker process is waited for)."""
+        return sh.TOTALS.findings[self.local:] + sh.sync().get("findings", [])[self.remote:]
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(sh.ENV_CHECK, request.param)
+    return str(request.param)
+
+
 @pytest.fixture(autouse=True)
-def _quiet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _quiet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     monkeypatch.setenv(sh.ENV_DIR, str(tmp_path / "shadow"))
     monkeypatch.delenv(sh.ENV_STRICT, raising=False)
     monkeypatch.delenv(sh.ENV_KEEP, raising=False)
     logging.getLogger("kvpool").setLevel(logging.ERROR)  # refused resets warn
     logging.getLogger("kvpool.shadow").setLevel(logging.WARNING)
+    yield
+    sh.sync()  # nothing of this test left for the next one to wait for
+
+
+def kept_path(line: str) -> Path:
+    return Path(line.rsplit("(kvpool check-trace ", 1)[1].rstrip(")"))
 
 
 # ------------------------------------------------------------------ a correct pool
 
 
 @pytest.mark.parametrize("misuse", [False, True])
-def test_kvpools_pool_under_the_shadow_agrees(misuse: bool, tmp_path: Path) -> None:
+def test_kvpools_pool_under_the_shadow_agrees(misuse: bool, mode: str, tmp_path: Path) -> None:
     """The workload's lockstep also compares the shadowed pool with its own model: the shadow
     changes nothing the pool returns, and finds nothing."""
-    Shadowed = shadowed_class(BlockPool, strict=True)
-    for seed in range(4):
-        pool, pair = drive(Shadowed, seed, 1500, misuse=misuse)
+    found_before = Found()
+    Shadowed = shadowed_class(BlockPool, strict=mode == "inline")
+    for seed in range(3):
+        pool, pair = drive(Shadowed, seed, 1200, misuse=misuse)
         found = shadow_of(pool)
         assert found is not None and found.active, found
-        assert found.calls == pair.steps > 1000
+        assert found.calls == pair.steps > 800
+        assert (found.pair is None) == (mode == "process")  # the model runs on this thread or not
+    assert found_before.now() == []
+    assert found.active  # the checker stopped no pool either
     assert not list((tmp_path / "shadow").glob("*.jsonl"))  # nothing kept: nothing diverged
 
 
-def test_a_kept_trace_replays_and_memory_stays_bounded(tmp_path: Path) -> None:
+def test_the_call_path_only_records_when_the_checker_is_a_process(mode: str) -> None:
+    pool = ShadowPool(BlockPool(8, True, 1))
+    pool.get_new_blocks(2)
+    found = shadow_of(pool)
+    assert found is not None
+    if mode == "process":
+        assert isinstance(found.hub, hubs.ProcessHub) and found.hub.child.pid != os.getpid()
+        assert found.pair is None
+        assert sh.sync()["calls"] >= 1
+    else:
+        assert isinstance(found.hub, hubs.InlineHub) and found.pair is not None
+
+
+def test_a_kept_trace_replays_and_memory_stays_bounded(mode: str, tmp_path: Path) -> None:
     Shadowed = shadowed_class(BlockPool, keep=True)
     pool, pair = drive(Shadowed, 5, 3000, misuse=True)
     found = shadow_of(pool)
     assert found is not None
-    # what the shadow holds does not grow with the run: the lockstep's last calls, pending events
-    assert len(found.pair.trace) <= 13 and found.pair.lines == [] and len(found.own) <= 4 * pair.steps
+    # what the shadow holds does not grow with the run: the pending events, the live requests
+    assert len(found.own) <= 4 * pair.steps and len(found.hub.requests.known) <= 64
+    if found.pair is not None:  # and the lockstep's last calls
+        assert len(found.pair.trace) <= 13 and found.pair.lines == []
     calls = found.calls
     del pool, found, pair
     gc.collect()
+    sh.sync()
     kept = list((tmp_path / "shadow").glob("*.jsonl"))
     assert len(kept) == 1
     report = check_trace(kept[0])
     assert report.ok and report.steps == calls, report.format()
+    lines = kept[0].read_text().splitlines()
+    assert any('"forget":true' in line for line in lines)  # dead requests are forgotten by a reader
 
 
-def test_results_and_exceptions_go_back_unchanged() -> None:
+def test_results_and_exceptions_go_back_unchanged(mode: str) -> None:
     """The very objects the pool returned or raised, an iterator handed over as a list."""
+    found = Found()
     pool = ShadowPool(BlockPool(8, True, 1))
     got = pool.get_new_blocks(3)
     assert [b.block_id for b in got] == [1, 2, 3] and got[0] is pool.wrapped.blocks[1]
@@ -121,44 +174,47 @@ def test_results_and_exceptions_go_back_unchanged() -> None:
     with pytest.raises(Exception) as raised:
         pool.free_blocks([got[0]])  # a double free: kvpool's pool refuses it
     assert type(raised.value).__name__ == "BlockNotInUseError"
-    assert shadow_of(pool).active  # the model refused it too
+    assert found.now() == []  # the model refused it too
+    assert shadow_of(pool).active
 
 
-def test_watchers_are_called_as_without_the_shadow() -> None:
-    pool = ShadowPool(BlockPool(4, True, 1), strict=True)
+def test_watchers_are_called_as_without_the_shadow(mode: str) -> None:
+    found = Found()
+    pool = ShadowPool(BlockPool(4, True, 1))
     told: list[int] = []
     blocks = pool.get_new_blocks(3)
     pool.unpin_blocks(blocks, lambda b: told.append(b.block_id))
     pool.get_new_blocks(2)
     assert told == [1, 2]
-    assert shadow_of(pool).calls == 3
+    assert shadow_of(pool).calls == 3 and found.now() == []
 
 
 # ------------------------------------------------------------------ seeded bugs
 
 
 @pytest.mark.parametrize("bug", ["FreeHashedToHead", "TouchLeavesBlockFree", "AllocKeepsOldHash"])
-def test_a_seeded_bug_is_logged_once_with_a_trace_check_trace_agrees_with(
-        bug: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_seeded_bug_is_found_once_with_a_trace_check_trace_agrees_with(
+        bug: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    found_before = Found()
     Shadowed = shadowed_class(getattr(seeded, bug))
-    found = None
+    findings: list[dict[str, Any]] = []
     for seed in range(8):
         pool, _pair = drive(Shadowed, seed, 3000, check=False)
-        found = shadow_of(pool)
-        assert found is not None
-        if not found.active:
+        findings = found_before.now()
+        if findings:
             break
-    assert found is not None and not found.active, f"{bug} not found"
-    lines = [r.getMessage() for r in caplog.records if r.name == "kvpool.shadow"]
-    assert len(lines) == 1 and " diverged at call " in lines[0], lines
-    path = Path(lines[0].rsplit("(kvpool check-trace ", 1)[1].rstrip(")"))
+    assert len(findings) == 1 and findings[0]["kind"] == "diverged", findings
+    path = Path(findings[0]["trace"])
     assert path.exists() and path.parent == Path(os.environ[sh.ENV_DIR])
     report = check_trace(path)
     assert not report.ok and report.divergence is not None
-    assert report.divergence.step == found.calls  # the call the shadow stopped at
-    before = found.calls
-    pool.get_num_free_blocks()  # the pool goes on, unshadowed
-    assert found.calls == before
+    assert report.divergence.step == findings[0]["call"]  # the call the checker stopped at
+    assert not shadow_of(pool).active  # the pool goes on, unshadowed
+    pool.get_num_free_blocks()
+    if mode == "inline":  # one line logged here (a checker process logs it to its stderr)
+        lines = [r.getMessage() for r in caplog.records if r.name == "kvpool.shadow"]
+        assert len(lines) == 1 and " diverged at call " in lines[0], lines
+        assert kept_path(lines[0]) == path
 
 
 def test_strict_mode_raises_from_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,21 +230,52 @@ def test_strict_mode_raises_from_the_call(monkeypatch: pytest.MonkeyPatch) -> No
     assert pool.get_num_free_blocks() == 7  # the pool ran the call
 
 
-def test_a_broken_contract_is_the_callers(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("full_every", [3, 1000])
+def test_a_divergence_at_a_whole_pool_check_names_the_call_that_made_it(full_every: int) -> None:
+    """The third call frees cached blocks to the queue's head: whether or not the whole pool is
+    compared after it, the footprint check names that call (not the calls since the last check)."""
+    pool = ShadowPool(seeded.FreeHashedToHead(8, True, 1), strict=True, full_every=full_every)
+    req = Request("r", [1, 2, 3], block_hasher=get_request_block_hasher(1))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 1, 0)
+    with pytest.raises(ShadowDivergence) as raised:
+        pool.free_blocks(blocks)
+    first = str(raised.value).splitlines()[0]
+    assert " at call 3: observation after free_blocks: " in first, first
+    assert "whole-pool check" not in first
+
+
+def test_a_checker_process_names_the_calls_since_the_last_whole_pool_check() -> None:
+    """It sees the pool only at whole-pool checks: a difference is named with the calls in which
+    it arose (the trace it keeps holds them)."""
+    found = Found()
+    pool = ShadowPool(seeded.FreeHashedToHead(8, True, 1), full_every=3)
+    assert shadow_of(pool).hub.remote
+    req = Request("r", [1, 2, 3], block_hasher=get_request_block_hasher(1))
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(req, blocks, 0, 2, 1, 0)
+    pool.free_blocks(blocks)
+    (finding,) = found.now()
+    assert finding["call"] == 3 and "damage is in calls 1 to 3" in finding["first"], finding
+    assert not check_trace(finding["trace"]).ok
+
+
+def test_a_broken_contract_is_the_callers(mode: str) -> None:
     """A caller caching one block at two positions breaks ``cached_once_per_call``."""
+    found = Found()
     pool = ShadowPool(BlockPool(8, True, 1))
     req = Request("r", [1, 2, 3], block_hasher=get_request_block_hasher(1))
     blocks = pool.get_new_blocks(2)
     pool.cache_full_blocks(req, [blocks[0], blocks[0]], 0, 2, 1, 0)
-    lines = [r.getMessage() for r in caplog.records if r.name == "kvpool.shadow"]
-    assert len(lines) == 1 and "caller broke a contract" in lines[0] and "cached_once_per_call" in lines[0]
-    path = Path(lines[0].rsplit("(kvpool check-trace ", 1)[1].rstrip(")"))
-    report = check_trace(path)
+    (finding,) = found.now()
+    assert finding["kind"] == "caller broke a contract" and "cached_once_per_call" in finding["first"]
+    report = check_trace(finding["trace"])
     assert report.contract is not None and report.contract.contract == "cached_once_per_call"
 
 
 def test_the_lazy_queue_pool_of_another_author_is_shadowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pool that shares nothing with kvpool (``tests/third_party``), its correct queue."""
+    """A pool that shares nothing with kvpool (``tests/third_party``), its correct queue; seen as a
+    black box, it is checked on the engine's thread (the checker probes its index itself)."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "third_party"))
     logging.getLogger("mypool").setLevel(logging.ERROR)
     import lazy_queue
@@ -196,16 +283,18 @@ def test_the_lazy_queue_pool_of_another_author_is_shadowed(monkeypatch: pytest.M
     pool, pair = drive(shadowed_class(lazy_queue.FixedLazyQueuePool, strict=True), 2, 1500)
     found = shadow_of(pool)  # it also sees the workload's lookups of the pool's index (black box)
     assert found is not None and found.active and found.calls >= pair.steps > 1000
+    assert not found.hub.remote
 
 
 # ------------------------------------------------------------------ pools that share
 
 
-def test_keys_copied_from_another_pool_and_a_shared_event_queue(tmp_path: Path) -> None:
+def test_keys_copied_from_another_pool_and_a_shared_event_queue(mode: str, tmp_path: Path) -> None:
     """vLLM's CPU offload manager: keys of GPU blocks into a CPU pool (``_insert_block_hash``, the
     primary with its token count, then a partial one), its own events appended to the CPU pool's
     queue; and a pool that publishes into another's queue (vLLM's hisparse pool)."""
-    gpu = ShadowPool(BlockPool(8, True, 2, enable_kv_cache_events=True), strict=True, keep=True)
+    found_before = Found()
+    gpu = ShadowPool(BlockPool(8, True, 2, enable_kv_cache_events=True), keep=True)
 
     class Shared(BlockPool):
         owner: Any = None
@@ -219,7 +308,7 @@ def test_keys_copied_from_another_pool_and_a_shared_event_queue(tmp_path: Path) 
             pass
 
     Shared.owner = gpu
-    cpu = ShadowPool(Shared(8, True, 2, enable_kv_cache_events=True), strict=True, keep=True)
+    cpu = ShadowPool(Shared(8, True, 2, enable_kv_cache_events=True), keep=True)
     req = Request("r", list(range(8)), block_hasher=get_request_block_hasher(2))
     blocks = gpu.get_new_blocks(2)
     gpu.cache_full_blocks(req, blocks, 0, 2, 4, 0)
@@ -236,26 +325,36 @@ def test_keys_copied_from_another_pool_and_a_shared_event_queue(tmp_path: Path) 
     taken = gpu.take_events()
     assert mine in taken and len(taken) > 1  # the caller's and the pool's; the shadow compares its own
     assert cpu.get_cached_block(req.block_hashes[3], [0])[0] is copy
+    assert found_before.now() == []
     for pool in (gpu, cpu):
         found = shadow_of(pool)
         assert found is not None and found.active
-        found._finish(keep=True)
+        found.finish(keep=True)
+    sh.sync()
+    for pool in (gpu, cpu):
+        found = shadow_of(pool)
         assert check_trace(found.directory / f"{found.name}.jsonl").ok
 
 
-def test_a_key_no_shadow_knows_stops_the_shadow_not_the_pool(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_key_no_shadow_knows_stops_the_shadow_not_the_pool(mode: str) -> None:
+    found = Found()
     cpu = ShadowPool(BlockPool(4, True, 1))
     block = cpu.get_new_blocks(1)[0]
     cpu._insert_block_hash(b"\x01" * 32 + b"\0\0\0\0", block, num_tokens=1)
     assert cpu.wrapped.blocks[block.block_id].block_hash is not None  # the pool did it
+    (finding,) = found.now()
+    assert finding["kind"] == "stopped" and "no shadowed pool knows the prefix" in finding["first"]
     assert not shadow_of(cpu).active
-    assert "no shadowed pool knows the prefix" in caplog.text
+
+
+# ------------------------------------------------------------------ the process around it
 
 
 def test_the_shadow_runs_without_z3_and_hypothesis() -> None:
-    """The plugin runs inside vLLM: the shadow's import chain has no verifier in it."""
+    """The plugin runs inside vLLM: the shadow's import chain, and its checker process's, have no
+    verifier in them."""
     code = ("import sys; sys.modules['z3'] = None; sys.modules['hypothesis'] = None\n"
-            "import kvpool.oracle.shadow, kvpool.vllm_plugin\n"
+            "import kvpool.oracle.shadow, kvpool.oracle.shadow.child, kvpool.vllm_plugin\n"
             "from kvpool.impl import BlockPool\n"
             "p = kvpool.oracle.shadow.ShadowPool(BlockPool(4, True, 1), strict=True)\n"
             "p.free_blocks(p.get_new_blocks(2)); print(kvpool.oracle.shadow.shadow_of(p).calls)")
@@ -265,18 +364,77 @@ def test_the_shadow_runs_without_z3_and_hypothesis() -> None:
     assert done.stdout.strip() == "2"
 
 
-def test_totals_are_written_at_exit(tmp_path: Path) -> None:
+def test_totals_are_written_at_exit(mode: str, tmp_path: Path) -> None:
     code = ("from kvpool.impl import BlockPool\nfrom kvpool.oracle.shadow import ShadowPool\n"
             "p = ShadowPool(BlockPool(4, True, 1)); p.get_new_blocks(1); p.get_usage()\n")
     out = tmp_path / "totals"
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, sh.ENV_DIR: str(out)})
+                          env={**os.environ, sh.ENV_DIR: str(out), sh.ENV_CHECK: mode})
     assert done.returncode == 0, done.stderr
     totals = [json.loads(p.read_text()) for p in out.glob("totals-*.json")]
     assert len(totals) == 1 and totals[0]["pools"] == 1 and totals[0]["calls"] == 2
     assert totals[0]["divergences"] == 0 and totals[0]["traces"] == []
 
 
+def test_a_dead_checker_stops_the_shadows_not_the_engine(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(sh.ENV_CHECK, "process")
+    monkeypatch.setattr(hubs, "_hubs", {})  # a checker of this test's own
+    pool = ShadowPool(BlockPool(8, True, 1))
+    pool.get_new_blocks(1)
+    found = shadow_of(pool)
+    assert isinstance(found.hub, hubs.ProcessHub)
+    found.hub.child.send_signal(signal.SIGKILL)
+    found.hub.child.wait()
+    for _ in range(hubs.BATCH + 1):  # a batch goes out, and cannot
+        assert pool.get_num_free_blocks() == 6
+    assert not found.active
+    assert "no longer shadowed" in caplog.text
+    assert pool.get_new_blocks(2)  # the pool goes on
+
+
 def test_a_shadow_of_a_pool_that_cannot_be_modelled_says_so() -> None:
     with pytest.raises(AttributeError):
         Shadow(object())
+
+
+def test_an_event_the_pool_queued_and_the_model_did_not_is_named_once() -> None:
+    class Extra(BlockPool):
+        def get_num_free_blocks(self) -> int:
+            self.kv_event_queue.append(object())  # an event of no kind the model emits
+            return super().get_num_free_blocks()
+
+    pool = ShadowPool(Extra(8, True, 1, enable_kv_cache_events=True), strict=True)
+    with pytest.raises(ShadowDivergence) as raised:
+        pool.get_num_free_blocks()
+    first = str(raised.value).splitlines()[0]
+    assert "get_num_free_blocks: pending events: model 0 | pool 1" in first and "pending pending" not in first
+
+
+def test_the_whole_pool_is_compared_as_often_as_docs_vllm_md_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sh.ENV_FULL_EVERY, raising=False)
+    text = (ROOT / "docs" / "vllm.md").read_text(encoding="utf-8")
+    assert "every invariant every `num_blocks` calls (`KVPOOL_SHADOW_FULL_EVERY`" in text
+    pool = ShadowPool(BlockPool(96, True, 1))
+    assert shadow_of(pool).full_every == 96
+    monkeypatch.setenv(sh.ENV_FULL_EVERY, "7")
+    assert shadow_of(ShadowPool(BlockPool(96, True, 1))).full_every == 7
+
+
+def test_a_forked_process_does_not_write_into_its_parents_checker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM forks its workers after loading the plugin: a pool carried into the child is no longer
+    shadowed there (the parent's checker reads only the parent's records)."""
+    monkeypatch.setenv(sh.ENV_CHECK, "process")
+    found = Found()
+    pool = ShadowPool(BlockPool(8, True, 1))
+    pool.get_new_blocks(1)
+    sh.sync()
+    pid = os.fork()
+    if pid == 0:  # the child: its calls must not reach the parent's checker
+        for _ in range(hubs.BATCH + 1):
+            pool.get_num_free_blocks()
+        os._exit(0 if not shadow_of(pool).active else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pool.get_new_blocks(1)
+    assert found.now() == [] and shadow_of(pool).active and sh.sync()["calls"] >= 2

@@ -43,6 +43,9 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
                      "check a KV-event stream (JSONL, a trace, or a wire capture) as a router reads it"),
     "watch": ("kvpool.cli.watch", "main",
               "subscribe to vLLM engines' KV events (ZMQ) and check each stream as it comes"),
+    "replay": ("kvpool.cli.replay", "main",
+               "replay a request trace (Mooncake's or plain) through an engine loop, every pool call "
+               "checked against the model: hit rates, evictions, preemptions, router error"),
     "serve-pool": ("kvpool.oracle.drive.serve", "main",
                    "kvpool's pool (or any Python pool) over stdin/stdout in the drive protocol"),
 }

@@ -259,6 +259,8 @@ SHOWN_EVENTS = 4
 def short(value: Any) -> str:
     """A value as messages show it: a hash by its last three bytes (``…a1b2c3``, as pictures
     name it), a key as ``…a1b2c3/g0``, a request by its id, an event by its fields so shortened."""
+    if type(value) is list and all(type(v) is int for v in value):  # block ids, on every call: at once
+        return repr(value)
     if hasattr(value, "request_id"):
         return f"<request {value.request_id}>"
     if isinstance(value, bytes):

@@ -231,6 +231,9 @@ class Lockstep(Translate):
     """Compare the whole pool every this many calls (None: the pool's size over :data:`BLOCKS_PER_CALL`)."""
     debug: bool = False
     """Also check after every call that the model changed nothing outside the footprint."""
+    footprints: bool = True
+    """Compare each call's footprint on the pool (off: a pool seen only at whole-pool checks, the
+    shadow's checker in a process of its own, where computing it would be wasted)."""
     local_invariants: bool = True
     """Check the model's invariants on each call's footprint (off: at whole-pool checks only, for
     a shadow inside an engine, where the invariants' proofs stand for them)."""
@@ -370,8 +373,9 @@ class Lockstep(Translate):
             elif decl.role == "query":
                 m_result = decl.next(model, *bound)
             else:
-                fp = decl.footprint(model, *bound)
-                noted = self._note(fp)
+                if self.footprints:
+                    fp = decl.footprint(model, *bound)
+                    noted = self._note(fp)
                 snapshot = model.copy() if self.debug else None
                 m_result = decl.next(model, *bound)
         except ContractBroken as broken:
@@ -420,10 +424,14 @@ class Lockstep(Translate):
                                      f"says it does not: {', '.join(outside)}", ["footprint"])
         if shape is not None and self.features is not None:
             self.features.add(kept(shape, op, m_error))
-        if self.steps - self.last_full >= (self.full_every or 1):
-            self.check()
-        elif decl.role != "query":  # a query touches nothing; one that did is seen by the next check
+        whole = self.steps - self.last_full >= (self.full_every or 1)
+        # a query touches nothing (one that did is seen by the next whole check), a pool seen only
+        # through calls shows no footprint; the footprint comes first even before a whole check, so
+        # that a call damaging what it touched is named
+        if decl.role != "query" and self.footprints and not self.observer.api_only:
             self._check_footprint(op, fp, noted)
+        if whole:
+            self.check()
         return m_error if m_error else m_result
 
     def can(self, op: str, *args: Any, **kwargs: Any) -> bool:
@@ -508,7 +516,7 @@ class Lockstep(Translate):
             return  # nothing emitted, nothing queued
         diff = event_differences(emitted, pending[len(pending) - len(emitted):] if emitted else [])
         if len(pending) != len(self.model.events):
-            diff.append(f"pending events: model {len(self.model.events)} | pool {len(pending)}")
+            diff.append(f"events: model {len(self.model.events)} | pool {len(pending)}")
         if diff:
             raise self._diverged(op, "; ".join(f"pending {d}" for d in diff), ["pending events"])
 

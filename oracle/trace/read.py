@@ -27,6 +27,7 @@ from .schema import (
     MAX_NUM_BLOCKS,
     OBSERVATION_FIELDS,
     OPTIONAL_ARGS,
+    REQUEST_LINE,
     REQUIRED_OBSERVATION,
     RESULT_KINDS,
     STEP_FIELDS,
@@ -182,6 +183,60 @@ def _parse_request(v: Any, where: str) -> Request:
                    session_id=obj.get("session_id"))
 
 
+class Requests:
+    """The requests a trace writes once and then names by number (request lines).
+
+    ``{"kvpool_request": N, <request fields>}`` defines request ``N``;
+    ``{"kvpool_request": N, "more_tokens": [...], "more_hashes": [...]}`` appends
+    what it gained; ``{"kvpool_request": N, "forget": true}`` drops it (no later
+    line names it).  A call names it as ``{"kvpool_request": N, "tokens": T,
+    "hashes": H}``, its lengths then.  One object per request, grown in place:
+    the model reads each chunk of a long prompt once.
+    """
+
+    def __init__(self) -> None:
+        self.known: dict[int, Request] = {}
+
+    def line(self, obj: dict[str, Any]) -> None:
+        """Apply one request line."""
+        number = obj[REQUEST_LINE]
+        _kind_ok("int", number, REQUEST_LINE)
+        if "forget" in obj:
+            _object(obj, "request", (REQUEST_LINE, "forget"), ("forget",))
+            if obj["forget"] is not True:
+                raise FieldError(f"forget: expected true, got {show(obj['forget'])}")
+            self.known.pop(number, None)
+        elif "more_tokens" in obj or "more_hashes" in obj:
+            _object(obj, "request", (REQUEST_LINE, "more_tokens", "more_hashes"),
+                    ("more_tokens", "more_hashes"))
+            _kind_ok("ints", obj["more_tokens"], "more_tokens")
+            if not isinstance(obj["more_hashes"], list):
+                raise FieldError(f"more_hashes: expected a list, got {show(obj['more_hashes'])}")
+            req = self._get(number)
+            req.block_hashes.extend(_hex(h, f"more_hashes[{i}]") for i, h in enumerate(obj["more_hashes"]))
+            req.all_token_ids.extend(obj["more_tokens"])
+        else:
+            self.known[number] = _parse_request({k: v for k, v in obj.items() if k != REQUEST_LINE},
+                                                "request")
+
+    def named(self, v: dict[str, Any], where: str) -> Request:
+        """The request a call's argument names, checked to be as long as the call says."""
+        _object(v, where, (REQUEST_LINE, "tokens", "hashes"), (REQUEST_LINE, "tokens", "hashes"))
+        for name in (REQUEST_LINE, "tokens", "hashes"):
+            _kind_ok("int", v[name], f"{where}.{name}")
+        req = self._get(v[REQUEST_LINE])
+        if (len(req.all_token_ids), len(req.block_hashes)) != (v["tokens"], v["hashes"]):
+            raise FieldError(f"{where}: request {v[REQUEST_LINE]} has {len(req.all_token_ids)} tokens and "
+                             f"{len(req.block_hashes)} hashes, not {v['tokens']} and {v['hashes']}")
+        return req
+
+    def _get(self, number: int) -> Request:
+        req = self.known.get(number)
+        if req is None:
+            raise FieldError(f"request {number} is not defined by an earlier line (or was forgotten)")
+        return req
+
+
 def parse_event(v: Any, where: str) -> dict[str, Json]:
     """Validate one event object; return the fields it has (optional ones may be left out)."""
     if not isinstance(v, dict):
@@ -271,14 +326,15 @@ def parse_header(v: Any) -> Header:
                   obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta, vllm_errors)
 
 
-def parse_step(v: Any, line: int, header: Header) -> TraceStep:
-    """Validate one call line and decode its arguments for the model."""
+def parse_step(v: Any, line: int, header: Header, requests: Requests | None = None) -> TraceStep:
+    """Validate one call line and decode its arguments for the model (requests named by number
+    from ``requests``)."""
     obj = _object(v, "step", STEP_FIELDS, ("op", "args", "result", "error", "events"))
-    op, args = parse_call(obj)
+    op, args = parse_call(obj, requests)
     return parse_outcome(obj, op, args, line, header)
 
 
-def parse_call(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def parse_call(obj: dict[str, Any], requests: Requests | None = None) -> tuple[str, dict[str, Any]]:
     """A call line's operation and its arguments, decoded for the model."""
     op = obj["op"]
     if not isinstance(op, str) or op not in ARG_KINDS:
@@ -290,7 +346,8 @@ def parse_call(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     for name, value in raw.items():
         where, kind = f"args.{name}", kinds[name]
         if kind == "request":
-            args[name] = _parse_request(value, where)
+            named = requests is not None and isinstance(value, dict) and REQUEST_LINE in value
+            args[name] = requests.named(value, where) if named else _parse_request(value, where)  # type: ignore[union-attr]
         elif kind == "watcher":
             _kind_ok("str", value, where)
             args[name] = value
@@ -402,9 +459,14 @@ def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
     number, value = first
     header = _guarded(name, number, lambda: parse_header(value))
 
+    requests = Requests()
+
     def steps() -> Iterator[TraceStep]:
         for number, value in values:
-            yield _guarded(name, number, functools.partial(parse_step, value, number, header))
+            if isinstance(value, dict) and REQUEST_LINE in value:
+                _guarded(name, number, functools.partial(requests.line, value))
+                continue
+            yield _guarded(name, number, functools.partial(parse_step, value, number, header, requests))
 
     return header, steps()
 
@@ -420,6 +482,7 @@ def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
 
 __all__ = [
     "Header",
+    "Requests",
     "Trace",
     "TraceStep",
     "iter_trace",

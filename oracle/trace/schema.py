@@ -48,6 +48,8 @@ RESULT_KINDS: dict[str, str] = {
 HEADER_FIELDS = {"kvpool_trace": "int", "num_blocks": "int", "enable_caching": "bool",
                  "hash_block_size": "int", "enable_kv_cache_events": "bool", "medium": "str"}
 STEP_FIELDS = {"op", "args", "result", "error", "events", "fired", "observation"}
+REQUEST_LINE = "kvpool_request"
+"""The field of a request line (a request written once, then named by its number in call lines)."""
 OBSERVATION_FIELDS = ("ref", "free", "primary", "secondary", "index", "watched", "num_free")
 REQUIRED_OBSERVATION = ("ref", "free", "primary", "num_free")
 """What any pool shows; the other fields are recorded where the pool exposes them."""
@@ -112,7 +114,7 @@ def show(v: Any) -> str:
 
 __all__ = [
     "ARG_KINDS", "DEFAULT_REFERENCE", "EVENT_FIELDS", "HEADER_FIELDS", "INT_MAX", "INT_MIN",
-    "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "RESULT_KINDS", "STEP_FIELDS", "TRACED",
-    "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int",
+    "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "REQUEST_LINE", "RESULT_KINDS", "STEP_FIELDS",
+    "TRACED", "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int",
     "schema_gaps", "show",
 ]

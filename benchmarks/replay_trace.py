@@ -1,0 +1,150 @@
+"""A whole request trace through vLLM's scheduler (bare, shadowed, kvpool's pool) and kvpool's own loop.
+
+    .venv-vllm/bin/python benchmarks/replay_trace.py TRACE.jsonl [--engines vllm,kvpool] [--limit N]
+
+``TRACE.jsonl`` is a request trace ``kvpool replay`` reads: Mooncake's FAST'25
+release (kvcache-ai/Mooncake, ``FAST25-release/traces/synthetic_trace.jsonl``,
+3,993 requests; not in this repository: ``curl -LO https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/synthetic_trace.jsonl``,
+sha256 ``bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131``).  ``vllm`` runs
+vLLM 0.31's scheduler over the trace three times in this process, the same
+trace and settings (32,768 blocks of 16 tokens, budget 8,192): vLLM's pool
+bare, under the shadow (its checker in a process of its own), and kvpool's
+pool in its place; ``kvpool`` runs kvpool's own loop around kvpool's pool in
+lockstep with the model.  Printed per run: requests, steps, pool calls checked
+and calls/s, the engine's CPU time (this process) and the checker's, the wall
+time, hit rates, evictions, preemptions, and the resident memory of the engine
+and the checker sampled every second (first and last tenth of the run, peak);
+then the CPU ratios shadowed / bare and kvpool's pool / bare (targets: the
+shadow at most 1.5x the bare scheduler's CPU, the whole trace shadowed within
+10 minutes), and whether the three vLLM runs scheduled every request alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from kvpool.oracle.core.adapter import kvpool_adapter
+from kvpool.oracle.replay.kvpool_engine import run_kvpool
+from kvpool.oracle.replay.requests import read_requests
+from kvpool.oracle.replay.run import Replay, Settings
+
+TARGET_RATIO = 1.5
+TARGET_WALL_S = 600.0
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Memory(threading.Thread):
+    """The engine's and the checker's resident memory, every second, while a run lasts."""
+
+    def __init__(self, checker: int | None) -> None:
+        super().__init__(daemon=True)
+        self.checker, self.done = checker, threading.Event()
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            self.samples.append((rss_mb(os.getpid()), rss_mb(self.checker) if self.checker else 0.0))
+
+    def stop(self) -> str:
+        self.done.set()
+        self.join()
+        if not self.samples:
+            return "memory: run shorter than a second"
+        tenth = max(1, len(self.samples) // 10)
+        parts = []
+        for i, who in ((0, "engine"), (1, "checker")):
+            values = [s[i] for s in self.samples]
+            if not any(values):
+                continue
+            first, last = sum(values[:tenth]) / tenth, sum(values[-tenth:]) / tenth
+            parts.append(f"{who} {first:.0f} MB in the first tenth, {last:.0f} MB in the last, peak "
+                         f"{max(values):.0f} MB")
+        return "memory: " + "; ".join(parts)
+
+
+def show(name: str, r: Replay, memory: str) -> None:
+    print(f"{name}: {r.requests} requests, {r.steps} steps; {r.calls} pool calls checked "
+          f"({r.calls_per_s:,.0f}/s); CPU engine {r.cpu_s:.1f} s, checker {r.checker_cpu_s:.1f} s; "
+          f"wall {r.wall_s:.1f} s")
+    print(f"  hit rate {r.token_hit_rate:.1%} of prompt tokens, {r.request_hit_rate:.1%} of requests; "
+          f"{r.evictions} evictions, {r.preemptions} preemptions; divergences {r.divergences}")
+    print(f"  {memory}")
+    for finding in r.findings[:5]:
+        print(f"  finding: {finding}")
+    sys.stdout.flush()
+
+
+def run_vllm_modes(path: str, settings: Settings, limit: int | None) -> None:
+    # lazy: vLLM only for this part
+    from kvpool import vllm_plugin
+    from kvpool.oracle import shadow as sh
+    from kvpool.oracle.replay.vllm_engine import run_vllm
+
+    os.environ.setdefault(sh.ENV_DIR, tempfile.mkdtemp(prefix="kvpool-replay-bench-"))
+    # vLLM's imports and its model registry's first look at the architecture, before any run counts
+    run_vllm(read_requests(path, limit=2), settings, vllm_plugin.use, mode="none")
+    results: dict[str, Replay] = {}
+    for mode in ("none", "shadow", "replace"):
+        checker = None
+        if mode == "shadow":  # the checker process started before the run, so its memory is watched
+            sh.ShadowPool(kvpool_adapter().construct(4, True, 1, False)).get_num_free_blocks()
+            sh.sync()
+            hub = sh.hub.hub("process")
+            checker = hub.child.pid if isinstance(hub, sh.hub.ProcessHub) else None
+        memory = Memory(checker)
+        memory.start()
+        r = run_vllm(read_requests(path, limit=limit), settings, vllm_plugin.use, mode=mode,
+                     keep_requests=True)
+        show(f"vLLM's scheduler, {'vLLM' if mode == 'none' else mode}", r, memory.stop())
+        results[mode] = r
+    bare, shadow, replace = results["none"], results["shadow"], results["replace"]
+    keys = [[x.key() for x in r.records or ()] for r in (bare, shadow, replace)]
+    same = keys[0] == keys[1] == keys[2]
+    ratio = shadow.cpu_s / bare.cpu_s
+    total = (shadow.cpu_s + shadow.checker_cpu_s) / bare.cpu_s
+    print(f"CPU ratios (engine): shadowed / bare {ratio:.2f} (target at most {TARGET_RATIO}: "
+          f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}), kvpool's pool / bare "
+          f"{replace.cpu_s / bare.cpu_s:.2f}; with the checker process's CPU: shadowed / bare {total:.2f}")
+    print(f"shadowed run: {shadow.wall_s:.0f} s wall (target at most {TARGET_WALL_S:.0f} s: "
+          f"{'met' if shadow.wall_s <= TARGET_WALL_S else 'NOT met'}); every request scheduled alike in the "
+          f"three runs: {'yes' if same else 'NO'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace")
+    parser.add_argument("--engines", default="vllm,kvpool")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--num-blocks", type=int, default=32768)
+    args = parser.parse_args(argv)
+    settings = Settings(num_blocks=args.num_blocks)
+    print(f"{args.trace}: {args.limit or 'every'} request(s); {settings.num_blocks} blocks of "
+          f"{settings.block_size} tokens, budget {settings.token_budget}; {os.cpu_count()} cores")
+    if "vllm" in args.engines:
+        run_vllm_modes(args.trace, settings, args.limit)
+    if "kvpool" in args.engines:
+        adapter = kvpool_adapter()
+        memory = Memory(None)
+        memory.start()
+        r = run_kvpool(read_requests(args.trace, limit=args.limit), settings, adapter.factory(), adapter.name,
+                       errors_match=adapter.errors_match)
+        show("kvpool's loop, kvpool's pool in lockstep with the model", r, memory.stop())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
