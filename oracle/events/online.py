@@ -28,7 +28,7 @@ since are not judged, until the next ``AllBlocksCleared``.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -127,8 +127,10 @@ class StreamChecker:
 
     def _fresh(self, horizon: Position | None) -> None:
         self.live: dict[Key, _Held] = {}
-        self.gone: dict[Key, _Held] = {}
-        self.ambiguous: dict[Key, None] = {}
+        # FIFOs whose oldest goes as a new one comes: an OrderedDict finds its first entry at once,
+        # where a dict skips every entry deleted before it (per event, as many as the history holds)
+        self.gone: dict[Key, _Held] = OrderedDict()
+        self.ambiguous: dict[Key, None] = OrderedDict()
         """Live keys stored more often than removed since they last had no copy, least recent first."""
         self.ghost: _Ghost | None = None
         self.groups: dict[Any, list[int]] = {}
@@ -196,7 +198,7 @@ class StreamChecker:
         self._reset_keys(None)
 
     def _reset_keys(self, horizon: Position | None) -> None:
-        self.live, self.gone, self.ambiguous, self.ghost = {}, {}, {}, None
+        self.live, self.gone, self.ambiguous, self.ghost = {}, OrderedDict(), OrderedDict(), None
         self.groups, self.media, self.horizon, self.hidden = {}, {}, horizon, {}
 
     def _removed(self, event: dict[str, Any], pos: Position) -> bool:

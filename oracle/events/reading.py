@@ -18,7 +18,7 @@ reported: the profile (restarted empty) lacks what the real router holds.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -69,7 +69,8 @@ class Reading:
         self.profiles: list[Profile] | None = None
         self._feeds: list[tuple[RouterReport, Callable[[dict[str, Any], Position], list[Reaction]]]] = []
         self.held: deque[tuple[dict[str, Any], Position, bool]] = deque()
-        self.retired: dict[Key, None] = {}
+        self.retired: dict[Key, None] = OrderedDict()
+        """Keys retired, oldest first (an OrderedDict: its oldest is found at once, see online.py)."""
         self.fed = 0
 
     # ------------------------------------------------------------------ findings

@@ -256,21 +256,29 @@ class DynamoRouter(Profile):
         return out
 
     def _remove(self, hashes: list[Any], pos: Position) -> None:
+        counts, lookup, explains, dead = self.counts, self.lookup, self.explains, self.dead
         for raw in hashes:
             h = raw if type(raw) is int and raw >= 0 else int(hash64(raw))
-            n = self.counts.get(h)
+            n = counts.get(h)
             if n is not None:
                 if n > 1:
-                    self.counts[h] = n - 1
-                    if self.explains:
+                    counts[h] = n - 1
+                    if explains:
                         self.filtered[h] = pos
                     continue
-                del self.counts[h]
-            if self.explains:
+                del counts[h]
+            if explains:
                 self.filtered.pop(h, None)
-            node = self.lookup.pop(h, None)
-            if node is not None:  # else BlockNotFound: skipped
+            node = lookup.pop(h, None)
+            if node is None:  # BlockNotFound: skipped
+                continue
+            if explains or len(dead) >= self.cap:
                 self._leave(node, pos, h)
+                continue
+            node.held = False  # _leave's common case: nothing to explain, the dead below their bound
+            if node.children:
+                node.children.clear()
+            dead.append(node)
 
     def _leave(self, node: _Node, pos: Position, h: int | None = None) -> None:
         node.held = False
