@@ -219,11 +219,14 @@ class DynamoRouter(Profile):
             "misread-store", "dynamo.block-size", pos,
             f"{len(hashes)} hash(es) with {len(event['token_ids'])} token_ids: each block takes the next "
             f"{event['block_size']} tokens from the start, not its own")]
+        lookup = self.lookup
         for h, key in blocks:
             child, reused = current.children.get(key), False
             if child is None:
-                reused = h in self.lookup
-                child = self.lookup.get(h) or _Node(h)
+                child = lookup.get(h)
+                reused = child is not None
+                if child is None:
+                    child = _Node(h)
                 current.children[key] = child
                 child.parent, child.key = current, key
             if child is current:
@@ -233,7 +236,7 @@ class DynamoRouter(Profile):
                     "unhandled", "dynamo.self-reference", pos, f"block {show_hash(h)} is its own parent's "
                     "node: the tree now refers to itself and the rest of the store is dropped")]
             child.held = True
-            self.lookup[h] = child
+            lookup[h] = child
             current = child
             if explains:
                 rule = ("dynamo.block-size" if not aligned else "dynamo.reuse-node" if reused
