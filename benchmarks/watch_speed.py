@@ -13,14 +13,19 @@ decoding alone:
 * ``decode``: the payloads decoded (msgspec), nothing checked: the baseline;
 * ``check``: the watcher's whole path with the rules and warnings (no profile);
 * ``check+2``: the same with two router profiles on (``dynamo``, ``llm-d``);
-* ``check+4``: with four (``set``, ``refcount`` too).
+* ``check+4``: with four (``set``, ``refcount`` too);
+* ``long+2``: ``check+2`` with a history of ``--history`` keys (default 8,192), which the stream
+  runs past as a run of days runs past the default's 65,536: the cost per event once every removal
+  also drops the oldest remembered key (it should be ``check+2``'s, whatever the run's length).
+
+The load average at the start is printed: the machine may be shared.
 
 Then the lag: a publisher process sends the batches over ZMQ (localhost) at
 ``--load`` times the ``check+2`` rate just measured, paced; the watcher polls
 them, and each batch's lag is the time from its timestamp (set when sent) to the
 end of its check.  Wall clock, on a shared machine: read it as an order.
 
-    python benchmarks/watch_speed.py [--requests 1500] [--repeat 5] [--load 0.5]
+    python benchmarks/watch_speed.py [--requests 1500] [--repeat 5] [--load 0.5] [--history 8192]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -44,6 +50,7 @@ from kvpool.impl import BlockPool
 from kvpool.impl.events import event_fields
 from kvpool.oracle.events.capture import Source
 from kvpool.oracle.events.fleet import GC_THRESHOLDS, Fleet
+from kvpool.oracle.events.online import HISTORY
 from kvpool.oracle.events.routers import profile_factory
 from kvpool.oracle.events.wire import Decoder, encode_batch
 
@@ -87,9 +94,9 @@ def decode_only(messages: list[list[bytes]]) -> None:
         decoder.decode(m[2])
 
 
-def check(messages: list[list[bytes]], routers: list[str]) -> Fleet:
+def check(messages: list[list[bytes]], routers: list[str], history: int = HISTORY) -> Fleet:
     fleet = Fleet([Source("bench")], block_sizes={0: 16}, profiles=[profile_factory(r) for r in routers],
-                  sink=lambda report: None, clock=lambda: 0.0)
+                  sink=lambda report: None, clock=lambda: 0.0, history=history)
     for record, m in enumerate(messages, start=1):
         fleet.message(record, 0.0, 0, "pub", m)
     return fleet
@@ -163,6 +170,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--load", type=float, default=0.5, help="offered rate, as a share of check+2's")
+    parser.add_argument("--history", type=int, default=8_192, help="long+2's history (keys remembered)")
     args = parser.parse_args(argv)
     gc.set_threshold(*GC_THRESHOLDS)  # as kvpool watch runs
     batches = stream(args.requests, args.seed)
@@ -170,6 +178,7 @@ def main(argv: list[str]) -> int:
     events = sum(len(b) for b in batches)
     hashes = sum(len(e.get("block_hashes", ())) for b in batches for e in b)
     stored = sum(e["type"] == "BlockStored" for b in batches for e in b)
+    print(f"load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     print(f"stream: {len(batches):,} batches, {events:,} events ({stored:,} BlockStored, {hashes:,} block "
           f"hashes), from the serving workload ({args.requests} requests, block size 16)")
     base = timed(lambda: decode_only(messages), args.repeat)
@@ -180,6 +189,9 @@ def main(argv: list[str]) -> int:
         seconds = timed(lambda routers=routers: check(messages, routers), args.repeat)
         rates[name] = events / seconds
         print(f"{name:>9} {events / seconds:>10,.0f} {len(batches) / seconds:>10,.0f} {seconds / base:>9.2f}")
+    seconds = timed(lambda: check(messages, STAGES["check+2"], args.history), args.repeat)
+    print(f"{'long+2':>9} {events / seconds:>10,.0f} {len(batches) / seconds:>10,.0f} {seconds / base:>9.2f}"
+          f"   (history {args.history:,}: {events / seconds / rates['check+2']:.2f} of check+2's rate)")
     fleet = check(messages, STAGES["check+2"])
     findings = sum(sum(e.counts.findings.values()) for e in fleet.engines.values())
     print(f"(check+2 found {findings:,} warnings and router reactions on this stream, no violation: "

@@ -386,3 +386,32 @@ def test_a_pool_that_hides_each_calls_events_is_read_at_take_events(tmp_path: Pa
     found = [(d.kind, d.line) for d in report.differences]
     assert {line for kind, line in found if kind == "over-claim"} == {taken}
     assert {kind for kind, line in found if line < taken} == {"under-claim"}
+
+
+@pytest.mark.parametrize("release", ["2025", "2026"])
+def test_llmd_keeps_a_request_keys_entries_of_each_tier_and_group_apart(release: str) -> None:
+    """A request key stored from two tiers (and, in 2026, two groups) holds an entry per tier and
+    group: a removal takes its own off, the key is held until the last one goes."""
+    from kvpool.oracle.events.check import Position
+    from kvpool.oracle.events.routers import Query
+
+    def stored(h: int, medium: str, group: int) -> dict[str, Any]:
+        return {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None,
+                "token_ids": [7, 8], "block_size": 2, "lora_id": None, "medium": medium,
+                "lora_name": None, "group_idx": group}
+
+    def removed(h: int, medium: str, group: int) -> dict[str, Any]:
+        return {"type": "BlockRemoved", "block_hashes": [h], "medium": medium, "group_idx": group}
+
+    query = Query("q", 0, 2, (7, 8), (1,))
+    for lean in (False, True):
+        profile = profile_factory(f"llm-d:{release}")[1]({0: 2, 1: 2})
+        if lean:
+            profile.unasked()
+        held = []
+        for i, e in enumerate([stored(1, "GPU", 0), stored(2, "CPU", 0), stored(3, "GPU", 1),
+                               removed(1, "GPU", 0), removed(2, "CPU", 0), removed(3, "GPU", 1)]):
+            profile.feed(e, Position(i + 1))
+            held.append(profile.prefix(query))
+        # with no group in an entry (2025), the group-1 store adds the GPU entry already there
+        assert held == ([1, 1, 1, 1, 1, 0] if release == "2026" else [1, 1, 1, 1, 0, 0]), (release, lean)

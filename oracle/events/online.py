@@ -28,7 +28,7 @@ since are not judged, until the next ``AllBlocksCleared``.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -127,8 +127,10 @@ class StreamChecker:
 
     def _fresh(self, horizon: Position | None) -> None:
         self.live: dict[Key, _Held] = {}
-        self.gone: dict[Key, _Held] = {}
-        self.ambiguous: dict[Key, None] = {}
+        # FIFOs whose oldest goes as a new one comes: an OrderedDict finds its first entry at once,
+        # where a dict skips every entry deleted before it (per event, as many as the history holds)
+        self.gone: dict[Key, _Held] = OrderedDict()
+        self.ambiguous: dict[Key, None] = OrderedDict()
         """Live keys stored more often than removed since they last had no copy, least recent first."""
         self.ghost: _Ghost | None = None
         self.groups: dict[Any, list[int]] = {}
@@ -196,16 +198,21 @@ class StreamChecker:
         self._reset_keys(None)
 
     def _reset_keys(self, horizon: Position | None) -> None:
-        self.live, self.gone, self.ambiguous, self.ghost = {}, {}, {}, None
+        self.live, self.gone, self.ambiguous, self.ghost = {}, OrderedDict(), OrderedDict(), None
         self.groups, self.media, self.horizon, self.hidden = {}, {}, horizon, {}
 
     def _removed(self, event: dict[str, Any], pos: Position) -> bool:
-        group = self._group(event, pos)
+        group = event.get("group_idx")
+        if type(group) is int and not self.ungrouped:  # _group's common case
+            self.grouped += 1
+        else:
+            group = self._group(event, pos)
         medium = event.get("medium")
         blind = False
+        live = self.live
         for raw in event["block_hashes"]:
             key = (raw if type(raw) is int and raw >= 0 else hash64(raw), group)
-            held = self.live.get(key)
+            held = live.get(key)
             if held is None:
                 if key in self.gone and self.horizon is None:
                     self._violation(Violation("event_removals_name_live_keys", pos,
@@ -224,7 +231,14 @@ class StreamChecker:
                 self._warn("medium-mismatch", pos, f"BlockRemoved of {_key(key)} with medium {medium!r}: the "
                            f"copies the stream holds were stored with medium {', '.join(map(repr, said))}")
             blind = blind or held[BLIND]
-            self._take(key, held, medium)
+            if held[COUNT] == 1 and held[MEDIA] is None:  # _take's common case: a key's one copy
+                held[COUNT] = 0
+                attrs = held[ATTRS]
+                taken = attrs[0] if attrs is not None else None
+                self.media[taken] = self.media.get(taken, 1) - 1
+                self._gone(key, held)
+            else:
+                self._take(key, held, medium)
         return blind
 
     def _take(self, key: Key, held: _Held, medium: Any) -> None:
@@ -245,6 +259,10 @@ class StreamChecker:
                 del self.ambiguous[key]
                 self.ambiguous[key] = None
             return
+        self._gone(key, held)
+
+    def _gone(self, key: Key, held: _Held) -> None:
+        """A key's last copy removed: kept among the removed, the oldest of those forgotten."""
         del self.live[key]
         if key in self.ambiguous:
             del self.ambiguous[key]
@@ -277,7 +295,11 @@ class StreamChecker:
         self.forgotten += 1
 
     def _stored(self, event: dict[str, Any], pos: Position) -> bool:
-        group = self._group(event, pos)
+        group = event.get("group_idx")
+        if type(group) is int and not self.ungrouped:  # _group's common case
+            self.grouped += 1
+        else:
+            group = self._group(event, pos)
         hashes = [h if type(h) is int and h >= 0 else hash64(h) for h in event["block_hashes"]]
         n, size, tokens = len(hashes), event["block_size"], event["token_ids"]
         if not n:

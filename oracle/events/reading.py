@@ -18,7 +18,7 @@ reported: the profile (restarted empty) lacks what the real router holds.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -69,7 +69,8 @@ class Reading:
         self.profiles: list[Profile] | None = None
         self._feeds: list[tuple[RouterReport, Callable[[dict[str, Any], Position], list[Reaction]]]] = []
         self.held: deque[tuple[dict[str, Any], Position, bool]] = deque()
-        self.retired: dict[Key, None] = {}
+        self.retired: dict[Key, None] = OrderedDict()
+        """Keys retired, oldest first (an OrderedDict: its oldest is found at once, see online.py)."""
         self.fed = 0
 
     # ------------------------------------------------------------------ findings
@@ -125,13 +126,15 @@ class Reading:
         for report, feed in self._feeds:
             report.events += 1
             reactions = feed(event, pos)
-            if not reactions:
-                continue
-            if blind:
-                report.unjudged += len(reactions)
-                continue
-            for r in reactions:
-                self._react(report, r)
+            if reactions:
+                self._reacted(report, reactions, blind)
+
+    def _reacted(self, report: RouterReport, reactions: list[Reaction], blind: bool) -> None:
+        if blind:
+            report.unjudged += len(reactions)
+            return
+        for r in reactions:
+            self._react(report, r)
 
     def _retire(self, key: Key) -> None:
         retired = self.retired

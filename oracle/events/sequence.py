@@ -26,7 +26,7 @@ State is bounded: ``hold`` batches held, ``window`` numbers remembered.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 
@@ -105,7 +105,7 @@ class Sequencer:
         self.answered: int | None = None
         """The lowest number the replay's answer had: below it, the replay socket no longer has them."""
         self.retries = 0
-        self.recent: dict[int, int] = {}
+        self.recent: dict[int, int] = OrderedDict()  # its oldest found at once (see online.py)
         """Numbers delivered lately, to their payload's digest."""
         self.lost: deque[tuple[int, int]] = deque(maxlen=64)
         """Ranges declared lost lately (a batch arriving after is late, not a restart)."""

@@ -219,11 +219,14 @@ class DynamoRouter(Profile):
             "misread-store", "dynamo.block-size", pos,
             f"{len(hashes)} hash(es) with {len(event['token_ids'])} token_ids: each block takes the next "
             f"{event['block_size']} tokens from the start, not its own")]
+        lookup = self.lookup
         for h, key in blocks:
             child, reused = current.children.get(key), False
             if child is None:
-                reused = h in self.lookup
-                child = self.lookup.get(h) or _Node(h)
+                child = lookup.get(h)
+                reused = child is not None
+                if child is None:
+                    child = _Node(h)
                 current.children[key] = child
                 child.parent, child.key = current, key
             if child is current:
@@ -233,7 +236,7 @@ class DynamoRouter(Profile):
                     "unhandled", "dynamo.self-reference", pos, f"block {show_hash(h)} is its own parent's "
                     "node: the tree now refers to itself and the rest of the store is dropped")]
             child.held = True
-            self.lookup[h] = child
+            lookup[h] = child
             current = child
             if explains:
                 rule = ("dynamo.block-size" if not aligned else "dynamo.reuse-node" if reused
@@ -256,21 +259,29 @@ class DynamoRouter(Profile):
         return out
 
     def _remove(self, hashes: list[Any], pos: Position) -> None:
+        counts, lookup, explains, dead = self.counts, self.lookup, self.explains, self.dead
         for raw in hashes:
             h = raw if type(raw) is int and raw >= 0 else int(hash64(raw))
-            n = self.counts.get(h)
+            n = counts.get(h)
             if n is not None:
                 if n > 1:
-                    self.counts[h] = n - 1
-                    if self.explains:
+                    counts[h] = n - 1
+                    if explains:
                         self.filtered[h] = pos
                     continue
-                del self.counts[h]
-            if self.explains:
+                del counts[h]
+            if explains:
                 self.filtered.pop(h, None)
-            node = self.lookup.pop(h, None)
-            if node is not None:  # else BlockNotFound: skipped
+            node = lookup.pop(h, None)
+            if node is None:  # BlockNotFound: skipped
+                continue
+            if explains or len(dead) >= self.cap:
                 self._leave(node, pos, h)
+                continue
+            node.held = False  # _leave's common case: nothing to explain, the dead below their bound
+            if node.children:
+                node.children.clear()
+            dead.append(node)
 
     def _leave(self, node: _Node, pos: Position, h: int | None = None) -> None:
         node.held = False

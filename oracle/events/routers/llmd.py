@@ -212,7 +212,9 @@ class LlmdRouter(Profile):
         self.unnamed: deque[int] = deque()
         """Request keys no hash names any more, oldest first: past ``cap`` of them, one still
         indexed is dropped (llm-d keeps it until its LRU bound)."""
-        self.data: dict[int, set[Entry]] = {}
+        self.data: dict[int, Entry | set[Entry]] = {}
+        """Per request key: its pod entry, or a set of them when stores of several tiers or groups
+        added it (one shared tuple per key, the usual case, instead of a set per block)."""
         self.added: Recent[int, tuple[int, Added, frozenset[int]]] = Recent()
         """Per request key: when (event sequence) and why the pod was last added, by which hashes."""
         self.groups_of: dict[int, set[int]] = {}
@@ -227,7 +229,8 @@ class LlmdRouter(Profile):
         self.seq = 0
         self.ignored_clear: tuple[int, Position] | None = None
         self._roots: dict[str | None, int] = {}
-        self._tiers: dict[str | None, str] = {}
+        self._entries: dict[tuple[Any, Any], tuple[Entry, int]] = {}
+        """Per (medium, group_idx) an event says: its pod entry and group, one shared object."""
 
     # ------------------------------------------------------------------ keys
 
@@ -262,14 +265,11 @@ class LlmdRouter(Profile):
             self.data.clear()
             self.groups_of.clear()  # one pod: every entry is the pod's
             return []
-        medium = event.get("medium")
-        tier = self._tiers.get(medium)
-        if tier is None:
-            tier = self._tiers[medium] = (medium or "gpu").lower()
-        in_group = event.get("group_idx")
-        if in_group is None:
-            in_group = 0
-        entry: Entry = (tier, in_group if self.opts.groups else None)
+        said = (event.get("medium"), event.get("group_idx"))
+        known = self._entries.get(said)
+        if known is None:
+            known = self._entries[said] = self._entry(*said)
+        entry, in_group = known
         if kind == "BlockRemoved":
             for raw in event["block_hashes"]:
                 self._evict(raw if type(raw) is int and raw >= 0 else int(hash64(raw)), entry, in_group, pos)
@@ -279,6 +279,12 @@ class LlmdRouter(Profile):
         # A partial entry (a block_size below its group's) names no full block: what befalls it is
         # kept for explanations, not reported.
         return [] if 0 < event["block_size"] < self.block_sizes.get(in_group, 0) else reactions
+
+    def _entry(self, medium: Any, group: Any) -> tuple[Entry, int]:
+        in_group = 0 if group is None else group
+        if len(self._entries) >= 1_024:  # bounded, whatever media and groups a stream names
+            self._entries.clear()
+        return ((medium or "gpu").lower(), in_group if self.opts.groups else None), in_group
 
     def _drop(self, hashes: list[int], rule: str, pos: Position, kind: str, message: str) -> list[Reaction]:
         if self.explains:
@@ -352,20 +358,14 @@ class LlmdRouter(Profile):
         data = self.data
         if not self.explains:  # no query will ask why: the index alone
             for rk in keys:
-                entries = data.get(rk)
-                if entries is None:
-                    data[rk] = {entry}
-                else:
-                    entries.add(entry)
+                if data.setdefault(rk, entry) != entry:
+                    self._also(rk, entry)
             return reactions
         group, added, groups_of, removed = event_group(event), self.added, self.groups_of, self.removed
         made = (self.seq, why, frozenset(hashes))
         for rk in keys:  # _add, inline: a store adds one request key per block
-            entries = data.get(rk)
-            if entries is None:
-                data[rk] = {entry}
-            else:
-                entries.add(entry)
+            if data.setdefault(rk, entry) != entry:
+                self._also(rk, entry)
             added[rk] = made
             groups = groups_of.get(rk)
             if groups is None:
@@ -403,12 +403,22 @@ class LlmdRouter(Profile):
             self._add(rk, entry, why, named, entry[1] if entry[1] is not None else -1)
         return []
 
-    def _add(self, rk: int, entry: Entry, why: Added, hashes: frozenset[int], group: int) -> None:
-        entries = self.data.get(rk)
-        if entries is None:
-            self.data[rk] = {entry}
-        else:
+    def _also(self, rk: int, entry: Entry) -> None:
+        """Add an entry to a request key that holds another (a set from then on)."""
+        entries = self.data[rk]
+        if type(entries) is set:
             entries.add(entry)
+        else:
+            self.data[rk] = {entries, entry}  # type: ignore[arg-type]
+
+    def _held(self, rk: int) -> set[Entry]:
+        """A request key's pod entries, as a set."""
+        entries = self.data.get(rk)
+        return set() if entries is None else entries if type(entries) is set else {entries}  # type: ignore[arg-type]
+
+    def _add(self, rk: int, entry: Entry, why: Added, hashes: frozenset[int], group: int) -> None:
+        if self.data.setdefault(rk, entry) != entry:
+            self._also(rk, entry)
         if not self.explains:
             return
         self.added[rk] = (self.seq, why, hashes)
@@ -429,16 +439,32 @@ class LlmdRouter(Profile):
             entries = data.get(rk)
             if entries is None:
                 continue
-            entries.discard(entry)
-            if not entries:
-                del data[rk]
-                if not self.explains:
+            if type(entries) is set:
+                entries.discard(entry)
+                if entries:
                     continue
-                groups = self.groups_of.pop(rk, None)
-                alone = groups is None or (len(groups) == 1 and group in groups)
-                others = [] if groups is None or alone else sorted(g for g in groups if g != group)
-                self.removed[rk] = (self.seq, (pos, h, group, others))
-        if (rks[0] not in data) if len(rks) == 1 else all(rk not in data for rk in rks):
+            elif entries != entry:
+                continue
+            del data[rk]
+            if not self.explains:
+                continue
+            groups = self.groups_of.pop(rk, None)
+            alone = groups is None or (len(groups) == 1 and group in groups)
+            others = [] if groups is None or alone else sorted(g for g in groups if g != group)
+            self.removed[rk] = (self.seq, (pos, h, group, others))
+        if len(rks) == 1:
+            rk = rks[0]
+            if rk in data:
+                return
+            # _map(h, None)'s common case: the hash's one request key left the index
+            refs = self.refs
+            left = refs[rk] - 1
+            if left:
+                refs[rk] = left
+            else:
+                del refs[rk]
+            del self.e2r[h]
+        elif all(rk not in data for rk in rks):
             self._map(h, None)
 
     def _map(self, h: int, rks: list[int] | None) -> None:
@@ -508,7 +534,7 @@ class LlmdRouter(Profile):
             if self.ignored_clear is not None and seq < self.ignored_clear[0]:
                 return Cause("llm-d.clear-ignored", self.ignored_clear[1], "indexed before a clear "
                              "the router ignored")
-            entries = self.data.get(rk, set())
+            entries = self._held(rk)
             if self.opts.groups and entries and all(g is not None and g != query.group for _, g in entries):
                 return Cause("llm-d.score", why[1], "held only under another group's entry")
             groups = self.groups_of.get(rk, set())
