@@ -390,7 +390,22 @@ def test_a_dead_checker_stops_the_shadows_not_the_engine(monkeypatch: pytest.Mon
         assert pool.get_num_free_blocks() == 6
     assert not found.active
     assert "no longer shadowed" in caplog.text
+    assert "checker" in hubs.sync()["dead"]  # a caller that sums its totals learns they stopped
     assert pool.get_new_blocks(2)  # the pool goes on
+
+
+def test_the_checker_process_reaches_the_installed_kvpool_from_a_checkout(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A checkout's top-level ``kvpool/`` folder (the face alone) in the working directory must not
+    hide the installed package from the checker process."""
+    (tmp_path / "kvpool").mkdir()
+    (tmp_path / "kvpool" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(sh.ENV_CHECK, "process")
+    monkeypatch.setattr(hubs, "_hubs", {})
+    pool = ShadowPool(BlockPool(8, True, 1))
+    pool.get_new_blocks(1)
+    assert hubs.sync()["calls"] >= 1
 
 
 def test_a_shadow_of_a_pool_that_cannot_be_modelled_says_so() -> None:

@@ -247,6 +247,9 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
             replay.checker_cpu_s = float(after.get("cpu", 0.0)) - float(before.get("cpu", 0.0))
             replay.findings += [f"{f['kind']} at call {f['call']}: {f['first']} ({f['trace']})"
                                 for f in after.get("findings", [])[len(before.get("findings", [])):]]
+            if "dead" in after:  # its calls went unchecked: 0 divergences would mislead
+                replay.findings.append(f"the shadow's checker stopped: {after['dead']}; "
+                                       "the calls counted are those checked before")
             if trace is not None:
                 kept = work / "replay.jsonl"
                 if not kept.exists():

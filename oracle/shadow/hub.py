@@ -150,11 +150,13 @@ class ProcessHub(Hub):
         super().__init__()
         env = {**os.environ, "KVPOOL_SHADOW_PARENT": str(os.getpid())}
         self.child = subprocess.Popen(
-            [sys.executable, "-m", "kvpool.oracle.shadow.child"], stdin=subprocess.PIPE,
+            # -P: the working directory's own kvpool/ folder (a checkout's face) must not hide the installed one
+            [sys.executable, "-P", "-m", "kvpool.oracle.shadow.child"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env)
         self.buffer: list[tuple[Any, ...]] = []
         self.since = 0.0
         self.dead = False
+        self.why = ""
         self.syncs = 0
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -184,6 +186,7 @@ class ProcessHub(Hub):
 
     def _died(self, why: str) -> None:
         self.dead = True
+        self.why = why
         logger.warning("kvpool shadow: %s; the pools of process %d are no longer shadowed", why, self.pid)
         for shadow in list(self.shadows.values()):
             shadow.active = False
@@ -191,14 +194,14 @@ class ProcessHub(Hub):
     def sync(self) -> dict[str, Any]:
         """Wait until the checker has checked everything sent; its totals so far."""
         if self.dead:
-            return {}
+            return {"dead": self.why}
         self.syncs += 1
         self.send(("sync", self.syncs))
         self.flush()
         reply = None if self.dead else read_frame(self.child.stdout)  # type: ignore[arg-type]
         if reply is None:
             self._died("the checker process ended")
-            return {}
+            return {"dead": self.why}
         for number in reply["stopped"]:
             self.stopped(number)
         totals: dict[str, Any] = reply["totals"]
