@@ -150,7 +150,7 @@ class ProcessHub(Hub):
         super().__init__()
         env = {**os.environ, "KVPOOL_SHADOW_PARENT": str(os.getpid())}
         self.child = subprocess.Popen(
-            # -P: the working directory's own kvpool/ folder (a checkout's face) must not hide the installed one
+            # -P: a checkout's kvpool/ folder in the working directory must not hide the installed one
             [sys.executable, "-P", "-m", "kvpool.oracle.shadow.child"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env)
         self.buffer: list[tuple[Any, ...]] = []
