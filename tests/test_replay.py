@@ -234,9 +234,10 @@ def test_an_unreadable_trace_exits_2_with_its_line(tmp_path: Path,
 
 
 def test_a_pool_in_another_process_is_replayed_over_the_drive_protocol(trace: Path) -> None:
-    command = f"{sys.executable} -m kvpool serve-pool"
-    done = subprocess.run([sys.executable, "-m", "kvpool", "replay", str(trace), *SIZES, "--limit", "12",
-                           "--exec", command, "--json"], capture_output=True, text=True, timeout=600)
+    command = f"{sys.executable} -P -m kvpool serve-pool"
+    done = subprocess.run([sys.executable, "-P", "-m", "kvpool", "replay", str(trace), *SIZES,
+                           "--limit", "12", "--exec", command, "--json"], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["requests"] == 12 and result["divergences"] == 0 and result["calls"] > 100
@@ -246,8 +247,8 @@ def test_check_trace_into_a_closed_pipe_ends_without_a_traceback(trace: Path, tm
     """``kvpool check-trace FILE | head``: a reader that goes early is no error of the checker."""
     out = tmp_path / "run.jsonl"
     replay(trace, trace=out)
-    proc = subprocess.Popen([sys.executable, "-m", "kvpool", "check-trace", str(out), "--router", "set"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command = [sys.executable, "-P", "-m", "kvpool", "check-trace", str(out), "--router", "set"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
