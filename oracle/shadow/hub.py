@@ -170,7 +170,7 @@ class InlineHub(Hub):
 
 
 class ProcessHub(Hub):
-    """The checker in a process of its own, fed pickled batches through a pipe."""
+    """The checker in a process of its own, fed batches of pickled records through a pipe."""
 
     remote = True
 
