@@ -347,6 +347,12 @@ def observe_pool(pool: Any, probes: Iterable[Key] = ()) -> Observation:
     return Observer(pool).observe(probes)
 
 
+def free_queue_walk(queue: Any, limit: int) -> tuple[list[int], bool]:
+    """The free queue's block ids, head to tail; (ids, True) if cut at ``limit``."""
+    return _walk(queue.fake_free_list_head.next_free_block, "next_free_block", queue.fake_free_list_tail,
+                 limit)
+
+
 def _walk(start: Any, step: str, stop: Any, limit: int) -> tuple[list[int], bool]:
     """Block ids from ``start`` along ``step`` links until ``stop``; (ids, True) if cut at ``limit``."""
     out: list[int] = []
@@ -359,11 +365,13 @@ def _walk(start: Any, step: str, stop: Any, limit: int) -> tuple[list[int], bool
     return out, False
 
 
-def free_queue_link_errors(queue: Any, limit: int | None = None) -> list[str]:
+def free_queue_link_errors(queue: Any, limit: int | None = None,
+                           forward_walk: tuple[list[int], bool] | None = None) -> list[str]:
     """What is wrong with a free queue's links (empty when nothing is).
 
     Walking forward and backward must give the same blocks, each once, and
-    ``num_free_blocks`` must count them.  Every walk stops after ``limit``
+    ``num_free_blocks`` must count them (``forward_walk``: the forward walk, already
+    made to ``limit``, not made again).  Every walk stops after ``limit``
     blocks (by default: more than the pool has), so a cycle, such as a block
     queued twice, is reported rather than walked forever.  For kvpool's
     queue, every block of its pool must name the queue as holder exactly when
@@ -373,7 +381,7 @@ def free_queue_link_errors(queue: Any, limit: int | None = None) -> list[str]:
     if limit is None:
         limit = max(queue.num_free_blocks, len(owner.blocks) if owner is not None else 0) + 2
     head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
-    forward, cut_forward = _walk(head.next_free_block, "next_free_block", tail, limit)
+    forward, cut_forward = forward_walk or _walk(head.next_free_block, "next_free_block", tail, limit)
     backward, cut_backward = _walk(tail.prev_free_block, "prev_free_block", head, limit)
     errors = []
     for cut, direction, ids in ((cut_forward, "forward", forward), (cut_backward, "backward", backward)):

@@ -420,7 +420,7 @@ class Checker:
         elif kind == "grow":
             req = self.requests[message[1]]
             req.all_token_ids.extend(message[2])
-            req.block_hashes.extend(message[3])
+            req.block_hashes.extend(_unpacked(message[3]))
         elif kind == "forget":
             self.requests.pop(message[1], None)
         elif kind == "pool":
@@ -447,11 +447,15 @@ class Checker:
             self.handle(("close", number, self.pools[number].keep))
 
 
+def _unpacked(values: Packed | list[Any]) -> list[Any]:
+    return values.unpack() if isinstance(values, Packed) else list(values)
+
+
 def _request(fields: dict[str, Any]) -> Request:
     lora = fields["lora"]
     tokens, hashes = fields["all_token_ids"], fields["block_hashes"]
-    return Request(fields["request_id"], tokens.unpack() if isinstance(tokens, Packed) else tokens,
-                   block_hashes=hashes.unpack() if isinstance(hashes, Packed) else list(hashes),
+    return Request(fields["request_id"], _unpacked(tokens),
+                   block_hashes=_unpacked(hashes),
                    lora_request=None if lora is None else LoRARequest(lora[0], lora[1], lora[2]),
                    mm_features=[MultiModalFeature(i, PlaceholderRange(o, n)) for i, o, n in fields["mm"]],
                    cache_salt=fields["cache_salt"], session_id=fields["session_id"])

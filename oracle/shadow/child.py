@@ -1,6 +1,6 @@
 """The checker process: ``python -m kvpool.oracle.shadow.child``, started by the engine's hub.
 
-It reads the engine's records from stdin (pickled batches, :mod:`.hub`) and
+It reads the engine's records from stdin (batches of pickled records, :mod:`.hub`) and
 checks them (:mod:`.check`); a ``sync`` record is answered on stdout with the
 totals so far and the pools whose check ended, and at the end of stdin (the
 engine finished, or died) it closes every working file and answers with its
@@ -13,7 +13,7 @@ import logging
 import sys
 
 from .check import Checker, pid_totals
-from .hub import read_frame, write_frame
+from .hub import read_records, write_frame
 
 
 def main() -> int:
@@ -30,7 +30,7 @@ def _serve() -> int:
     stopped: list[int] = []
     checker.on_stop = stopped.append
     while True:
-        batch = read_frame(src)
+        batch = read_records(src)
         if batch is None:
             break
         for message in batch:

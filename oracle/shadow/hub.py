@@ -4,8 +4,10 @@ One hub per engine process and mode.  :class:`InlineHub` runs the checker
 right after each call (a divergence can then raise from the call,
 :data:`~.settings.ENV_STRICT`).  :class:`ProcessHub` starts one checker
 process (``python -m kvpool.oracle.shadow.child``) at the first shadowed pool
-and writes the records to its stdin in pickled batches: the engine's thread
-only records, the model runs on another core.  A full pipe makes the engine
+and writes the records to its stdin in batches, each record pickled when it is
+sent (a record then leaves no object behind for the garbage collector to
+walk, which would otherwise be most of the shadow's cost inside an engine's
+large heap): the engine's thread only records, the model runs on another core.  A full pipe makes the engine
 wait (memory stays bounded); a checker that dies stops the shadows, never the
 engine.  At exit the hub waits for the checker to finish and writes the
 totals (:data:`~.settings.ENV_DIR`).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import os
 import pickle
@@ -38,6 +41,7 @@ LATENCY = 0.5
 """Seconds after which the buffer goes out early (looked at every 128 records: the clock is not read
 on every call); everything goes at a sync and at exit."""
 _FRAME = struct.Struct("<I")
+_dumps, _PROTOCOL = pickle.dumps, pickle.HIGHEST_PROTOCOL
 
 
 def write_frame(out: IO[bytes], value: Any) -> None:
@@ -48,14 +52,38 @@ def write_frame(out: IO[bytes], value: Any) -> None:
 
 def read_frame(src: IO[bytes]) -> Any:
     """The next pickled value, or None at the end of the stream."""
+    data = _read_data(src)
+    return None if data is None else pickle.loads(data)
+
+
+def write_records(out: IO[bytes], records: list[bytes]) -> None:
+    """Records pickled one by one (:meth:`ProcessHub.send`), as one frame."""
+    data = b"".join(records)
+    out.write(_FRAME.pack(len(data)))
+    out.write(data)
+    out.flush()
+
+
+def read_records(src: IO[bytes]) -> list[Any] | None:
+    """The records of the next :func:`write_records` frame, or None at the end of the stream."""
+    data = _read_data(src)
+    if data is None:
+        return None
+    stream = io.BytesIO(data)
+    load = pickle.load  # an unpickler per record: each was pickled alone (its memo starts again)
+    records = []
+    while stream.tell() < len(data):
+        records.append(load(stream))
+    return records
+
+
+def _read_data(src: IO[bytes]) -> bytes | None:
     head = src.read(_FRAME.size)
     if len(head) < _FRAME.size:
         return None
     (size,) = _FRAME.unpack(head)
     data = src.read(size)
-    if len(data) < size:
-        return None
-    return pickle.loads(data)
+    return data if len(data) == size else None
 
 
 class Hub:
@@ -142,7 +170,7 @@ class InlineHub(Hub):
 
 
 class ProcessHub(Hub):
-    """The checker in a process of its own, fed pickled batches through a pipe."""
+    """The checker in a process of its own, fed batches of pickled records through a pipe."""
 
     remote = True
 
@@ -153,7 +181,7 @@ class ProcessHub(Hub):
             # -P: a checkout's kvpool/ folder in the working directory must not hide the installed one
             [sys.executable, "-P", "-m", "kvpool.oracle.shadow.child"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env)
-        self.buffer: list[tuple[Any, ...]] = []
+        self.buffer: list[bytes] = []
         self.since = 0.0
         self.dead = False
         self.why = ""
@@ -161,7 +189,7 @@ class ProcessHub(Hub):
 
     def send(self, message: tuple[Any, ...]) -> None:
         buffer = self.buffer
-        buffer.append(message)
+        buffer.append(_dumps(message, _PROTOCOL))
         if len(buffer) >= BATCH or (not len(buffer) & 127 and time.monotonic() - self.since > LATENCY):
             self.flush()
 
@@ -180,7 +208,7 @@ class ProcessHub(Hub):
         batch, self.buffer = self.buffer, []
         self.since = time.monotonic()
         try:
-            write_frame(self.child.stdin, batch)  # type: ignore[arg-type]
+            write_records(self.child.stdin, batch)  # type: ignore[arg-type]
         except (BrokenPipeError, OSError, ValueError) as exc:
             self._died(f"cannot reach the checker process: {exc!r}")
 
@@ -277,4 +305,5 @@ def _at_exit() -> None:
     atexit.register(write)
 
 
-__all__ = ["BATCH", "Hub", "InlineHub", "ProcessHub", "finish", "hub", "read_frame", "sync", "write_frame"]
+__all__ = ["BATCH", "Hub", "InlineHub", "ProcessHub", "finish", "hub", "read_frame", "read_records", "sync",
+           "write_frame", "write_records"]

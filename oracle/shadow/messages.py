@@ -4,7 +4,7 @@
     pool ``n`` was created (its trace header, its name, where its trace goes, what it shows);
 ``("req", r, fields)``, ``("grow", r, tokens, hashes)``, ``("forget", r)``
     request ``r`` seen for the first time (its tokens and hashes :class:`Packed`), what it
-    gained since, and that it is gone;
+    gained since (its new hashes :class:`Packed` too), and that it is gone;
 ``("call", n, op, args, result, error, events, fired, whole)``
     one call: the model's arguments (block ids, :class:`RequestRef`, watcher names,
     :class:`BlockSlice`), the pool's result (ids, event field dicts), its exception
@@ -45,14 +45,15 @@ class BlockSlice(NamedTuple):
 
 
 class Packed(NamedTuple):
-    """Values of one kind as one block of bytes: ``q`` (64-bit ints) or ``Ns`` (``N`` bytes each)."""
+    """Values of one kind as one block of bytes: ``i`` or ``q`` (32- or 64-bit ints) or ``Ns``
+    (``N`` bytes each)."""
 
     kind: str
     data: bytes
 
     def unpack(self) -> list[Any]:
-        if self.kind == "q":
-            return array.array("q", self.data).tolist()
+        if self.kind in ("i", "q"):
+            return array.array(self.kind, self.data).tolist()
         size = int(self.kind[:-1])
         return [self.data[i:i + size] for i in range(0, len(self.data), size)]
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from kvpool.model import OPERATIONS, REFERENCES
 
 from ..core.abstraction import pool_event
-from ..core.observe import Observer
+from ..core.observe import Observer, free_queue_link_errors, free_queue_walk
 from ..trace.schema import VERSION, Json
 from . import hub as hubs
 from .messages import BlockSlice, Packed, RequestRef
@@ -77,7 +77,7 @@ class RequestRefs:
             token_ids, block_hashes = req.all_token_ids, req.block_hashes
             now_tokens, now_hashes = len(token_ids), len(block_hashes)
             if now_tokens > tokens or now_hashes > hashes:  # a request only grows
-                more = [bytes(h) for h in block_hashes[hashes:]]
+                more = packed_bytes(block_hashes[hashes:]) if now_hashes > hashes else []
                 self.send(("grow", number, list(token_ids[tokens:]), more))
                 self.known[key] = (ref, number, now_tokens, now_hashes)
             return RequestRef(number, now_tokens, now_hashes)
@@ -115,20 +115,30 @@ class RequestRefs:
 
 
 def packed_ints(values: Any) -> Packed | list[int]:
-    """Token ids as one block of bytes (a long prompt pickles at the speed of a copy), or a list
-    where one does not fit in 64 bits."""
-    try:
-        return Packed("q", array.array("q", values).tobytes())
-    except (OverflowError, TypeError):
-        return list(values)
+    """Token ids as one block of bytes (a long prompt pickles at the speed of a copy), 32-bit where
+    they fit, or a list where one does not fit in 64 bits."""
+    if type(values) is not list:
+        values = list(values)  # a read-only view (vLLM's ConstantList) is read at Python speed
+    for code in ("i", "q"):
+        try:
+            return Packed(code, array.array(code, values).tobytes())
+        except OverflowError:
+            continue
+        except TypeError:
+            break
+    return list(values)
 
 
 def packed_bytes(values: Any) -> Packed | list[bytes]:
     """Hashes of one length as one block of bytes, or a list."""
-    hashes = [bytes(h) for h in values]
-    if hashes and all(len(h) == len(hashes[0]) for h in hashes):
-        return Packed(f"{len(hashes[0])}s", b"".join(hashes))
-    return hashes
+    hashes = values if type(values) is list else list(values)
+    try:
+        sizes = set(map(len, hashes))
+        if len(sizes) == 1:
+            return Packed(f"{sizes.pop()}s", b"".join(hashes))
+    except TypeError:
+        pass
+    return [bytes(h) for h in hashes]
 
 
 def plain_error(error: BaseException | None) -> tuple[tuple[str, ...], str] | None:
@@ -489,11 +499,9 @@ def snapshot(observer: Observer) -> dict[str, Any]:
     pool, has = observer.pool, observer.has
     blocks = pool.blocks
     queue = pool.free_block_queue
-    free: list[int] = []
-    node, tail, limit = queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail, len(blocks) + 2
-    while node is not None and node is not tail and len(free) < limit:
-        free.append(node.block_id)
-        node = node.next_free_block
+    limit = len(blocks) + 2
+    walk = free_queue_walk(queue, limit)  # walked once: the free list and its links' check
+    free = walk[0]
     index = None
     if has["index multimap"]:
         index = [(k, tuple(v) if isinstance(v, dict) else (v.block_id,))
@@ -506,7 +514,7 @@ def snapshot(observer: Observer) -> dict[str, Any]:
                       if has["secondary keys"] else None),
         "index": index,
         "watched": list(pool._reuse_watchers) if has["registered watchers"] else None,
-        "links": observer.link_errors(),
+        "links": free_queue_link_errors(queue, limit, walk) if has["free-queue links"] else [],
     }
 
 
