@@ -111,13 +111,12 @@ def test_what_a_process_shows_when_asked_is_checked_strictly() -> None:
 
 
 def test_header_answers_version_refusal_and_logging() -> None:
-    header = protocol.read_pool(protocol.header(protocol.pool_fields(4, True, 1, True)))
-    assert protocol.read_header_answer({"ok": True, "pid": 12}, header).observation is None
+    assert protocol.read_header_answer({"ok": True, "pid": 12}).observation is None
     cases = [({"kvpool_drive": 2, "ok": True}, "version"), ({"ok": False, "error": "no"}, "refused"),
              ({"ok": "yes"}, "garbage")]
     for value, kind in cases:
         with pytest.raises(protocol.ProtocolError) as caught:
-            protocol.read_header_answer(value, header)
+            protocol.read_header_answer(value)
         assert caught.value.kind == kind
     with pytest.raises(protocol.ProtocolError) as logged:
         protocol.decode(b"INFO pool ready\n")

@@ -199,7 +199,7 @@ class HeaderAnswer:
     blocks and keys an observe line names in its answer (``shown``)."""
 
 
-def read_header_answer(value: Json, header_: Header, collector: bool = False,
+def read_header_answer(value: Json, collector: bool = False,
                        when_asked: bool = False) -> HeaderAnswer:
     """The answer to a header: ``{"ok": true}`` (maybe with an observation), or a refusal.
 
@@ -248,7 +248,7 @@ def read_header_answer(value: Json, header_: Header, collector: bool = False,
         return HeaderAnswer(None, None, ops, declared, flags["observe"], flags["metrics"])
     try:
         step = parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None,
-                           "events": [], "observation": obs}, 1, header_)
+                           "events": [], "observation": obs}, 1)
     except FieldError as exc:
         raise ProtocolError("garbage", f"header answer: {exc}") from None
     fresh = step.observation or {}
@@ -297,7 +297,7 @@ def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, nu
             raise ProtocolError("garbage", f"missing field {name!r} (answer {show(value)})")
     read = line if not lazy or shown is None else {k: v for k, v in line.items() if k != "observation"}
     try:
-        step = parse_outcome(read, op, args, number, header_)
+        step = parse_outcome(read, op, args, number)
     except FieldError as exc:
         raise ProtocolError("garbage", str(exc)) from None
     except RecursionError:
@@ -437,7 +437,7 @@ def read_shown(value: Json, blocks: int, keys: int, shape: frozenset[str]) -> di
         fake["index"] = [["00" * 5, ids] for ids in shown["index"]]
     try:  # its entries, as an observation's, read by the trace reader
         parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None, "events": [],
-                    "observation": fake}, 1, Header(max(blocks, 1), True, 1, False, "GPU"))
+                    "observation": fake}, 1)
     except FieldError as exc:
         raise ProtocolError("garbage", f"shown: {str(exc).replace('observation.', '')}") from None
     if "watched" in want and not set(map(type, shown["watched"])) <= _BOOL:
@@ -467,14 +467,14 @@ def message_of(value: Json) -> str | None:
     return message if isinstance(message, str) and message else None
 
 
-def read_call(value: Json, header_: Header, number: int) -> TraceStep:
+def read_call(value: Json, number: int) -> TraceStep:
     """The process's side: a call line, its arguments decoded as the trace reader decodes them."""
     if not isinstance(value, dict) or "op" not in value or "args" not in value:
         raise ProtocolError("garbage", f"expected {{\"op\": ..., \"args\": ...}}, got {show(value)}")
     # A call line without its answer: an error name lets the reader take a null result.
     try:
         return parse_step({"op": value["op"], "args": value["args"], "result": None,
-                           "error": "Unanswered", "events": []}, number, header_)
+                           "error": "Unanswered", "events": []}, number)
     except FieldError as exc:
         raise ProtocolError("garbage", str(exc)) from None
 

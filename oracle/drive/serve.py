@@ -108,7 +108,7 @@ class Server(Translate):
             if isinstance(value, dict) and value.get("op") == protocol.OBSERVE:
                 return self._observe(*protocol.read_observe_args(value.get("args")))
             asked = isinstance(value, dict) and value.get("show") is True
-            answer = self._call(protocol.read_call(value, self.header, self.lines), asked)
+            answer = self._call(protocol.read_call(value, self.lines), asked)
             if isinstance(value, dict) and value.get("observe") is not None:  # asked with the call
                 answer["observed"] = self._observe(*protocol.read_observe_args(value["observe"]))["result"]
             return answer

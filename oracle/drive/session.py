@@ -122,7 +122,7 @@ class Session:
         proc.start()
         (raw,) = proc.exchange([protocol.encode(protocol.header(self.pool))], lambda _i: "the header")
         try:
-            answer = protocol.read_header_answer(protocol.decode(raw), self.header,
+            answer = protocol.read_header_answer(protocol.decode(raw),
                                                  bool(self.pool.get("metrics_collector")),
                                                  bool(self.pool.get("show_when_asked")))
         except protocol.ProtocolError as exc:

@@ -326,12 +326,12 @@ def parse_header(v: Any) -> Header:
                   obj["enable_kv_cache_events"], obj["medium"], reference, block_sizes, meta, vllm_errors)
 
 
-def parse_step(v: Any, line: int, header: Header, requests: Requests | None = None) -> TraceStep:
+def parse_step(v: Any, line: int, requests: Requests | None = None) -> TraceStep:
     """Validate one call line and decode its arguments for the model (requests named by number
     from ``requests``)."""
     obj = _object(v, "step", STEP_FIELDS, ("op", "args", "result", "error", "events"))
     op, args = parse_call(obj, requests)
-    return parse_outcome(obj, op, args, line, header)
+    return parse_outcome(obj, op, args, line)
 
 
 def parse_call(obj: dict[str, Any], requests: Requests | None = None) -> tuple[str, dict[str, Any]]:
@@ -359,8 +359,7 @@ def parse_call(obj: dict[str, Any], requests: Requests | None = None) -> tuple[s
     return op, args
 
 
-def parse_outcome(obj: dict[str, Any], op: str, args: dict[str, Any], line: int,
-                  header: Header) -> TraceStep:
+def parse_outcome(obj: dict[str, Any], op: str, args: dict[str, Any], line: int) -> TraceStep:
     """Validate what a call line says came of the call (all but ``op`` and ``args``).
 
     ``args`` are taken as already decoded: the drive protocol checks a pool's
@@ -466,7 +465,7 @@ def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
             if isinstance(value, dict) and REQUEST_LINE in value:
                 _guarded(name, number, functools.partial(requests.line, value))
                 continue
-            yield _guarded(name, number, functools.partial(parse_step, value, number, header, requests))
+            yield _guarded(name, number, functools.partial(parse_step, value, number, requests))
 
     return header, steps()
 
