@@ -16,7 +16,7 @@ import random
 from kvpool.impl import BlockPool, Request, get_request_block_hasher
 from kvpool.model.request import EMPTY, Prefix, extends
 from kvpool.oracle.shadow import ShadowPool, shadow_of
-from kvpool.oracle.shadow.messages import BlockSlice
+from kvpool.oracle.shadow.messages import expand
 
 
 def chain(n: int) -> list[Prefix]:
@@ -69,8 +69,9 @@ def test_a_cache_call_sends_only_the_blocks_it_caches() -> None:
     pool.cache_full_blocks(req, blocks, 32, 40, 4, 0)
     calls = [m for m in sent if m[0] == "call" and m[2] == "cache_full_blocks"]
     second = calls[1][3][1]
-    assert isinstance(second, BlockSlice) and second.start == 32 and len(second.ids) == 8
-    assert second.total == 40 and second.expand()[32:] == [b.block_id for b in blocks[32:]]
+    start, ids, total = second  # a slice: only the 8 blocks the second call caches
+    assert type(second) is tuple and start == 32 and len(ids) == 8 and total == 40
+    assert expand(second)[32:] == [b.block_id for b in blocks[32:]] and expand(second)[:32] == [0] * 32
 
 
 def test_a_request_gone_is_forgotten_on_the_engines_side() -> None:

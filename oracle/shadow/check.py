@@ -37,7 +37,7 @@ from ..trace.record import RecordingLockstep
 from ..trace.schema import Json
 from ..trace.write import encode_args, encode_result, event_to_json, model_event_to_json, observation_to_json
 from .copied import copied_key
-from .messages import BlockSlice, Packed
+from .messages import expand, unpack
 from .settings import FIRST_LINE, TOTALS, ShadowDivergence, Unmodelled, logger
 from .working import RequestLines, Sink, close_trace
 
@@ -308,8 +308,8 @@ class PoolCheck:
             return self._insert_args(*args)
         out = list(args)
         for i, a in enumerate(OPERATIONS[op].args):
-            if a.kind == "blocks" and isinstance(out[i], BlockSlice):
-                out[i] = out[i].expand()
+            if a.kind == "blocks":
+                out[i] = expand(out[i])
             elif a.kind == "request":
                 out[i] = self.checker.requests[out[i][0]]
             elif a.kind == "watcher" and isinstance(out[i], str):
@@ -420,7 +420,7 @@ class Checker:
         elif kind == "grow":
             req = self.requests[message[1]]
             req.all_token_ids.extend(message[2])
-            req.block_hashes.extend(_unpacked(message[3]))
+            req.block_hashes.extend(unpack(message[3]))
         elif kind == "forget":
             self.requests.pop(message[1], None)
         elif kind == "pool":
@@ -447,15 +447,11 @@ class Checker:
             self.handle(("close", number, self.pools[number].keep))
 
 
-def _unpacked(values: Packed | list[Any]) -> list[Any]:
-    return values.unpack() if isinstance(values, Packed) else list(values)
-
-
 def _request(fields: dict[str, Any]) -> Request:
     lora = fields["lora"]
     tokens, hashes = fields["all_token_ids"], fields["block_hashes"]
-    return Request(fields["request_id"], _unpacked(tokens),
-                   block_hashes=_unpacked(hashes),
+    return Request(fields["request_id"], unpack(tokens),
+                   block_hashes=unpack(hashes),
                    lora_request=None if lora is None else LoRARequest(lora[0], lora[1], lora[2]),
                    mm_features=[MultiModalFeature(i, PlaceholderRange(o, n)) for i, o, n in fields["mm"]],
                    cache_salt=fields["cache_salt"], session_id=fields["session_id"])

@@ -3,11 +3,11 @@
 ``("pool", n, config)``
     pool ``n`` was created (its trace header, its name, where its trace goes, what it shows);
 ``("req", r, fields)``, ``("grow", r, tokens, hashes)``, ``("forget", r)``
-    request ``r`` seen for the first time (its tokens and hashes :class:`Packed`), what it
-    gained since (its new hashes :class:`Packed` too), and that it is gone;
+    request ``r`` seen for the first time (its tokens and hashes :data:`Packed`), what it
+    gained since (its new hashes :data:`Packed` too), and that it is gone;
 ``("call", n, op, args, result, error, events, fired, whole)``
-    one call: the model's arguments (block ids, :class:`RequestRef`, watcher names,
-    :class:`BlockSlice`), the pool's result (ids, event field dicts), its exception
+    one call: the model's arguments (block ids, :data:`RequestRef`, watcher names,
+    :data:`BlockSlice`), the pool's result (ids, event field dicts), its exception
     (class names and message), the events it queued, the watchers it fired, and
     the whole pool's raw values when a whole-pool check is due;
 ``("taken", n)``
@@ -21,41 +21,42 @@
 from __future__ import annotations
 
 import array
-from typing import Any, NamedTuple
+from typing import Any
+
+# Each record is pickled alone (its memo starts again), so a class in it costs its module's and
+# its name's strings every time (a NamedTuple made a cache call's record 4x as slow to pickle):
+# the parts below are plain tuples, told apart by the argument's kind or by tuple against list.
+
+RequestRef = tuple[int, int, int]
+"""A request argument: its number, and its tokens and hashes then."""
+
+BlockSlice = tuple[int, list[int], int]
+"""``(start, ids, total)``: a list of ``total`` blocks of which the pool reads only ``ids``, from
+``start`` (the blocks ``cache_full_blocks`` caches); the others stand as the null block. A list of
+blocks sent whole is a list."""
+
+Packed = tuple[str, bytes]
+"""``(kind, data)``: values of one kind as one block of bytes, ``i`` or ``q`` (32- or 64-bit ints)
+or ``Ns`` (``N`` bytes each). Values sent as they are form a list."""
 
 
-class RequestRef(NamedTuple):
-    """A request argument: its number, and how long it was then."""
-
-    number: int
-    tokens: int
-    hashes: int
-
-
-class BlockSlice(NamedTuple):
-    """A list of blocks of which the pool reads only ``[start, start + len(ids))`` (the blocks
-    ``cache_full_blocks`` caches): the others are sent as the null block."""
-
-    start: int
-    ids: list[int]
-    total: int
-
-    def expand(self) -> list[int]:
-        return [0] * self.start + self.ids + [0] * max(0, self.total - self.start - len(self.ids))
+def expand(blocks: BlockSlice | list[int]) -> list[int]:
+    """A list of block ids, whole."""
+    if isinstance(blocks, list):
+        return blocks
+    start, ids, total = blocks
+    return [0] * start + ids + [0] * max(0, total - start - len(ids))
 
 
-class Packed(NamedTuple):
-    """Values of one kind as one block of bytes: ``i`` or ``q`` (32- or 64-bit ints) or ``Ns``
-    (``N`` bytes each)."""
-
-    kind: str
-    data: bytes
-
-    def unpack(self) -> list[Any]:
-        if self.kind in ("i", "q"):
-            return array.array(self.kind, self.data).tolist()
-        size = int(self.kind[:-1])
-        return [self.data[i:i + size] for i in range(0, len(self.data), size)]
+def unpack(values: Packed | list[Any]) -> list[Any]:
+    """Values sent packed or as a list, as a list."""
+    if isinstance(values, list):
+        return list(values)
+    kind, data = values
+    if kind in ("i", "q"):
+        return array.array(kind, data).tolist()
+    size = int(kind[:-1])
+    return [data[i:i + size] for i in range(0, len(data), size)]
 
 
-__all__ = ["BlockSlice", "Packed", "RequestRef"]
+__all__ = ["BlockSlice", "Packed", "RequestRef", "expand", "unpack"]

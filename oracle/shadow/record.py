@@ -30,7 +30,7 @@ from ..core.abstraction import pool_event
 from ..core.observe import Observer, free_queue_link_errors, free_queue_walk
 from ..trace.schema import VERSION, Json
 from . import hub as hubs
-from .messages import BlockSlice, Packed, RequestRef
+from .messages import Packed, RequestRef
 from .settings import (
     ENV_KEEP,
     ENV_REFERENCE,
@@ -80,7 +80,7 @@ class RequestRefs:
                 more = packed_bytes(block_hashes[hashes:]) if now_hashes > hashes else []
                 self.send(("grow", number, list(token_ids[tokens:]), more))
                 self.known[key] = (ref, number, now_tokens, now_hashes)
-            return RequestRef(number, now_tokens, now_hashes)
+            return number, now_tokens, now_hashes
         if getattr(req, "prompt_embeds", None) is not None:
             raise Unmodelled("a request with prompt embeddings (a trace cannot carry them)")
         number = next(self.numbers)
@@ -100,7 +100,7 @@ class RequestRefs:
             self.gone.append(number)
         else:
             self.known[key] = (ref, number, tokens, hashes)
-        return RequestRef(number, tokens, hashes)
+        return number, tokens, hashes
 
     def _died(self, key: int, number: int) -> None:
         kept = self.known.get(key)
@@ -121,7 +121,7 @@ def packed_ints(values: Any) -> Packed | list[int]:
         values = list(values)  # a read-only view (vLLM's ConstantList) is read at Python speed
     for code in ("i", "q"):
         try:
-            return Packed(code, array.array(code, values).tobytes())
+            return code, array.array(code, values).tobytes()
         except OverflowError:
             continue
         except TypeError:
@@ -135,7 +135,7 @@ def packed_bytes(values: Any) -> Packed | list[bytes]:
     try:
         sizes = set(map(len, hashes))
         if len(sizes) == 1:
-            return Packed(f"{sizes.pop()}s", b"".join(hashes))
+            return f"{sizes.pop()}s", b"".join(hashes)
     except TypeError:
         pass
     return [bytes(h) for h in hashes]
@@ -392,7 +392,7 @@ class Shadow:
                 if read is None:
                     model.append(self._ids(v if type(v) is list else list(v), op == "free_blocks"))
                 else:  # only the blocks the pool caches: a long prompt's list is not sent each call
-                    model.append(BlockSlice(read.start, self._ids(list(v[read])), len(v)))
+                    model.append((read.start, self._ids(list(v[read])), len(v)))
             elif kind == "block":
                 model.append(self._id(v))
             elif kind == "request":
