@@ -3,7 +3,7 @@
 ``("pool", n, config)``
     pool ``n`` was created (its trace header, its name, where its trace goes, what it shows);
 ``("req", r, fields)``, ``("grow", r, tokens, hashes)``, ``("forget", r)``
-    request ``r`` seen for the first time (its tokens and hashes :data:`Packed`), what it
+    request ``r`` seen for the first time (its tokens a list, its hashes :data:`Packed`), what it
     gained since (its new hashes :data:`Packed` too), and that it is gone;
 ``("call", n, op, args, result, error, events, fired, whole)``
     one call: the model's arguments (block ids, :data:`RequestRef`, watcher names,
