@@ -11,7 +11,7 @@ names of :data:`~.features.DECLARABLE`: operations, the call features
 
 Then no call with a lacked operation or feature is ever made: the
 generators draw only pools and calls the pool has (:meth:`Capabilities.fit`,
-:meth:`Capabilities.request_extras`), and the lockstep refuses to make any
+and requests without the extra keys it lacks), and the lockstep refuses to make any
 call that has one anyway (:func:`lacked_in`), ending the run or example
 there (:class:`Unmakeable`) rather than making it or going on with a caller
 whose books no longer match the pools.
@@ -94,10 +94,6 @@ class Capabilities:
         if all(e in self.lacks for e in EXTRAS):
             changes["extra_keys"] = False
         return replace(cfg, **changes)  # type: ignore[type-var]
-
-    def request_extras(self) -> frozenset[str]:
-        """The extra keys a request may carry (:data:`EXTRAS`)."""
-        return frozenset(e for e in EXTRAS if e not in self.lacks)
 
     def not_checked(self) -> list[str]:
         """What a check of this pool leaves out, readably, for the first lines of a verdict: a
