@@ -234,9 +234,8 @@ def _failed(exc: Exception, op: str, pair: Lockstep) -> Divergence:
     """A failure of the pool outside a call's comparison, as the divergence a replay found: a pool
     process's verdict (parts ``process``), or any other exception of the pool (``crash``)."""
     process = getattr(exc, "verdict", None) is not None
-    out = pair._diverged(op, str(exc).splitlines()[0] if process else f"{type(exc).__name__}: {exc}",
-                         ["process" if process else "crash"], exc)
-    return out
+    return pair._diverged(op, str(exc).splitlines()[0] if process else f"{type(exc).__name__}: {exc}",
+                          ["process" if process else "crash"], exc)
 
 
 def _replayed(value: Any, tokens: int | None, requests: dict[int, Any], pair: Lockstep) -> Any:
@@ -291,9 +290,8 @@ def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
     """The fewest calls of ``log`` found that diverge as the whole run does (see the module docstring).
 
     ``on_kept`` is told the entries kept (a test replays them on another pool)."""
-    blocks = log.blocks
     try:
-        return _shrink(log, blocks, max_replays, on_kept)
+        return _shrink(log, log.blocks, max_replays, on_kept)
     except Exception as exc:  # the pool failing while the shrink makes pools (a process at its end)
         return Shrunk([], len(log.entries), len(log.entries), None, 0,
                       note=f"not shrunk: a replay failed before its calls ({str(exc).splitlines()[0]})")
