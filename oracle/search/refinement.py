@@ -248,11 +248,10 @@ class Carried:
             pair.steps, pair.last_full, pair.invariants = 0, 0, invariants
             return pair
         parts = pickle.loads(self.data) if self.how == "pickle" else copy.deepcopy(self.data)
-        fields_ = dict(zip(_CARRIED, parts, strict=True))
-        pair = Pair(pool=fields_["pool"], model=model.copy(), foreign=fields_["foreign"],
-                    fired=fields_["fired"], metrics=fields_["metrics"], known=fields_["known"],
-                    probed=fields_["probed"], invariants=invariants)
-        pair.spare, pair.other_seen, pair.named = root.spare, root.other_seen, fields_["named"]
+        carried = dict(zip(_CARRIED, parts, strict=True))
+        named = carried.pop("named")  # not a field: set after construction, which resets it
+        pair = Pair(model=model.copy(), invariants=invariants, **carried)
+        pair.spare, pair.other_seen, pair.named = root.spare, root.other_seen, named
         return pair
 
 
