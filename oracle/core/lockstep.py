@@ -179,7 +179,7 @@ class MetricsRecorder:
         self.log.append(("reset", None))
 
 
-class _Foreign:
+class Foreign:
     """Stands for a block id outside the pool when the pool's block class cannot be built."""
 
     def __init__(self, block_id: int) -> None:
@@ -259,11 +259,13 @@ class Lockstep(Translate):
     def fresh(
         cls, pool_factory: Callable[..., Any], num_blocks: int, caching: bool,
         hash_block_size: int, events: bool, reference: str = "0.31", metrics: bool = False,
+        **settings: Any,
     ) -> Lockstep:
         """A new pool and the model configured alike, for vLLM ``reference``'s behaviour.
 
         With ``metrics``, the pool is built with a :class:`MetricsRecorder` if
-        its factory takes a ``metrics_collector``.
+        its factory takes a ``metrics_collector``; ``settings`` are the lockstep's other fields
+        (``errors_match``, ``observe``, ...).
         """
         recorder = MetricsRecorder() if metrics and accepts(pool_factory, "metrics_collector") else None
         extra = {} if recorder is None else {"metrics_collector": recorder}
@@ -276,8 +278,8 @@ class Lockstep(Translate):
         try:
             foreign = type(pool.blocks[0])(num_blocks)
         except Exception:  # a block class we cannot build: any object with an id will do
-            foreign = _Foreign(num_blocks)
-        return cls(pool=pool, model=model, foreign=foreign, metrics=recorder)
+            foreign = Foreign(num_blocks)
+        return cls(pool=pool, model=model, foreign=foreign, metrics=recorder, **settings)
 
     def __post_init__(self) -> None:
         # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.

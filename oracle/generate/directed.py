@@ -101,11 +101,9 @@ class Directed:
         self.lacks = closed(self.lacks)
 
     def _pair(self, which: int, log: FeatureLog | None) -> Lockstep:
-        pair = Lockstep.fresh(self.factory, BLOCKS, True, HBS, "events" not in self.lacks, self.reference,
-                              metrics="metrics" not in self.lacks)
-        pair.errors_match, pair.observe, pair.which, pair.features = (
-            self.errors_match, self.observe, which, log)
-        return pair
+        return Lockstep.fresh(self.factory, BLOCKS, True, HBS, "events" not in self.lacks, self.reference,
+                              metrics="metrics" not in self.lacks, errors_match=self.errors_match,
+                              observe=self.observe, which=which, features=log)
 
     def make(self, op: str, wanted: Iterable[str], log: FeatureLog | None = None) -> bool:
         """One call of ``op`` with the ``wanted`` features (as far as they go together), after

@@ -50,8 +50,8 @@ def run_one(
 
     def first() -> Lockstep:
         made = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                              cfg.events, reference, metrics=cfg.metrics)
-        made.errors_match, made.observe = errors_match, observe
+                              cfg.events, reference, metrics=cfg.metrics, errors_match=errors_match,
+                              observe=observe)
         made.lacks = caps.lacks | (made.lacks or frozenset())  # and what the pool itself declares
         return made
 
