@@ -319,12 +319,6 @@ def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, nu
     return step, line
 
 
-def asks_metrics(value: Json) -> bool:
-    """The process's side: whether a header asks for a metrics collector."""
-    pool = value.get("pool") if isinstance(value, dict) else None
-    return isinstance(pool, dict) and pool.get("metrics_collector") is True
-
-
 def observe_line(blocks: Sequence[int], keys: Sequence[tuple[bytes, int]]) -> dict[str, Json]:
     """The line asking for the free count, each block's writability and each key's lookup."""
     return {"op": OBSERVE, "args": {"blocks": list(blocks), "keys": [[h.hex(), g] for h, g in keys]}}
@@ -480,7 +474,7 @@ def read_call(value: Json, number: int) -> TraceStep:
 
 
 __all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "POOL_FIELDS",
-           "SHOWN_FIELDS", "TOLD", "VERSION", "HeaderAnswer", "ProtocolError", "asks_metrics", "call_line",
+           "SHOWN_FIELDS", "TOLD", "VERSION", "HeaderAnswer", "ProtocolError", "call_line",
            "decode", "encode", "header", "message_of", "observe_line", "observe_queries", "pool_fields",
            "read_answer", "read_call", "read_header_answer", "read_observe_args", "read_observed",
            "read_observed_field", "read_pool", "read_shown", "read_told", "text", "trace_header",

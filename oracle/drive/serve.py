@@ -94,9 +94,10 @@ class Server(Translate):
         try:
             value = protocol.decode(raw)
             if isinstance(value, dict) and protocol.KEY in value:
-                pool = value.get("pool") if isinstance(value, dict) else None
-                return self._open(protocol.read_pool(value), protocol.asks_metrics(value),
-                                  isinstance(pool, dict) and pool.get("show_when_asked") is True)
+                pool = value.get("pool")
+                asks = pool if isinstance(pool, dict) else {}
+                return self._open(protocol.read_pool(value), asks.get("metrics_collector") is True,
+                                  asks.get("show_when_asked") is True)
             if self.header is None:
                 raise protocol.ProtocolError("garbage", "a call before any header")
             if isinstance(value, dict) and value.get("op") == protocol.OBSERVE:
@@ -144,10 +145,7 @@ class Server(Translate):
     def _observe(self, blocks: list[int], keys: list[tuple[bytes, int]]) -> dict[str, Json]:
         """An observe line: the free count, each block's writability, each key's lookup."""
         pool = self.pool
-        cached = []
-        for h, g in keys:
-            hit = pool.get_cached_block(h, [g])
-            cached.append(hit[0].block_id if hit else None)
+        cached = [hit[0].block_id if (hit := pool.get_cached_block(h, [g])) else None for h, g in keys]
         result: dict[str, Json] = {"num_free": pool.get_num_free_blocks(),
                                    "writable": [bool(pool.is_block_writable(self.block(b))) for b in blocks],
                                    "cached": cached}
