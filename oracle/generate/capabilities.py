@@ -86,9 +86,7 @@ class Capabilities:
         if "big_block" in self.lacks:
             sizes = {g: hbs for g in sizes}
         changes: dict[str, Any] = {"block_sizes": sizes}
-        for flag, name in (("events", "events"), ("metrics", "metrics")):
-            if name in self.lacks:
-                changes[flag] = False
+        changes.update({flag: False for flag in ("events", "metrics") if flag in self.lacks})
         if "caching_off" in self.lacks:
             changes["caching"] = True
         if all(e in self.lacks for e in EXTRAS):

@@ -222,7 +222,7 @@ def call_features(s: PoolState, op: str, bound: Sequence[Any], *, second: bool =
     if op in ("get_new_blocks", "touch") and any(b in s.watchers for b in touched):
         out.add("reuse_fired")
     if op == "cache_full_blocks":
-        touched = _picked(named)
+        touched = [b for _i, b in _indexed(named)]
         if any(_partial_of(s, b, (i + 1) * (size or 0)) for i, b in _indexed(named)):
             out.add("promotion")
         if named.get("block_mask") is not None:
@@ -270,10 +270,6 @@ def _indexed(named: dict[str, Any]) -> list[tuple[int, int]]:
     mask = named.get("block_mask")
     return [(i, blocks[i]) for i in range(max(lo, 0), min(hi, len(blocks)))
             if blocks[i] != NULL and (mask is None or (i - lo < len(mask) and mask[i - lo]))]
-
-
-def _picked(named: dict[str, Any]) -> list[int]:
-    return [b for _i, b in _indexed(named)]
 
 
 def _partial_of(s: PoolState, b: Any, full: int) -> bool:
