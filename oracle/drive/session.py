@@ -152,7 +152,6 @@ class Session:
         if not self.current:
             raise RuntimeError("this pool was replaced by a newer one in its process")
         self.settle()
-        first = len(self.log) + 1
 
         def name(i: int) -> str:
             return self.name(i, calls)
@@ -164,14 +163,14 @@ class Session:
             raws = proc.exchange(encoded, name)
         except (ProcessFailure, ProcessHung) as exc:  # the trace records the call it failed at
             done = exc.answered[:len(calls)]
-            self._read(calls[:len(done)], done, first, name)
+            self._read(calls[:len(done)], done, name)
             self._failed(calls, len(done), exc.verdict.kind)
             raise
-        steps = self._read(calls, raws, first, name)
+        steps = self._read(calls, raws, name)
         proc.check_unasked(name(len(calls) - 1))
         return steps
 
-    def _read(self, calls: Sequence[Call], raws: Sequence[bytes], first: int,
+    def _read(self, calls: Sequence[Call], raws: Sequence[bytes],
               name: Callable[[int], str]) -> list[TraceStep]:
         proc = self.process
         line0 = proc.lines_read - len(raws)
