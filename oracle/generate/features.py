@@ -325,8 +325,8 @@ def _operation_features(s: PoolState, op: str, named: dict[str, Any], real: list
             out.add("partial")
     if op == "cache_partial_block" and named.get("replace_existing_hashes"):
         out.add("replace")
-    if op == "unpin_blocks":
-        out.add("watcher")
+    if op in ALWAYS:
+        out.add(ALWAYS[op])
     if op == "touch" and any(s.ref[b] == 0 and s.primary[b] is not None for b in real):
         out.add("idle_hit")
     if op == "get_cached_block":
@@ -337,8 +337,6 @@ def _operation_features(s: PoolState, op: str, named: dict[str, Any], real: list
                 out.add("idle_hit")
     if op == "move_block_hashes" and real and s.primary[real[0]] is not None:
         out.add("move")
-    if op == "_insert_block_hash":
-        out.add("insert")
     if op in EVICT and any(s.primary[b] is not None for b in real):
         out.add("evict")
     if op == "reset_prefix_cache" and not any(s.ref[b] for b in range(1, s.num_blocks)):
