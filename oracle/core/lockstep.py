@@ -249,8 +249,6 @@ class Lockstep(Translate):
     """Where each call's shape features go (:mod:`.features`; None: not described)."""
     directed: int = 0
     """Calls made on fresh pools after the run to make the feature pairs it missed (:mod:`.directed`)."""
-    unmade: int = 0
-    """Workload steps cut short before a call with something the pool lacks."""
     lacks: frozenset[str] | None = None
     """What the pool declares it lacks, closed (:mod:`..generate.capabilities`): a call with any of
     it is never made (None: read off the pool's ``kvpool_lacks``)."""

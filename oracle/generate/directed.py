@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -95,7 +95,6 @@ class Directed:
     """Calls made so far, setup included."""
     lacks: frozenset[str] = frozenset()
     """What the pool lacks (closed): no call with any of it, pools without events or metrics."""
-    made: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.lacks = closed(self.lacks)
