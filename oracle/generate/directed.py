@@ -126,23 +126,18 @@ class Directed:
         pool.check()
         return True
 
-    def aim(self, pair: Pair, log: FeatureLog) -> None:
-        """Make ``pair`` meet in one call: on each operation both features go with, until one does."""
-        common = FEATURES[pair[0]][1] & FEATURES[pair[1]][1]
-        for op in PREFERENCE:
-            if op not in common or op in self.lacks:
-                continue
-            made = FeatureLog()
-            self.make(op, pair, made)
-            log.update(made)  # every call made was compared, those of a scene cut short too
-            if pair in made.pairs:
-                return
-
     def cover(self, pairs: Iterable[Pair], log: FeatureLog) -> None:
-        """Make each of ``pairs`` that ``log`` lacks meet (each call logged there)."""
+        """Make each of ``pairs`` that ``log`` lacks meet in one call (each call logged there): on
+        each operation both features go with, until one does."""
         for pair in pairs:
-            if pair not in log.pairs:
-                self.aim(pair, log)
+            common = FEATURES[pair[0]][1] & FEATURES[pair[1]][1]
+            for op in PREFERENCE:
+                if pair in log.pairs:
+                    break
+                if op in common and op not in self.lacks:
+                    made = FeatureLog()
+                    self.make(op, pair, made)
+                    log.update(made)  # every call made was compared, those of a scene cut short too
 
 
 def missed_share(log: FeatureLog, run: int, runs: int, ops: Iterable[str] = ALL,
@@ -318,14 +313,12 @@ class Scene:
         self.call(op, self.listed(block, null=False), self.pair.watcher("reader"))
 
     def _evict_blocks(self, op: str) -> None:
+        """Also ``_maybe_evict_cached_block``, which takes the block alone, not a list."""
         block = self.held()
         self.call("free_blocks", [block])
-        self.call(op, [block])
+        self.call(op, [block] if op == "evict_blocks" else block)
 
-    def _maybe_evict_cached_block(self, op: str) -> None:
-        block = self.held()
-        self.call("free_blocks", [block])
-        self.call(op, block)
+    _maybe_evict_cached_block = _evict_blocks
 
     def _move_block_hashes(self, op: str) -> None:
         block = self.held()
