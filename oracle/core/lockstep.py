@@ -349,8 +349,8 @@ class Lockstep(Translate):
         """Run ``op`` on both sides; raise :class:`Divergence` on any difference (and
         :class:`~..generate.capabilities.Unmakeable`, having made nothing, for a call with
         something the pool lacks)."""
-        if self.lacks:
-            self._refuse_lacked(op, args, kwargs)
+        if self.lacks and (missing := self._lacked(op, args, kwargs)) is not None:
+            raise Unmakeable(op, missing)
         self.steps += 1
         self.ops_seen[op] += 1
         decl = OPERATIONS[op]
@@ -436,29 +436,21 @@ class Lockstep(Translate):
 
     def can(self, op: str, *args: Any, **kwargs: Any) -> bool:
         """Whether the pool has all this call has: its operation and each feature of its shape."""
-        if not self.lacks:
-            return True
-        try:
-            bound = OPERATIONS[op].bind(args, kwargs)
-        except TypeError:
-            return True
-        return lacked_in(self.lacks, self.model, op, bound, second=self.which == 1,
-                         metrics=self.metrics is not None) is None
+        return not self.lacks or self._lacked(op, args, kwargs) is None
 
     def maybe(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`call`, for a call a generator can do without: left out (``SKIPPED``) when the pool
         lacks something it has."""
         return self.call(op, *args, **kwargs) if self.can(op, *args, **kwargs) else SKIPPED
 
-    def _refuse_lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def _lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+        """The first thing the pool lacks that this call has (:func:`lacked_in`), or None."""
         try:
             bound = OPERATIONS[op].bind(args, kwargs)
         except TypeError:  # a malformed call: made, and refused as such
-            return
-        missing = lacked_in(self.lacks or frozenset(), self.model, op, bound, second=self.which == 1,
-                            metrics=self.metrics is not None)
-        if missing is not None:
-            raise Unmakeable(op, missing)
+            return None
+        return lacked_in(self.lacks or frozenset(), self.model, op, bound, second=self.which == 1,
+                         metrics=self.metrics is not None)
 
     def _refused_footprint(self, decl: Operation, bound: tuple[Any, ...] | None) -> Footprint:
         """What a refused call would have touched: where the pool must show that it changed nothing."""
