@@ -240,19 +240,18 @@ def read_header_answer(value: Json, collector: bool = False,
         flags[flag] = value.get(flag, False)
         if not isinstance(flags[flag], bool):
             raise ProtocolError("garbage", f"{flag}: expected true or false, got {show(flags[flag])}")
-    if flags["metrics"] and not collector:
-        flags["metrics"] = False  # no collector was asked for: none to report
+    metrics = flags["metrics"] and collector  # no collector was asked for: none to report
     obs = value.get("observation")
-    asked = bool(flags["show_when_asked"] and when_asked and flags["observe"] and obs is not None)
     if obs is None:
-        return HeaderAnswer(None, None, ops, declared, flags["observe"], flags["metrics"])
+        return HeaderAnswer(None, None, ops, declared, flags["observe"], metrics)
     try:
         step = parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None,
                            "events": [], "observation": obs}, 1)
     except FieldError as exc:
         raise ProtocolError("garbage", f"header answer: {exc}") from None
     fresh = step.observation or {}
-    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], flags["metrics"], asked)
+    asked = flags["show_when_asked"] and when_asked and flags["observe"]
+    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], metrics, asked)
 
 
 def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, number: int,
