@@ -111,9 +111,9 @@ class Session:
     _shown_at: int | None = field(default=None, repr=False)
     """Where in the log the last observation shown is (the earlier ones are dropped: memory)."""
     last_observed: Observed | None = field(default=None, repr=False)
+    """The questions a call line carried, as the process answered them with the call."""
     last_shown: dict[str, Json] | None = field(default=None, repr=False)
     """What the process showed of the blocks and keys of the last observe line answered."""
-    """The questions a call line carried, as the process answered them with the call."""
 
     def open(self, again: bool = False) -> None:
         """Send the header and read its answer: a new pool, or (``again``) this one from scratch,
