@@ -144,9 +144,7 @@ class Pair(Lockstep):
 
     def named_watcher(self, name: str) -> NamedWatcher:
         """The one watcher called ``name`` on this side (the model holds it as it is)."""
-        if name not in self.named:
-            self.named[name] = NamedWatcher(name, self.fired)
-        return self.named[name]
+        return self.named.setdefault(name, NamedWatcher(name, self.fired))
 
     def block(self, block_id: Any) -> Any:
         n = len(self.pool.blocks)
