@@ -54,7 +54,7 @@ from kvpool.model.invariants import DERIVED_FROM
 from kvpool.model.kinds import REQUIRED, ArgKind
 from kvpool.model.operations import ResultKind
 from kvpool.model.properties import EVENT_LOG, QUEUE_ORDER, STEP_PROPERTIES
-from kvpool.oracle.core.adapter import REFERENCE_API, REQUIRED_API, ReferencePool, missing_api
+from kvpool.oracle.core.adapter import REFERENCE_API, ReferencePool, missing_api, required_api
 from kvpool.oracle.generate.defaults import WRITTEN, unwritten
 from kvpool.oracle.search import refinement
 from kvpool.oracle.search.campaign import run_one
@@ -298,8 +298,8 @@ def test_the_trace_schema_has_every_pool_operation_with_its_declared_arguments()
 def test_the_reference_api_is_the_public_pool_operations_not_written_out() -> None:
     """The Protocol names no operation (the declarations are the API); the check reads them."""
     assert set(OPERATIONS) >= REFERENCE_API  # vLLM's API, every operation of it declared
-    assert set(REQUIRED_API) == {n for n in REFERENCE_API if not n.startswith("_")}
-    assert tuple(n for n in PUBLIC_OPERATIONS if n in REQUIRED_API) == REQUIRED_API  # declared order
+    assert set(required_api()) == {n for n in REFERENCE_API if not n.startswith("_")}
+    assert tuple(n for n in PUBLIC_OPERATIONS if n in required_api()) == required_api()  # declared order
     assert not {n for n, f in vars(ReferencePool).items() if callable(f) and not n.startswith("_")}
     assert isinstance(BlockPool(4, True, 1), ReferencePool)
     assert missing_api(BlockPool) == []
@@ -338,7 +338,7 @@ def test_a_pool_that_cannot_take_an_operation_as_declared_is_named() -> None:
     assert missing_api(Wide) == ["get_usage()"]
     assert missing_api(Required) == ["cache_partial_block(request, block_id, num_tokens, kv_cache_group_id, "
                                      "block_size) without replace_existing_hashes"]
-    assert missing_api(Lacking) == list(REQUIRED_API)
+    assert missing_api(Lacking) == list(required_api())
     assert missing_api(BlockPool(4, True, 1)) == []  # an instance: its bound methods
 
 

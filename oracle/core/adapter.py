@@ -81,10 +81,6 @@ def optional_api() -> tuple[str, ...]:
     return tuple(n for n, op in OPERATIONS.items() if op.role != "caller" and n not in required_api())
 
 
-REQUIRED_API: tuple[str, ...] = required_api()
-"""The operations every pool must have (:func:`required_api`, as the declarations stand at import)."""
-
-
 @runtime_checkable
 class ReferencePool(Protocol):
     """A pool with the reference API; blocks are objects with a ``block_id``.
@@ -328,7 +324,7 @@ def load_object(spec: str) -> Any:
 
 
 __all__ = [
-    "REFERENCE_API", "REQUIRED_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted",
+    "REFERENCE_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted",
     "ReferencePool", "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking", "load_object",
     "missing_api", "optional_api", "required_api", "vllm_adapter",
 ]

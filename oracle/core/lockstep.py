@@ -179,7 +179,7 @@ class MetricsRecorder:
         self.log.append(("reset", None))
 
 
-class _Foreign:
+class Foreign:
     """Stands for a block id outside the pool when the pool's block class cannot be built."""
 
     def __init__(self, block_id: int) -> None:
@@ -249,8 +249,6 @@ class Lockstep(Translate):
     """Where each call's shape features go (:mod:`.features`; None: not described)."""
     directed: int = 0
     """Calls made on fresh pools after the run to make the feature pairs it missed (:mod:`.directed`)."""
-    unmade: int = 0
-    """Workload steps cut short before a call with something the pool lacks."""
     lacks: frozenset[str] | None = None
     """What the pool declares it lacks, closed (:mod:`..generate.capabilities`): a call with any of
     it is never made (None: read off the pool's ``kvpool_lacks``)."""
@@ -259,11 +257,13 @@ class Lockstep(Translate):
     def fresh(
         cls, pool_factory: Callable[..., Any], num_blocks: int, caching: bool,
         hash_block_size: int, events: bool, reference: str = "0.31", metrics: bool = False,
+        **settings: Any,
     ) -> Lockstep:
         """A new pool and the model configured alike, for vLLM ``reference``'s behaviour.
 
         With ``metrics``, the pool is built with a :class:`MetricsRecorder` if
-        its factory takes a ``metrics_collector``.
+        its factory takes a ``metrics_collector``; ``settings`` are the lockstep's other fields
+        (``errors_match``, ``observe``, ...).
         """
         recorder = MetricsRecorder() if metrics and accepts(pool_factory, "metrics_collector") else None
         extra = {} if recorder is None else {"metrics_collector": recorder}
@@ -276,8 +276,8 @@ class Lockstep(Translate):
         try:
             foreign = type(pool.blocks[0])(num_blocks)
         except Exception:  # a block class we cannot build: any object with an id will do
-            foreign = _Foreign(num_blocks)
-        return cls(pool=pool, model=model, foreign=foreign, metrics=recorder)
+            foreign = Foreign(num_blocks)
+        return cls(pool=pool, model=model, foreign=foreign, metrics=recorder, **settings)
 
     def __post_init__(self) -> None:
         # A stand-in that wraps the pool (a recorder's tap) is observed through the pool itself.
@@ -349,8 +349,8 @@ class Lockstep(Translate):
         """Run ``op`` on both sides; raise :class:`Divergence` on any difference (and
         :class:`~..generate.capabilities.Unmakeable`, having made nothing, for a call with
         something the pool lacks)."""
-        if self.lacks:
-            self._refuse_lacked(op, args, kwargs)
+        if self.lacks and (missing := self._lacked(op, args, kwargs)) is not None:
+            raise Unmakeable(op, missing)
         self.steps += 1
         self.ops_seen[op] += 1
         decl = OPERATIONS[op]
@@ -436,29 +436,21 @@ class Lockstep(Translate):
 
     def can(self, op: str, *args: Any, **kwargs: Any) -> bool:
         """Whether the pool has all this call has: its operation and each feature of its shape."""
-        if not self.lacks:
-            return True
-        try:
-            bound = OPERATIONS[op].bind(args, kwargs)
-        except TypeError:
-            return True
-        return lacked_in(self.lacks, self.model, op, bound, second=self.which == 1,
-                         metrics=self.metrics is not None) is None
+        return not self.lacks or self._lacked(op, args, kwargs) is None
 
     def maybe(self, op: str, *args: Any, **kwargs: Any) -> Any:
         """:meth:`call`, for a call a generator can do without: left out (``SKIPPED``) when the pool
         lacks something it has."""
         return self.call(op, *args, **kwargs) if self.can(op, *args, **kwargs) else SKIPPED
 
-    def _refuse_lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def _lacked(self, op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+        """The first thing the pool lacks that this call has (:func:`lacked_in`), or None."""
         try:
             bound = OPERATIONS[op].bind(args, kwargs)
         except TypeError:  # a malformed call: made, and refused as such
-            return
-        missing = lacked_in(self.lacks or frozenset(), self.model, op, bound, second=self.which == 1,
-                            metrics=self.metrics is not None)
-        if missing is not None:
-            raise Unmakeable(op, missing)
+            return None
+        return lacked_in(self.lacks or frozenset(), self.model, op, bound, second=self.which == 1,
+                         metrics=self.metrics is not None)
 
     def _refused_footprint(self, decl: Operation, bound: tuple[Any, ...] | None) -> Footprint:
         """What a refused call would have touched: where the pool must show that it changed nothing."""

@@ -207,8 +207,7 @@ class Observer:
             return self._through_calls(probes)
         queue = pool.free_block_queue
         if self.has["free-queue links"]:
-            free, _cut = _walk(queue.fake_free_list_head.next_free_block, "next_free_block",
-                               queue.fake_free_list_tail, len(blocks) + 2)
+            free, _cut = free_queue_walk(queue, len(blocks) + 2)
         else:
             free = [b.block_id for b in queue.get_all_free_blocks()]
         probes = list(probes)
@@ -254,10 +253,7 @@ class Observer:
         if self._batched and batch is not None:
             num_free, writable, hits = batch(probes, blocks=blocks)
             return num_free, [bool(w) for w in writable], list(hits)
-        hits = []
-        for block_hash, group in probes:
-            hit = pool.get_cached_block(block_hash, [group])
-            hits.append(hit[0].block_id if hit else None)
+        hits = self._lookups(probes)  # the lookups first: the order the pool is asked in
         return (pool.get_num_free_blocks(), [bool(pool.is_block_writable(pool.blocks[b])) for b in blocks],
                 hits)
 

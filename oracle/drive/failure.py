@@ -33,7 +33,6 @@ from .adapter import DriveAdapter
 from .process import PoolProcess, ProcessFailure, ProcessHung
 from .session import FAILED_CALL_ERRORS, Session
 
-Call = tuple[str, dict[str, Json]]
 Phase = Callable[[Any, Options], PhaseResult]
 
 MAX_REPLAYS = 400
@@ -74,23 +73,6 @@ def check_lines(pool: dict[str, Json], lines: Sequence[dict[str, Json]], vllm_er
         return check_trace(path, vllm_errors=vllm_errors)
 
 
-def replay(process: PoolProcess, pool: dict[str, Json], header: Header,
-           calls: Sequence[Call]) -> list[dict[str, Json]]:
-    """``calls`` on a fresh pool of ``process``, all in flight at once; the trace lines answered.
-
-    A process that fails on the way ends the lines with the call it failed
-    at (its error ``ProcessCrashed``, ...); it is started again next time.
-    """
-    session = Session(process, pool, header, None, None)
-    try:
-        session.open()
-        if calls:
-            session.calls(list(calls))
-    except (ProcessFailure, ProcessHung):
-        pass
-    return session.trace()
-
-
 @dataclass
 class Shrunk:
     """The shrink of one capture: its lines now, what they came from, and the check's verdict."""
@@ -114,42 +96,37 @@ class Shrinker:
     sent: int = 0
     process: PoolProcess | None = field(default=None, repr=False)
 
-    def _budgeted(self, calls: int) -> PoolProcess | None:
-        """The process for one more replay of ``calls`` calls, or None when the budget is spent."""
-        if self.replays >= MAX_REPLAYS or self.sent + calls > MAX_REPLAYED_CALLS:
-            return None
-        if self.process is None:
-            self.process = self.adapter.borrow()
-        self.replays += 1
-        self.sent += calls
-        return self.process
-
-    def _replay(self, cap: Capture, calls: Sequence[Call]) -> list[dict[str, Json]] | None:
-        process = self._budgeted(len(calls))
-        return None if process is None else replay(process, cap.pool, cap.header, calls)
-
     def close(self) -> None:
         """Give the process back (the adapter ends it with the others)."""
         self.process = None
 
-    def _remapped(self, cap: Capture, base: list[dict[str, Json]],
-                  kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
-        """``kept`` (lines of ``base``) replayed one at a time, each block id they name replaced
-        by the one the call that handed it out hands out now.
+    def _replay(self, cap: Capture, kept: Sequence[dict[str, Json]],
+                base: list[dict[str, Json]] | None = None) -> list[dict[str, Json]] | None:
+        """The calls of ``kept`` on a fresh pool, all in flight at once; the trace lines answered,
+        or None when the budget is spent.  A process that fails on the way ends the lines with the
+        call it failed at (its error ``ProcessCrashed``, ...); it is started again next time.
 
-        Without a call, the blocks handed out after it shift; this keeps a later
-        call on "the second block that allocation returned" rather than on an id
-        that now means another block, or none.
+        With ``base`` (the lines ``kept`` were cut from), one call at a time, each block id they
+        name replaced by the one the call that handed it out hands out now: without a call, the
+        blocks handed out after it shift; this keeps a later call on "the second block that
+        allocation returned" rather than on an id that now means another block, or none.
         """
-        process = self._budgeted(len(kept))
-        if process is None:
+        if self.replays >= MAX_REPLAYS or self.sent + len(kept) > MAX_REPLAYED_CALLS:
             return None
-        at = {id(line): i for i, line in enumerate(base)}
-        found = sources(base)
-        handed: dict[int, list[int]] = {}
-        session = Session(process, cap.pool, cap.header, None, None)
+        if self.process is None:
+            self.process = self.adapter.borrow()
+        self.replays += 1
+        self.sent += len(kept)
+        session = Session(self.process, cap.pool, cap.header, None, None)
         try:
             session.open()
+            if base is None:
+                if kept:
+                    session.calls([(str(line["op"]), dict(line["args"])) for line in kept])
+                return session.trace()
+            at = {id(line): i for i, line in enumerate(base)}
+            found = sources(base)
+            handed: dict[int, list[int]] = {}
             for line in kept:
                 i = at[id(line)]
                 op = str(line["op"])
@@ -182,7 +159,7 @@ class Shrinker:
             return answered[:got.divergence.step]
 
         def as_sent(kept: Sequence[dict[str, Json]]) -> list[dict[str, Json]] | None:
-            return judged(self._replay(cap, [_call(line) for line in kept]))
+            return judged(self._replay(cap, kept))
 
         if lines and lines[-1].get("error") in FAILED_CALL_ERRORS.values() and as_sent(lines) is None:
             # the process failed, but not where these calls alone make it fail: what made it fail
@@ -194,13 +171,9 @@ class Shrinker:
         lines = ddmin(lines, as_sent)  # fast: all calls of a replay in flight at once
         if len(lines) > 2:  # then one call at a time, each block id followed to its source
             base = [lines]
-            lines = ddmin(lines, lambda kept: judged(self._remapped(cap, base[0], kept)), base)
+            lines = ddmin(lines, lambda kept: judged(self._replay(cap, kept, base[0])), base)
         final = check_lines(cap.pool, lines, vllm)
         return Shrunk(lines, len(cap.lines), final, self.replays)
-
-
-def _call(line: dict[str, Json]) -> Call:
-    return str(line["op"]), dict(line["args"])
 
 
 # ------------------------------------------------------------------- a run
@@ -262,12 +235,12 @@ class DriveRun:
         """The newest capture check-trace finds a difference in, shrunk; else the newest as it is."""
         vllm = self.adapter.vllm_errors
         for cap in captures:
-            if not cap.lines or check_lines(cap.pool, cap.lines, vllm).divergence is None:
+            report = check_lines(cap.pool, cap.lines, vllm) if cap.lines else None
+            if report is None or report.divergence is None:
                 continue
             if not self.shrink:
-                report = check_lines(cap.pool, cap.lines, vllm)
-                step = report.divergence.step if report.divergence else len(cap.lines)
-                return cap, Shrunk(cap.lines[:step], len(cap.lines), report, note="not shrunk (--no-shrink)")
+                return cap, Shrunk(cap.lines[:report.divergence.step], len(cap.lines), report,
+                                   note="not shrunk (--no-shrink)")
             return cap, shrinker.shrink(cap)
         if captures and captures[0].lines:
             cap = captures[0]
@@ -315,4 +288,4 @@ def _short(value: Json) -> str:
 
 
 __all__ = ["MAX_REPLAYED_CALLS", "MAX_REPLAYS", "Capture", "DriveRun", "Shrinker", "Shrunk", "check_lines",
-           "replay", "short_line", "write_trace"]
+           "short_line", "write_trace"]

@@ -390,7 +390,7 @@ class PoolProcess:
                 had = len(answers)
                 self._split()  # lines beyond those owed stay: the caller judges the answers first
                 if len(self._buffer) > MAX_LINE:
-                    raise self._fail("garbage", f"wrote more than {MAX_LINE} bytes without ending "
+                    raise self.fail("garbage", f"wrote more than {MAX_LINE} bytes without ending "
                                      "the line", names(len(answers)))
                 if not block or (len(answers) >= need and len(self._out) <= HIGH_WATER):
                     return
@@ -398,7 +398,8 @@ class PoolProcess:
                 if len(answers) > had:
                     deadline = now + self.timeout
                 if deadline <= now:
-                    self._hung(names(len(answers)))
+                    raise ProcessHung(self._verdict("hang", f"gave no answer within {self.timeout:g}s "
+                                                    "(killed)", names(len(answers))))
                 if self._out:
                     poller.register(in_fd, select.POLLOUT)
                 try:
@@ -436,7 +437,7 @@ class PoolProcess:
         """The failure for output no call asked for, left in the buffer: its first line shown."""
         first = (self._answers[self.owed] if len(self._answers) > self.owed
                  else bytes(self._buffer).split(b"\n")[0])
-        return self._fail("extra output", f"{what} (a second answer to a call, or logging on "
+        return self.fail("extra output", f"{what} (a second answer to a call, or logging on "
                           f"stdout?): {_shown(first)!r}", name)
 
     def _write(self, fd: int, pending: memoryview, name: str) -> memoryview:
@@ -476,13 +477,10 @@ class PoolProcess:
         tail = self._stderr.tail(wait=1.0) if self._stderr is not None else []
         return Verdict(kind, what, call, tail, self.command, line)
 
-    def _fail(self, kind: str, what: str, call: str | None, line: int | None = None) -> ProcessFailure:
-        """A verdict for the caller, as an exception."""
-        return ProcessFailure(self._verdict(kind, what, call, line))
-
     def fail(self, kind: str, what: str, call: str | None, line: int | None = None) -> ProcessFailure:
-        """:meth:`_fail` for the protocol layer, which judges the lines (``line``: the one judged)."""
-        return self._fail(kind, what, call, line)
+        """A verdict for the caller, as an exception (the protocol layer judges the lines too:
+        ``line``, the one judged)."""
+        return ProcessFailure(self._verdict(kind, what, call, line))
 
     def _exited(self, call: str) -> ProcessFailure:
         popen = self.popen
@@ -496,10 +494,6 @@ class PoolProcess:
         if self._buffer:
             what += f", leaving an unfinished line {_shown(bytes(self._buffer))!r}"
         return ProcessFailure(self._verdict("crash", what, call))
-
-    def _hung(self, call: str) -> None:
-        raise ProcessHung(self._verdict("hang", f"gave no answer within {self.timeout:g}s (killed)",
-                                        call))
 
 
 def _exit_status(popen: subprocess.Popen[bytes], timeout: float) -> int | None:

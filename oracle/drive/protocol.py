@@ -240,19 +240,18 @@ def read_header_answer(value: Json, collector: bool = False,
         flags[flag] = value.get(flag, False)
         if not isinstance(flags[flag], bool):
             raise ProtocolError("garbage", f"{flag}: expected true or false, got {show(flags[flag])}")
-    if flags["metrics"] and not collector:
-        flags["metrics"] = False  # no collector was asked for: none to report
+    metrics = flags["metrics"] and collector  # no collector was asked for: none to report
     obs = value.get("observation")
-    asked = bool(flags["show_when_asked"] and when_asked and flags["observe"] and obs is not None)
     if obs is None:
-        return HeaderAnswer(None, None, ops, declared, flags["observe"], flags["metrics"])
+        return HeaderAnswer(None, None, ops, declared, flags["observe"], metrics)
     try:
         step = parse_step({"op": "get_num_free_blocks", "args": {}, "result": 0, "error": None,
                            "events": [], "observation": obs}, 1)
     except FieldError as exc:
         raise ProtocolError("garbage", f"header answer: {exc}") from None
     fresh = step.observation or {}
-    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], flags["metrics"], asked)
+    asked = flags["show_when_asked"] and when_asked and flags["observe"]
+    return HeaderAnswer(frozenset(fresh), fresh, ops, declared, flags["observe"], metrics, asked)
 
 
 def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, number: int,
@@ -317,12 +316,6 @@ def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, nu
                 raise ProtocolError("garbage", f"observation.{name}: {len(got)} entries for "
                                     f"{header_.num_blocks} blocks")
     return step, line
-
-
-def asks_metrics(value: Json) -> bool:
-    """The process's side: whether a header asks for a metrics collector."""
-    pool = value.get("pool") if isinstance(value, dict) else None
-    return isinstance(pool, dict) and pool.get("metrics_collector") is True
 
 
 def observe_line(blocks: Sequence[int], keys: Sequence[tuple[bytes, int]]) -> dict[str, Json]:
@@ -480,7 +473,7 @@ def read_call(value: Json, number: int) -> TraceStep:
 
 
 __all__ = ["ANSWER_FIELDS", "KEY", "OBSERVE", "OPERATION_NAMES", "POOL_FIELDS",
-           "SHOWN_FIELDS", "TOLD", "VERSION", "HeaderAnswer", "ProtocolError", "asks_metrics", "call_line",
+           "SHOWN_FIELDS", "TOLD", "VERSION", "HeaderAnswer", "ProtocolError", "call_line",
            "decode", "encode", "header", "message_of", "observe_line", "observe_queries", "pool_fields",
            "read_answer", "read_call", "read_header_answer", "read_observe_args", "read_observed",
            "read_observed_field", "read_pool", "read_shown", "read_told", "text", "trace_header",

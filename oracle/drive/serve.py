@@ -31,6 +31,7 @@ from kvpool.model.request import prefix_key
 
 from ..core.abstraction import concrete_key
 from ..core.adapter import LoadError, lacking, load_object
+from ..core.lockstep import Foreign
 from ..core.observe import Observer, accepts
 from ..generate.capabilities import parse_lacks
 from ..trace.read import Header, TraceStep, json_lines, parse_header
@@ -47,13 +48,6 @@ class _Named:
 
     def __call__(self, block: Any) -> None:
         self.log.append([self.name, block.block_id])
-
-
-class _Stranger:
-    """Stands for a block id outside the pool, when the pool's block class cannot be built."""
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id, self.ref_cnt, self.block_hash, self.is_null = block_id, 0, None, False
 
 
 class _Told:
@@ -100,9 +94,10 @@ class Server(Translate):
         try:
             value = protocol.decode(raw)
             if isinstance(value, dict) and protocol.KEY in value:
-                pool = value.get("pool") if isinstance(value, dict) else None
-                return self._open(protocol.read_pool(value), protocol.asks_metrics(value),
-                                  isinstance(pool, dict) and pool.get("show_when_asked") is True)
+                pool = value.get("pool")
+                asks = pool if isinstance(pool, dict) else {}
+                return self._open(protocol.read_pool(value), asks.get("metrics_collector") is True,
+                                  asks.get("show_when_asked") is True)
             if self.header is None:
                 raise protocol.ProtocolError("garbage", "a call before any header")
             if isinstance(value, dict) and value.get("op") == protocol.OBSERVE:
@@ -150,19 +145,14 @@ class Server(Translate):
     def _observe(self, blocks: list[int], keys: list[tuple[bytes, int]]) -> dict[str, Json]:
         """An observe line: the free count, each block's writability, each key's lookup."""
         pool = self.pool
-        cached = []
-        for h, g in keys:
-            hit = pool.get_cached_block(h, [g])
-            cached.append(hit[0].block_id if hit else None)
+        cached = [hit[0].block_id if (hit := pool.get_cached_block(h, [g])) else None for h, g in keys]
         result: dict[str, Json] = {"num_free": pool.get_num_free_blocks(),
                                    "writable": [bool(pool.is_block_writable(self.block(b))) for b in blocks],
                                    "cached": cached}
         if self.when_asked:  # the named blocks' and keys' entries of the whole pool
             whole = self._observation()
-            shown: dict[str, Json] = {"ref": [whole["ref"][b] for b in blocks],
-                                      "primary": [whole["primary"][b] for b in blocks]}
-            if "secondary" in whole:
-                shown["secondary"] = [whole["secondary"][b] for b in blocks]
+            shown: dict[str, Json] = {name: [whole[name][b] for b in blocks]
+                                      for name in ("ref", "primary", "secondary") if name in whole}
             if "watched" in whole:
                 shown["watched"] = [b in whole["watched"] for b in blocks]
             if "index" in whole:
@@ -183,7 +173,7 @@ class Server(Translate):
         try:
             return type(blocks[0])(block_id)
         except Exception:
-            return _Stranger(block_id)
+            return Foreign(block_id)
 
     def key(self, request: Any, prefix_tokens: Any, group: int) -> bytes:
         """The key ``_insert_block_hash`` receives: the one the request names (b"" for none)."""
@@ -287,19 +277,17 @@ def join(calls: str, answers: str, stdout: IO[str]) -> int:
         if not (isinstance(call, dict) and isinstance(answer, dict)) or protocol.KEY in call:
             print(f"serve: line {number}: one pool per trace; a call and its answer", file=sys.stderr)
             return 2
-        if call.get("op") == protocol.OBSERVE:
-            blocks, keys = protocol.read_observe_args(call.get("args"))
-            observed = protocol.read_observed(answer, len(blocks), len(keys))
-            out += protocol.observe_queries(blocks, [[h.hex(), g] for h, g in keys], observed)
-            continue
-        line = {"op": call.get("op"), "args": call.get("args")}
-        line.update({k: answer[k] for k in protocol.ANSWER_FIELDS if k in answer})
-        line.setdefault("fired", [])
-        out.append(line)
-        if call.get("observe") is not None:  # questions asked with the call, answered after it
-            blocks, keys = protocol.read_observe_args(call["observe"])
-            observed = protocol.read_observed_field(answer, len(blocks), len(keys))
-            out += protocol.observe_queries(blocks, [[h.hex(), g] for h, g in keys], observed)
+        observe = call.get("op") == protocol.OBSERVE
+        if not observe:
+            line = {"op": call.get("op"), "args": call.get("args")}
+            line.update({k: answer[k] for k in protocol.ANSWER_FIELDS if k in answer})
+            line.setdefault("fired", [])
+            out.append(line)
+        if observe or call.get("observe") is not None:  # or questions asked with the call, answered after it
+            blocks, keys = protocol.read_observe_args(call.get("args") if observe else call["observe"])
+            read = protocol.read_observed if observe else protocol.read_observed_field
+            out += protocol.observe_queries(blocks, [[h.hex(), g] for h, g in keys],
+                                            read(answer, len(blocks), len(keys)))
     for value in out:
         stdout.write(json.dumps(value, separators=(",", ":")) + "\n")
     return 0

@@ -111,9 +111,9 @@ class Session:
     _shown_at: int | None = field(default=None, repr=False)
     """Where in the log the last observation shown is (the earlier ones are dropped: memory)."""
     last_observed: Observed | None = field(default=None, repr=False)
+    """The questions a call line carried, as the process answered them with the call."""
     last_shown: dict[str, Json] | None = field(default=None, repr=False)
     """What the process showed of the blocks and keys of the last observe line answered."""
-    """The questions a call line carried, as the process answered them with the call."""
 
     def open(self, again: bool = False) -> None:
         """Send the header and read its answer: a new pool, or (``again``) this one from scratch,
@@ -152,7 +152,6 @@ class Session:
         if not self.current:
             raise RuntimeError("this pool was replaced by a newer one in its process")
         self.settle()
-        first = len(self.log) + 1
 
         def name(i: int) -> str:
             return self.name(i, calls)
@@ -164,14 +163,14 @@ class Session:
             raws = proc.exchange(encoded, name)
         except (ProcessFailure, ProcessHung) as exc:  # the trace records the call it failed at
             done = exc.answered[:len(calls)]
-            self._read(calls[:len(done)], done, first, name)
+            self._read(calls[:len(done)], done, name)
             self._failed(calls, len(done), exc.verdict.kind)
             raise
-        steps = self._read(calls, raws, first, name)
+        steps = self._read(calls, raws, name)
         proc.check_unasked(name(len(calls) - 1))
         return steps
 
-    def _read(self, calls: Sequence[Call], raws: Sequence[bytes], first: int,
+    def _read(self, calls: Sequence[Call], raws: Sequence[bytes],
               name: Callable[[int], str]) -> list[TraceStep]:
         proc = self.process
         line0 = proc.lines_read - len(raws)

@@ -11,7 +11,7 @@ names of :data:`~.features.DECLARABLE`: operations, the call features
 
 Then no call with a lacked operation or feature is ever made: the
 generators draw only pools and calls the pool has (:meth:`Capabilities.fit`,
-:meth:`Capabilities.request_extras`), and the lockstep refuses to make any
+and requests without the extra keys it lacks), and the lockstep refuses to make any
 call that has one anyway (:func:`lacked_in`), ending the run or example
 there (:class:`Unmakeable`) rather than making it or going on with a caller
 whose books no longer match the pools.
@@ -86,18 +86,12 @@ class Capabilities:
         if "big_block" in self.lacks:
             sizes = {g: hbs for g in sizes}
         changes: dict[str, Any] = {"block_sizes": sizes}
-        for flag, name in (("events", "events"), ("metrics", "metrics")):
-            if name in self.lacks:
-                changes[flag] = False
+        changes.update({flag: False for flag in ("events", "metrics") if flag in self.lacks})
         if "caching_off" in self.lacks:
             changes["caching"] = True
         if all(e in self.lacks for e in EXTRAS):
             changes["extra_keys"] = False
         return replace(cfg, **changes)  # type: ignore[type-var]
-
-    def request_extras(self) -> frozenset[str]:
-        """The extra keys a request may carry (:data:`EXTRAS`)."""
-        return frozenset(e for e in EXTRAS if e not in self.lacks)
 
     def not_checked(self) -> list[str]:
         """What a check of this pool leaves out, readably, for the first lines of a verdict: a

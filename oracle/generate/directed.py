@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -95,17 +95,14 @@ class Directed:
     """Calls made so far, setup included."""
     lacks: frozenset[str] = frozenset()
     """What the pool lacks (closed): no call with any of it, pools without events or metrics."""
-    made: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.lacks = closed(self.lacks)
 
     def _pair(self, which: int, log: FeatureLog | None) -> Lockstep:
-        pair = Lockstep.fresh(self.factory, BLOCKS, True, HBS, "events" not in self.lacks, self.reference,
-                              metrics="metrics" not in self.lacks)
-        pair.errors_match, pair.observe, pair.which, pair.features = (
-            self.errors_match, self.observe, which, log)
-        return pair
+        return Lockstep.fresh(self.factory, BLOCKS, True, HBS, "events" not in self.lacks, self.reference,
+                              metrics="metrics" not in self.lacks, errors_match=self.errors_match,
+                              observe=self.observe, which=which, features=log)
 
     def make(self, op: str, wanted: Iterable[str], log: FeatureLog | None = None) -> bool:
         """One call of ``op`` with the ``wanted`` features (as far as they go together), after
@@ -129,23 +126,18 @@ class Directed:
         pool.check()
         return True
 
-    def aim(self, pair: Pair, log: FeatureLog) -> None:
-        """Make ``pair`` meet in one call: on each operation both features go with, until one does."""
-        common = FEATURES[pair[0]][1] & FEATURES[pair[1]][1]
-        for op in PREFERENCE:
-            if op not in common or op in self.lacks:
-                continue
-            made = FeatureLog()
-            self.make(op, pair, made)
-            log.update(made)  # every call made was compared, those of a scene cut short too
-            if pair in made.pairs:
-                return
-
     def cover(self, pairs: Iterable[Pair], log: FeatureLog) -> None:
-        """Make each of ``pairs`` that ``log`` lacks meet (each call logged there)."""
+        """Make each of ``pairs`` that ``log`` lacks meet in one call (each call logged there): on
+        each operation both features go with, until one does."""
         for pair in pairs:
-            if pair not in log.pairs:
-                self.aim(pair, log)
+            common = FEATURES[pair[0]][1] & FEATURES[pair[1]][1]
+            for op in PREFERENCE:
+                if pair in log.pairs:
+                    break
+                if op in common and op not in self.lacks:
+                    made = FeatureLog()
+                    self.make(op, pair, made)
+                    log.update(made)  # every call made was compared, those of a scene cut short too
 
 
 def missed_share(log: FeatureLog, run: int, runs: int, ops: Iterable[str] = ALL,
@@ -321,14 +313,12 @@ class Scene:
         self.call(op, self.listed(block, null=False), self.pair.watcher("reader"))
 
     def _evict_blocks(self, op: str) -> None:
+        """Also ``_maybe_evict_cached_block``, which takes the block alone, not a list."""
         block = self.held()
         self.call("free_blocks", [block])
-        self.call(op, [block])
+        self.call(op, [block] if op == "evict_blocks" else block)
 
-    def _maybe_evict_cached_block(self, op: str) -> None:
-        block = self.held()
-        self.call("free_blocks", [block])
-        self.call(op, block)
+    _maybe_evict_cached_block = _evict_blocks
 
     def _move_block_hashes(self, op: str) -> None:
         block = self.held()

@@ -222,7 +222,7 @@ def call_features(s: PoolState, op: str, bound: Sequence[Any], *, second: bool =
     if op in ("get_new_blocks", "touch") and any(b in s.watchers for b in touched):
         out.add("reuse_fired")
     if op == "cache_full_blocks":
-        touched = _picked(named)
+        touched = [b for _i, b in _indexed(named)]
         if any(_partial_of(s, b, (i + 1) * (size or 0)) for i, b in _indexed(named)):
             out.add("promotion")
         if named.get("block_mask") is not None:
@@ -270,10 +270,6 @@ def _indexed(named: dict[str, Any]) -> list[tuple[int, int]]:
     mask = named.get("block_mask")
     return [(i, blocks[i]) for i in range(max(lo, 0), min(hi, len(blocks)))
             if blocks[i] != NULL and (mask is None or (i - lo < len(mask) and mask[i - lo]))]
-
-
-def _picked(named: dict[str, Any]) -> list[int]:
-    return [b for _i, b in _indexed(named)]
 
 
 def _partial_of(s: PoolState, b: Any, full: int) -> bool:
@@ -329,8 +325,8 @@ def _operation_features(s: PoolState, op: str, named: dict[str, Any], real: list
             out.add("partial")
     if op == "cache_partial_block" and named.get("replace_existing_hashes"):
         out.add("replace")
-    if op == "unpin_blocks":
-        out.add("watcher")
+    if op in ALWAYS:
+        out.add(ALWAYS[op])
     if op == "touch" and any(s.ref[b] == 0 and s.primary[b] is not None for b in real):
         out.add("idle_hit")
     if op == "get_cached_block":
@@ -341,8 +337,6 @@ def _operation_features(s: PoolState, op: str, named: dict[str, Any], real: list
                 out.add("idle_hit")
     if op == "move_block_hashes" and real and s.primary[real[0]] is not None:
         out.add("move")
-    if op == "_insert_block_hash":
-        out.add("insert")
     if op in EVICT and any(s.primary[b] is not None for b in real):
         out.add("evict")
     if op == "reset_prefix_cache" and not any(s.ref[b] for b in range(1, s.num_blocks)):

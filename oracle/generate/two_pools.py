@@ -29,11 +29,9 @@ def second_pool(pool_factory: Callable[..., Any], cfg: RunConfig, reference: str
     """How a run builds its second pool: the same class and shape, with its own model."""
 
     def build() -> Lockstep:
-        pair = Lockstep.fresh(pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS), cfg.caching,
-                              cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics)
-        pair.errors_match = errors_match
-        pair.which = 1
-        return pair
+        return Lockstep.fresh(pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS), cfg.caching,
+                              cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics,
+                              errors_match=errors_match, which=1)
 
     return build
 

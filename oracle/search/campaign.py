@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -50,8 +51,8 @@ def run_one(
 
     def first() -> Lockstep:
         made = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                              cfg.events, reference, metrics=cfg.metrics)
-        made.errors_match, made.observe = errors_match, observe
+                              cfg.events, reference, metrics=cfg.metrics, errors_match=errors_match,
+                              observe=observe)
         made.lacks = caps.lacks | (made.lacks or frozenset())  # and what the pool itself declares
         return made
 
@@ -72,10 +73,8 @@ def run_one(
         for number in range(steps):
             if log is not None:
                 log.step = number
-            try:
+            with contextlib.suppress(Unmakeable):  # the step drew what the pool lacks: none of it made
                 work.step()
-            except Unmakeable:  # the step drew what the pool lacks; nothing of it was made
-                pair.unmade += 1
         pair.check()  # the whole pool once more at the end
     except Divergence as exc:
         exc.log = log

@@ -242,9 +242,8 @@ def _shrunk_failure(exc: BaseException, seed: int, made: int) -> Failure:
 
 def observation_level(adapter: Adapter, reference: str = "0.31") -> dict[str, Any]:
     """What the lockstep observes of the adapter's pools: the level and each check, run or skipped."""
-    pair = Lockstep.fresh(adapter_factory(adapter), 4, True, 1, True, reference, metrics=True)
-    pair.observe = getattr(adapter, "observe", None)
-    return pair.level()
+    return Lockstep.fresh(adapter_factory(adapter), 4, True, 1, True, reference, metrics=True,
+                          observe=getattr(adapter, "observe", None)).level()
 
 
 def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:

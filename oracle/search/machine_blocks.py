@@ -28,15 +28,19 @@ from .machine_state import MachineState, others, runs, tables
 class BlockRules(MachineState):
     """Rules on held blocks and the second pool's (see the module docstring)."""
 
-    @rule(target=tables, n=st.integers(0, 3))
-    def allocate(self, n: int) -> Any:
-        """Blocks held outside any request (e.g. scratch for a copy)."""
+    def _new_table(self, n: int) -> Table | None:
+        """``n`` new blocks held outside any request (None: the pool has them not, or lacks them)."""
         got = self.lock.maybe("get_new_blocks", n)
         if got is SKIPPED or isinstance(got, Refusal):
-            return multiple()
+            return None
         table = Table(list(got))
         self.held.append(table)
         return table
+
+    @rule(target=tables, n=st.integers(0, 3))
+    def allocate(self, n: int) -> Any:
+        """Blocks held outside any request (e.g. scratch for a copy)."""
+        return self._new_table(n) or multiple()
 
     @rule(target=tables, run=runs, group=st.integers(0, 1))
     def copy_last_block(self, run: Running, group: int) -> Any:
@@ -46,13 +50,10 @@ class BlockRules(MachineState):
         """
         if not self._alive(run) or group not in run.tables or not run.tables[group]:
             return multiple()
-        src = run.tables[group][-1]
-        got = self.lock.maybe("get_new_blocks", 1)
-        if got is SKIPPED or isinstance(got, Refusal):
+        table = self._new_table(1)
+        if table is None:
             return multiple()
-        self.lock.maybe("move_block_hashes", src, got[0])
-        table = Table(list(got))
-        self.held.append(table)
+        self.lock.maybe("move_block_hashes", run.tables[group][-1], table.ids[0])
         return table
 
     @rule(target=tables, run=runs, group=st.integers(0, 1), upto=st.integers(1, 16),
@@ -68,16 +69,14 @@ class BlockRules(MachineState):
         if (not self._alive(run) or not chunks or group not in self.cfg.block_sizes
                 or not self.cfg.caching or not self.lock.supports("_insert_block_hash")):
             return multiple()
-        got = self.lock.maybe("get_new_blocks", 1)
-        if got is SKIPPED or isinstance(got, Refusal):
+        table = self._new_table(1)
+        if table is None:
             return multiple()
         upto = hbs * (1 + (upto - 1) % chunks)
-        self.lock.maybe("_insert_block_hash", run.request, upto, group, got[0], upto)
+        self.lock.maybe("_insert_block_hash", run.request, upto, group, table.ids[0], upto)
         if shorter is not None:
             self.lock.maybe("_insert_block_hash", run.request, hbs * (1 + (shorter - 1) % (upto // hbs)),
-                            group, got[0], None)
-        table = Table(list(got))
-        self.held.append(table)
+                            group, table.ids[0], None)
         return table
 
     @rule(table=consumes(tables))

@@ -74,10 +74,9 @@ class MachineState(RuleBasedStateMachine):
         """A pool of the run's shape beside its own model, compared as the adapter allows."""
         cfg = self.cfg
         pair = Lockstep.fresh(adapter_factory(self.ADAPTER), cfg.num_blocks, cfg.caching,
-                              cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics)
-        pair.errors_match = self.ADAPTER.errors_match
-        pair.observe = getattr(self.ADAPTER, "observe", None)
-        pair.features = self.FEATURES
+                              cfg.hash_block_size, cfg.events, self.REFERENCE, metrics=cfg.metrics,
+                              errors_match=self.ADAPTER.errors_match,
+                              observe=getattr(self.ADAPTER, "observe", None), features=self.FEATURES)
         pair.lacks = self.LACKS | (pair.lacks or frozenset())
         return pair
 

@@ -144,9 +144,7 @@ class Pair(Lockstep):
 
     def named_watcher(self, name: str) -> NamedWatcher:
         """The one watcher called ``name`` on this side (the model holds it as it is)."""
-        if name not in self.named:
-            self.named[name] = NamedWatcher(name, self.fired)
-        return self.named[name]
+        return self.named.setdefault(name, NamedWatcher(name, self.fired))
 
     def block(self, block_id: Any) -> Any:
         n = len(self.pool.blocks)
@@ -248,11 +246,10 @@ class Carried:
             pair.steps, pair.last_full, pair.invariants = 0, 0, invariants
             return pair
         parts = pickle.loads(self.data) if self.how == "pickle" else copy.deepcopy(self.data)
-        fields_ = dict(zip(_CARRIED, parts, strict=True))
-        pair = Pair(pool=fields_["pool"], model=model.copy(), foreign=fields_["foreign"],
-                    fired=fields_["fired"], metrics=fields_["metrics"], known=fields_["known"],
-                    probed=fields_["probed"], invariants=invariants)
-        pair.spare, pair.other_seen, pair.named = root.spare, root.other_seen, fields_["named"]
+        carried = dict(zip(_CARRIED, parts, strict=True))
+        named = carried.pop("named")  # not a field: set after construction, which resets it
+        pair = Pair(model=model.copy(), invariants=invariants, **carried)
+        pair.spare, pair.other_seen, pair.named = root.spare, root.other_seen, named
         return pair
 
 
@@ -431,8 +428,6 @@ class Refinement:
     """The calls leading to it, from a fresh pool: the shortest found."""
     reproduced: bool = True
     """Whether replaying ``sequence`` from a fresh pool diverged again."""
-    more: int = 0
-    """Diverging calls after the first (searched with ``keep_going`` only)."""
 
     @property
     def ok(self) -> bool:
@@ -471,19 +466,12 @@ _Node = tuple[PoolState, Carried, tuple[Call, ...]]
 
 def explore(
     factory: Callable[..., Any], shape: Shape, depth: int, calls: CallDomain, requests: Sequence[Any],
-    *, key: StateKey = exact_key, seconds: float = 600.0, with_misuse: bool = True,
-    with_queries: bool = True, progress: Callable[[int, int], None] | None = None,
-    keep_going: bool = False, visit: Callable[[PoolState, tuple[Call, ...]], None] | None = None,
+    *, key: StateKey = exact_key, seconds: float = 600.0,
 ) -> Refinement:
     """Every sequence of up to ``depth`` calls from a fresh pool, breadth first, within ``seconds``.
 
-    ``calls`` is the caller's domain from a model state; :func:`queries` and
-    (with ``with_misuse``) :func:`misuse` over ``requests`` are added.
-    ``progress(level, states)`` is called after each level.  Stops at the
-    first divergence, which is replayed from a fresh pool; with ``keep_going``
-    the search goes on without following any diverging call, and counts them
-    (``more``).  ``visit(state, sequence)`` is called on each state kept (one
-    per ``key``), the initial one included, with the sequence that reached it.
+    ``calls`` is the caller's domain from a model state; :func:`queries` and :func:`misuse` over
+    ``requests`` are added.  Stops at the first divergence, which is replayed from a fresh pool.
     """
     watch = Stopwatch()
     out = Refinement(shape, depth)
@@ -502,10 +490,8 @@ def explore(
 
     def domain(s: PoolState) -> Iterator[tuple[bool, Call]]:
         yield from ((False, c) for c in calls(s))
-        if with_queries:
-            yield from ((False, c) for c in queries(s, requests))
-        if with_misuse:
-            yield from ((True, c) for c in misuse(s, requests))
+        yield from ((False, c) for c in queries(s, requests))
+        yield from ((True, c) for c in misuse(s, requests))
 
     def expand(node: _Node, level: int) -> list[_Node]:
         model, kept, path = node
@@ -518,13 +504,8 @@ def explore(
                 out.breaches[exc.contract] += 1
                 continue
             except Exception as exc:
-                if not out.ok:  # the first is reported; the others counted
-                    out.more += 1
-                    continue
                 _diverged(out, factory, shape, [*path, (op, args)], exc)
-                if not keep_going:
-                    raise Stop from None
-                continue
+                raise Stop from None
             out.transitions += 1
             out.operations[op] += 1
             if is_misuse:
@@ -535,8 +516,6 @@ def explore(
             if k in seen:
                 continue
             seen.add(k)
-            if visit is not None:
-                visit(pair.model, (*path, (op, args)))
             if level < depth:
                 pair.trace.clear()
                 pair.steps, pair.last_full = 0, 0
@@ -549,11 +528,8 @@ def explore(
     seen.add(key(root.model))
     carried = Carried.of(root)
     out.copies[carried.how] += 1
-    if visit is not None:
-        visit(root.model, ())
     first: _Node = (root.model, carried, ())
-    levels = breadth_first([first], depth, expand, over_budget=watch.past(seconds),
-                           on_level=None if progress is None else lambda level: progress(level, len(seen)))
+    levels = breadth_first([first], depth, expand, over_budget=watch.past(seconds))
     out.depth, out.complete = levels.depth, levels.complete
     return finish()
 

@@ -234,9 +234,8 @@ def _failed(exc: Exception, op: str, pair: Lockstep) -> Divergence:
     """A failure of the pool outside a call's comparison, as the divergence a replay found: a pool
     process's verdict (parts ``process``), or any other exception of the pool (``crash``)."""
     process = getattr(exc, "verdict", None) is not None
-    out = pair._diverged(op, str(exc).splitlines()[0] if process else f"{type(exc).__name__}: {exc}",
-                         ["process" if process else "crash"], exc)
-    return out
+    return pair._diverged(op, str(exc).splitlines()[0] if process else f"{type(exc).__name__}: {exc}",
+                          ["process" if process else "crash"], exc)
 
 
 def _replayed(value: Any, tokens: int | None, requests: dict[int, Any], pair: Lockstep) -> Any:
@@ -286,21 +285,19 @@ def signature(exc: Divergence) -> tuple[str, tuple[str, ...]]:
     return op, tuple(sorted(exc.parts))
 
 
-def shrink_log(log: CallLog, max_replays: int = MAX_REPLAYS,
-               on_kept: Callable[[Lines], object] | None = None) -> Shrunk:
+def shrink_log(log: CallLog, on_kept: Callable[[Lines], object] | None = None) -> Shrunk:
     """The fewest calls of ``log`` found that diverge as the whole run does (see the module docstring).
 
     ``on_kept`` is told the entries kept (a test replays them on another pool)."""
-    blocks = log.blocks
     try:
-        return _shrink(log, blocks, max_replays, on_kept)
+        return _shrink(log, on_kept)
     except Exception as exc:  # the pool failing while the shrink makes pools (a process at its end)
         return Shrunk([], len(log.entries), len(log.entries), None, 0,
                       note=f"not shrunk: a replay failed before its calls ({str(exc).splitlines()[0]})")
 
 
-def _shrink(log: CallLog, blocks: int, max_replays: int,
-            on_kept: Callable[[Lines], object] | None) -> Shrunk:
+def _shrink(log: CallLog, on_kept: Callable[[Lines], object] | None) -> Shrunk:
+    blocks = log.blocks
     if len(log.entries) * blocks > MAX_COMPARED:
         return Shrunk([], len(log.entries), len(log.entries), None, 0,
                       note=f"not shrunk: replaying the run's {len(log.entries):,} calls on {blocks:,} "
@@ -315,7 +312,7 @@ def _shrink(log: CallLog, blocks: int, max_replays: int,
 
     def judged(kept: Lines) -> Lines | None:
         cost = len(kept) * blocks
-        if budget["replays"] >= max_replays or budget["compared"] + cost > MAX_COMPARED:
+        if budget["replays"] >= MAX_REPLAYS or budget["compared"] + cost > MAX_COMPARED:
             return None
         budget["replays"] += 1
         budget["compared"] += cost
