@@ -206,7 +206,9 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
     bug_seconds = min(budget.bmc_seconds, BUG_SEARCH_SECONDS)
     args = (bug_seconds, max(8, budget.runs), budget.steps, budget.timeout_ms)
 
-    def record(name: str, checks: list[tuple[Caught, int | None, bool]]) -> None:
+    workers = min(len(mine), (os.cpu_count() or 1) if workers is None else workers)
+    for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
+                            strict=True):
         bug = mine[name]
         for caught, depth, complete in checks:
             found = list(caught.by)
@@ -221,11 +223,6 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
                 None if found else failure("violation", f"seeded bug {name} is not {missed}{why}",
                                            f"{bug.story}\n{caught.detail}")))
             progress.advance(f"{name}: {', '.join(found) or 'NOT ' + missed}")
-
-    workers = min(len(mine), (os.cpu_count() or 1) if workers is None else workers)
-    for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
-                            strict=True):
-        record(name, checks)
     if shard.whole:  # a shard holds part of the catalogue: kvpool merge decides on the whole
         from .dead_weight import dead_weight_case  # it imports this module
 
