@@ -27,7 +27,7 @@ how many calls agreed, which bugs were caught.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -218,23 +218,13 @@ def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
     bugs = _bugs_by_property(doc)
     names = [*INVARIANTS, *LEMMAS, *STEP_PROPERTIES]
     tests = _tests_naming(names)
-    rows: list[Row] = []
-    for name, pred in INVARIANTS.items():
-        rows.append({"property": name, "kind": "invariant", "doc": _doc(pred),
-                     "z3": _z3_invariant(name, proofs), "bmc": bmc, "lockstep": lockstep,
-                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name],
-                     "beyond": beyond(name)})
-    for name, pred in LEMMAS.items():
-        rows.append({"property": name, "kind": "lemma", "doc": _doc(pred),
-                     "z3": _z3_lemma(name, proofs), "bmc": bmc, "lockstep": lockstep,
-                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name],
-                     "beyond": beyond(name)})
-    for name, prop in STEP_PROPERTIES.items():
-        rows.append({"property": name, "kind": "step property", "doc": _doc(prop),
-                     "z3": _z3_step_property(name, proofs), "bmc": bmc, "lockstep": lockstep,
-                     "bugs": None if bugs is None else bugs.get(name, []), "tests": tests[name],
-                     "beyond": beyond(name)})
-    return rows
+    kinds: list[tuple[str, Mapping[str, Any], Callable[[str, Mapping[str, Any] | None], str]]] = [
+        ("invariant", INVARIANTS, _z3_invariant), ("lemma", LEMMAS, _z3_lemma),
+        ("step property", STEP_PROPERTIES, _z3_step_property)]
+    return [{"property": name, "kind": kind, "doc": _doc(pred), "z3": z3_of(name, proofs), "bmc": bmc,
+             "lockstep": lockstep, "bugs": None if bugs is None else bugs.get(name, []),
+             "tests": tests[name], "beyond": beyond(name)}
+            for kind, registry, z3_of in kinds for name, pred in registry.items()]
 
 
 def lemmas() -> dict[str, str]:

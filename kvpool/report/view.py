@@ -239,14 +239,9 @@ def _claims(doc: Doc) -> Section:
 
 def _invariant_rows(doc: Doc, proofs: Mapping[str, Any]) -> list[Any]:
     """Matrix rows: the document's invariants in registry order, then any the matrix adds."""
-    names = [i.get("name", "?") for i in doc.get("invariants", [])]
-    seen = set(names)
-    for cells in [proofs.get("initial", {}), *proofs.get("matrix", {}).values()]:
-        for name in cells:
-            if name not in seen:
-                names.append(name)
-                seen.add(name)
-    return names
+    documented = [i.get("name", "?") for i in doc.get("invariants", [])]
+    cells = [proofs.get("initial", {}), *proofs.get("matrix", {}).values()]
+    return [*documented, *dict.fromkeys(name for row in cells for name in row if name not in documented)]
 
 
 def _proof_cells(proofs: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:

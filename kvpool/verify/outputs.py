@@ -34,13 +34,12 @@ def invariants_table() -> list[dict[str, Any]]:
     from kvpool.model.invariants import DERIVED_FROM
     from kvpool.proofs.invariants import SYM_INVARIANTS, SYM_LEMMAS
 
-    table: list[dict[str, Any]] = [
-        {"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0],
-         "encoded": name in SYM_INVARIANTS} for name, fn in INVARIANTS.items()]
-    return table + [
-        {"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0],
-         "encoded": name in SYM_LEMMAS, "derived_from": list(DERIVED_FROM[name])}
-        for name, fn in LEMMAS.items()]
+    def row(name: str, fn: Any, encoded: Any) -> dict[str, Any]:
+        return {"name": name, "doc": (fn.__doc__ or "").strip().splitlines()[0], "encoded": name in encoded}
+
+    return [*(row(name, fn, SYM_INVARIANTS) for name, fn in INVARIANTS.items()),
+            *({**row(name, fn, SYM_LEMMAS), "derived_from": list(DERIVED_FROM[name])}
+              for name, fn in LEMMAS.items())]
 
 
 def reference_differences() -> str:

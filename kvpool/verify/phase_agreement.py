@@ -178,7 +178,7 @@ def _examples(results: list[tuple[Report, Sampled]], case: str) -> list[tuple[Re
 def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, Any]:
     """The first disagreements: the model state (pictured), the call or perturbation, the field."""
     # lazy: z3 and the proofs load when the phase runs
-    from kvpool.pictures import labeller, picture_of_state
+    from kvpool.pictures import labeller, picture_of_state, trace_step
     from kvpool.proofs import bmc
     from kvpool.proofs.agreement import show_state
 
@@ -191,35 +191,30 @@ def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, 
             picture: Any = picture_of_state(d.state, labeller(labels))
         except Exception:  # a perturbed state may be beyond what a picture can show
             picture = None
-        trace.append({"index": i, "call": d.what, "outcome": d.detail, "changes": [],
-                      "picture": picture, "pool_picture": None, "differs": []})
+        trace.append(trace_step(i, d.what, d.detail, picture=picture))
         details += [f"[{r.blocks} blocks, hbs {r.hash_block_size}] {d.what}", f"  differs: {d.detail}",
                     *("  " + line for line in show_state(d.state, labels).splitlines()), ""]
     return failure("counterexample", message, "\n".join(details), trace)
+
+
+def _tally(counts: list[dict[str, list[int]]], yes: str, no: str) -> dict[str, dict[str, int]]:
+    """Each name's pairs of counts summed over the pools, as ``{yes: ..., no: ...}``."""
+    out: dict[str, dict[str, int]] = {}
+    for pool in counts:
+        for name, (a, b) in pool.items():
+            row = out.setdefault(name, {yes: 0, no: 0})
+            row[yes] += a
+            row[no] += b
+    return out
 
 
 def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str, Any]:
     reports = [r for r, _ in results]
     skipped: Counter[str] = Counter()
     perturbations: Counter[str] = Counter()
-    invariants: dict[str, dict[str, int]] = {}
-    steps: dict[str, dict[str, int]] = {}
-    properties: dict[str, dict[str, int]] = {}
     for r in reports:
         skipped.update(r.skipped)
         perturbations.update(r.perturbations)
-        for n, (t, f) in r.invariants.items():
-            row = invariants.setdefault(n, {"true": 0, "false": 0})
-            row["true"] += t
-            row["false"] += f
-        for n, (h, b) in r.properties.items():
-            row = properties.setdefault(n, {"held": 0, "broken": 0})
-            row["held"] += h
-            row["broken"] += b
-        for n, (e, x) in r.steps.items():
-            row = steps.setdefault(n, {"enabled": 0, "refused": 0})
-            row["enabled"] += e
-            row["refused"] += x
     calls = sum(r.transitions for r in reports)
     busy = sum(r.cpu_seconds for r in reports)
     samples = [s for _, s in results]
@@ -238,9 +233,9 @@ def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str,
         "transitions": calls,
         "calls_per_second": round(calls / busy) if busy else 0,
         "skipped_calls": dict(sorted(skipped.items())),
-        "invariants": invariants,
-        "steps": steps,
-        "properties": properties,
+        "invariants": _tally([r.invariants for r in reports], "true", "false"),
+        "steps": _tally([r.steps for r in reports], "enabled", "refused"),
+        "properties": _tally([r.properties for r in reports], "held", "broken"),
         "queues": sum(r.queues for r in reports),
         "perturbations": dict(sorted(perturbations.items())),
         "evaluator": {"checks": sum(s.checks for s in samples),

@@ -149,19 +149,16 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
     operations: Counter[str] = Counter()
     start = time.perf_counter()
 
-    def record(outcome: _Outcome) -> None:
-        case, run, ops, note = outcome
+    workers = min(len(mine), os.cpu_count() or 1) if factory is None else 1
+    # the deepest, then the largest pool first: it bounds the wall time
+    first = sorted(range(len(mine)), key=lambda j: (-mine[j][4], -mine[j][0], mine[j][1]))
+    for case, run, ops, note in in_order(_one_pool, [(factory, pool, budget) for pool in mine], workers,
+                                         first):
         phase.cases.append(case)
         if run is not None:
             runs.append(run)
         operations.update(ops)
         progress.advance(note)
-
-    workers = min(len(mine), os.cpu_count() or 1) if factory is None else 1
-    # the deepest, then the largest pool first: it bounds the wall time
-    first = sorted(range(len(mine)), key=lambda j: (-mine[j][4], -mine[j][0], mine[j][1]))
-    for outcome in in_order(_one_pool, [(factory, pool, budget) for pool in mine], workers, first):
-        record(outcome)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
                    "sequences": sum(r["sequences"] for r in runs),

@@ -206,7 +206,9 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
     bug_seconds = min(budget.bmc_seconds, BUG_SEARCH_SECONDS)
     args = (bug_seconds, max(8, budget.runs), budget.steps, budget.timeout_ms)
 
-    def record(name: str, checks: list[tuple[Caught, int | None, bool]]) -> None:
+    workers = min(len(mine), (os.cpu_count() or 1) if workers is None else workers)
+    for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
+                            strict=True):
         bug = mine[name]
         for caught, depth, complete in checks:
             found = list(caught.by)
@@ -221,11 +223,6 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
                 None if found else failure("violation", f"seeded bug {name} is not {missed}{why}",
                                            f"{bug.story}\n{caught.detail}")))
             progress.advance(f"{name}: {', '.join(found) or 'NOT ' + missed}")
-
-    workers = min(len(mine), (os.cpu_count() or 1) if workers is None else workers)
-    for name, checks in zip(mine, in_order(_bug_checks, [(name, *args) for name in mine], workers),
-                            strict=True):
-        record(name, checks)
     if shard.whole:  # a shard holds part of the catalogue: kvpool merge decides on the whole
         from .dead_weight import dead_weight_case  # it imports this module
 
@@ -307,6 +304,18 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     return phase
 
 
+def _one_call_away() -> tuple[Any, list[Any]]:
+    """A 3-block pool (hash block size 2) and its states: the fresh pool and those one call away."""
+    # lazy: a phase's modules load when it runs (module docstring)
+    from kvpool.proofs import bmc
+    from kvpool.proofs.bmc.search import explore  # the model's own actions, whatever a test swapped
+
+    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
+    states: list[Any] = []
+    explore(cfg, 1, 600.0, visit=states.append)
+    return cfg, states
+
+
 def coverage_case() -> Case:
     """The BMC's call domains reach every branch of every guard, contract and update, and every
     pair of them one call takes, that well-formed calls made from the declarations' argument kinds
@@ -314,14 +323,10 @@ def coverage_case() -> Case:
     :mod:`kvpool.proofs.bmc.branches`): a domain that stopped making a class of calls the model
     treats apart (a block listed twice, ``replace_existing_hashes=True``) fails here."""
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.proofs import bmc
     from kvpool.proofs.bmc.branches import measure, shortfall
-    from kvpool.proofs.bmc.search import explore  # the model's own actions, whatever a test swapped
 
     began = time.perf_counter()
-    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
-    states: list[Any] = []
-    explore(cfg, 1, 600.0, visit=states.append)
+    cfg, states = _one_call_away()
     cov = measure(states, cfg)
     lost = shortfall(cov)
     fail = None if cov.ok else failure(
@@ -338,14 +343,10 @@ def misuse_case() -> Case:
     it decides) from a fresh pool and the states one call away (:mod:`kvpool.proofs.bmc.misuse`): a
     guard that lost an argument check fails here, though no search makes such a call."""
     # lazy: a phase's modules load when it runs (module docstring)
-    from kvpool.proofs import bmc
     from kvpool.proofs.bmc.misuse import check_misuse
-    from kvpool.proofs.bmc.search import explore
 
     began = time.perf_counter()
-    cfg = bmc.Bounds(blocks=3, hash_block_size=2)
-    states: list[Any] = []
-    explore(cfg, 1, 600.0, visit=states.append)
+    cfg, states = _one_call_away()
     out = check_misuse(states, cfg)
     fail = None if out.ok else failure(
         "violation", f"{len(out.let_through)} call(s) with a wrong argument pass their guard: "

@@ -70,11 +70,8 @@ def run(cfg: Settings, progress: Progress) -> dict[str, Any]:
     ]
     phases = []
     for name, fn in plan:
-        if name in cfg.skip:
-            phases.append(Phase(name, skipped=True))
-            continue
-        if name == "traces" and not (cfg.traces or cfg.events):
-            phases.append(Phase(name, skipped=True))  # nothing to read, on any shard
+        if name in cfg.skip or (name == "traces" and not (cfg.traces or cfg.events)):
+            phases.append(Phase(name, skipped=True))  # left out, or no trace to read on any shard
             continue
         if name in WHOLE and shard.owner(name) != shard.index:
             phases.append(Phase(name, skipped=True, elsewhere=shard.owner(name)))

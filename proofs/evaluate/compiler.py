@@ -35,23 +35,10 @@ class Compiler:
         self.thunks: list[tuple[str, str]] = []
         """Closed subterms, each computed at most once per call: (local name, source)."""
         self.hoisted: dict[int, tuple[Expr, Src]] = {}
-        self.reach: dict[int, tuple[Expr, int]] = {}
 
     def binders_needed(self, e: Expr) -> int:
         """How many enclosing binders ``e``'s free variables reach (0: ``e`` is closed)."""
-        key = e.get_id()
-        if key in self.reach:
-            return self.reach[key][1]
-        if z3.is_var(e):
-            out = z3.get_var_index(e) + 1
-        elif z3.is_quantifier(e):
-            out = max(0, self.binders_needed(e.body()) - e.num_vars())
-        elif z3.is_app(e):
-            out = max((self.binders_needed(c) for c in e.children()), default=0)
-        else:
-            out = 0
-        self.reach[key] = (e, out)  # holding e keeps its id from being recycled
-        return int(out)
+        return max(self.free_vars(e), default=-1) + 1
 
     def atomic(self, e: Expr) -> bool:
         """Cheap enough to recompute: a constant, or a field read at constant indices."""
@@ -76,12 +63,9 @@ class Compiler:
     # ---- carriers
 
     def carrier(self, sort: z3.SortRef) -> str:
-        if sort.eq(Block):
-            return "_B"
-        if sort.eq(KeySort):
-            return "_KS"
-        if sort.eq(Content):
-            return "_CS"
+        for carried, name in ((Block, "_B"), (KeySort, "_KS"), (Content, "_CS")):
+            if sort.eq(carried):
+                return name
         raise Unsupported(f"no finite carrier for sort {sort}")
 
     def var(self) -> str:

@@ -103,6 +103,10 @@ def _ci() -> Any:
         budget.agreement_pools, budget.agreement_depth)
 
 
+CASES = {"domain-branches": "coverage_case", "legal-corpus": "legal_case", "misuse-refused": "misuse_case"}
+"""Checks that are a case of ``kvpool verify`` (:mod:`kvpool.verify.phases`), by the function making it."""
+
+
 class Checks:
     """The formal side's checks, by name (``bmc/4-2-2``: blocks, hash block size, depth)."""
 
@@ -119,29 +123,12 @@ class Checks:
         if kind == "agreement":
             blocks, hbs, depth, *off = pool.split("-")
             return self.agreement(int(blocks), int(hbs), int(depth), events=not off)
-        return {"domain-branches": self.branches, "legal-corpus": self.legal, "misuse-refused": self.misuse,
-                "proofs": self.proofs, "evaluator": self.evaluator}[name]()
+        if name in CASES:
+            from kvpool.verify import phases
 
-    @staticmethod
-    def branches() -> Failure | None:
-        from kvpool.verify.phases import coverage_case
-
-        case = coverage_case()
-        return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
-
-    @staticmethod
-    def misuse() -> Failure | None:
-        from kvpool.verify.phases import misuse_case
-
-        case = misuse_case()
-        return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
-
-    @staticmethod
-    def legal() -> Failure | None:
-        from kvpool.verify.phases import legal_case
-
-        case = legal_case()
-        return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
+            case = getattr(phases, CASES[name])()
+            return None if case.ok else Failure("violation", case.failure["message"] if case.failure else "")
+        return {"proofs": self.proofs, "evaluator": self.evaluator}[name]()
 
     @staticmethod
     def bmc(blocks: int, hbs: int, depth: int, version: str = "0.31") -> Failure | None:
@@ -226,18 +213,14 @@ def default_checks(paths: Sequence[str]) -> tuple[str, ...]:
     specification: a pool is cheaper the shallower and the coarser its hash blocks); the BMC, the
     domains and the corpus run the model alone, so they are left out for a mutant of the z3 side
     only, which they never execute."""
-    from kvpool.verify.budget import PROFILES, pool_depths
-
-    budget = PROFILES["ci"]
+    budget, bmc_pools, agreement_pools = _ci()
 
     def cost(p: tuple[int, int, int]) -> tuple[int, int, int]:
         return p[2], -p[1], p[0]
 
-    bmc = [f"bmc/{b}-{h}-{d}" for b, h, d in sorted(
-        pool_depths(budget.bmc_pools, budget.bmc_depth), key=cost)]
+    bmc = [f"bmc/{b}-{h}-{d}" for b, h, d in sorted(bmc_pools, key=cost)]
     agreement = [f"agreement/{b}-{h}-{d}-off" for b, h, d in budget.agreement_events_off]
-    agreement += [f"agreement/{b}-{h}-{d}" for b, h, d in sorted(
-        pool_depths(budget.agreement_pools, budget.agreement_depth), key=cost)]
+    agreement += [f"agreement/{b}-{h}-{d}" for b, h, d in sorted(agreement_pools, key=cost)]
     if all(p.startswith("proofs/") for p in paths):
         return ("proofs", "evaluator", *agreement, "agreement/never")
     others = [f"bmc/{b}-{h}-{d}-{v}" for b, h, d, v in budget.bmc_references]

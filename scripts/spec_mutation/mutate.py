@@ -29,6 +29,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,93 +106,79 @@ def _named_call(node: ast.AST, *names: str) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
 
 
+def _setting(attr: str, change: Callable[[Any], Any]) -> Edit:
+    """An edit that replaces the node's ``attr`` by ``change`` of it."""
+    def edit(n: ast.AST) -> ast.AST:
+        setattr(n, attr, change(getattr(n, attr)))
+        return n
+    return edit
+
+
+def _without(i: int) -> Callable[[list[Any]], list[Any]]:
+    """A list without its item ``i``."""
+    return lambda items: [v for j, v in enumerate(items) if j != i]
+
+
+def _swapped(i: int, swap: type[ast.cmpop]) -> Callable[[list[ast.cmpop]], list[ast.cmpop]]:
+    """A comparison's operators with operator ``i`` turned around."""
+    return lambda ops: [swap() if j == i else op for j, op in enumerate(ops)]
+
+
+def _renamed(n: ast.AST) -> ast.AST:
+    """``min``/``max`` or a ``z3`` call swapped for its dual (:data:`Z3_SWAP`)."""
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+        n.func.id = "max" if n.func.id == "min" else "min"
+    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+        n.func.attr = Z3_SWAP[n.func.attr]
+    return n
+
+
 def _expression_ops(node: ast.AST) -> Iterator[tuple[str, Edit]]:
     """The operators on an expression node."""
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
             swap = CMP_SWAP.get(type(op))
             if swap is not None:
-                def turn(n: ast.AST, i: int = i, swap: type[ast.cmpop] = swap) -> ast.AST:
-                    assert isinstance(n, ast.Compare)
-                    n.ops[i] = swap()
-                    return n
-                yield "comparison", turn
+                yield "comparison", _setting("ops", _swapped(i, swap))
     elif isinstance(node, ast.BoolOp):
-        def swap_bool(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.BoolOp)
-            n.op = ast.Or() if isinstance(n.op, ast.And) else ast.And()
-            return n
-        yield "and/or", swap_bool
+        yield "and/or", _setting("op", lambda op: ast.Or() if isinstance(op, ast.And) else ast.And())
         yield from _drop_operands("operand dropped", len(node.values), "values")
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         yield "not dropped", lambda n: n.operand  # type: ignore[attr-defined,no-any-return]
     elif isinstance(node, ast.Constant) and type(node.value) is bool:
-        def flip(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.Constant)
-            n.value = not n.value
-            return n
-        yield "true/false", flip
+        yield "true/false", _setting("value", lambda v: not v)
     elif isinstance(node, ast.Constant) and type(node.value) is int:
-        def bump(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.Constant)
-            n.value = n.value + 1
-            return n
-        yield "number", bump
+        yield "number", _setting("value", lambda v: v + 1)
     elif isinstance(node, ast.BinOp) and type(node.op) in BIN_SWAP:
-        def arith(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.BinOp)
-            n.op = BIN_SWAP[type(n.op)]()
-            return n
-        yield "arithmetic", arith
+        yield "arithmetic", _setting("op", lambda op: BIN_SWAP[type(op)]())
     elif _named_call(node, "min", "max"):
-        def minmax(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-            n.func.id = "max" if n.func.id == "min" else "min"
-            return n
-        yield "min/max", minmax
+        yield "min/max", _renamed
     elif _z3_call(node, "And", "Or"):
         assert isinstance(node, ast.Call)
-
-        def z3_swap(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            n.func.attr = Z3_SWAP[n.func.attr]
-            return n
-        yield "z3 and/or", z3_swap
+        yield "z3 and/or", _renamed
         if len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args):
             yield from _drop_operands("z3 operand dropped", len(node.args), "args")
     elif _z3_call(node, "ForAll", "Exists"):
-        def quant(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            n.func.attr = Z3_SWAP[n.func.attr]
-            return n
-        yield "forall/exists", quant
+        yield "forall/exists", _renamed
     elif _z3_call(node, "Not"):
         yield "z3 not dropped", lambda n: n.args[0]  # type: ignore[attr-defined,no-any-return]
     elif _z3_call(node, "Implies"):
         yield "z3 premise dropped", lambda n: n.args[1]  # type: ignore[attr-defined,no-any-return]
     elif _z3_call(node, "If"):
-        def branches(n: ast.AST) -> ast.AST:
-            assert isinstance(n, ast.Call)
-            n.args[1], n.args[2] = n.args[2], n.args[1]
-            return n
-        yield "z3 if branches", branches
+        yield "z3 if branches", _setting("args", lambda a: [a[0], a[2], a[1], *a[3:]])
     elif _z3_call(node, "Store"):
         yield "z3 store forgotten", lambda n: n.args[0]  # type: ignore[attr-defined,no-any-return]
     if _named_call(node, "replace") and isinstance(node, ast.Call):
         for i in range(len(node.keywords)):
-            def forget(n: ast.AST, i: int = i) -> ast.AST:
-                assert isinstance(n, ast.Call)
-                del n.keywords[i]
-                return n
-            yield f"field {node.keywords[i].arg} not replaced", forget
+            yield f"field {node.keywords[i].arg} not replaced", _setting("keywords", _without(i))
 
 
 def _drop_operands(name: str, count: int, attr: str) -> Iterator[tuple[str, Edit]]:
     for i in range(count):
         def drop(n: ast.AST, i: int = i) -> ast.AST:
-            rest = [v for j, v in enumerate(getattr(n, attr)) if j != i]
+            rest = _without(i)(getattr(n, attr))
             if len(rest) == 1 and isinstance(n, ast.BoolOp):
-                return rest[0]
+                return rest[0]  # type: ignore[no-any-return]
             setattr(n, attr, rest)
             return n
         yield name, drop
@@ -201,11 +188,7 @@ def _literal_ops(node: ast.AST) -> Iterator[tuple[str, Edit]]:
     """One value of a literal a loop or a membership test reads, dropped."""
     if isinstance(node, ast.Tuple | ast.List | ast.Set) and len(node.elts) >= 2:
         for i in range(len(node.elts)):
-            def drop(n: ast.AST, i: int = i) -> ast.AST:
-                assert isinstance(n, ast.Tuple | ast.List | ast.Set)
-                del n.elts[i]
-                return n
-            yield "value dropped", drop
+            yield "value dropped", _setting("elts", _without(i))
 
 
 def _statement_ops(stmt: ast.stmt) -> Iterator[tuple[str, Edit]]:
@@ -220,11 +203,7 @@ def _statement_ops(stmt: ast.stmt) -> Iterator[tuple[str, Edit]]:
         yield "update dropped", forgotten
     elif isinstance(stmt, ast.AugAssign):
         if type(stmt.op) in AUG_SWAP:
-            def aug(n: ast.AST) -> ast.AST:
-                assert isinstance(n, ast.AugAssign)
-                n.op = AUG_SWAP[type(n.op)]()
-                return n
-            yield "augmented assignment", aug
+            yield "augmented assignment", _setting("op", lambda op: AUG_SWAP[type(op)]())
         if isinstance(stmt.target, ast.Attribute | ast.Subscript):
             yield "update dropped", forgotten
     elif isinstance(stmt, ast.Break):
@@ -395,20 +374,12 @@ class _Counted(ast.NodeTransformer):
         at = 1 if docstring else 0
         return [*body[:at], ast.copy_location(call, body[0]), *body[at:]]
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+    def _visit_body(self, node: ast.FunctionDef | ast.For | ast.While) -> ast.AST:
         self.generic_visit(node)
         node.body = self._count(node.body)
         return node
 
-    def visit_For(self, node: ast.For) -> ast.AST:
-        self.generic_visit(node)
-        node.body = self._count(node.body)
-        return node
-
-    def visit_While(self, node: ast.While) -> ast.AST:
-        self.generic_visit(node)
-        node.body = self._count(node.body)
-        return node
+    visit_FunctionDef = visit_For = visit_While = _visit_body
 
 
 def instrumented(tree: ast.Module) -> ast.Module:
