@@ -60,13 +60,13 @@ def bmc_domain(shape: Shape, symmetry: bool = True
 
 
 def refine(factory: Callable[..., Any], shape: Shape, depth: int, seconds: float = 600.0,
-           symmetry: bool = True, **options: Any) -> Refinement:
+           symmetry: bool = True) -> Refinement:
     """Explore ``factory``'s pools of ``shape`` to ``depth`` over the BMC's domain plus misuse."""
     # lazy: the oracle, the BMC and the pool load when the phase runs
     from kvpool.oracle.search.refinement import explore
 
     calls, requests, key = bmc_domain(shape, symmetry)
-    return explore(factory, shape, depth, calls, requests, key=key, seconds=seconds, **options)
+    return explore(factory, shape, depth, calls, requests, key=key, seconds=seconds)
 
 
 def figures(out: Refinement) -> dict[str, Any]:
