@@ -122,7 +122,7 @@ def test_kvpools_pool_under_the_shadow_agrees(misuse: bool, mode: str, tmp_path:
         pool, pair = drive(Shadowed, seed, 1200, misuse=misuse)
         found = shadow_of(pool)
         assert found is not None and found.active, found
-        assert found.calls == pair.steps > 800
+        assert found.calls + found.repeats.told + found.repeats.n == pair.steps > 800
         assert (found.pair is None) == (mode == "process")  # the model runs on this thread or not
     assert found_before.now() == []
     assert found.active  # the checker stopped no pool either
@@ -140,6 +140,54 @@ def test_the_call_path_only_records_when_the_checker_is_a_process(mode: str) -> 
         assert sh.sync()["calls"] >= 1
     else:
         assert isinstance(found.hub, hubs.InlineHub) and found.pair is not None
+
+
+def checked(mode: str) -> int:
+    """Calls checked so far where ``mode`` checks them (everything sent waited for)."""
+    remote = int(sh.sync().get("calls", 0))  # first: an inline checker counts the repeats it is told
+    return sh.TOTALS.calls if mode == "inline" else remote
+
+
+def test_a_query_asked_again_with_nothing_between_is_counted_not_sent(mode: str) -> None:
+    """An engine asks the number of free blocks several times a step: a repeat of the last answer
+    with no other call between is counted as checked (the model's answer cannot have changed)
+    and told to the checker in one message, before the next one."""
+    pool = shadowed_class(BlockPool)(16, True, 4)
+    found = shadow_of(pool)
+    assert found is not None
+    sent: list[tuple[Any, ...]] = []
+    send = found.hub.send
+    found.hub.send = lambda message: (sent.append(message), send(message))  # type: ignore[method-assign]
+    before = checked(mode)
+    answers = [pool.get_num_free_blocks() for _ in range(5)]
+    pool.get_new_blocks(2)
+    answers += [pool.get_num_free_blocks() for _ in range(3)]
+    assert answers == [15] * 5 + [13] * 3
+    assert checked(mode) - before == 9
+    mine = [m for m in sent if m[0] in ("call", "same") and m[1] == found.number]
+    assert [(m[0], m[2]) for m in mine] == [
+        ("call", "get_num_free_blocks"), ("same", 4), ("call", "get_new_blocks"),
+        ("call", "get_num_free_blocks"), ("same", 2)]
+    assert found.repeats.told == 6 and found.repeats.n == 0
+
+
+class _MiscountsItsThirdAnswer(BlockPool):
+    """Says one free block too many the third time it is asked, having done nothing between."""
+
+    asked = 0
+
+    def get_num_free_blocks(self) -> int:
+        self.asked += 1
+        return super().get_num_free_blocks() + (self.asked == 3)
+
+
+def test_a_query_answering_otherwise_with_nothing_between_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sh.ENV_STRICT, "1")
+    pool = shadowed_class(_MiscountsItsThirdAnswer)(16, True, 4)
+    assert pool.get_num_free_blocks() == pool.get_num_free_blocks() == 15
+    with pytest.raises(ShadowDivergence) as raised:
+        pool.get_num_free_blocks()
+    assert "get_num_free_blocks" in str(raised.value)
 
 
 def test_a_kept_trace_replays_and_memory_stays_bounded(mode: str, tmp_path: Path) -> None:

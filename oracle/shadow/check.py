@@ -415,6 +415,10 @@ class Checker:
             check = self.pools.get(message[1])
             if check is not None and check.active:
                 check.call(*message[2:])
+        elif kind == "same":  # queries asked again with nothing done between: answered alike
+            check = self.pools.get(message[1])
+            if check is not None and check.active:
+                TOTALS.calls += message[2]
         elif kind == "req":
             self.requests[message[1]] = _request(message[2])
         elif kind == "grow":

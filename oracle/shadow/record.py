@@ -187,6 +187,10 @@ class Shadow:
                          for op, decl in OPERATIONS.items()}
         """Per operation: whether its result needs translating (blocks, events, a key)."""
         self._fired: list[tuple[str, int]] = []
+        self._answered: dict[str, Any] = {}
+        """Per query without arguments: its answer since the last call that was not such a query."""
+        self.repeats = Tally()
+        """Queries answered as :attr:`_answered` says, not yet counted by the checker."""
         self._blocks: list[Any] = pool.blocks
         num_blocks = len(self._blocks)
         self.observer = Observer(pool)
@@ -213,7 +217,7 @@ class Shadow:
                   "parts": dict(self.observer.has), "num_tokens": self.observer.num_tokens}
         self.hub.add(self, config)
         self.active = True
-        weakref.finalize(pool, self.hub.close, self.number, self.keep)
+        weakref.finalize(pool, _closed, self.hub, self.number, self.keep, self.repeats)
 
     # ------------------------------------------------------------ one call
 
@@ -270,9 +274,19 @@ class Shadow:
             self.depth -= 1
             return self.call(op, real.__get__(pool), args, {})  # its refusal, recorded as any call's
         self.depth -= 1
+        moved = queue is not None and (queue is not self._queue or pool.kv_event_queue is not queue
+                                       or len(queue) != queued)
+        if not args and not moved:
+            # Asked again with nothing done in between, the same answer is the one the model gave
+            # last time (a query changes nothing): counted, not sent. An engine asks the number
+            # of free blocks several times a step; most of those answers are repeats.
+            answered = self._answered
+            if op in answered and answered[op] == result:
+                self.repeats.n += 1
+                return result
+            answered[op] = result
         model_args = (bytes(args[0]), list(args[1])) if args else ()
-        if queue is not None and (queue is not self._queue or pool.kv_event_queue is not queue
-                                  or len(queue) != queued):
+        if moved:
             self._fired = []
             self.depth += 1
             try:
@@ -281,6 +295,8 @@ class Shadow:
                 self.depth -= 1
             return result
         self.calls += 1
+        if self.repeats.n:
+            self.repeats.tell(self.hub, self.number)
         self.hub.send(("call", self.number, op, model_args, plain_result(op, result) if args else result,
                        None, () if self._queued else None, (), None))
         return result
@@ -310,6 +326,10 @@ class Shadow:
                 events = []
         self._queue = after
         self.calls += 1
+        if self._answered:
+            self._answered = {}
+        if self.repeats.n:
+            self.repeats.tell(self.hub, self.number)
         whole = None
         if self.whole and self.calls % self.full_every == 0:
             whole = snapshot(self.observer)
@@ -456,6 +476,7 @@ class Shadow:
     def stop(self, why: str) -> None:
         """Stop shadowing this pool for a reason of the shadow's own (said in one line)."""
         self.active = False
+        self.repeats.tell(self.hub, self.number)
         self.hub.send(("stop", self.number, why))
         self.log.warning("kvpool shadow: %s is no longer shadowed after %d calls: %s", self.name,
                          self.calls, why)
@@ -468,12 +489,36 @@ class Shadow:
     def finish(self, keep: bool) -> Path | None:
         """Stop shadowing; the trace kept (returned, once the checker wrote it) or removed."""
         self.active = False
+        self.repeats.tell(self.hub, self.number)
         return self.hub.close(self.number, keep)
 
     @property
     def pair(self) -> Any:
         """The lockstep of the model and this pool, where the checker runs in this thread (else None)."""
         return self.hub.pair(self.number)
+
+
+class Tally:
+    """Queries a shadow answered from a repeat and has not told the checker of yet."""
+
+    __slots__ = ("n", "told")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.told = 0
+
+    def tell(self, hub: hubs.Hub, number: int) -> None:
+        """Tell the checker (before the shadow's next message, so that the counts stay in order)."""
+        if self.n:
+            hub.send(("same", number, self.n))
+            self.told += self.n
+            self.n = 0
+
+
+def _closed(hub: hubs.Hub, number: int, keep: bool, repeats: Tally) -> None:
+    """The pool is gone: its last repeats counted, its check closed."""
+    repeats.tell(hub, number)
+    hub.close(number, keep)
 
 
 def _read(op: str, values: list[Any]) -> slice | None:
