@@ -240,6 +240,8 @@ class PoolCheck:
         self.active = True
         self.own: list[Any] = []
         """The events this pool's calls queued and nobody took yet, as recorded."""
+        self.answered: dict[str, tuple[Any, ...]] = {}
+        """Per query without arguments, its last recorded outcome: what a repeat of it answered."""
         self._copied = itertools.count(1)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.part = self.directory / f".{self.name}.jsonl.part"
@@ -269,6 +271,8 @@ class PoolCheck:
              events: list[dict[str, Any]] | None, fired: list[tuple[str, int]],
              whole: dict[str, Any] | None) -> None:
         """One recorded call on the model, compared."""
+        if not args and error is None and whole is None:  # a query's answer, for its repeats
+            self.answered[op] = (args, result, error, events, fired, None)
         try:
             model_args = self._model_args(op, args)
         except Unmodelled as why:
@@ -415,10 +419,12 @@ class Checker:
             check = self.pools.get(message[1])
             if check is not None and check.active:
                 check.call(*message[2:])
-        elif kind == "same":  # queries asked again with nothing done between: answered alike
+        elif kind == "same":  # queries asked again with nothing done between, answered as before
             check = self.pools.get(message[1])
-            if check is not None and check.active:
-                TOTALS.calls += message[2]
+            for op in message[2]:
+                if check is None or not check.active:
+                    break
+                check.call(op, *check.answered[op])
         elif kind == "req":
             self.requests[message[1]] = _request(message[2])
         elif kind == "grow":

@@ -10,9 +10,9 @@
     :data:`BlockSlice`), the pool's result (ids, event field dicts), its exception
     (class names and message), the events it queued, the watchers it fired, and
     the whole pool's raw values when a whole-pool check is due;
-``("same", n, k)``
-    ``k`` queries without arguments of pool ``n`` answered as the same query was last, with no
-    other call between (counted as checked: the model's answer cannot have changed);
+``("same", n, ops)``
+    queries without arguments of pool ``n``, by name, each answered as that query was last with
+    no other call between (the checker puts them to the model with those answers);
 ``("taken", n)``
     events pool ``n`` queued were taken through another pool's queue;
 ``("stop", n, why)``, ``("close", n, keep)``

@@ -190,7 +190,7 @@ class Shadow:
         self._answered: dict[str, Any] = {}
         """Per query without arguments: its answer since the last call that was not such a query."""
         self.repeats = Tally()
-        """Queries answered as :attr:`_answered` says, not yet counted by the checker."""
+        """Queries answered as :attr:`_answered` says, named to the checker with the next message."""
         self._blocks: list[Any] = pool.blocks
         num_blocks = len(self._blocks)
         self.observer = Observer(pool)
@@ -277,12 +277,12 @@ class Shadow:
         moved = queue is not None and (queue is not self._queue or pool.kv_event_queue is not queue
                                        or len(queue) != queued)
         if not args and not moved:
-            # Asked again with nothing done in between, the same answer is the one the model gave
-            # last time (a query changes nothing): counted, not sent. An engine asks the number
-            # of free blocks several times a step; most of those answers are repeats.
+            # Asked again with nothing done in between and answered as before: only its name is
+            # noted (the checker puts it to the model with the answer it recorded last). An engine
+            # asks the number of free blocks several times a step; most answers are repeats.
             answered = self._answered
             if op in answered and answered[op] == result:
-                self.repeats.n += 1
+                self.repeats.ops.append(op)
                 return result
             answered[op] = result
         model_args = (bytes(args[0]), list(args[1])) if args else ()
@@ -295,7 +295,7 @@ class Shadow:
                 self.depth -= 1
             return result
         self.calls += 1
-        if self.repeats.n:
+        if self.repeats.ops:
             self.repeats.tell(self.hub, self.number)
         self.hub.send(("call", self.number, op, model_args, plain_result(op, result) if args else result,
                        None, () if self._queued else None, (), None))
@@ -328,7 +328,7 @@ class Shadow:
         self.calls += 1
         if self._answered:
             self._answered = {}
-        if self.repeats.n:
+        if self.repeats.ops:
             self.repeats.tell(self.hub, self.number)
         whole = None
         if self.whole and self.calls % self.full_every == 0:
@@ -499,20 +499,20 @@ class Shadow:
 
 
 class Tally:
-    """Queries a shadow answered from a repeat and has not told the checker of yet."""
+    """Queries a shadow saw answered again as before and has not told the checker of yet."""
 
-    __slots__ = ("n", "told")
+    __slots__ = ("ops", "told")
 
     def __init__(self) -> None:
-        self.n = 0
+        self.ops: list[str] = []
         self.told = 0
 
     def tell(self, hub: hubs.Hub, number: int) -> None:
-        """Tell the checker (before the shadow's next message, so that the counts stay in order)."""
-        if self.n:
-            hub.send(("same", number, self.n))
-            self.told += self.n
-            self.n = 0
+        """Tell the checker (before the shadow's next message, so that the calls stay in order)."""
+        if self.ops:
+            hub.send(("same", number, self.ops))
+            self.told += len(self.ops)
+            self.ops = []
 
 
 def _closed(hub: hubs.Hub, number: int, keep: bool, repeats: Tally) -> None:
