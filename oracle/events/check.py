@@ -84,16 +84,11 @@ class EventsReport:
     def ok(self) -> bool:
         return not self.violations
 
-    def take(self, checker: StreamChecker) -> EventsReport:
-        """Fill the report from a checker that read the whole stream (and was finished)."""
-        self.events += checker.events
-        self.violations = sorted(self.violations + checker.violations, key=lambda v: v.position.order())
-        self.warnings = sorted(self.warnings + checker.warnings, key=lambda v: v.position.order())
-        for name in ("reannounced", "unverified_parents", "empty_stores", "token_mismatches", "unjudged"):
-            setattr(self, name, getattr(self, name) + getattr(checker, name))
-        self.left_stored, self.snapshots = checker.left_stored, checker.snapshots
-        self.phantoms = checker.phantoms
-        return self
+    @classmethod
+    def of(cls, path: str, checker: StreamChecker) -> EventsReport:
+        """The report of a checker that read the whole stream (and was finished)."""
+        return cls(path, checker.events, _in_order(checker.violations), warnings=_in_order(checker.warnings),
+                   **{name: getattr(checker, name) for name in COUNTS})
 
     def format(self, limit: int = 50) -> str:
         head = (f"{self.path}: {self.events} events, {len(self.violations)} violation(s); "
@@ -118,14 +113,19 @@ class EventsReport:
         return "\n".join([head, *lines])
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.path, "events": self.events, "ok": self.ok,
-            "reannounced": self.reannounced, "left_stored": self.left_stored,
-            "unverified_parents": self.unverified_parents, "empty_stores": self.empty_stores,
-            "token_mismatches": self.token_mismatches, "snapshots": self.snapshots,
-            "phantoms": self.phantoms, "unjudged": self.unjudged,
-            "violations": [_finding(v) for v in self.violations],
-            "warnings": [_finding(w) for w in self.warnings]}
+        return {"file": self.path, "events": self.events, "ok": self.ok,
+                **{name: getattr(self, name) for name in COUNTS},
+                "violations": [_finding(v) for v in self.violations],
+                "warnings": [_finding(w) for w in self.warnings]}
+
+
+COUNTS = ("reannounced", "left_stored", "unverified_parents", "empty_stores", "token_mismatches", "snapshots",
+          "phantoms", "unjudged")
+"""The report's counts, as the checker keeps them and in the order the JSON has them."""
+
+
+def _in_order(found: list[Violation]) -> list[Violation]:
+    return sorted(found, key=lambda v: v.position.order())
 
 
 def _finding(v: Violation) -> dict[str, Any]:
@@ -236,11 +236,6 @@ def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) ->
     return check_stream(load_events(path), str(path), block_sizes, facts=True)
 
 
-def stream_facts(stream: Stream) -> Facts | None:
-    """What a trace's replay says of its calls (None for a bare stream)."""
-    return PoolFacts(stream.path) if stream.is_trace and stream.path is not None else None
-
-
 def check_stream(stream: Stream, name: str, block_sizes: dict[int, int] | None = None, *,
                  facts: bool = False) -> EventsReport:
     """:func:`check_events` on a stream already loaded (:func:`load_events`), in one pass;
@@ -253,7 +248,7 @@ def read_stream(stream: Stream, name: str, block_sizes: dict[int, int] | None = 
                 ) -> tuple[EventsReport, list[RouterReport]]:
     """A loaded stream read once by the checker and the router ``profiles`` together."""
     sizes = {**stream.block_sizes, **(block_sizes or {})}
-    known = stream_facts(stream) if facts else None
+    known = PoolFacts(stream.path) if facts and stream.is_trace and stream.path is not None else None
     if isinstance(stream.events, _Reread):
         return read_items(stream.events.items(stream.events.path), name, sizes, known, profiles)
     items = _merged([e for _, e in stream.events], [p for p, _ in stream.events], dict(stream.snapshots))
@@ -297,11 +292,11 @@ def read_items(items: Iterator[Item], name: str, block_sizes: dict[int, int] | N
         elif copies is not None:
             reading.checker.compare(pos.line, copies)
     routers = reading.reports()
-    return EventsReport(name).take(reading.checker), routers
+    return EventsReport.of(name, reading.checker), routers
 
 
 __all__ = [
     "EventsReport", "Item", "Key", "Position", "Snapshots", "Stream", "Violation", "check_event_list",
     "check_events", "check_stream", "load_events", "parse_stream_event", "read_items", "read_stream",
-    "step_events", "stream_facts",
+    "step_events",
 ]

@@ -577,9 +577,5 @@ class StreamChecker:
         """Whether some group holds a copy of this 64-bit hash."""
         return h in self.groups
 
-    def full_size(self, group: int) -> int | None:
-        """The group's full block size, declared or learned (None: not known yet)."""
-        return self.full.get(group)
-
 
 __all__ = ["HISTORY", "Facts", "StreamChecker"]
