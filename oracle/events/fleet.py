@@ -244,11 +244,8 @@ class Fleet:
             for (kind, _, _), n in c.findings.items():
                 if kind in ("violation", "warning", "reaction"):
                     out[kind] += n
-            out["gaps"] += s.gaps
-            out["lost"] += s.lost
-            out["recovered"] += s.recovered
-            out["restarts"] += s.restarts
-            out["duplicates"] += s.duplicates
+            for name in ("gaps", "lost", "recovered", "restarts", "duplicates"):
+                out[name] += getattr(s, name)
             out["lag"] = max(out["lag"], c.lag)
             out["lag_max"] = max(out["lag_max"], c.lag_max)
             out["unjudged"] += e.reading.checker.unjudged + sum(r.unjudged for r in e.reading.routers)

@@ -126,6 +126,16 @@ class StreamChecker:
         self._fresh(None)
 
     def _fresh(self, horizon: Position | None) -> None:
+        self._reset_keys(horizon)
+        self.full: dict[int, int] = dict(self.declared)
+        self.first_size: dict[int, int] = {}
+        self.largest: dict[int, int] = {}
+        """Per group: the largest block size its stores showed (what a router may be configured with)."""
+        self.partial: dict[int, int] = {}
+        self.odd: set[tuple[int, int]] = set()
+        self.grouped = self.ungrouped = 0
+
+    def _reset_keys(self, horizon: Position | None) -> None:
         self.live: dict[Key, _Held] = {}
         # FIFOs whose oldest goes as a new one comes: an OrderedDict finds its first entry at once,
         # where a dict skips every entry deleted before it (per event, as many as the history holds)
@@ -141,13 +151,6 @@ class StreamChecker:
         """Per group: blocks skipped in stores (null or masked) since the last clear, whose hashes a
         later store may name as its parent, never announced."""
         self.horizon = horizon
-        self.full: dict[int, int] = dict(self.declared)
-        self.first_size: dict[int, int] = {}
-        self.largest: dict[int, int] = {}
-        """Per group: the largest block size its stores showed (what a router may be configured with)."""
-        self.partial: dict[int, int] = {}
-        self.odd: set[tuple[int, int]] = set()
-        self.grouped = self.ungrouped = 0
 
     # ------------------------------------------------------------------ the stream
 
@@ -196,10 +199,6 @@ class StreamChecker:
         for key in self.live:
             self.retire(key)
         self._reset_keys(None)
-
-    def _reset_keys(self, horizon: Position | None) -> None:
-        self.live, self.gone, self.ambiguous, self.ghost = {}, OrderedDict(), OrderedDict(), None
-        self.groups, self.media, self.horizon, self.hidden = {}, {}, horizon, {}
 
     def _removed(self, event: dict[str, Any], pos: Position) -> bool:
         group = event.get("group_idx")

@@ -71,12 +71,6 @@ class TraceStep:
     observation: dict[str, Json] | None
 
 
-@dataclass
-class Trace:
-    path: str
-    header: Header
-    steps: list[TraceStep]
-
 
 
 def _kind_ok(kind: str, v: Any, where: str) -> None:
@@ -438,12 +432,6 @@ def _values(name: str, lines: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
             raise TraceError(name, number, f"bad JSON: {exc}") from None
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read and validate a whole trace; raise :class:`TraceError` at the first bad line."""
-    header, steps = iter_trace(path)
-    return Trace(str(path), header, list(steps))
-
-
 def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
     """The trace's header, and its call lines as they are read (memory independent of length).
 
@@ -482,7 +470,6 @@ def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
 __all__ = [
     "Header",
     "Requests",
-    "Trace",
     "TraceStep",
     "iter_trace",
     "json_lines",
@@ -491,5 +478,4 @@ __all__ = [
     "parse_header",
     "parse_outcome",
     "parse_step",
-    "read_trace",
 ]

@@ -25,7 +25,6 @@ from .check import (
     Factory,
     RouterCheck,
     RouterReport,
-    check_stream_router,
     check_trace_routers,
     query_of,
 )
@@ -58,6 +57,6 @@ def profile_factory(spec: str) -> tuple[str, Factory]:
 __all__ = [
     "PROFILES", "REACTION_KINDS", "RELEASES", "Cause", "Difference", "DynamoRouter", "Factory",
     "LlmdRouter", "Profile", "Query", "Reaction", "RefcountReader", "RouterCheck", "RouterReport",
-    "Rule", "SetReader", "check_stream_router", "check_trace_routers", "parse_options",
+    "Rule", "SetReader", "check_trace_routers", "parse_options",
     "profile_factory", "query_of",
 ]

@@ -21,7 +21,7 @@ re-announced hit or a second copy: the profile reads it as one of them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,9 @@ from ...trace import CheckReport, TraceStep, check_trace, json_lines
 from ...trace.read import parse_header
 from ...trace.schema import FieldError
 from ..facts import pool_copies, step_events
-from ..kinds import Position
+from ..kinds import hash64
 from .base import Cause, Profile, Query, Reaction, Rule
 
-_LOW_64 = (1 << 64) - 1
 Copies = dict[tuple[int, int], int]
 Factory = Callable[[dict[int, int]], Profile]
 
@@ -157,13 +156,9 @@ def _op(op: str | None) -> str:
     return "" if op is None else f" ({op})"
 
 
-def _low(h: bytes) -> int:
-    return int.from_bytes(h, "big") & _LOW_64
-
-
 def query_of(request: Any, group: int, block_size: int, hash_block_size: int) -> Query:
     """The prefix query a request names in one group: its full blocks and their keys."""
-    hashes = tuple(_low(h) for h in hashes_at(request, hash_block_size, block_size))
+    hashes = tuple(int(hash64(h)) for h in hashes_at(request, hash_block_size, block_size))
     lora = request.lora_request.lora_name if request.lora_request else None
     mm = tuple((f.identifier, f.mm_position.offset, f.mm_position.length)
                for f in request.mm_features or ())
@@ -296,14 +291,3 @@ def check_trace_routers(path: str | Path, factories: Sequence[tuple[str, Factory
         for r in reports:
             r.note = "the trace has KV events off: a router learns nothing from it"
     return result, reports
-
-
-def check_stream_router(events: Iterable[tuple[Position, dict[str, Any]]], factory: Factory, name: str,
-                        path: str, block_sizes: dict[int, int]) -> RouterReport:
-    """A bare stream through one profile: what it does not index as meant, and what no one can tell."""
-    from ..reading import Reading  # the reading reads its reports from here
-
-    reading = Reading(path, block_sizes, [(name, factory)])
-    for pos, event in events:
-        reading.feed(event, pos)
-    return reading.reports()[0]
