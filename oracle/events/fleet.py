@@ -94,19 +94,15 @@ class Engine:
         self.ranks_seen: set[int] = set()
         self.since: float | None = None
         """Since when batches are held for a hole with none delivered (the watcher may give up)."""
-        self._pending: tuple[int, int] = (0, 0)
 
-    def _found(self, finding: Finding) -> None:
+    def _found(self, finding: Finding, lost: int = 0, recovered: int = 0) -> None:
         key = (finding.kind, finding.rule, finding.profile or "")
         self.counts.findings[key] = self.counts.findings.get(key, 0) + 1
-        lost, recovered = self._pending
         self.fleet.sink(Report(self.name, finding, self.fleet.clock(), lost, recovered))
 
     def _note(self, kind: str, record: int, seq: int | None, message: str, lost: int = 0,
               recovered: int = 0) -> None:
-        self._pending = (lost, recovered)
-        self._found(Finding(kind, kind, Position(record, None, seq), message))
-        self._pending = (0, 0)
+        self._found(Finding(kind, kind, Position(record, None, seq), message), lost, recovered)
 
     def run(self, actions: Sequence[Any], t: float) -> list[int]:
         """Do what the sequencer answered; the replay starts to ask."""

@@ -234,7 +234,9 @@ class Sequencer:
         out: list[Action] = []
         if end >= start:
             n = end - start + 1
-            self._lose(start, end)
+            self.stats.gaps += 1
+            self.stats.lost += n
+            self.lost.append((start, end))
             if self.expected is None:
                 out.append(Note("joined" if not self.epochs else "gap", record, end + 1,
                                 f"the first batch seen is {low}: batches 0 to {end} were published before, "
@@ -255,11 +257,6 @@ class Sequencer:
             elif len(self.held) > self.reorder:
                 out += self._give_up(record)
         return out
-
-    def _lose(self, first: int, last: int) -> None:
-        self.stats.gaps += 1
-        self.stats.lost += last - first + 1
-        self.lost.append((first, last))
 
     def _deliver(self, record: int, seq: int, payload: bytes) -> list[Action]:
         out: list[Action] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -72,6 +72,10 @@ class Query:
     def chunks(self, size: int) -> list[tuple[int, ...]]:
         """The query's tokens in whole chunks of ``size``."""
         return [self.tokens[i:i + size] for i in range(0, len(self.tokens) - size + 1, size)]
+
+    def leading(self, held: Callable[[tuple[int, int]], bool]) -> int:
+        """How many of its leading blocks ``held`` says are held, asked by key."""
+        return next((i for i, h in enumerate(self.hashes) if not held((h, self.group))), len(self.hashes))
 
     def mm_in(self, start: int, end: int) -> tuple[str, ...]:
         """Identifiers of the multimodal items overlapping tokens ``[start, end)``, by offset."""

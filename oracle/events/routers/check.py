@@ -168,12 +168,7 @@ def query_of(request: Any, group: int, block_size: int, hash_block_size: int) ->
 
 def served(query: Query, copies: Copies) -> int:
     """How many leading blocks of ``query`` the pool's index holds."""
-    n = 0
-    for h in query.hashes:
-        if copies.get((h, query.group), 0) <= 0:
-            break
-        n += 1
-    return n
+    return query.leading(lambda key: copies.get(key, 0) > 0)
 
 
 class RouterCheck:

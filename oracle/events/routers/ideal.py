@@ -62,12 +62,7 @@ class _KeyReader(Profile):
         """Whether the reading holds ``key`` now."""
 
     def prefix(self, query: Query) -> int:
-        n = 0
-        for h in query.hashes:
-            if not self.holds((h, query.group)):
-                break
-            n += 1
-        return n
+        return query.leading(self.holds)
 
 
 class SetReader(_KeyReader):
