@@ -145,6 +145,7 @@ from .usage import (
     check_blocks,
     check_writable,
     example_db_option,
+    fail,
     load_adapter,
 )
 
@@ -490,8 +491,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             opts = replace(opts, lacks=opts.lacks | declared_lacks(
                 adapter, getattr(adapter, "pool_class", None)).declared)
     except UsageError as exc:
-        print(f"kvpool conform: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool conform: error: {exc}")
     except drive.NoPool as exc:
         print(f"kvpool conform: {exc}", file=out)
         return 4
@@ -554,8 +554,7 @@ def _outputs(adapter: Adapter, ns: argparse.Namespace, opts: Options, results: l
             with open(ns.junit, "wb") as fb:
                 fb.write(junit_xml(adapter, results))
     except OSError as exc:
-        print(f"kvpool conform: error: cannot write results: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool conform: error: cannot write results: {exc}")
     return exit_code(results)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kvpool.oracle.drive.adapter import DEFAULT_TIMEOUT, DriveAdapter
 from kvpool.oracle.drive.process import ProcessFailure, ProcessHung
 
-from .usage import UsageError
+from .usage import UsageError, fail
 
 if TYPE_CHECKING:  # the failure module loads Hypothesis: only once a run needs it
     from kvpool.oracle.drive.failure import DriveRun
@@ -140,8 +140,7 @@ def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         adapter = exec_adapter(ns.exec, ns, ns.reference, not ns.no_misuse)
     except UsageError as exc:
-        print(f"kvpool check: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool check: error: {exc}")
     except NoPool as exc:
         print(f"kvpool check: {exc}", file=out)
         return 4

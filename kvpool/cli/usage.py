@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvpool.oracle.core.adapter import LoadError, load_object
@@ -17,12 +18,18 @@ from kvpool.oracle.core.adapter import LoadError, load_object
 if TYPE_CHECKING:
     from kvpool.oracle.core.adapter import Adapter
 
-__all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "import_or_exit",
+__all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "fail", "import_or_exit",
            "load_adapter"]
 
 
 class UsageError(Exception):
     """A mistake on the command line: reported in one line, exit status 2."""
+
+
+def fail(message: str) -> int:
+    """A mistake, or an input that cannot be read, said in one line on stderr: the exit status 2."""
+    print(message, file=sys.stderr)
+    return 2
 
 
 class UsageParser(argparse.ArgumentParser):
