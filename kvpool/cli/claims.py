@@ -41,7 +41,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"claims": rows, "lemmas": lemmas()}, fh, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

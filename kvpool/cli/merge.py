@@ -82,7 +82,3 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 
 __all__ = ["main", "parser"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -193,7 +193,3 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 
 __all__ = ["main", "parser", "settings_from"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

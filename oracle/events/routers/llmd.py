@@ -123,15 +123,10 @@ def parse_options(text: str) -> LlmdOptions:
         name, _, value = item.partition("=")
         if name not in names:
             raise ValueError(f"llm-d option {name!r}: expected one of {', '.join(sorted(names))}")
-        setting: dict[str, Any] = {}
-        if name in _CHOICES:
-            if value not in _CHOICES[name]:
-                raise ValueError(f"llm-d option {name}: expected {' or '.join(_CHOICES[name])}")
-            setting[name] = value
-        elif value in ("on", "off"):
-            setting[name] = value == "on"
-        else:
-            raise ValueError(f"llm-d option {name}: expected on or off")
+        choices = _CHOICES.get(name, ("on", "off"))
+        if value not in choices:
+            raise ValueError(f"llm-d option {name}: expected {' or '.join(choices)}")
+        setting: dict[str, Any] = {name: value if name in _CHOICES else value == "on"}
         opts = replace(opts, **setting)
     return opts
 
