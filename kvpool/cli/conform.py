@@ -108,11 +108,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -420,23 +418,6 @@ def failure_json(f: Failure) -> dict[str, Any]:
     return out
 
 
-def junit_xml(adapter: Adapter, results: list[PhaseResult]) -> bytes:
-    """One testsuite, one testcase per phase, a failure element with the trace."""
-    suites = ET.Element("testsuites")
-    suite = ET.SubElement(
-        suites, "testsuite", name="kvpool.conform", tests=str(len(results)),
-        failures=str(sum(not r.ok for r in results)), errors="0",
-        time=f"{sum(r.seconds for r in results):.3f}")
-    for r in results:
-        case = ET.SubElement(suite, "testcase", classname=f"kvpool.conform.{adapter.name}",
-                             name=r.name, time=f"{r.seconds:.3f}")
-        if r.failure is not None:
-            failure = ET.SubElement(case, "failure", message=r.failure.message,
-                                    type=r.failure.kind)
-            failure.text = "\n".join([*r.failure.trace, "", r.failure.details])
-    return bytes(ET.tostring(suites, encoding="utf-8", xml_declaration=True))
-
-
 # ------------------------------------------------------------------- main
 
 
@@ -544,15 +525,17 @@ def _conform_exec(adapter: DriveAdapter, ns: argparse.Namespace, opts: Options, 
 
 def _outputs(adapter: Adapter, ns: argparse.Namespace, opts: Options, results: list[PhaseResult],
              coverage: list[PhaseCoverage] | None) -> int:
-    """Write ``--json``/``--junit``; the exit status."""
+    """Write ``--json``/``--junit`` (the JUnit XML made from the document, as ``kvpool merge`` makes
+    it of the shards' documents); the exit status."""
+    if not (ns.json or ns.junit):
+        return exit_code(results)
+    # lazy: kvpool.verify (the proofs' tables) only when an output is written
+    from kvpool.verify import write_outputs
+    from kvpool.verify.merge import conform_junit
+
     try:
-        if ns.json:
-            with open(ns.json, "w", encoding="utf-8") as fh:
-                json.dump(result_document(adapter, opts, results, coverage), fh, indent=2)
-                fh.write("\n")
-        if ns.junit:
-            with open(ns.junit, "wb") as fb:
-                fb.write(junit_xml(adapter, results))
+        write_outputs(result_document(adapter, opts, results, coverage), json_path=ns.json, junit=ns.junit,
+                      junit_of=conform_junit)
     except OSError as exc:
         return fail(f"kvpool conform: error: cannot write results: {exc}")
     return exit_code(results)
@@ -573,7 +556,7 @@ def exit_code(results: list[PhaseResult]) -> int:
     return 4 if "process" in kinds else 3
 
 
-__all__ = ["SCHEMA", "conform", "failure_json", "junit_xml", "main", "result_document"]
+__all__ = ["SCHEMA", "conform", "failure_json", "main", "result_document"]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import shlex
 from collections.abc import Sequence
@@ -145,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(f"kvpool replay: {exc}")
     if first is None:
         return fail(f"kvpool replay: {args.requests}: no request in it")
-    stream = _chain(first, requests)
+    stream = itertools.chain([first], requests)
     try:
         replay = (_vllm if args.engine == "vllm" else _kvpool)(parser, args, settings, stream)
     except ReplayInputError as exc:
@@ -164,11 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.report is not None:
             print(f"  report: {Path(args.report) / 'replay.md'} (and replay.html)")
     return 1 if replay.divergences else 0
-
-
-def _chain(first: Any, rest: Any) -> Any:
-    yield first
-    yield from rest
 
 
 __all__ = ["main"]

@@ -119,9 +119,6 @@ class Profile(ABC):
         """Whether the router's answer is meant for this group (it reads that group's events)."""
         return True
 
-    def rule(self, rule_id: str) -> Rule:
-        return self.rules[rule_id]
-
     explains: bool = True
     """Whether it keeps what only :meth:`explain` reads (why a key went, why a store was dropped)."""
 
