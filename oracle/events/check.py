@@ -42,11 +42,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..trace import FieldError, TraceError, json_lines, parse_event
-from ..trace.read import iter_trace
+from ..trace import FieldError, json_lines, parse_event
+from ..trace.read import guarded, iter_trace
 from .facts import PoolFacts, index_copies, step_events
 from .kinds import Key, Position, Violation
 from .online import Facts, StreamChecker
@@ -184,14 +185,8 @@ def parse_stream_event(value: Any, where: str) -> dict[str, Any]:
 
 
 def _bare_items(path: str | Path) -> Iterator[Item]:
-    name = str(path)
     for number, value in json_lines(path):
-        try:
-            yield Position(number), parse_stream_event(value, "event"), None
-        except FieldError as exc:
-            raise TraceError(name, number, str(exc)) from None
-        except RecursionError:
-            raise TraceError(name, number, "value nested too deeply") from None
+        yield Position(number), guarded(str(path), number, partial(parse_stream_event, value, "event")), None
 
 
 def load_events(path: str | Path) -> Stream:

@@ -444,21 +444,22 @@ def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
     if first is None:
         raise TraceError(name, 1, "empty file: expected a header line {\"kvpool_trace\": 1, ...}")
     number, value = first
-    header = _guarded(name, number, lambda: parse_header(value))
+    header = guarded(name, number, lambda: parse_header(value))
 
     requests = Requests()
 
     def steps() -> Iterator[TraceStep]:
         for number, value in values:
             if isinstance(value, dict) and REQUEST_LINE in value:
-                _guarded(name, number, functools.partial(requests.line, value))
+                guarded(name, number, functools.partial(requests.line, value))
                 continue
-            yield _guarded(name, number, functools.partial(parse_step, value, number, requests))
+            yield guarded(name, number, functools.partial(parse_step, value, number, requests))
 
     return header, steps()
 
 
-def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
+def guarded(name: str, number: int, parse: Callable[[], T]) -> T:
+    """``parse()`` of line ``number`` of file ``name``, its :class:`FieldError` a :class:`TraceError`."""
     try:
         return parse()
     except FieldError as exc:
@@ -471,6 +472,7 @@ __all__ = [
     "Header",
     "Requests",
     "TraceStep",
+    "guarded",
     "iter_trace",
     "json_lines",
     "parse_call",
