@@ -253,8 +253,7 @@ class RouterCheck:
         elif result.divergence is not None:
             self.report.stopped = (f"line {result.divergence.line}: the trace differs from the model; "
                                    "no call from it on is compared")
-        if self.profile is None:
-            self._profile()
+        self._profile()  # made once, so that the report names its rules
         return self.report
 
 

@@ -356,19 +356,9 @@ class LlmdRouter(Profile):
                 if data.setdefault(rk, entry) != entry:
                     self._also(rk, entry)
             return reactions
-        group, added, groups_of, removed = event_group(event), self.added, self.groups_of, self.removed
-        made = (self.seq, why, frozenset(hashes))
-        for rk in keys:  # _add, inline: a store adds one request key per block
-            if data.setdefault(rk, entry) != entry:
-                self._also(rk, entry)
-            added[rk] = made
-            groups = groups_of.get(rk)
-            if groups is None:
-                groups_of[rk] = {group}
-            else:
-                groups.add(group)
-            if rk in removed:
-                del removed[rk]
+        group, named = event_group(event), frozenset(hashes)
+        for rk in keys:
+            self._add(rk, entry, why, named, group)
         tainted = start in self.tainted or bool(raw and any(raw) and any(
             isinstance(k, str) for keys in raw for k in keys or ()))
         if tainted:
