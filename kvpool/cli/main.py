@@ -117,4 +117,3 @@ def _dispatch(args_list: list[str]) -> int:
     if args.command == "check":
         return check.run(args, parser)
     parser.error(f"unknown command {args.command}")
-    return 2
