@@ -66,7 +66,6 @@ class Counts:
     lag: float = 0.0
     """Seconds from the batch's timestamp to the end of its check, for the last batch."""
     lag_max: float = 0.0
-    undecodable: int = 0
 
 
 _position: Any = tuple.__new__
@@ -128,7 +127,6 @@ class Engine:
         try:
             batch = self.decoder.decode(d.payload)
         except WireError as exc:
-            self.counts.undecodable += 1
             self._note("undecodable", d.record, d.seq, f"batch {d.seq}: {exc}; its events are lost, the "
                        "reading restarts")
             self.reading.restart(Position(d.record, None, d.seq), known_empty=False)
@@ -170,8 +168,6 @@ class Fleet:
         self.engines: dict[tuple[int, bytes], Engine] = {}
         self.asking: dict[int, list[bytes]] = {}
         """Per source: the topics whose replay was asked and not yet ended, in order asked."""
-        self.malformed = 0
-        self.started = self.clock()
 
     def engine(self, source: int, topic: bytes) -> Engine:
         key = (source, topic)
@@ -186,7 +182,6 @@ class Fleet:
         try:
             topic, seq, payload = parse_frames(frames)
         except WireError as exc:
-            self.malformed += 1
             src = self.sources[source].endpoint
             finding = Finding("undecodable", "undecodable", Position(record), f"a message that is not "
                               f"vLLM's: {exc}")

@@ -72,7 +72,6 @@ class _Ghost:
 
     def __init__(self) -> None:
         self.bits = bytearray(self.BITS >> 3)
-        self.added = 0
 
     def _spots(self, key: Key) -> tuple[int, int, int]:
         x = (hash(key) * 0x9E3779B97F4A7C15) & LOW_64
@@ -81,7 +80,6 @@ class _Ghost:
     def add(self, key: Key) -> None:
         for s in self._spots(key):
             self.bits[s >> 3] |= 1 << (s & 7)
-        self.added += 1
 
     def __contains__(self, key: Key) -> bool:
         return all(self.bits[s >> 3] >> (s & 7) & 1 for s in self._spots(key))
