@@ -247,45 +247,38 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
         if silenced:
             print(f"  the pool's log lines are silenced ({', '.join(silenced)}; --verbose shows them)",
                   file=out)
-        return _phases(adapter, opts, out, traceback, coverage, phases, fail_fast)
-
-
-def _phases(adapter: Adapter, opts: Options, out: TextIO, traceback: bool,
-            coverage: list[PhaseCoverage] | None,
-            phases: Sequence[Phase], fail_fast: bool) -> list[PhaseResult]:
-    level = observation_level(adapter, opts.reference)
-    skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
-    print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
-          file=out)
-    results = []
-    for phase in phases:
-        if coverage is None:
-            result = phase(adapter, opts)
-        else:
-            result, measured = measure_phase(phase, adapter, opts)
-            coverage.append(measured)
-        results.append(result)
-        what = "workload calls" if result.name == "campaign" else "examples"
-        status = "ok" if result.ok else _status(result.failure)
-        if result.replayed:
-            status += ", replayed from the example database"
-        lines = getattr(adapter, "protocol_lines", None)
-        sent = f" ({lines():,} protocol lines so far)" if callable(lines) else ""
-        print(f"{result.name}: {status}, {result.executed:,} {what} in {result.seconds:.1f}s{sent}",
+        level = observation_level(adapter, opts.reference)
+        skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
+        print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
               file=out)
-        if coverage is not None:
-            _print_coverage(coverage[-1], out)
-        if result.failure is not None:
-            _print_failure(result, out, traceback)
-            if fail_fast:
-                print("  --fail-fast: the other phases are not run", file=out)
-                break
-    agree = all(r.ok for r in results)
-    code = exit_code(results)
-    print("agrees with the model" if agree else "DIVERGES from the model" if code == 1
-          else "FAILED: " + {3: "the calls broke a caller contract", 4: "the pool process failed"}.get(
-              code, "see above"), file=out)
-    return results
+        results = []
+        for phase in phases:
+            if coverage is None:
+                result = phase(adapter, opts)
+            else:
+                result, measured = measure_phase(phase, adapter, opts)
+                coverage.append(measured)
+            results.append(result)
+            what = "workload calls" if result.name == "campaign" else "examples"
+            status = "ok" if result.ok else _status(result.failure)
+            if result.replayed:
+                status += ", replayed from the example database"
+            lines = getattr(adapter, "protocol_lines", None)
+            sent = f" ({lines():,} protocol lines so far)" if callable(lines) else ""
+            print(f"{result.name}: {status}, {result.executed:,} {what} in {result.seconds:.1f}s{sent}",
+                  file=out)
+            if coverage is not None:
+                _print_coverage(coverage[-1], out)
+            if result.failure is not None:
+                _print_failure(result, out, traceback)
+                if fail_fast:
+                    print("  --fail-fast: the other phases are not run", file=out)
+                    break
+        code = exit_code(results)
+        print("agrees with the model" if code == 0 else "DIVERGES from the model" if code == 1
+              else "FAILED: " + {3: "the calls broke a caller contract", 4: "the pool process failed"}.get(
+                  code, "see above"), file=out)
+        return results
 
 
 def _status(failure: Failure | None) -> str:
