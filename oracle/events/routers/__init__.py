@@ -20,14 +20,7 @@ from __future__ import annotations
 from functools import partial
 
 from .base import REACTION_KINDS, Cause, Profile, Query, Reaction, Rule
-from .check import (
-    Difference,
-    Factory,
-    RouterCheck,
-    RouterReport,
-    check_trace_routers,
-    query_of,
-)
+from .check import Difference, Factory, RouterCheck, RouterReport, check_trace_routers, query_of
 from .dynamo import DynamoRouter
 from .ideal import RefcountReader, SetReader
 from .llmd import RELEASES, LlmdRouter, parse_options

@@ -14,17 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..kinds import Key, Position
-from .base import (
-    KVPOOL_DOC,
-    Cause,
-    Profile,
-    Query,
-    Reaction,
-    Recent,
-    Rule,
-    event_group,
-    event_hashes,
-)
+from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Recent, Rule, event_group, event_hashes
 
 
 def _rules(*rules: Rule) -> dict[str, Rule]:

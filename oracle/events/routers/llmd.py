@@ -32,19 +32,8 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..kinds import Position, hash64
-from .base import (
-    Cause,
-    Profile,
-    Query,
-    Reaction,
-    Recent,
-    Rule,
-    event_group,
-    event_hashes,
-    event_parent,
-    show_hash,
-)
+from ..kinds import Position, event_group, hash64
+from .base import Cause, Profile, Query, Reaction, Recent, Rule, event_hashes, event_parent, show_hash
 
 _REPO = "llm-d/llm-d-kv-cache"
 _OLD, _NEW = "b6404af14b54", "7be76e119ca5"
