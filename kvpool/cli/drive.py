@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -112,9 +113,7 @@ def verdicts(adapter: DriveAdapter, out: TextIO) -> bool:
     printed with them).  True when one broke the protocol at the end (it wrote more, or did not
     exit at the end of its stdin, or exited with an error): a failure of the process too."""
     ended = adapter.close()
-    seen: dict[tuple[str, str], int] = {}
-    for verdict in ended:
-        seen[verdict.kind, verdict.what] = seen.get((verdict.kind, verdict.what), 0) + 1
+    seen = Counter((verdict.kind, verdict.what) for verdict in ended)
     for verdict in ended:
         count = seen.pop((verdict.kind, verdict.what), 0)
         if count:

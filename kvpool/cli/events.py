@@ -108,11 +108,10 @@ def _check_capture(args: Any) -> int:
     kinds = [r.finding.kind for r in fleet.reports]
     failed = "violation" in kinds or "reaction" in kinds or (args.strict and any(
         k == "warning" or k in COVERAGE for k in kinds))
-    engines: list[dict[str, Any]] = []
-    for e in fleet.engines.values():
-        mine = [r.to_json() for r in fleet.reports if r.engine == e.name]
-        engines.append({"engine": e.name, "batches": e.counts.batches, "events": e.counts.events,
-                        "findings": mine})
+    engines: list[dict[str, Any]] = [
+        {"engine": e.name, "batches": e.counts.batches, "events": e.counts.events,
+         "findings": [r.to_json() for r in fleet.reports if r.engine == e.name]}
+        for e in fleet.engines.values()]
     if args.json:
         print(json.dumps({"file": args.file, "ok": "violation" not in kinds, "engines": engines,
                           "summary": fleet.summary()}))
