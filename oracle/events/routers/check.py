@@ -29,9 +29,8 @@ from typing import Any
 from kvpool.model.request import hashes_at
 from kvpool.model.state import PoolState
 
-from ...trace import CheckReport, TraceStep, check_trace, json_lines
-from ...trace.read import parse_header
-from ...trace.schema import FieldError
+from ...trace import CheckReport, TraceStep, check_trace
+from ...trace.read import iter_trace
 from ..facts import pool_copies, step_events
 from ..kinds import hash64
 from .base import Cause, Profile, Query, Reaction, Rule
@@ -257,23 +256,11 @@ class RouterCheck:
         return self.report
 
 
-def _header_block_sizes(path: str | Path) -> tuple[dict[int, int] | None, bool]:
-    """The trace header's block sizes (if any), and whether the trace has events on."""
-    first = next(json_lines(path), None)
-    if first is None:
-        return None, False
-    try:
-        header = parse_header(first[1])
-    except FieldError:
-        return None, False  # check_trace reports it
-    return header.block_sizes, header.enable_kv_cache_events
-
-
 def check_trace_routers(path: str | Path, factories: Sequence[tuple[str, Factory]], *,
                         vllm_errors: bool = False) -> tuple[CheckReport, list[RouterReport]]:
     """Replay a trace on the model once, with every profile in ``factories`` reading along."""
-    sizes, events_on = _header_block_sizes(path)
-    checks = [RouterCheck(factory, name, str(path), sizes) for name, factory in factories]
+    header, _ = iter_trace(path)  # a bad header raises here what check_trace would
+    checks = [RouterCheck(factory, name, str(path), header.block_sizes) for name, factory in factories]
 
     def on_step(step: TraceStep, state: PoolState) -> None:
         for c in checks:
@@ -281,7 +268,7 @@ def check_trace_routers(path: str | Path, factories: Sequence[tuple[str, Factory
 
     result = check_trace(path, vllm_errors=vllm_errors, on_step=on_step)
     reports = [c.finish(result) for c in checks]
-    if not events_on:
+    if not header.enable_kv_cache_events:
         for r in reports:
             r.note = "the trace has KV events off: a router learns nothing from it"
     return result, reports
