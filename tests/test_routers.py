@@ -20,12 +20,11 @@ from hypothesis import strategies as st
 from kvpool.cli.events import check_events_main
 from kvpool.cli.trace import check_trace_main
 from kvpool.impl import BlockPool
-from kvpool.oracle.events.check import check_stream, load_events
+from kvpool.oracle.events.check import check_stream, load_events, read_items, read_stream
 from kvpool.oracle.events.routers import (
     PROFILES,
     REACTION_KINDS,
     RouterReport,
-    check_stream_router,
     check_trace_routers,
     parse_options,
     profile_factory,
@@ -247,7 +246,7 @@ def test_a_bare_stream_through_a_router_reports_what_it_cannot_index(
     assert "re-announced hit and a second copy are the same events" in router["note"]
     stream = load_events(_bare(tmp_path, "self_reference"))
     name, factory = profile_factory("dynamo")
-    report = check_stream_router(stream.events, factory, name, "s", {0: 2})
+    report = read_stream(stream, "s", {0: 2}, [(name, factory)])[1][0]
     assert [(r.kind, r.rule, r.position.line) for r, _ in report.reactions] == [
         ("misread-store", "dynamo.block-size", 1), ("unhandled", "dynamo.self-reference", 2)]
     assert report.repeated_stores == 1
@@ -337,7 +336,8 @@ def test_any_stream_reads_through_every_profile_and_the_warnings(events: list[di
     query = Query("q", 0, 2, (0, 1, 2, 3), (0, 1), "a", (("img", 0, 1),))
     for name in PROFILES:
         label, factory = profile_factory(name)
-        report = check_stream_router(positioned, factory, label, "s", {0: 2, 1: 2})
+        report = read_items(((p, e, None) for p, e in positioned), "s", {0: 2, 1: 2}, None,
+                            [(label, factory)])[1][0]
         assert all(r.kind in REACTION_KINDS and r.rule in report.rules for r, _ in report.reactions)
         profile = factory({0: 2, 1: 2})
         for _, e in positioned:

@@ -89,7 +89,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["main", "outcome_json"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

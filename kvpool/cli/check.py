@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 
-from .usage import add_scale_options, check_blocks
+from .usage import add_scale_options, check_blocks, import_or_exit
 
 HELP = "run kvpool.impl and the model in lockstep on a random workload"
 
@@ -82,8 +82,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
     from kvpool.oracle.core.adapter import adapter_for_class, misuse_setting
     from kvpool.oracle.search.campaign import run_campaign
-
-    from .usage import import_or_exit  # lazy: with the oracle it checks for
 
     pool_class = import_or_exit(parser, "--pool", args.pool)
     adapter = adapter_for_class(pool_class)

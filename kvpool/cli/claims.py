@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
 from kvpool.claims import claims_table, format_table, lemmas
+
+from .usage import fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,12 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.source, encoding="utf-8") as fh:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
-            print(f"kvpool claims: error: --from {args.source!r}: {exc}", file=sys.stderr)
-            return 2
+            return fail(f"kvpool claims: error: --from {args.source!r}: {exc}")
         if not isinstance(doc, dict) or doc.get("schema") != "kvpool.verify/1":
-            print(f"kvpool claims: error: --from {args.source!r} is not a kvpool verify result",
-                  file=sys.stderr)
-            return 2
+            return fail(f"kvpool claims: error: --from {args.source!r} is not a kvpool verify result")
     rows = claims_table(doc)
     print(format_table(rows), end="")
     print("lemmas of the proofs (not properties of the model): "
@@ -43,7 +41,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"claims": rows, "lemmas": lemmas()}, fh, indent=2)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

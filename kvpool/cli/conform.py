@@ -108,13 +108,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import logging
 import os
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from traceback import format_exception, print_exc
 from typing import Any, TextIO
@@ -145,6 +143,7 @@ from .usage import (
     check_blocks,
     check_writable,
     example_db_option,
+    fail,
     load_adapter,
 )
 
@@ -248,45 +247,38 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
         if silenced:
             print(f"  the pool's log lines are silenced ({', '.join(silenced)}; --verbose shows them)",
                   file=out)
-        return _phases(adapter, opts, out, traceback, coverage, phases, fail_fast)
-
-
-def _phases(adapter: Adapter, opts: Options, out: TextIO, traceback: bool,
-            coverage: list[PhaseCoverage] | None,
-            phases: Sequence[Phase], fail_fast: bool) -> list[PhaseResult]:
-    level = observation_level(adapter, opts.reference)
-    skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
-    print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
-          file=out)
-    results = []
-    for phase in phases:
-        if coverage is None:
-            result = phase(adapter, opts)
-        else:
-            result, measured = measure_phase(phase, adapter, opts)
-            coverage.append(measured)
-        results.append(result)
-        what = "workload calls" if result.name == "campaign" else "examples"
-        status = "ok" if result.ok else _status(result.failure)
-        if result.replayed:
-            status += ", replayed from the example database"
-        lines = getattr(adapter, "protocol_lines", None)
-        sent = f" ({lines():,} protocol lines so far)" if callable(lines) else ""
-        print(f"{result.name}: {status}, {result.executed:,} {what} in {result.seconds:.1f}s{sent}",
+        level = observation_level(adapter, opts.reference)
+        skipped = [name for name, how in level["checks"].items() if how.startswith("skipped")]
+        print(f"  observed {level['level']}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""),
               file=out)
-        if coverage is not None:
-            _print_coverage(coverage[-1], out)
-        if result.failure is not None:
-            _print_failure(result, out, traceback)
-            if fail_fast:
-                print("  --fail-fast: the other phases are not run", file=out)
-                break
-    agree = all(r.ok for r in results)
-    code = exit_code(results)
-    print("agrees with the model" if agree else "DIVERGES from the model" if code == 1
-          else "FAILED: " + {3: "the calls broke a caller contract", 4: "the pool process failed"}.get(
-              code, "see above"), file=out)
-    return results
+        results = []
+        for phase in phases:
+            if coverage is None:
+                result = phase(adapter, opts)
+            else:
+                result, measured = measure_phase(phase, adapter, opts)
+                coverage.append(measured)
+            results.append(result)
+            what = "workload calls" if result.name == "campaign" else "examples"
+            status = "ok" if result.ok else _status(result.failure)
+            if result.replayed:
+                status += ", replayed from the example database"
+            lines = getattr(adapter, "protocol_lines", None)
+            sent = f" ({lines():,} protocol lines so far)" if callable(lines) else ""
+            print(f"{result.name}: {status}, {result.executed:,} {what} in {result.seconds:.1f}s{sent}",
+                  file=out)
+            if coverage is not None:
+                _print_coverage(coverage[-1], out)
+            if result.failure is not None:
+                _print_failure(result, out, traceback)
+                if fail_fast:
+                    print("  --fail-fast: the other phases are not run", file=out)
+                    break
+        code = exit_code(results)
+        print("agrees with the model" if code == 0 else "DIVERGES from the model" if code == 1
+              else "FAILED: " + {3: "the calls broke a caller contract", 4: "the pool process failed"}.get(
+                  code, "see above"), file=out)
+        return results
 
 
 def _status(failure: Failure | None) -> str:
@@ -419,39 +411,10 @@ def failure_json(f: Failure) -> dict[str, Any]:
     return out
 
 
-def junit_xml(adapter: Adapter, results: list[PhaseResult]) -> bytes:
-    """One testsuite, one testcase per phase, a failure element with the trace."""
-    suites = ET.Element("testsuites")
-    suite = ET.SubElement(
-        suites, "testsuite", name="kvpool.conform", tests=str(len(results)),
-        failures=str(sum(not r.ok for r in results)), errors="0",
-        time=f"{sum(r.seconds for r in results):.3f}")
-    for r in results:
-        case = ET.SubElement(suite, "testcase", classname=f"kvpool.conform.{adapter.name}",
-                             name=r.name, time=f"{r.seconds:.3f}")
-        if r.failure is not None:
-            failure = ET.SubElement(case, "failure", message=r.failure.message,
-                                    type=r.failure.kind)
-            failure.text = "\n".join([*r.failure.trace, "", r.failure.details])
-    return bytes(ET.tostring(suites, encoding="utf-8", xml_declaration=True))
-
-
 # ------------------------------------------------------------------- main
 
 
-@dataclass
-class _Args:
-    impl: str | None
-    adapter: str | None
-    json: str | None
-    junit: str | None
-    opts: Options = field(default_factory=Options)
-    traceback: bool = False
-    coverage: bool = False
-    ns: argparse.Namespace | None = None
-
-
-def _parse(argv: Sequence[str] | None) -> _Args:
+def _parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
     ns = _parser().parse_args(argv)
     if ns.steps is None:
         ns.steps = LONG_LIVED_STEPS if ns.long_lived else Options.steps
@@ -483,45 +446,39 @@ def _parse(argv: Sequence[str] | None) -> _Args:
         if ns.coverage and not shard.whole:
             raise UsageError("--coverage measures a whole run: leave out --shard")
         opts = replace(opts, shard=shard.part)
-    opts = replace(opts, database=example_db_option())
-    return _Args(ns.impl, ns.adapter, ns.json, ns.junit, opts, ns.traceback, ns.coverage, ns)
+    return ns, replace(opts, database=example_db_option())
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """The ``kvpool conform`` command; returns the exit status (:func:`exit_code`, or 2 on usage)."""
     out = out or sys.stdout
     try:
-        args = _parse(argv)
-        check_writable("--json", args.json)
-        check_writable("--junit", args.junit)
-        ns = args.ns
+        ns, opts = _parse(argv)
+        check_writable("--json", ns.json)
+        check_writable("--junit", ns.junit)
         driven = None
-        if ns is not None and ns.exec is not None:
-            driven = drive.exec_adapter(ns.exec, ns, args.opts.reference, args.opts.misuse)
-            args.opts = replace(args.opts, lacks=args.opts.lacks | driven.lacks)
+        if ns.exec is not None:
+            driven = drive.exec_adapter(ns.exec, ns, opts.reference, opts.misuse)
+            opts = replace(opts, lacks=opts.lacks | driven.lacks)
         else:
-            adapter = load_adapter(args.impl, args.adapter,
-                                   strict_messages=bool(getattr(ns, "strict_messages", False)),
-                                   lacks=args.opts.lacks)
-            args.opts = replace(args.opts, lacks=args.opts.lacks | declared_lacks(
+            adapter = load_adapter(ns.impl, ns.adapter, strict_messages=ns.strict_messages, lacks=opts.lacks)
+            opts = replace(opts, lacks=opts.lacks | declared_lacks(
                 adapter, getattr(adapter, "pool_class", None)).declared)
     except UsageError as exc:
-        print(f"kvpool conform: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool conform: error: {exc}")
     except drive.NoPool as exc:
         print(f"kvpool conform: {exc}", file=out)
         return 4
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     try:
-        if driven is not None and ns is not None:
-            return _conform_exec(driven, args, ns, out)
-        coverage: list[PhaseCoverage] | None = [] if args.coverage else None
-        results = conform(adapter, args.opts, out, args.traceback, coverage,
+        if driven is not None:
+            return _conform_exec(driven, ns, opts, out)
+        coverage: list[PhaseCoverage] | None = [] if ns.coverage else None
+        results = conform(adapter, opts, out, ns.traceback, coverage,
                           _chosen(ns, (run_campaign_phase, run_machine_phase)),
-                          fail_fast=bool(getattr(ns, "fail_fast", False)),
-                          verbose=bool(getattr(ns, "verbose", False)))
-        return _outputs(adapter, args, results, coverage)
+                          fail_fast=ns.fail_fast, verbose=ns.verbose)
+        return _outputs(adapter, ns, opts, results, coverage)
     except Exception:  # a bug of kvpool's own, not the pool's: not a divergence's exit status
         print("kvpool conform: internal error (a bug in kvpool, not a finding about the pool); "
               "please report it with this traceback:", file=sys.stderr)
@@ -529,30 +486,29 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return 5
 
 
-def _chosen(ns: argparse.Namespace | None, phases: Sequence[Phase]) -> list[Phase]:
+def _chosen(ns: argparse.Namespace, phases: Sequence[Phase]) -> list[Phase]:
     """The phases ``--phase`` names (both when it is not given), in order."""
-    names, wanted = ("campaign", "machine"), getattr(ns, "phase", None)
-    return [p for name, p in zip(names, phases, strict=True) if wanted in (None, name)]
+    return [p for name, p in zip(("campaign", "machine"), phases, strict=True) if ns.phase in (None, name)]
 
 
-def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, out: TextIO) -> int:
+def _conform_exec(adapter: DriveAdapter, ns: argparse.Namespace, opts: Options, out: TextIO) -> int:
     """``--exec``: the phases against the process, each failure kept as a trace (:mod:`.drive`)."""
     # lazy: the drive protocol only for --exec
     from kvpool.oracle.drive.failure import DriveRun
     from kvpool.oracle.drive.process import ProcessFailure, ProcessHung
 
     run = DriveRun(adapter, Path(ns.trace_dir), shrink=not ns.no_shrink)
-    coverage: list[PhaseCoverage] | None = [] if args.coverage else None
+    coverage: list[PhaseCoverage] | None = [] if ns.coverage else None
     results: list[PhaseResult] = []
     status = 4
     try:
-        results = conform(adapter, args.opts, out, args.traceback, coverage,
+        results = conform(adapter, opts, out, ns.traceback, coverage,
                           phases=_chosen(ns, [run.phase(run_campaign_phase),
                                               run.phase(run_machine_phase)]),
                           fail_fast=ns.fail_fast, verbose=True)
         drive.report(run, out, drive.meta_of(adapter.command, "kvpool conform --exec",
-                                             args.opts.seed))
-        status = _outputs(adapter, args, results, coverage)
+                                             opts.seed))
+        status = _outputs(adapter, ns, opts, results, coverage)
     except (ProcessFailure, ProcessHung) as exc:  # between the phases (a probe, a shrink's pool)
         print(exc.verdict.format(), file=out)
     finally:
@@ -560,20 +516,21 @@ def _conform_exec(adapter: DriveAdapter, args: _Args, ns: argparse.Namespace, ou
     return 4 if badly and status == 0 else status
 
 
-def _outputs(adapter: Adapter, args: _Args, results: list[PhaseResult],
+def _outputs(adapter: Adapter, ns: argparse.Namespace, opts: Options, results: list[PhaseResult],
              coverage: list[PhaseCoverage] | None) -> int:
-    """Write ``--json``/``--junit``; the exit status."""
+    """Write ``--json``/``--junit`` (the JUnit XML made from the document, as ``kvpool merge`` makes
+    it of the shards' documents); the exit status."""
+    if not (ns.json or ns.junit):
+        return exit_code(results)
+    # lazy: kvpool.verify (the proofs' tables) only when an output is written
+    from kvpool.verify import write_outputs
+    from kvpool.verify.merge import conform_junit
+
     try:
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(result_document(adapter, args.opts, results, coverage), fh, indent=2)
-                fh.write("\n")
-        if args.junit:
-            with open(args.junit, "wb") as fb:
-                fb.write(junit_xml(adapter, results))
+        write_outputs(result_document(adapter, opts, results, coverage), json_path=ns.json, junit=ns.junit,
+                      junit_of=conform_junit)
     except OSError as exc:
-        print(f"kvpool conform: error: cannot write results: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool conform: error: cannot write results: {exc}")
     return exit_code(results)
 
 
@@ -592,7 +549,7 @@ def exit_code(results: list[PhaseResult]) -> int:
     return 4 if "process" in kinds else 3
 
 
-__all__ = ["SCHEMA", "conform", "failure_json", "junit_xml", "main", "result_document"]
+__all__ = ["SCHEMA", "conform", "failure_json", "main", "result_document"]
 
 
 if __name__ == "__main__":

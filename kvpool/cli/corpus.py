@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvpool.oracle.trace.schema import TraceError
+
+from .usage import fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,15 +27,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = p.parse_args(argv)
     missing = [str(t) for t in ns.traces if not t.is_file()]
     if missing:
-        print(f"kvpool corpus: no such trace: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool corpus: no such trace: {', '.join(missing)}")
     from kvpool.corpus import grow  # lazy: the model, the oracle and the branch tracer
 
     try:
         out = grow(ns.traces, ns.into, dry_run=ns.dry_run)
     except TraceError as exc:
-        print(f"kvpool corpus: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool corpus: {exc}")
     print(f"the corpus reached {out.corpus:,} branches and pairs of branches")
     for g in out.traces:
         if g.refused:

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kvpool.oracle.drive.adapter import DEFAULT_TIMEOUT, DriveAdapter
 from kvpool.oracle.drive.process import ProcessFailure, ProcessHung
 
-from .usage import UsageError
+from .usage import UsageError, fail
 
 if TYPE_CHECKING:  # the failure module loads Hypothesis: only once a run needs it
     from kvpool.oracle.drive.failure import DriveRun
@@ -112,9 +113,7 @@ def verdicts(adapter: DriveAdapter, out: TextIO) -> bool:
     printed with them).  True when one broke the protocol at the end (it wrote more, or did not
     exit at the end of its stdin, or exited with an error): a failure of the process too."""
     ended = adapter.close()
-    seen: dict[tuple[str, str], int] = {}
-    for verdict in ended:
-        seen[verdict.kind, verdict.what] = seen.get((verdict.kind, verdict.what), 0) + 1
+    seen = Counter((verdict.kind, verdict.what) for verdict in ended)
     for verdict in ended:
         count = seen.pop((verdict.kind, verdict.what), 0)
         if count:
@@ -140,8 +139,7 @@ def check_exec(ns: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         adapter = exec_adapter(ns.exec, ns, ns.reference, not ns.no_misuse)
     except UsageError as exc:
-        print(f"kvpool check: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool check: error: {exc}")
     except NoPool as exc:
         print(f"kvpool check: {exc}", file=out)
         return 4

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +15,8 @@ from kvpool.oracle.events.capture import is_capture
 from kvpool.oracle.events.check import EventsReport, load_events, read_stream
 from kvpool.oracle.events.routers import RouterReport, profile_factory
 from kvpool.oracle.trace import TraceError
+
+from .usage import fail
 
 
 def block_sizes_arg(text: str) -> dict[int, int]:
@@ -77,8 +78,7 @@ def check_events_main(argv: Sequence[str] | None = None) -> int:
         report, routers = read_stream(stream, args.file, args.block_sizes,
                                       [profile_factory(name) for name in args.router], facts=True)
     except TraceError as exc:
-        print(f"kvpool check-events: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool check-events: {exc}")
     if args.json:
         print(_json(report, routers))
     else:
@@ -102,20 +102,16 @@ def _check_capture(args: Any) -> int:
         fleet = replay_capture(args.file, block_sizes=args.block_sizes,
                                profiles=[profile_factory(name) for name in args.router])
     except ModuleNotFoundError as exc:
-        print(f"kvpool check-events: a wire capture needs {exc.name}: pip install 'kvpool[live]'",
-              file=sys.stderr)
-        return 2
+        return fail(f"kvpool check-events: a wire capture needs {exc.name}: pip install 'kvpool[live]'")
     except TraceError as exc:
-        print(f"kvpool check-events: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool check-events: {exc}")
     kinds = [r.finding.kind for r in fleet.reports]
     failed = "violation" in kinds or "reaction" in kinds or (args.strict and any(
         k == "warning" or k in COVERAGE for k in kinds))
-    engines: list[dict[str, Any]] = []
-    for e in fleet.engines.values():
-        mine = [r.to_json() for r in fleet.reports if r.engine == e.name]
-        engines.append({"engine": e.name, "batches": e.counts.batches, "events": e.counts.events,
-                        "findings": mine})
+    engines: list[dict[str, Any]] = [
+        {"engine": e.name, "batches": e.counts.batches, "events": e.counts.events,
+         "findings": [r.to_json() for r in fleet.reports if r.engine == e.name]}
+        for e in fleet.engines.values()]
     if args.json:
         print(json.dumps({"file": args.file, "ok": "violation" not in kinds, "engines": engines,
                           "summary": fleet.summary()}))

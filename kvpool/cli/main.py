@@ -17,6 +17,7 @@ from typing import Any
 from kvpool import __version__
 
 from . import check
+from .usage import fail
 
 # Subcommands whose module parses its own arguments: name -> (module, function, help).
 DELEGATED: dict[str, tuple[str, str, str]] = {
@@ -89,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in VERIFIER_DEPENDENCIES:
             raise
-        print(f"kvpool: this command needs {exc.name}, one of the verifier's dependencies: "
-              "pip install 'kvpool[verify]'", file=sys.stderr)
-        return 2
+        return fail(f"kvpool: this command needs {exc.name}, one of the verifier's dependencies: "
+                    "pip install 'kvpool[verify]'")
 
 
 def _stdout_gone() -> bool:
@@ -117,4 +117,3 @@ def _dispatch(args_list: list[str]) -> int:
     if args.command == "check":
         return check.run(args, parser)
     parser.error(f"unknown command {args.command}")
-    return 2

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from kvpool.verify import summary, write_outputs
 from kvpool.verify.merge import CONFORM_SCHEMA, MergeError, conform_junit, merge
 
-from .usage import UsageError, UsageParser, check_writable
+from .usage import UsageError, UsageParser, check_writable, fail
 
 
 def parser() -> UsageParser:
@@ -61,8 +61,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if ns.report and doc["schema"] == CONFORM_SCHEMA:
             raise UsageError("--report: kvpool conform results have no report; use --json or --junit")
     except UsageError as exc:
-        print(f"kvpool merge: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool merge: error: {exc}")
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     try:
@@ -78,13 +77,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             written = write_outputs(doc, json_path=ns.json, junit=ns.junit, report=ns.report)
             print(summary(doc, written), file=out)
     except OSError as exc:
-        print(f"kvpool merge: error: cannot write results: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool merge: error: cannot write results: {exc}")
     return int(doc["exit_code"])
 
 
 __all__ = ["main", "parser"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -142,7 +142,3 @@ def print_refuted(check: Check, r: Result, timeout_ms: int) -> None:
 
 
 __all__ = ["main", "print_proofs", "print_refuted", "proofs_json", "result_json"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

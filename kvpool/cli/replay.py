@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from kvpool.oracle.replay.vllm_engine import PLUGIN_MODES, environment_mode, run
 
 from .. import vllm_plugin
 from .events import router_name
-from .usage import check_writable, import_or_exit
+from .usage import check_writable, fail, import_or_exit
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,17 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         first = next(requests, None)
     except ReplayInputError as exc:
-        print(f"kvpool replay: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool replay: {exc}")
     if first is None:
-        print(f"kvpool replay: {args.requests}: no request in it", file=sys.stderr)
-        return 2
-    stream = _chain(first, requests)
+        return fail(f"kvpool replay: {args.requests}: no request in it")
+    stream = itertools.chain([first], requests)
     try:
         replay = (_vllm if args.engine == "vllm" else _kvpool)(parser, args, settings, stream)
     except ReplayInputError as exc:
-        print(f"kvpool replay: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool replay: {exc}")
     result = replay.to_json()
     if args.report is not None:
         write_report(result, args.report)
@@ -168,11 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.report is not None:
             print(f"  report: {Path(args.report) / 'replay.md'} (and replay.html)")
     return 1 if replay.divergences else 0
-
-
-def _chain(first: Any, rest: Any) -> Any:
-    yield first
-    yield from rest
 
 
 __all__ = ["main"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
 from kvpool.model import REFERENCES
@@ -20,7 +19,7 @@ from kvpool.oracle.generate.long_lived import LONG_LIVED_STEPS
 from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record_adapter
 
 from .events import router_name
-from .usage import add_scale_options, check_blocks, import_or_exit
+from .usage import add_scale_options, check_blocks, fail, import_or_exit
 
 
 def record_main(argv: Sequence[str] | None = None) -> int:
@@ -58,8 +57,7 @@ def record_main(argv: Sequence[str] | None = None) -> int:
                              reference=args.reference, misuse=misuse, path=args.out,
                              blocks=args.blocks, long_lived=args.long_lived)
     except OSError as exc:
-        print(f"kvpool record: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool record: cannot write {args.out}: {exc.strerror or exc}")
     print(f"{args.out}: {rec.calls} calls recorded")
     if rec.divergence:
         print(f"the pool diverged from the model at the last call:\n{rec.divergence}")
@@ -97,8 +95,7 @@ def check_trace_main(argv: Sequence[str] | None = None) -> int:
         else:
             report, routers = check_trace(args.trace, vllm_errors=args.vllm_errors), []
     except TraceError as exc:
-        print(f"kvpool check-trace: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool check-trace: {exc}")
     if args.json and routers:
         print(json.dumps({"file": report.path, "ok": report.ok, "check": report.format(),
                           "routers": [r.to_json() for r in routers]}))

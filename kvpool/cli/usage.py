@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvpool.oracle.core.adapter import LoadError, load_object
@@ -17,12 +18,18 @@ from kvpool.oracle.core.adapter import LoadError, load_object
 if TYPE_CHECKING:
     from kvpool.oracle.core.adapter import Adapter
 
-__all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "import_or_exit",
-           "import_spec", "load_adapter"]
+__all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "fail", "import_or_exit",
+           "load_adapter"]
 
 
 class UsageError(Exception):
     """A mistake on the command line: reported in one line, exit status 2."""
+
+
+def fail(message: str) -> int:
+    """A mistake, or an input that cannot be read, said in one line on stderr: the exit status 2."""
+    print(message, file=sys.stderr)
+    return 2
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -32,20 +39,12 @@ class UsageParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def import_spec(flag: str, spec: str) -> Any:
-    """Import ``module:name`` given as ``flag``; a bad spec raises :class:`UsageError`."""
+def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any:
+    """Import ``module:name`` given as ``flag``; a bad spec exits 2 with one line (the parser's)."""
     try:
         return load_object(spec)
     except LoadError as exc:
-        raise UsageError(f"{flag} {exc}") from None
-
-
-def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any:
-    """:func:`import_spec` for an argparse command: a bad spec exits 2 with one line."""
-    try:
-        return import_spec(flag, spec)
-    except UsageError as exc:
-        parser.error(str(exc))
+        parser.error(f"{flag} {exc}")
 
 
 def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = True,

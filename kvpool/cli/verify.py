@@ -33,7 +33,7 @@ from kvpool.verify import (
     write_outputs,
 )
 
-from .usage import UsageError, UsageParser, check_writable, example_db_option, load_adapter
+from .usage import UsageError, UsageParser, check_writable, example_db_option, fail, load_adapter
 
 BUDGET_OPTIONS = (("bmc-depth", int, "BMC depth, for every pool"),
                   ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
@@ -176,8 +176,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         cfg = settings_from(argv)
     except UsageError as exc:
-        print(f"kvpool verify: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool verify: error: {exc}")
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     progress = make_progress(out, True if cfg.plain else None)
@@ -188,14 +187,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         written = write_outputs(doc, json_path=cfg.json, junit=cfg.junit, report=cfg.report)
     except OSError as exc:
-        print(f"kvpool verify: error: cannot write results: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool verify: error: cannot write results: {exc}")
     print(summary(doc, written), file=out)
     return int(doc["exit_code"])
 
 
 __all__ = ["main", "parser", "settings_from"]
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

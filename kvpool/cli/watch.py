@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, Any
 
 from .events import block_sizes_arg, router_name
+from .usage import fail
 
 LIVE_DEPENDENCIES = ("zmq", "msgspec")
 """The extra ``kvpool[live]``: what the watcher and the wire decoder need."""
@@ -133,13 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in LIVE_DEPENDENCIES:
             raise
-        print(f"kvpool watch: needs {exc.name}: pip install 'kvpool[live]'", file=sys.stderr)
-        return 2
+        return fail(f"kvpool watch: needs {exc.name}: pip install 'kvpool[live]'")
     try:
         sources = _sources(args)
     except ValueError as exc:
-        print(f"kvpool watch: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool watch: {exc}")
     gc.set_threshold(*GC_THRESHOLDS)
     out: IO[str] = sys.stdout if args.output == "-" else open(args.output, "a", encoding="utf-8")  # noqa: SIM115
     failed = [False]
@@ -160,8 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         watcher = Watcher(fleet, sources, topic=args.topic, bind=args.bind, capture=capture,
                           give_up=args.give_up)
     except Exception as exc:  # a bad endpoint (zmq.ZMQError), an unwritable capture (OSError)
-        print(f"kvpool watch: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"kvpool watch: {exc}")
     server = None
     if args.metrics_port is not None:
         try:

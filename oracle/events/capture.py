@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -48,9 +48,6 @@ class Source:
     endpoint: str
     replay: str | None = None
     rank: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, "replay": self.replay, "rank": self.rank}
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ class CaptureWriter:
         self.encode = msgspec.msgpack.Encoder().encode
         self.records = 0
         self._write({"kvpool_wire": VERSION, "started": header.started or time.time(),
-                     "sources": [s.to_json() for s in header.sources], "topic": header.topic})
+                     "sources": [asdict(s) for s in header.sources], "topic": header.topic})
 
     def _write(self, value: Any) -> None:
         data = self.encode(value)

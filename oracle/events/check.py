@@ -40,13 +40,14 @@ index to be empty before it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..trace import FieldError, TraceError, json_lines, parse_event
-from ..trace.read import iter_trace
+from ..trace import FieldError, json_lines, parse_event
+from ..trace.read import guarded, iter_trace
 from .facts import PoolFacts, index_copies, step_events
 from .kinds import Key, Position, Violation
 from .online import Facts, StreamChecker
@@ -84,16 +85,11 @@ class EventsReport:
     def ok(self) -> bool:
         return not self.violations
 
-    def take(self, checker: StreamChecker) -> EventsReport:
-        """Fill the report from a checker that read the whole stream (and was finished)."""
-        self.events += checker.events
-        self.violations = sorted(self.violations + checker.violations, key=lambda v: v.position.order())
-        self.warnings = sorted(self.warnings + checker.warnings, key=lambda v: v.position.order())
-        for name in ("reannounced", "unverified_parents", "empty_stores", "token_mismatches", "unjudged"):
-            setattr(self, name, getattr(self, name) + getattr(checker, name))
-        self.left_stored, self.snapshots = checker.left_stored, checker.snapshots
-        self.phantoms = checker.phantoms
-        return self
+    @classmethod
+    def of(cls, path: str, checker: StreamChecker) -> EventsReport:
+        """The report of a checker that read the whole stream (and was finished)."""
+        return cls(path, checker.events, _in_order(checker.violations), warnings=_in_order(checker.warnings),
+                   **{name: getattr(checker, name) for name in COUNTS})
 
     def format(self, limit: int = 50) -> str:
         head = (f"{self.path}: {self.events} events, {len(self.violations)} violation(s); "
@@ -118,14 +114,19 @@ class EventsReport:
         return "\n".join([head, *lines])
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.path, "events": self.events, "ok": self.ok,
-            "reannounced": self.reannounced, "left_stored": self.left_stored,
-            "unverified_parents": self.unverified_parents, "empty_stores": self.empty_stores,
-            "token_mismatches": self.token_mismatches, "snapshots": self.snapshots,
-            "phantoms": self.phantoms, "unjudged": self.unjudged,
-            "violations": [_finding(v) for v in self.violations],
-            "warnings": [_finding(w) for w in self.warnings]}
+        return {"file": self.path, "events": self.events, "ok": self.ok,
+                **{name: getattr(self, name) for name in COUNTS},
+                "violations": [_finding(v) for v in self.violations],
+                "warnings": [_finding(w) for w in self.warnings]}
+
+
+COUNTS = ("reannounced", "left_stored", "unverified_parents", "empty_stores", "token_mismatches", "snapshots",
+          "phantoms", "unjudged")
+"""The report's counts, as the checker keeps them and in the order the JSON has them."""
+
+
+def _in_order(found: list[Violation]) -> list[Violation]:
+    return sorted(found, key=lambda v: v.position.order())
 
 
 def _finding(v: Violation) -> dict[str, Any]:
@@ -136,38 +137,24 @@ def _finding(v: Violation) -> dict[str, Any]:
     return out
 
 
-Snapshots = dict[int, dict[Key, int]]
-"""Per trace line with an observation: the pool's copies per key after that call."""
-
-
-@dataclass
-class Stream:
-    """What a file gives the checker: events with positions, declared sizes, pool snapshots."""
-
-    events: Iterable[tuple[Position, dict[str, Any]]]
-    block_sizes: dict[int, int] = field(default_factory=dict)
-    snapshots: Iterable[tuple[int, dict[Key, int]]] = ()
-    is_trace: bool = False
-    path: str | None = None
-
-
 Item = tuple[Position, dict[str, Any] | None, dict[Key, int] | None]
 """One thing a reader meets in a file, in order: an event, or the pool's copies after a line."""
 
 
-class _Reread:
-    """A file's items, read again on each pass: a pass holds one line, never the file."""
+@dataclass
+class Stream:
+    """What a file gives the checker: its items, read again on each pass (a pass holds one line, never
+    the file), and the block sizes it declares."""
 
-    def __init__(self, path: str | Path, items: Callable[[str | Path], Iterator[Item]], pool: bool):
-        self.path, self.items, self.pool = path, items, pool
+    path: str
+    items: Callable[[str | Path], Iterator[Item]]
+    block_sizes: dict[int, int] = field(default_factory=dict)
+    is_trace: bool = False
 
-    def __iter__(self) -> Iterator[Any]:
-        for pos, event, copies in self.items(self.path):
-            if self.pool:
-                if copies is not None:
-                    yield pos.line, copies
-            elif event is not None:
-                yield pos, event
+    @property
+    def events(self) -> Iterator[tuple[Position, dict[str, Any]]]:
+        """The events alone, with their positions (a new pass each time)."""
+        return ((pos, event) for pos, event, _ in self.items(self.path) if event is not None)
 
 
 def _trace_items(path: str | Path) -> Iterator[Item]:
@@ -198,32 +185,23 @@ def parse_stream_event(value: Any, where: str) -> dict[str, Any]:
 
 
 def _bare_items(path: str | Path) -> Iterator[Item]:
-    name = str(path)
     for number, value in json_lines(path):
-        try:
-            yield Position(number), parse_stream_event(value, "event"), None
-        except FieldError as exc:
-            raise TraceError(name, number, str(exc)) from None
-        except RecursionError:
-            raise TraceError(name, number, "value nested too deeply") from None
+        yield Position(number), guarded(str(path), number, partial(parse_stream_event, value, "event")), None
 
 
 def load_events(path: str | Path) -> Stream:
     """The validated events of a trace file (emission order) or of a JSONL event stream.
 
-    From a trace with events on, also the declared block sizes and, for each
-    line with an observation, the pool's index as copies per key.  Nothing is
-    held: ``events`` and ``snapshots`` read the file again on each pass (a bad
-    line raises :class:`TraceError` when a pass reaches it).
+    From a trace, also the declared block sizes and, for each line with an
+    observation (events on), the pool's index as copies per key.  Nothing is
+    held: each pass reads the file again (a bad line raises :class:`TraceError`
+    when a pass reaches it).
     """
     first = next(json_lines(path), None)
-    if first is None:
-        return Stream([], path=str(path))
-    if isinstance(first[1], dict) and "kvpool_trace" in first[1]:
+    if first is not None and isinstance(first[1], dict) and "kvpool_trace" in first[1]:
         header, _ = iter_trace(path)
-        return Stream(_Reread(path, _trace_items, False), dict(header.block_sizes or {}),
-                      _Reread(path, _trace_items, True), is_trace=True, path=str(path))
-    return Stream(_Reread(path, _bare_items, False), path=str(path))
+        return Stream(str(path), _trace_items, dict(header.block_sizes or {}), is_trace=True)
+    return Stream(str(path), _bare_items)
 
 
 def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) -> EventsReport:
@@ -234,11 +212,6 @@ def check_events(path: str | Path, block_sizes: dict[int, int] | None = None) ->
     pool's index (a re-announced hit from a second copy).
     """
     return check_stream(load_events(path), str(path), block_sizes, facts=True)
-
-
-def stream_facts(stream: Stream) -> Facts | None:
-    """What a trace's replay says of its calls (None for a bare stream)."""
-    return PoolFacts(stream.path) if stream.is_trace and stream.path is not None else None
 
 
 def check_stream(stream: Stream, name: str, block_sizes: dict[int, int] | None = None, *,
@@ -253,38 +226,14 @@ def read_stream(stream: Stream, name: str, block_sizes: dict[int, int] | None = 
                 ) -> tuple[EventsReport, list[RouterReport]]:
     """A loaded stream read once by the checker and the router ``profiles`` together."""
     sizes = {**stream.block_sizes, **(block_sizes or {})}
-    known = stream_facts(stream) if facts else None
-    if isinstance(stream.events, _Reread):
-        return read_items(stream.events.items(stream.events.path), name, sizes, known, profiles)
-    items = _merged([e for _, e in stream.events], [p for p, _ in stream.events], dict(stream.snapshots))
-    return read_items(iter(items), name, sizes, known, profiles)
+    known = PoolFacts(stream.path) if facts and stream.is_trace else None
+    return read_items(stream.items(stream.path), name, sizes, known, profiles)
 
 
-def check_event_list(
-    events: Sequence[dict[str, Any]], name: str = "<events>",
-    block_sizes: dict[int, int] | None = None, positions: Sequence[Position] | None = None,
-    snapshots: Snapshots | None = None, facts: Facts | None = None,
-) -> EventsReport:
-    """The same check on validated events in memory; positions default to 1-based indices.
-
-    With ``snapshots`` (trace lines -> the pool's copies per key), the
-    router's counts are also compared with the pool after each such line.
-    """
-    return read_items(iter(_merged(events, positions, snapshots)), name, block_sizes, facts)[0]
-
-
-def _merged(events: Sequence[dict[str, Any]], positions: Sequence[Position] | None,
-            snapshots: Snapshots | None) -> list[Item]:
-    pending = sorted((snapshots or {}).items())
-    items: list[Item] = []
-    for i, event in enumerate(events):
-        pos = positions[i] if positions else Position(i + 1)
-        while pending and pending[0][0] < pos.line:
-            line, copies = pending.pop(0)
-            items.append((Position(line), None, copies))
-        items.append((pos, event, None))
-    items += [(Position(line), None, copies) for line, copies in pending]
-    return items
+def check_event_list(events: Sequence[dict[str, Any]], name: str = "<events>",
+                     block_sizes: dict[int, int] | None = None) -> EventsReport:
+    """The same check on validated events in memory, positioned by their 1-based indices."""
+    return read_items(((Position(i), e, None) for i, e in enumerate(events, 1)), name, block_sizes, None)[0]
 
 
 def read_items(items: Iterator[Item], name: str, block_sizes: dict[int, int] | None, facts: Facts | None,
@@ -297,11 +246,11 @@ def read_items(items: Iterator[Item], name: str, block_sizes: dict[int, int] | N
         elif copies is not None:
             reading.checker.compare(pos.line, copies)
     routers = reading.reports()
-    return EventsReport(name).take(reading.checker), routers
+    return EventsReport.of(name, reading.checker), routers
 
 
 __all__ = [
-    "EventsReport", "Item", "Key", "Position", "Snapshots", "Stream", "Violation", "check_event_list",
+    "EventsReport", "Item", "Key", "Position", "Stream", "Violation", "check_event_list",
     "check_events", "check_stream", "load_events", "parse_stream_event", "read_items", "read_stream",
-    "step_events", "stream_facts",
+    "step_events",
 ]

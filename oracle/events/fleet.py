@@ -66,7 +66,6 @@ class Counts:
     lag: float = 0.0
     """Seconds from the batch's timestamp to the end of its check, for the last batch."""
     lag_max: float = 0.0
-    undecodable: int = 0
 
 
 _position: Any = tuple.__new__
@@ -94,19 +93,15 @@ class Engine:
         self.ranks_seen: set[int] = set()
         self.since: float | None = None
         """Since when batches are held for a hole with none delivered (the watcher may give up)."""
-        self._pending: tuple[int, int] = (0, 0)
 
-    def _found(self, finding: Finding) -> None:
+    def _found(self, finding: Finding, lost: int = 0, recovered: int = 0) -> None:
         key = (finding.kind, finding.rule, finding.profile or "")
         self.counts.findings[key] = self.counts.findings.get(key, 0) + 1
-        lost, recovered = self._pending
         self.fleet.sink(Report(self.name, finding, self.fleet.clock(), lost, recovered))
 
     def _note(self, kind: str, record: int, seq: int | None, message: str, lost: int = 0,
               recovered: int = 0) -> None:
-        self._pending = (lost, recovered)
-        self._found(Finding(kind, kind, Position(record, None, seq), message))
-        self._pending = (0, 0)
+        self._found(Finding(kind, kind, Position(record, None, seq), message), lost, recovered)
 
     def run(self, actions: Sequence[Any], t: float) -> list[int]:
         """Do what the sequencer answered; the replay starts to ask."""
@@ -132,7 +127,6 @@ class Engine:
         try:
             batch = self.decoder.decode(d.payload)
         except WireError as exc:
-            self.counts.undecodable += 1
             self._note("undecodable", d.record, d.seq, f"batch {d.seq}: {exc}; its events are lost, the "
                        "reading restarts")
             self.reading.restart(Position(d.record, None, d.seq), known_empty=False)
@@ -174,8 +168,6 @@ class Fleet:
         self.engines: dict[tuple[int, bytes], Engine] = {}
         self.asking: dict[int, list[bytes]] = {}
         """Per source: the topics whose replay was asked and not yet ended, in order asked."""
-        self.malformed = 0
-        self.started = self.clock()
 
     def engine(self, source: int, topic: bytes) -> Engine:
         key = (source, topic)
@@ -190,7 +182,6 @@ class Fleet:
         try:
             topic, seq, payload = parse_frames(frames)
         except WireError as exc:
-            self.malformed += 1
             src = self.sources[source].endpoint
             finding = Finding("undecodable", "undecodable", Position(record), f"a message that is not "
                               f"vLLM's: {exc}")
@@ -244,11 +235,8 @@ class Fleet:
             for (kind, _, _), n in c.findings.items():
                 if kind in ("violation", "warning", "reaction"):
                     out[kind] += n
-            out["gaps"] += s.gaps
-            out["lost"] += s.lost
-            out["recovered"] += s.recovered
-            out["restarts"] += s.restarts
-            out["duplicates"] += s.duplicates
+            for name in ("gaps", "lost", "recovered", "restarts", "duplicates"):
+                out[name] += getattr(s, name)
             out["lag"] = max(out["lag"], c.lag)
             out["lag_max"] = max(out["lag_max"], c.lag_max)
             out["unjudged"] += e.reading.checker.unjudged + sum(r.unjudged for r in e.reading.routers)

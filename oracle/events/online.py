@@ -72,7 +72,6 @@ class _Ghost:
 
     def __init__(self) -> None:
         self.bits = bytearray(self.BITS >> 3)
-        self.added = 0
 
     def _spots(self, key: Key) -> tuple[int, int, int]:
         x = (hash(key) * 0x9E3779B97F4A7C15) & LOW_64
@@ -81,7 +80,6 @@ class _Ghost:
     def add(self, key: Key) -> None:
         for s in self._spots(key):
             self.bits[s >> 3] |= 1 << (s & 7)
-        self.added += 1
 
     def __contains__(self, key: Key) -> bool:
         return all(self.bits[s >> 3] >> (s & 7) & 1 for s in self._spots(key))
@@ -126,6 +124,16 @@ class StreamChecker:
         self._fresh(None)
 
     def _fresh(self, horizon: Position | None) -> None:
+        self._reset_keys(horizon)
+        self.full: dict[int, int] = dict(self.declared)
+        self.first_size: dict[int, int] = {}
+        self.largest: dict[int, int] = {}
+        """Per group: the largest block size its stores showed (what a router may be configured with)."""
+        self.partial: dict[int, int] = {}
+        self.odd: set[tuple[int, int]] = set()
+        self.grouped = self.ungrouped = 0
+
+    def _reset_keys(self, horizon: Position | None) -> None:
         self.live: dict[Key, _Held] = {}
         # FIFOs whose oldest goes as a new one comes: an OrderedDict finds its first entry at once,
         # where a dict skips every entry deleted before it (per event, as many as the history holds)
@@ -141,13 +149,6 @@ class StreamChecker:
         """Per group: blocks skipped in stores (null or masked) since the last clear, whose hashes a
         later store may name as its parent, never announced."""
         self.horizon = horizon
-        self.full: dict[int, int] = dict(self.declared)
-        self.first_size: dict[int, int] = {}
-        self.largest: dict[int, int] = {}
-        """Per group: the largest block size its stores showed (what a router may be configured with)."""
-        self.partial: dict[int, int] = {}
-        self.odd: set[tuple[int, int]] = set()
-        self.grouped = self.ungrouped = 0
 
     # ------------------------------------------------------------------ the stream
 
@@ -196,10 +197,6 @@ class StreamChecker:
         for key in self.live:
             self.retire(key)
         self._reset_keys(None)
-
-    def _reset_keys(self, horizon: Position | None) -> None:
-        self.live, self.gone, self.ambiguous, self.ghost = {}, OrderedDict(), OrderedDict(), None
-        self.groups, self.media, self.horizon, self.hidden = {}, {}, horizon, {}
 
     def _removed(self, event: dict[str, Any], pos: Position) -> bool:
         group = event.get("group_idx")
@@ -576,10 +573,6 @@ class StreamChecker:
     def holds_hash(self, h: Any) -> bool:
         """Whether some group holds a copy of this 64-bit hash."""
         return h in self.groups
-
-    def full_size(self, group: int) -> int | None:
-        """The group's full block size, declared or learned (None: not known yet)."""
-        return self.full.get(group)
 
 
 __all__ = ["HISTORY", "Facts", "StreamChecker"]

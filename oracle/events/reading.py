@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 from .kinds import Key, Position, Violation
@@ -63,7 +64,8 @@ class Reading:
         keep = sink is None
         self.checker = StreamChecker(
             block_sizes, facts=facts, history=history,
-            on_violation=None if keep else self._violation, on_warning=None if keep else self._warning,
+            on_violation=None if keep else partial(self._found, "violation"),
+            on_warning=None if keep else partial(self._found, "warning"),
             retire=self._retire if self.specs else None)
         self.routers = [RouterReport(spec, name) for spec, _ in self.specs]
         self.profiles: list[Profile] | None = None
@@ -75,21 +77,19 @@ class Reading:
 
     # ------------------------------------------------------------------ findings
 
-    def _violation(self, v: Violation) -> None:
+    def _found(self, kind: str, v: Violation) -> None:
         if self.sink is not None:
-            self.sink(Finding("violation", v.rule, v.position, v.message))
+            self.sink(Finding(kind, v.rule, v.position, v.message))
 
-    def _warning(self, v: Violation) -> None:
-        if self.sink is not None:
-            self.sink(Finding("warning", v.rule, v.position, v.message))
-
-    def _react(self, report: RouterReport, reaction: Reaction) -> None:
-        if self.sink is None:
-            report.reactions.append((reaction, None))
-            return
-        report.reacted += 1
-        self.sink(Finding("reaction", reaction.rule, reaction.position, reaction.message,
-                          report.profile, reaction.kind))
+    def _reacted(self, report: RouterReport, reactions: list[Reaction], blind: bool) -> None:
+        if blind:
+            report.unjudged += len(reactions)
+        elif self.sink is None:
+            report.reactions += [(r, None) for r in reactions]
+        else:
+            report.reacted += len(reactions)
+            for r in reactions:
+                self.sink(Finding("reaction", r.rule, r.position, r.message, report.profile, r.kind))
 
     # ------------------------------------------------------------------ the stream
 
@@ -128,13 +128,6 @@ class Reading:
             reactions = feed(event, pos)
             if reactions:
                 self._reacted(report, reactions, blind)
-
-    def _reacted(self, report: RouterReport, reactions: list[Reaction], blind: bool) -> None:
-        if blind:
-            report.unjudged += len(reactions)
-            return
-        for r in reactions:
-            self._react(report, r)
 
     def _retire(self, key: Key) -> None:
         retired = self.retired

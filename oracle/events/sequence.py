@@ -72,20 +72,18 @@ Action = Deliver | Reset | Note | Ask
 
 @dataclass
 class Stats:
-    batches: int = 0
+    """What the sequence came to (the watcher's summary and metrics read them)."""
+
     delivered: int = 0
     duplicates: int = 0
-    replayed: int = 0
-    """Batches the replay socket sent that were already delivered (it sends all it buffers)."""
-    stale: int = 0
-    """Replay answers that came when no replay was asked (an earlier engine's, or a second answer)."""
+    """Batches received again, dropped (the replay socket's copy of one delivered is not counted: it
+    resends all it buffers)."""
     reordered: int = 0
     gaps: int = 0
     recovered: int = 0
     lost: int = 0
     restarts: int = 0
     late: int = 0
-    asked: int = 0
 
 
 class Sequencer:
@@ -120,19 +118,14 @@ class Sequencer:
 
     def arrive(self, record: int, seq: int, payload: bytes, replayed: bool = False) -> list[Action]:
         """A batch from the PUB socket, or (``replayed``) the replay socket."""
-        self.stats.batches += 1
         if replayed and self.asked is not None and (self.answered is None or seq < self.answered):
             self.answered = seq
         if replayed and (self.asked is None or seq > self.asked_until):
-            self.stats.stale += self.asked is None
             return []
         out: list[Action] = []
         if self.expected is not None and seq < self.expected:
             if self.recent.get(seq) == hash(payload):
-                if replayed:
-                    self.stats.replayed += 1
-                else:
-                    self.stats.duplicates += 1
+                self.stats.duplicates += not replayed
                 return out
             if replayed or (seq and any(a <= seq <= b for a, b in self.lost)):
                 if not replayed:
@@ -187,7 +180,6 @@ class Sequencer:
         self.asked = start or 0
         self.asked_until = min(self.held) - 1
         self.answered = None
-        self.stats.asked += 1
         return [Ask(self.asked)]
 
     def replay_ended(self, record: int) -> list[Action]:
@@ -234,7 +226,9 @@ class Sequencer:
         out: list[Action] = []
         if end >= start:
             n = end - start + 1
-            self._lose(start, end)
+            self.stats.gaps += 1
+            self.stats.lost += n
+            self.lost.append((start, end))
             if self.expected is None:
                 out.append(Note("joined" if not self.epochs else "gap", record, end + 1,
                                 f"the first batch seen is {low}: batches 0 to {end} were published before, "
@@ -255,11 +249,6 @@ class Sequencer:
             elif len(self.held) > self.reorder:
                 out += self._give_up(record)
         return out
-
-    def _lose(self, first: int, last: int) -> None:
-        self.stats.gaps += 1
-        self.stats.lost += last - first + 1
-        self.lost.append((first, last))
 
     def _deliver(self, record: int, seq: int, payload: bytes) -> list[Action]:
         out: list[Action] = []

@@ -49,20 +49,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .check import EventsReport, Stream
+from .check import EventsReport, Stream, read_items
 from .facts import PoolFacts, pool_copies
 from .kinds import WARNINGS, Position, Violation
-from .online import Facts, StreamChecker
+from .online import Facts
 
 
 def find_warnings(events: Iterable[tuple[Position, dict[str, Any]]], facts: Facts | None = None,
                   block_sizes: dict[int, int] | None = None) -> list[Violation]:
     """The warnings of a validated stream, in stream order; ``facts`` tell copies apart (traces)."""
-    checker = StreamChecker(block_sizes, facts=facts, on_violation=lambda v: None)
-    for pos, event in events:
-        checker.feed(event, pos)
-    checker.finish()
-    return sorted(checker.warnings, key=lambda w: w.position.order())
+    return read_items(((pos, event, None) for pos, event in events), "", block_sizes, facts)[0].warnings
 
 
 def add_warnings(report: EventsReport, stream: Stream, path: str | Path, is_trace: bool) -> EventsReport:

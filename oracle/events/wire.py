@@ -23,33 +23,34 @@ Needs ``msgspec`` (``pip install 'kvpool[live]'``), not vLLM.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass, field
 from types import GenericAlias
 from typing import Any
 
 import msgspec
 
+from ..trace.schema import EVENT_FIELDS as TRACE_EVENT_FIELDS
+
 Hash = int | bytes
 END_SEQ = (1 << 64) - 1
 """The replay socket's end marker, ``-1`` as 8 bytes read unsigned."""
 
-# Each event type's fields in vLLM's class order (0.33: 0.31's and lookahead_token_ids), with the type
-# msgspec checks and whether vLLM always writes it.  The decoder lets the optional ones be absent.
-STORED: list[tuple[str, Any, bool]] = [
-    ("block_hashes", list[Hash], True), ("parent_block_hash", Hash | None, True),
-    ("token_ids", list[int], True), ("block_size", int, True), ("lora_id", int | None, True),
-    ("medium", str | None, True), ("lora_name", str | None, True), ("extra_keys", list[Any] | None, False),
-    ("group_idx", int | None, False), ("kv_cache_spec_kind", str | None, False),
-    ("kv_cache_spec_sliding_window", int | None, False), ("locality", str | None, False),
-    ("ownership", str | None, False), ("session_id", str | None, False),
-    ("lookahead_token_ids", list[list[int]] | None, False),
-]
-REMOVED: list[tuple[str, Any, bool]] = [
-    ("block_hashes", list[Hash], True), ("medium", str | None, True), ("group_idx", int | None, False),
-    ("locality", str | None, False), ("ownership", str | None, False),
-]
+_WIRE_TYPES: dict[str, Any] = {
+    "hashes": list[Hash], "ehash?": Hash | None, "ints": list[int], "int": int, "int?": int | None,
+    "str?": str | None, "any": list[Any] | None}
+"""The type msgspec checks for each kind of event field the trace format names (:mod:`..trace.schema`)."""
+LOOKAHEAD = ("lookahead_token_ids", list[list[int]] | None, False)
+"""vLLM 0.33's one field more on ``BlockStored``, after 0.31's."""
+
 EVENT_FIELDS: dict[str, list[tuple[str, Any, bool]]] = {
-    "BlockStored": STORED, "BlockRemoved": REMOVED, "AllBlocksCleared": []}
+    kind: [(name, _WIRE_TYPES[k], required) for name, (k, required) in fields.items()]
+    + ([LOOKAHEAD] if kind == "BlockStored" else [])
+    for kind, fields in TRACE_EVENT_FIELDS.items()}
+"""Each event type's fields in vLLM's class order (the trace format's, and 0.33's lookahead_token_ids),
+with the type msgspec checks and whether vLLM always writes it.  The decoder lets the optional ones be
+absent."""
 _REQUIRED_TO_DECODE = {"block_hashes", "parent_block_hash", "token_ids", "block_size"}
 """What a store must say to be read (older releases lacked the rest)."""
 _MAX_LEARNED = 64
@@ -96,19 +97,12 @@ class _Form:
                                     array_like=self.array, forbid_unknown_fields=known)
             self.classes[cls] = (name if known else "", tuple(extra))
             events.append(cls)
-        events_type: Any = GenericAlias(list, (_union(events),))  # list[one of the structs]
+        events_type: Any = GenericAlias(list, (functools.reduce(operator.or_, events),))  # list[a struct]
         batch = msgspec.defstruct("KVEventBatch", [
             ("ts", float), ("events", events_type),
             ("data_parallel_rank", int | None, None), *((n, Any, None) for n in self.extra.get("", []))],
             array_like=True, forbid_unknown_fields=True)
         self.decoder = msgspec.msgpack.Decoder(batch)
-
-
-def _union(types: list[Any]) -> Any:
-    out = types[0]
-    for t in types[1:]:
-        out = out | t
-    return out
 
 
 class Decoder:
@@ -247,7 +241,7 @@ def _encoder_classes(release: str) -> tuple[Any, dict[str, Any]]:
     classes = {}
     for name, fields in EVENT_FIELDS.items():
         spec = [(n, t) if required else (n, t, None) for n, t, required in fields
-                if release != "0.31" or n != "lookahead_token_ids"]
+                if release != "0.31" or n != LOOKAHEAD[0]]
         classes[name] = msgspec.defstruct(name, spec, tag=True, omit_defaults=True)
     batch = msgspec.defstruct("KVEventBatch", [("ts", float), ("events", list[Any]),
                                                ("data_parallel_rank", int | None, None)],
@@ -278,10 +272,5 @@ def encode_batch(events: list[dict[str, Any]], ts: float, data_parallel_rank: in
     return msgspec.msgpack.encode(batch(ts, structs, data_parallel_rank))
 
 
-def encode_message(topic: bytes, seq: int, payload: bytes) -> list[bytes]:
-    """The three frames of one published batch."""
-    return [topic, seq.to_bytes(8, "big"), payload]
-
-
-__all__ = ["END_SEQ", "EVENT_FIELDS", "Batch", "Decoder", "WireError", "encode_batch", "encode_message",
-           "parse_frames", "rank_endpoint"]
+__all__ = ["END_SEQ", "EVENT_FIELDS", "Batch", "Decoder", "WireError", "encode_batch", "parse_frames",
+           "rank_endpoint"]

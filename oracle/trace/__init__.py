@@ -16,13 +16,13 @@ workload).  ``kvpool record`` and ``kvpool check-trace`` are
 :mod:`kvpool.cli.trace`.
 """
 
-from .check import CheckReport, canonical_hash, check_trace
-from .read import TraceStep, json_lines, parse_event, read_trace
+from .check import CheckReport, check_trace
+from .read import TraceStep, json_lines, parse_event
 from .record import Recording, RecordingLockstep, record, record_adapter, recording_pair
-from .schema import DEFAULT_REFERENCE, FieldError, TraceError, schema_gaps
+from .schema import DEFAULT_REFERENCE, FieldError, TraceError
 
 __all__ = [
     "DEFAULT_REFERENCE", "CheckReport", "FieldError", "Recording", "RecordingLockstep", "TraceError",
-    "TraceStep", "canonical_hash", "check_trace", "json_lines", "parse_event", "read_trace", "record",
-    "record_adapter", "recording_pair", "schema_gaps",
+    "TraceStep", "check_trace", "json_lines", "parse_event", "record",
+    "record_adapter", "recording_pair",
 ]

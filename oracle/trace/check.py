@@ -20,11 +20,10 @@ from kvpool.model.state import Key, PoolState
 from ..core.abstraction import names_refusal, refusal_name, removals_in_order
 from ..core.lockstep import Watcher
 from ..core.observe import observe_model
+from ..events.kinds import hash64
 from .read import TraceStep, iter_trace
 from .schema import EVENT_FIELDS, OBSERVATION_FIELDS, USAGE_TOLERANCE, Json, is_int, show
 from .write import encode_model_result, model_event_to_json, observation_to_json
-
-_LOW_64 = (1 << 64) - 1
 
 
 @dataclass
@@ -78,27 +77,18 @@ class CheckReport:
                 f"({self.steps - 1} calls agreed before it)\n  {body}")
 
 
-def canonical_hash(h: Json) -> Json:
-    """Event hashes compare in their int form: hex bytes become their low 64 bits."""
-    if isinstance(h, str):
-        try:
-            return int.from_bytes(bytes.fromhex(h), "big") & _LOW_64
-        except ValueError:
-            return h
-    return h
-
-
 def canonical_event(e: dict[str, Json]) -> dict[str, Json]:
-    """An event's fields, in the schema's order, with hashes in int form, for comparison."""
+    """An event's fields, in the schema's order, with hashes in int form (hex bytes' low 64 bits), for
+    comparison."""
     spec = EVENT_FIELDS.get(str(e.get("type")), {})
     out: dict[str, Json] = {"type": e.get("type")}
     for name in spec:
         if name in e:
             out[name] = e[name]
     if "block_hashes" in out and isinstance(out["block_hashes"], list):
-        out["block_hashes"] = [canonical_hash(h) for h in out["block_hashes"]]
+        out["block_hashes"] = [hash64(h) for h in out["block_hashes"]]
     if out.get("parent_block_hash") is not None:
-        out["parent_block_hash"] = canonical_hash(out["parent_block_hash"])
+        out["parent_block_hash"] = hash64(out["parent_block_hash"])
     return out
 
 
@@ -301,5 +291,5 @@ def _footprint_keys(state: PoolState, step: TraceStep) -> frozenset[Key]:
 
 
 __all__ = ["CheckReport", "Expected", "StepContract", "StepDivergence", "agreeing_steps", "canonical_event",
-           "canonical_hash", "check_trace", "compare_step", "expected_of", "model_call", "observation_diffs",
+           "check_trace", "compare_step", "expected_of", "model_call", "observation_diffs",
            "outcome_diffs"]

@@ -71,12 +71,6 @@ class TraceStep:
     observation: dict[str, Json] | None
 
 
-@dataclass
-class Trace:
-    path: str
-    header: Header
-    steps: list[TraceStep]
-
 
 
 def _kind_ok(kind: str, v: Any, where: str) -> None:
@@ -438,12 +432,6 @@ def _values(name: str, lines: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
             raise TraceError(name, number, f"bad JSON: {exc}") from None
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read and validate a whole trace; raise :class:`TraceError` at the first bad line."""
-    header, steps = iter_trace(path)
-    return Trace(str(path), header, list(steps))
-
-
 def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
     """The trace's header, and its call lines as they are read (memory independent of length).
 
@@ -456,21 +444,22 @@ def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
     if first is None:
         raise TraceError(name, 1, "empty file: expected a header line {\"kvpool_trace\": 1, ...}")
     number, value = first
-    header = _guarded(name, number, lambda: parse_header(value))
+    header = guarded(name, number, lambda: parse_header(value))
 
     requests = Requests()
 
     def steps() -> Iterator[TraceStep]:
         for number, value in values:
             if isinstance(value, dict) and REQUEST_LINE in value:
-                _guarded(name, number, functools.partial(requests.line, value))
+                guarded(name, number, functools.partial(requests.line, value))
                 continue
-            yield _guarded(name, number, functools.partial(parse_step, value, number, requests))
+            yield guarded(name, number, functools.partial(parse_step, value, number, requests))
 
     return header, steps()
 
 
-def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
+def guarded(name: str, number: int, parse: Callable[[], T]) -> T:
+    """``parse()`` of line ``number`` of file ``name``, its :class:`FieldError` a :class:`TraceError`."""
     try:
         return parse()
     except FieldError as exc:
@@ -482,8 +471,8 @@ def _guarded(name: str, number: int, parse: Callable[[], T]) -> T:
 __all__ = [
     "Header",
     "Requests",
-    "Trace",
     "TraceStep",
+    "guarded",
     "iter_trace",
     "json_lines",
     "parse_call",
@@ -491,5 +480,4 @@ __all__ = [
     "parse_header",
     "parse_outcome",
     "parse_step",
-    "read_trace",
 ]

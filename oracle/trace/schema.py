@@ -1,9 +1,8 @@
 """The JSONL trace format (``oracle/TRACE_FORMAT.md``) as data: versions, limits, field kinds.
 
 The reader (:mod:`.read`) and the writer (:mod:`.write`) both go by these
-tables, and :func:`schema_gaps` checks them against the model's operations
-and the oracle's event fields, so a new operation or a renamed parameter
-cannot be silently left out of traces.
+tables, made from the model's operations and the oracle's event fields, so a
+new operation or a renamed parameter cannot be silently left out of traces.
 """
 
 from __future__ import annotations
@@ -53,36 +52,20 @@ REQUEST_LINE = "kvpool_request"
 OBSERVATION_FIELDS = ("ref", "free", "primary", "secondary", "index", "watched", "num_free")
 REQUIRED_OBSERVATION = ("ref", "free", "primary", "num_free")
 """What any pool shows; the other fields are recorded where the pool exposes them."""
-# Event fields: name -> (kind, required).  Optional ones default to null.
+EVENT_KINDS: dict[str, str] = {
+    "block_hashes": "hashes", "parent_block_hash": "ehash?", "token_ids": "ints", "block_size": "int",
+    "lora_id": "int?", "medium": "str?", "lora_name": "str?", "extra_keys": "any", "group_idx": "int?",
+    "kv_cache_spec_kind": "str?", "kv_cache_spec_sliding_window": "int?", "locality": "str?",
+    "ownership": "str?", "session_id": "str?"}
+"""How each field of vLLM's events is written (whichever event has it)."""
+REQUIRED_EVENT_FIELDS = {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                         "lora_name"}
+"""The fields every release of vLLM writes; the others may be left out, and default to null."""
 EVENT_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
-    "BlockStored": {
-        "block_hashes": ("hashes", True), "parent_block_hash": ("ehash?", True),
-        "token_ids": ("ints", True), "block_size": ("int", True), "lora_id": ("int?", True),
-        "medium": ("str?", True), "lora_name": ("str?", True), "extra_keys": ("any", False),
-        "group_idx": ("int?", False), "kv_cache_spec_kind": ("str?", False),
-        "kv_cache_spec_sliding_window": ("int?", False), "locality": ("str?", False),
-        "ownership": ("str?", False), "session_id": ("str?", False)},
-    "BlockRemoved": {
-        "block_hashes": ("hashes", True), "medium": ("str?", True), "group_idx": ("int?", False),
-        "locality": ("str?", False), "ownership": ("str?", False)},
-    "AllBlocksCleared": {},
-}
-
-
-
-def schema_gaps() -> set[str]:
-    """Event types whose trace schema and the oracle's abstraction disagree (empty when in step).
-
-    The operations' tables are read off the model's declarations; the event
-    fields are written twice (here and in :mod:`kvpool.oracle.core.abstraction`),
-    so a renamed field is named here rather than silently missing from traces
-    (a test asserts it is empty).
-    """
-    gaps = set()
-    for name, names in abstraction.EVENT_FIELDS.items():
-        if list(names) != list(EVENT_FIELDS.get(name, {"?": ("", True)})):
-            gaps.add(name)
-    return gaps
+    kind: {name: (EVENT_KINDS[name], name in REQUIRED_EVENT_FIELDS) for name in names}
+    for kind, names in abstraction.EVENT_FIELDS.items()}
+"""Per event type, its fields in the oracle's order (:mod:`kvpool.oracle.core.abstraction`, so that a
+renamed field cannot be left out of traces): name -> (kind, required)."""
 
 
 class TraceError(ValueError):
@@ -116,5 +99,5 @@ __all__ = [
     "ARG_KINDS", "DEFAULT_REFERENCE", "EVENT_FIELDS", "HEADER_FIELDS", "INT_MAX", "INT_MIN",
     "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "REQUEST_LINE", "RESULT_KINDS", "STEP_FIELDS",
     "TRACED", "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int",
-    "schema_gaps", "show",
+    "show",
 ]

@@ -20,15 +20,7 @@ from __future__ import annotations
 from functools import partial
 
 from .base import REACTION_KINDS, Cause, Profile, Query, Reaction, Rule
-from .check import (
-    Difference,
-    Factory,
-    RouterCheck,
-    RouterReport,
-    check_stream_router,
-    check_trace_routers,
-    query_of,
-)
+from .check import Difference, Factory, RouterCheck, RouterReport, check_trace_routers, query_of
 from .dynamo import DynamoRouter
 from .ideal import RefcountReader, SetReader
 from .llmd import RELEASES, LlmdRouter, parse_options
@@ -58,6 +50,6 @@ def profile_factory(spec: str) -> tuple[str, Factory]:
 __all__ = [
     "PROFILES", "REACTION_KINDS", "RELEASES", "Cause", "Difference", "DynamoRouter", "Factory",
     "LlmdRouter", "Profile", "Query", "Reaction", "RefcountReader", "RouterCheck", "RouterReport",
-    "Rule", "SetReader", "check_stream_router", "check_trace_routers", "parse_options",
+    "Rule", "SetReader", "check_trace_routers", "parse_options",
     "profile_factory", "query_of",
 ]

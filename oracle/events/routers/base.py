@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -73,6 +73,10 @@ class Query:
         """The query's tokens in whole chunks of ``size``."""
         return [self.tokens[i:i + size] for i in range(0, len(self.tokens) - size + 1, size)]
 
+    def leading(self, held: Callable[[tuple[int, int]], bool]) -> int:
+        """How many of its leading blocks ``held`` says are held, asked by key."""
+        return next((i for i, h in enumerate(self.hashes) if not held((h, self.group))), len(self.hashes))
+
     def mm_in(self, start: int, end: int) -> tuple[str, ...]:
         """Identifiers of the multimodal items overlapping tokens ``[start, end)``, by offset."""
         return tuple(i for i, off, n in sorted(self.mm, key=lambda m: m[1]) if off < end and start < off + n)
@@ -114,9 +118,6 @@ class Profile(ABC):
     def answers(self, group: int) -> bool:
         """Whether the router's answer is meant for this group (it reads that group's events)."""
         return True
-
-    def rule(self, rule_id: str) -> Rule:
-        return self.rules[rule_id]
 
     explains: bool = True
     """Whether it keeps what only :meth:`explain` reads (why a key went, why a store was dropped)."""

@@ -21,7 +21,7 @@ re-announced hit or a second copy: the profile reads it as one of them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +29,12 @@ from typing import Any
 from kvpool.model.request import hashes_at
 from kvpool.model.state import PoolState
 
-from ...trace import CheckReport, TraceStep, check_trace, json_lines
-from ...trace.read import parse_header
-from ...trace.schema import FieldError
+from ...trace import CheckReport, TraceStep, check_trace
+from ...trace.read import iter_trace
 from ..facts import pool_copies, step_events
-from ..kinds import Position
+from ..kinds import hash64
 from .base import Cause, Profile, Query, Reaction, Rule
 
-_LOW_64 = (1 << 64) - 1
 Copies = dict[tuple[int, int], int]
 Factory = Callable[[dict[int, int]], Profile]
 
@@ -157,13 +155,9 @@ def _op(op: str | None) -> str:
     return "" if op is None else f" ({op})"
 
 
-def _low(h: bytes) -> int:
-    return int.from_bytes(h, "big") & _LOW_64
-
-
 def query_of(request: Any, group: int, block_size: int, hash_block_size: int) -> Query:
     """The prefix query a request names in one group: its full blocks and their keys."""
-    hashes = tuple(_low(h) for h in hashes_at(request, hash_block_size, block_size))
+    hashes = tuple(int(hash64(h)) for h in hashes_at(request, hash_block_size, block_size))
     lora = request.lora_request.lora_name if request.lora_request else None
     mm = tuple((f.identifier, f.mm_position.offset, f.mm_position.length)
                for f in request.mm_features or ())
@@ -173,12 +167,7 @@ def query_of(request: Any, group: int, block_size: int, hash_block_size: int) ->
 
 def served(query: Query, copies: Copies) -> int:
     """How many leading blocks of ``query`` the pool's index holds."""
-    n = 0
-    for h in query.hashes:
-        if copies.get((h, query.group), 0) <= 0:
-            break
-        n += 1
-    return n
+    return query.leading(lambda key: copies.get(key, 0) > 0)
 
 
 class RouterCheck:
@@ -263,28 +252,15 @@ class RouterCheck:
         elif result.divergence is not None:
             self.report.stopped = (f"line {result.divergence.line}: the trace differs from the model; "
                                    "no call from it on is compared")
-        if self.profile is None:
-            self._profile()
+        self._profile()  # made once, so that the report names its rules
         return self.report
-
-
-def _header_block_sizes(path: str | Path) -> tuple[dict[int, int] | None, bool]:
-    """The trace header's block sizes (if any), and whether the trace has events on."""
-    first = next(json_lines(path), None)
-    if first is None:
-        return None, False
-    try:
-        header = parse_header(first[1])
-    except FieldError:
-        return None, False  # check_trace reports it
-    return header.block_sizes, header.enable_kv_cache_events
 
 
 def check_trace_routers(path: str | Path, factories: Sequence[tuple[str, Factory]], *,
                         vllm_errors: bool = False) -> tuple[CheckReport, list[RouterReport]]:
     """Replay a trace on the model once, with every profile in ``factories`` reading along."""
-    sizes, events_on = _header_block_sizes(path)
-    checks = [RouterCheck(factory, name, str(path), sizes) for name, factory in factories]
+    header, _ = iter_trace(path)  # a bad header raises here what check_trace would
+    checks = [RouterCheck(factory, name, str(path), header.block_sizes) for name, factory in factories]
 
     def on_step(step: TraceStep, state: PoolState) -> None:
         for c in checks:
@@ -292,18 +268,7 @@ def check_trace_routers(path: str | Path, factories: Sequence[tuple[str, Factory
 
     result = check_trace(path, vllm_errors=vllm_errors, on_step=on_step)
     reports = [c.finish(result) for c in checks]
-    if not events_on:
+    if not header.enable_kv_cache_events:
         for r in reports:
             r.note = "the trace has KV events off: a router learns nothing from it"
     return result, reports
-
-
-def check_stream_router(events: Iterable[tuple[Position, dict[str, Any]]], factory: Factory, name: str,
-                        path: str, block_sizes: dict[int, int]) -> RouterReport:
-    """A bare stream through one profile: what it does not index as meant, and what no one can tell."""
-    from ..reading import Reading  # the reading reads its reports from here
-
-    reading = Reading(path, block_sizes, [(name, factory)])
-    for pos, event in events:
-        reading.feed(event, pos)
-    return reading.reports()[0]

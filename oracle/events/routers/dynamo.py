@@ -38,17 +38,7 @@ from collections import deque
 from typing import Any
 
 from ..kinds import Position, hash64
-from .base import (
-    Cause,
-    Profile,
-    Query,
-    Reaction,
-    Recent,
-    Rule,
-    event_hashes,
-    event_parent,
-    show_hash,
-)
+from .base import Cause, Profile, Query, Reaction, Recent, Rule, event_hashes, event_parent, show_hash
 
 _REPO = "ai-dynamo/dynamo"
 ZMQ_WIRE = f"{_REPO} lib/kv-router/src/zmq_wire.rs@0cda21dc69fd"

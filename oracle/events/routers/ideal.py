@@ -11,21 +11,10 @@ physical copy").
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from ..kinds import Key, Position
-from .base import (
-    KVPOOL_DOC,
-    Cause,
-    Profile,
-    Query,
-    Reaction,
-    Recent,
-    Rule,
-    event_group,
-    event_hashes,
-)
+from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Recent, Rule, event_group, event_hashes
 
 
 def _rules(*rules: Rule) -> dict[str, Rule]:
@@ -33,11 +22,24 @@ def _rules(*rules: Rule) -> dict[str, Rule]:
 
 
 class _KeyReader(Profile):
-    """A reader of ``(hash, group_idx)`` keys: one call per key stored, removed, or cleared."""
+    """A reader of ``(hash, group_idx)`` keys: per key, the stores it counts (at most one, unless it
+    ``counts`` copies), its latest store, and why it stopped being held."""
+
+    counts: ClassVar[bool]
+    """Whether each store is one more copy (``refcount``) or the key is merely held (``set``)."""
+
+    def __init__(self, block_sizes: dict[int, int]):
+        super().__init__(block_sizes)
+        self.stores: dict[Key, int] = {}
+        """Per held key: the stores counted, one copy each."""
+        self.latest: Recent[Key, Position] = Recent()
+        """Per key: its latest store (what stays counted when removals take the oldest first)."""
+        self.gone: Recent[Key, tuple[str, Position]] = Recent()
 
     def feed(self, event: dict[str, Any], pos: Position) -> list[Reaction]:
         if event["type"] == "AllBlocksCleared":
-            self.cleared(pos)
+            self.gone.update((k, (f"{self.name}.clear", pos)) for k in self.stores)
+            self.stores.clear()
             return []
         group = event_group(event)
         act = self.stored if event["type"] == "BlockStored" else self.removed
@@ -45,29 +47,31 @@ class _KeyReader(Profile):
             act((h, group), pos)
         return []
 
-    @abstractmethod
+    def forget(self, key: Key) -> None:
+        self.stores.pop(key, None)
+        self.latest.pop(key, None)
+        self.gone.pop(key, None)
+
     def stored(self, key: Key, pos: Position) -> None:
-        """One store of ``key``."""
+        self.stores[key] = self.stores.get(key, 0) + 1 if self.counts else 1
+        self.latest[key] = pos
+        self.gone.pop(key, None)
 
-    @abstractmethod
     def removed(self, key: Key, pos: Position) -> None:
-        """One removal of ``key``."""
+        n = self.stores.get(key)
+        if n is None:
+            return
+        if n > 1:
+            self.stores[key] = n - 1
+            return
+        del self.stores[key]
+        self.gone[key] = (f"{self.name}.remove", pos)
 
-    @abstractmethod
-    def cleared(self, pos: Position) -> None:
-        """An AllBlocksCleared."""
-
-    @abstractmethod
     def holds(self, key: Key) -> bool:
-        """Whether the reading holds ``key`` now."""
+        return key in self.stores
 
     def prefix(self, query: Query) -> int:
-        n = 0
-        for h in query.hashes:
-            if not self.holds((h, query.group)):
-                break
-            n += 1
-        return n
+        return query.leading(self.holds)
 
 
 class SetReader(_KeyReader):
@@ -75,6 +79,7 @@ class SetReader(_KeyReader):
 
     name = "set"
     repeats = "one copy"
+    counts = False
     rules = _rules(
         Rule("set.store", "a BlockStored makes each of its keys held", KVPOOL_DOC),
         Rule("set.remove", "a BlockRemoved makes its key not held, however often it was stored",
@@ -82,34 +87,10 @@ class SetReader(_KeyReader):
         Rule("set.clear", "an AllBlocksCleared makes every key not held", KVPOOL_DOC),
     )
 
-    def __init__(self, block_sizes: dict[int, int]):
-        super().__init__(block_sizes)
-        self.held: dict[Key, Position] = {}
-        self.gone: Recent[Key, tuple[str, Position]] = Recent()
-
-    def forget(self, key: Key) -> None:
-        self.held.pop(key, None)
-        self.gone.pop(key, None)
-
-    def stored(self, key: Key, pos: Position) -> None:
-        self.held[key] = pos
-        self.gone.pop(key, None)
-
-    def removed(self, key: Key, pos: Position) -> None:
-        if self.held.pop(key, None) is not None:
-            self.gone[key] = ("set.remove", pos)
-
-    def cleared(self, pos: Position) -> None:
-        self.gone.update((k, ("set.clear", pos)) for k in self.held)
-        self.held.clear()
-
-    def holds(self, key: Key) -> bool:
-        return key in self.held
-
     def explain(self, query: Query, block: int, held: bool) -> Cause:
         key = (query.hashes[block], query.group)
         if held:
-            return Cause("set.store", self.held.get(key), "stored there; a store of a held key is "
+            return Cause("set.store", self.latest.get(key), "stored there; a store of a held key is "
                          "read as the same copy")
         rule, pos = self.gone.get(key, ("set.store", None))
         if pos is None:
@@ -122,6 +103,7 @@ class RefcountReader(_KeyReader):
 
     name = "refcount"
     repeats = "another copy"
+    counts = True
     rules = _rules(
         Rule("refcount.store", "a BlockStored adds one copy of each of its keys, whether it made one or "
              "announced a hit again", KVPOOL_DOC),
@@ -129,41 +111,6 @@ class RefcountReader(_KeyReader):
              KVPOOL_DOC),
         Rule("refcount.clear", "an AllBlocksCleared leaves no copy of any key", KVPOOL_DOC),
     )
-
-    def __init__(self, block_sizes: dict[int, int]):
-        super().__init__(block_sizes)
-        self.stores: dict[Key, int] = {}
-        """Per key with copies: the stores counted, one copy each."""
-        self.latest: Recent[Key, Position] = Recent()
-        """Per key: its latest store (what stays counted when removals take the oldest first)."""
-        self.gone: Recent[Key, tuple[str, Position]] = Recent()
-
-    def forget(self, key: Key) -> None:
-        self.stores.pop(key, None)
-        self.latest.pop(key, None)
-        self.gone.pop(key, None)
-
-    def stored(self, key: Key, pos: Position) -> None:
-        self.stores[key] = self.stores.get(key, 0) + 1
-        self.latest[key] = pos
-        self.gone.pop(key, None)
-
-    def removed(self, key: Key, pos: Position) -> None:
-        n = self.stores.get(key)
-        if n is None:
-            return
-        if n > 1:
-            self.stores[key] = n - 1
-            return
-        del self.stores[key]
-        self.gone[key] = ("refcount.remove", pos)
-
-    def cleared(self, pos: Position) -> None:
-        self.gone.update((k, ("refcount.clear", pos)) for k in self.stores)
-        self.stores.clear()
-
-    def holds(self, key: Key) -> bool:
-        return key in self.stores
 
     def explain(self, query: Query, block: int, held: bool) -> Cause:
         key = (query.hashes[block], query.group)

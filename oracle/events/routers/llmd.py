@@ -32,19 +32,8 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..kinds import Position, hash64
-from .base import (
-    Cause,
-    Profile,
-    Query,
-    Reaction,
-    Recent,
-    Rule,
-    event_group,
-    event_hashes,
-    event_parent,
-    show_hash,
-)
+from ..kinds import Position, event_group, hash64
+from .base import Cause, Profile, Query, Reaction, Recent, Rule, event_hashes, event_parent, show_hash
 
 _REPO = "llm-d/llm-d-kv-cache"
 _OLD, _NEW = "b6404af14b54", "7be76e119ca5"
@@ -123,15 +112,10 @@ def parse_options(text: str) -> LlmdOptions:
         name, _, value = item.partition("=")
         if name not in names:
             raise ValueError(f"llm-d option {name!r}: expected one of {', '.join(sorted(names))}")
-        setting: dict[str, Any] = {}
-        if name in _CHOICES:
-            if value not in _CHOICES[name]:
-                raise ValueError(f"llm-d option {name}: expected {' or '.join(_CHOICES[name])}")
-            setting[name] = value
-        elif value in ("on", "off"):
-            setting[name] = value == "on"
-        else:
-            raise ValueError(f"llm-d option {name}: expected on or off")
+        choices = _CHOICES.get(name, ("on", "off"))
+        if value not in choices:
+            raise ValueError(f"llm-d option {name}: expected {' or '.join(choices)}")
+        setting: dict[str, Any] = {name: value if name in _CHOICES else value == "on"}
         opts = replace(opts, **setting)
     return opts
 
@@ -361,19 +345,9 @@ class LlmdRouter(Profile):
                 if data.setdefault(rk, entry) != entry:
                     self._also(rk, entry)
             return reactions
-        group, added, groups_of, removed = event_group(event), self.added, self.groups_of, self.removed
-        made = (self.seq, why, frozenset(hashes))
-        for rk in keys:  # _add, inline: a store adds one request key per block
-            if data.setdefault(rk, entry) != entry:
-                self._also(rk, entry)
-            added[rk] = made
-            groups = groups_of.get(rk)
-            if groups is None:
-                groups_of[rk] = {group}
-            else:
-                groups.add(group)
-            if rk in removed:
-                del removed[rk]
+        group, named = event_group(event), frozenset(hashes)
+        for rk in keys:
+            self._add(rk, entry, why, named, group)
         tainted = start in self.tainted or bool(raw and any(raw) and any(
             isinstance(k, str) for keys in raw for k in keys or ()))
         if tainted:
