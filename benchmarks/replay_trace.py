@@ -5,18 +5,20 @@
 ``TRACE.jsonl`` is a request trace ``kvpool replay`` reads: Mooncake's FAST'25
 release (kvcache-ai/Mooncake, ``FAST25-release/traces/synthetic_trace.jsonl``,
 3,993 requests; not in this repository: ``curl -LO https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/synthetic_trace.jsonl``,
-sha256 ``bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131``).  ``vllm`` runs
-vLLM 0.31's scheduler over the trace three times in this process, the same
-trace and settings (32,768 blocks of 16 tokens, budget 8,192): vLLM's pool
-bare, under the shadow (its checker in a process of its own), and kvpool's
-pool in its place; ``kvpool`` runs kvpool's own loop around kvpool's pool in
-lockstep with the model.  Printed per run: requests, steps, pool calls checked
-and calls/s, the engine's CPU time (this process) and the checker's, the wall
-time, hit rates, evictions, preemptions, and the resident memory of the engine
-and the checker sampled every second (first and last tenth of the run, peak);
-then the CPU ratios shadowed / bare and kvpool's pool / bare (targets: the
-shadow at most 1.5x the bare scheduler's CPU, the whole trace shadowed within
-10 minutes), and whether the three vLLM runs scheduled every request alike.
+sha256 ``bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131``).
+``vllm`` runs vLLM 0.31's scheduler over the trace four times in this process,
+the same trace and settings (32,768 blocks of 16 tokens, budget 8,192): vLLM's
+pool bare, under the shadow (its checker in a process of its own), under the
+shadow with a checker that only counts what it is sent (the recording's own
+cost, ``count_records.py``), and kvpool's pool in its place; ``kvpool`` runs
+kvpool's own loop around kvpool's pool in lockstep with the model. Printed per
+run: requests, steps, pool calls checked and calls/s, the engine's CPU time
+(this process) and the checker's, the wall time, hit rates, evictions,
+preemptions, and the resident memory of the engine and the checker sampled every
+second (first and last tenth of the run, peak); then the CPU ratios shadowed /
+bare and kvpool's pool / bare (targets: the shadow at most 1.5x the bare
+scheduler's CPU, the whole trace shadowed within 10 minutes), and whether the
+vLLM runs scheduled every request alike.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from kvpool.oracle.replay.requests import read_requests
 from kvpool.oracle.replay.run import Replay, Settings
 
 TARGET_RATIO = 1.5
+COUNT_RECORDS = Path(__file__).with_name("count_records.py")
 TARGET_WALL_S = 600.0
 
 
@@ -98,9 +101,12 @@ def run_vllm_modes(path: str, settings: Settings, limit: int | None) -> None:
     # vLLM's imports and its model registry's first look at the architecture, before any run counts
     run_vllm(read_requests(path, limit=2), settings, vllm_plugin.use, mode="none")
     results: dict[str, Replay] = {}
-    for mode in ("none", "shadow", "replace"):
-        checker = None
+    checker_args = sh.hub.CHECKER
+    for run in ("none", "shadow", "recorded only", "replace"):
+        mode, checker = ("shadow" if run == "recorded only" else run), None
         if mode == "shadow":  # the checker process started before the run, so its memory is watched
+            sh.hub.finish()  # a new checker process: the real one, or one that only counts records
+            sh.hub.CHECKER = [str(COUNT_RECORDS)] if run == "recorded only" else checker_args
             sh.ShadowPool(kvpool_adapter().construct(4, True, 1, False)).get_num_free_blocks()
             sh.sync()
             hub = sh.hub.hub("process")
@@ -109,19 +115,24 @@ def run_vllm_modes(path: str, settings: Settings, limit: int | None) -> None:
         memory.start()
         r = run_vllm(read_requests(path, limit=limit), settings, vllm_plugin.use, mode=mode,
                      keep_requests=True)
-        show(f"vLLM's scheduler, {'vLLM' if mode == 'none' else mode}", r, memory.stop())
-        results[mode] = r
+        show(f"vLLM's scheduler, {'vLLM' if mode == 'none' else run}", r, memory.stop())
+        results[run] = r
+    sh.hub.finish()
+    sh.hub.CHECKER = checker_args
     bare, shadow, replace = results["none"], results["shadow"], results["replace"]
-    keys = [[x.key() for x in r.records or ()] for r in (bare, shadow, replace)]
-    same = keys[0] == keys[1] == keys[2]
+    keys = [[x.key() for x in r.records or ()] for r in results.values()]
+    same = all(k == keys[0] for k in keys)
     ratio = shadow.cpu_s / bare.cpu_s
     total = (shadow.cpu_s + shadow.checker_cpu_s) / bare.cpu_s
     print(f"CPU ratios (engine): shadowed / bare {ratio:.2f} (target at most {TARGET_RATIO}: "
           f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}), kvpool's pool / bare "
           f"{replace.cpu_s / bare.cpu_s:.2f}; with the checker process's CPU: shadowed / bare {total:.2f}")
+    print(f"  of which recording (the same calls, a checker that only counts them): "
+          f"{results['recorded only'].cpu_s / bare.cpu_s:.2f}; the rest is the engine's share of the "
+          f"machine with a busy checker beside it")
     print(f"shadowed run: {shadow.wall_s:.0f} s wall (target at most {TARGET_WALL_S:.0f} s: "
           f"{'met' if shadow.wall_s <= TARGET_WALL_S else 'NOT met'}); every request scheduled alike in the "
-          f"three runs: {'yes' if same else 'NO'}")
+          f"{len(keys)} runs: {'yes' if same else 'NO'}")
 
 
 def main(argv: list[str] | None = None) -> int:

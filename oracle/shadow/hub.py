@@ -169,6 +169,12 @@ class InlineHub(Hub):
         self.checker.close_all()
 
 
+CHECKER = ["-P", "-m", "kvpool.oracle.shadow.child"]
+"""The checker process's arguments to this Python (-P: a checkout's kvpool/ folder in the working
+directory must not hide the installed one); benchmarks/replay_trace.py puts one that only counts
+the records in its place, to tell the recording's cost from the checker's."""
+
+
 class ProcessHub(Hub):
     """The checker in a process of its own, fed batches of pickled records through a pipe."""
 
@@ -177,10 +183,8 @@ class ProcessHub(Hub):
     def __init__(self) -> None:
         super().__init__()
         env = {**os.environ, "KVPOOL_SHADOW_PARENT": str(os.getpid())}
-        self.child = subprocess.Popen(
-            # -P: a checkout's kvpool/ folder in the working directory must not hide the installed one
-            [sys.executable, "-P", "-m", "kvpool.oracle.shadow.child"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=env)
+        self.child = subprocess.Popen([sys.executable, *CHECKER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, env=env)
         self.buffer: list[bytes] = []
         self.since = 0.0
         self.dead = False
@@ -309,5 +313,5 @@ def _at_exit() -> None:
     atexit.register(write)
 
 
-__all__ = ["BATCH", "Hub", "InlineHub", "ProcessHub", "finish", "hub", "read_frame", "read_records", "sync",
-           "write_frame", "write_records"]
+__all__ = ["BATCH", "CHECKER", "Hub", "InlineHub", "ProcessHub", "finish", "hub", "read_frame",
+           "read_records", "sync", "write_frame", "write_records"]
