@@ -134,6 +134,9 @@ class FaultProxy:
         self.sub = ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        # small buffers: a paused proxy makes the publisher drop all but a few hundred batches at most
+        self.sub.setsockopt(zmq.RCVHWM, 50)
+        self.sub.setsockopt(zmq.RCVBUF, 4096)
         self.sub.connect(upstream)
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
