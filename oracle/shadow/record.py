@@ -276,12 +276,15 @@ class Shadow:
         self.depth -= 1
         moved = queue is not None and (queue is not self._queue or pool.kv_event_queue is not queue
                                        or len(queue) != queued)
-        if not args and not moved:
+        if not args and not moved and self.whole:
             # Asked again with nothing done in between and answered as before: only its name is
-            # noted (the checker puts it to the model with the answer it recorded last). An engine
-            # asks the number of free blocks several times a step; most answers are repeats.
+            # noted (the checker process puts it to the model with the answer it recorded last).
+            # An engine asks the number of free blocks several times a step; most are repeats.
+            # Not for a checker on this thread: it reads the live pool, which the next call changes
+            # before the checker is told.
             answered = self._answered
             if op in answered and answered[op] == result:
+                self.calls += 1
                 self.repeats.ops.append(op)
                 return result
             answered[op] = result
