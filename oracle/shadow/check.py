@@ -37,7 +37,7 @@ from ..trace.record import RecordingLockstep
 from ..trace.schema import Json
 from ..trace.write import encode_args, encode_result, event_to_json, model_event_to_json, observation_to_json
 from .copied import copied_key
-from .messages import expand, unpack
+from .messages import REPEATABLE, expand, unpack
 from .settings import FIRST_LINE, TOTALS, ShadowDivergence, Unmodelled, logger
 from .working import RequestLines, Sink, close_trace
 
@@ -271,7 +271,7 @@ class PoolCheck:
              events: list[dict[str, Any]] | None, fired: list[tuple[str, int]],
              whole: dict[str, Any] | None) -> None:
         """One recorded call on the model, compared."""
-        if not args and error is None and whole is None:  # a query's answer, for its repeats
+        if op in REPEATABLE and error is None and whole is None:  # what a repeat of it answers
             self.answered[op] = (args, result, error, events, fired, None)
         try:
             model_args = self._model_args(op, args)

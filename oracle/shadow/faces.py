@@ -14,11 +14,10 @@ from typing import Any
 
 from kvpool.model import OPERATIONS, POOL_OPERATIONS
 
+from .messages import REPEATABLE
 from .record import Shadow
 from .settings import ENV_STRICT, flag, logger
 
-_QUERIES = frozenset(op for op, decl in OPERATIONS.items() if decl.role == "query" and not decl.args)
-"""Queries without arguments: most of an engine's calls, recorded on a shorter path."""
 _INNER = ("_maybe_evict_cached_block", "_insert_block_hash", "get_num_free_blocks")
 """What vLLM's pool calls on itself once per block (or per call) inside its operations."""
 _LOOPING = frozenset(op for op, decl in OPERATIONS.items() if decl.role != "query")
@@ -40,7 +39,7 @@ def _method(op: str, real: Callable[..., Any], base: type) -> Callable[..., Any]
         shadow = self.__dict__.get("_kvpool_shadow")
         if shadow is None or shadow.depth or not shadow.active:  # the pool calling itself, or unshadowed
             return real(self, *args, **kwargs)
-        if not kwargs and ((not args and op in _QUERIES) or (
+        if not kwargs and ((not args and op in REPEATABLE) or (
                 op == "get_cached_block" and len(args) == 2 and type(args[1]) is list)):
             return shadow.query(op, real, self, args)
         if op not in _LOOPING:

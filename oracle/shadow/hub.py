@@ -273,14 +273,12 @@ def hub(mode: str) -> Hub:
 def sync() -> dict[str, Any]:
     """Wait until every recorded call of this process is checked; the totals of the checker
     process so far (those of checks on the engine's thread are :data:`~.settings.TOTALS`)."""
-    for other in _hubs.values():
-        if isinstance(other, InlineHub):
-            for shadow in list(other.shadows.values()):
-                shadow.repeats.tell(other, shadow.number)
-            other.send(("noop",))
     found = _hubs.get("process")
     if isinstance(found, ProcessHub) and found.pid == os.getpid():
         return found.sync()
+    for other in _hubs.values():
+        if isinstance(other, InlineHub):
+            other.send(("noop",))
     return {}
 
 

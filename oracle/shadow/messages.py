@@ -23,8 +23,9 @@
 
 from __future__ import annotations
 
-import array
 from typing import Any
+
+from kvpool.model import OPERATIONS
 
 # Each record is pickled alone (its memo starts again), so a class in it costs its module's and
 # its name's strings every time (a NamedTuple made a cache call's record 4x as slow to pickle):
@@ -39,8 +40,12 @@ BlockSlice = tuple[int, list[int], int]
 blocks sent whole is a list."""
 
 Packed = tuple[str, bytes]
-"""``(kind, data)``: values of one kind as one block of bytes, ``i`` or ``q`` (32- or 64-bit ints)
-or ``Ns`` (``N`` bytes each). Values sent as they are form a list."""
+"""``(f"{N}s", data)``: byte strings of one length ``N`` (a request's hashes) as one block of bytes.
+Hashes of mixed lengths are sent as a list."""
+
+REPEATABLE = frozenset(op for op, decl in OPERATIONS.items() if decl.role == "query" and not decl.args)
+"""Queries without arguments: most of an engine's calls, recorded on a shorter path, and sent by
+name only when asked again with nothing done between (``same``)."""
 
 
 def expand(blocks: BlockSlice | list[int]) -> list[int]:
@@ -56,10 +61,8 @@ def unpack(values: Packed | list[Any]) -> list[Any]:
     if isinstance(values, list):
         return list(values)
     kind, data = values
-    if kind in ("i", "q"):
-        return array.array(kind, data).tolist()
     size = int(kind[:-1])
     return [data[i:i + size] for i in range(0, len(data), size)]
 
 
-__all__ = ["BlockSlice", "Packed", "RequestRef", "expand", "unpack"]
+__all__ = ["REPEATABLE", "BlockSlice", "Packed", "RequestRef", "expand", "unpack"]

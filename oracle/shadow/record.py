@@ -310,6 +310,8 @@ class Shadow:
 
     def _record(self, op: str, model_args: tuple[Any, ...], result: Any, error: BaseException | None,
                 queue: list[Any] | None, queued: int) -> None:
+        if self.repeats.ops:  # first: the checker puts them to the model before anything since
+            self.repeats.tell(self.hub, self.number)
         if queue is not self._queue:
             self._taken_elsewhere(queue)
         after = self._events_list() if self._queued else None
@@ -331,8 +333,6 @@ class Shadow:
         self.calls += 1
         if self._answered:
             self._answered = {}
-        if self.repeats.ops:
-            self.repeats.tell(self.hub, self.number)
         whole = None
         if self.whole and self.calls % self.full_every == 0:
             whole = snapshot(self.observer)
