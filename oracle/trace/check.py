@@ -214,7 +214,7 @@ def outcome_diffs(step: TraceStep, expected: Expected, *, vllm_errors: bool = Fa
     return diffs
 
 
-def compare_step(step: TraceStep, before: PoolState, after: PoolState, result: Any,
+def compare_step(step: TraceStep, after: PoolState, result: Any,
                  error: BaseException | None, *, vllm_errors: bool = False) -> list[str]:
     """Every difference between one recorded call and the model's run of it."""
     diffs = outcome_diffs(step, expected_of(step.op, after, result, error), vllm_errors=vllm_errors)
@@ -268,7 +268,7 @@ def agreeing_steps(path: str | Path, *, vllm_errors: bool = False, footprints: b
             return CheckReport(str(path), number, contract=StepContract(
                 step.line, number, step.op, error.contract, str(error).split(": ", 1)[-1]))
         try:
-            diffs = compare_step(step, state, new, result, error, vllm_errors=vllm_errors)
+            diffs = compare_step(step, new, result, error, vllm_errors=vllm_errors)
         except RecursionError:
             diffs = ["value nested too deeply to compare"]
         if diffs:
