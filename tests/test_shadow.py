@@ -214,6 +214,38 @@ def test_repeats_and_whole_pool_checks_keep_step(monkeypatch: pytest.MonkeyPatch
     assert shadow_of(pool).calls == sum(2 * n + 5 for n in (1, 2, 3))
 
 
+class StaleFreeCount(BlockPool):
+    """Answers the number of free blocks it first counted, whatever happens after."""
+
+    stale: int | None = None
+
+    def get_num_free_blocks(self) -> int:
+        if self.stale is None:
+            self.stale = super().get_num_free_blocks()
+        return self.stale
+
+
+def test_an_argument_less_call_answered_as_last_recorded_goes_by_name_and_is_still_checked(
+        mode: str) -> None:
+    """A repeat goes to a checker process by name even across calls that change the pool (the
+    events taken each step, the free count between allocations); the checker puts it to the model,
+    so an answer that should have changed is found wherever the checker runs."""
+    found = Found()
+    pool = shadowed_class(BlockPool)(8, True, 1)
+    for _ in range(3):
+        pool.get_num_free_blocks()
+        pool.take_events()
+        pool.free_blocks(pool.get_new_blocks(2))
+    assert found.now() == []
+    assert shadow_of(pool).repeats.told == (4 if mode == "process" else 0)  # 2 free counts, 2 takes
+    stale = shadowed_class(StaleFreeCount)(8, True, 1)
+    stale.get_num_free_blocks()
+    stale.get_new_blocks(2)
+    stale.get_num_free_blocks()  # 8 again, as the last one recorded: by name to a checker process
+    found_now = found.now()
+    assert len(found_now) == 1 and "get_num_free_blocks" in json.dumps(found_now[0]), found_now
+
+
 def test_a_kept_trace_replays_and_memory_stays_bounded(mode: str, tmp_path: Path) -> None:
     Shadowed = shadowed_class(BlockPool, keep=True)
     pool, pair = drive(Shadowed, 5, 3000, misuse=True)
@@ -518,8 +550,8 @@ def test_a_forked_process_does_not_write_into_its_parents_checker(monkeypatch: p
     sh.sync()
     pid = os.fork()
     if pid == 0:  # the child: its calls must not reach the parent's checker
-        for _ in range(hubs.BATCH + 1):
-            pool.get_num_free_blocks()
+        for _ in range(hubs.BATCH + 1):  # calls each recorded whole (a repeat goes by name only)
+            pool.free_blocks(pool.get_new_blocks(1))
         os._exit(0 if not shadow_of(pool).active else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

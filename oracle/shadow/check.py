@@ -37,7 +37,7 @@ from ..trace.record import RecordingLockstep
 from ..trace.schema import Json
 from ..trace.write import encode_args, encode_result, event_to_json, model_event_to_json, observation_to_json
 from .copied import copied_key
-from .messages import REPEATABLE, expand, unpack
+from .messages import expand, unpack
 from .settings import FIRST_LINE, TOTALS, ShadowDivergence, Unmodelled, logger
 from .working import RequestLines, Sink, close_trace
 
@@ -241,7 +241,8 @@ class PoolCheck:
         self.own: list[Any] = []
         """The events this pool's calls queued and nobody took yet, as recorded."""
         self.answered: dict[str, tuple[Any, ...]] = {}
-        """Per query without arguments, its last recorded outcome: what a repeat of it answered."""
+        """Per argument-less operation, its last outcome recorded without an error or a whole-pool
+        check: what a repeat of it (``same``) answered."""
         self._copied = itertools.count(1)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.part = self.directory / f".{self.name}.jsonl.part"
@@ -271,7 +272,7 @@ class PoolCheck:
              events: list[dict[str, Any]] | None, fired: list[tuple[str, int]],
              whole: dict[str, Any] | None) -> None:
         """One recorded call on the model, compared."""
-        if op in REPEATABLE and error is None and whole is None:  # what a repeat of it answers
+        if not args and error is None and whole is None and not fired:  # what a repeat of it answers
             self.answered[op] = (args, result, error, events, fired, None)
         try:
             model_args = self._model_args(op, args)
@@ -419,7 +420,7 @@ class Checker:
             check = self.pools.get(message[1])
             if check is not None and check.active:
                 check.call(*message[2:])
-        elif kind == "same":  # queries asked again with nothing done between, answered as before
+        elif kind == "same":  # argument-less calls answered as they were last recorded
             check = self.pools.get(message[1])
             for op in message[2]:
                 if check is None or not check.active:

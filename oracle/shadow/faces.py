@@ -20,9 +20,10 @@ from .settings import ENV_STRICT, flag, logger
 
 _INNER = ("_maybe_evict_cached_block", "_insert_block_hash", "get_num_free_blocks")
 """What vLLM's pool calls on itself once per block (or per call) inside its operations."""
-_LOOPING = frozenset(op for op, decl in OPERATIONS.items() if decl.role != "query")
-"""Operations that may call those on every block they handle: while one runs, the pool's own calls
-skip the shadow's wrapper (a call of the pool to itself is never shadowed; this only makes it cheap)."""
+_LOOPING = frozenset(op for op, decl in OPERATIONS.items() if decl.role != "query" and decl.args)
+"""Operations with arguments, which may call those on every block they handle: while one runs, the
+pool's own calls skip the shadow's wrapper (a call of the pool to itself is never shadowed; this
+only makes it cheap)."""
 MODULE = "kvpool.oracle.shadow"
 """Where a shadowed class says it lives (the package users import)."""
 

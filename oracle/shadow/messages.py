@@ -11,8 +11,8 @@
     (class names and message), the events it queued, the watchers it fired, and
     the whole pool's raw values when a whole-pool check is due;
 ``("same", n, ops)``
-    queries without arguments of pool ``n``, by name, each answered as that query was last with
-    no other call between (the checker puts them to the model with those answers);
+    argument-less calls of pool ``n``, by name, each with the result and events last recorded for
+    it without an error or a whole-pool check (the checker puts them to the model with those);
 ``("taken", n)``
     events pool ``n`` queued were taken through another pool's queue;
 ``("stop", n, why)``, ``("close", n, keep)``
@@ -44,8 +44,8 @@ Packed = tuple[str, bytes]
 Hashes of mixed lengths are sent as a list."""
 
 REPEATABLE = frozenset(op for op, decl in OPERATIONS.items() if decl.role == "query" and not decl.args)
-"""Queries without arguments: most of an engine's calls, recorded on a shorter path, and sent by
-name only when asked again with nothing done between (``same``)."""
+"""Queries without arguments: most of an engine's calls, recorded on a shorter path (and, as every
+argument-less call, sent by name when answered as last recorded: ``same``)."""
 
 
 def expand(blocks: BlockSlice | list[int]) -> list[int]:

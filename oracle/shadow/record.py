@@ -187,10 +187,11 @@ class Shadow:
                          for op, decl in OPERATIONS.items()}
         """Per operation: whether its result needs translating (blocks, events, a key)."""
         self._fired: list[tuple[str, int]] = []
-        self._answered: dict[str, Any] = {}
-        """Per query without arguments: its answer since the last call that was not such a query."""
+        self._answered: dict[str, tuple[Any, Any]] = {}
+        """Per argument-less operation: its result and events as last recorded without an error or a
+        whole-pool check (what the checker keeps too: :attr:`.check.PoolCheck.answered`)."""
         self.repeats = Tally()
-        """Queries answered as :attr:`_answered` says, named to the checker with the next message."""
+        """Calls answered as :attr:`_answered` says, named to the checker with the next message."""
         self._blocks: list[Any] = pool.blocks
         num_blocks = len(self._blocks)
         self.observer = Observer(pool)
@@ -276,18 +277,6 @@ class Shadow:
         self.depth -= 1
         moved = queue is not None and (queue is not self._queue or pool.kv_event_queue is not queue
                                        or len(queue) != queued)
-        if not args and not moved and self.whole:
-            # Asked again with nothing done in between and answered as before: only its name is
-            # noted (the checker process puts it to the model with the answer it recorded last).
-            # An engine asks the number of free blocks several times a step; most are repeats.
-            # Not for a checker on this thread: it reads the live pool, which the next call changes
-            # before the checker is told.
-            answered = self._answered
-            if op in answered and answered[op] == result:
-                self.calls += 1
-                self.repeats.ops.append(op)
-                return result
-            answered[op] = result
         model_args = (bytes(args[0]), list(args[1])) if args else ()
         if moved:
             self._fired = []
@@ -298,10 +287,8 @@ class Shadow:
                 self.depth -= 1
             return result
         self.calls += 1
-        if self.repeats.ops:
-            self.repeats.tell(self.hub, self.number)
-        self.hub.send(("call", self.number, op, model_args, plain_result(op, result) if args else result,
-                       None, () if self._queued else None, (), None))
+        self._send(op, model_args, plain_result(op, result) if args else result, None,
+                   [] if self._queued else None, [], None)
         return result
 
     def _events_list(self) -> list[Any] | None:
@@ -310,9 +297,9 @@ class Shadow:
 
     def _record(self, op: str, model_args: tuple[Any, ...], result: Any, error: BaseException | None,
                 queue: list[Any] | None, queued: int) -> None:
-        if self.repeats.ops:  # first: the checker puts them to the model before anything since
-            self.repeats.tell(self.hub, self.number)
-        if queue is not self._queue:
+        if queue is not self._queue:  # the repeats before it first: the checker keeps the order
+            if self.repeats.ops:
+                self.repeats.tell(self.hub, self.number)
             self._taken_elsewhere(queue)
         after = self._events_list() if self._queued else None
         events: list[dict[str, Any]] | None = None
@@ -331,15 +318,31 @@ class Shadow:
                 events = []
         self._queue = after
         self.calls += 1
-        if self._answered:
-            self._answered = {}
         whole = None
         if self.whole and self.calls % self.full_every == 0:
             whole = snapshot(self.observer)
         if result is not None and self._results[op]:
             result = plain_result(op, result)
-        self.hub.send(("call", self.number, op, model_args, result,
-                       None if error is None else plain_error(error), events, self._fired, whole))
+        self._send(op, model_args, result, None if error is None else plain_error(error), events,
+                   self._fired, whole)
+
+    def _send(self, op: str, model_args: tuple[Any, ...], result: Any,
+              error: tuple[tuple[str, ...], str] | None, events: list[dict[str, Any]] | None,
+              fired: list[tuple[str, int]], whole: dict[str, Any] | None) -> None:
+        """One call to the checker.  An argument-less call whose outcome is the one last recorded for
+        it goes to a checker process by name only (most of an engine's calls: the number of free
+        blocks asked several times a step, the events taken each step); the checker puts it to the
+        model with that outcome (:meth:`.check.Checker.handle`).  Not for a checker on this thread:
+        it reads the live pool, which the next call changes before the checker is told."""
+        if not model_args and error is None and whole is None and not fired and self.whole:
+            outcome = (result, events)
+            if self._answered.get(op) == outcome:
+                self.repeats.ops.append(op)
+                return
+            self._answered[op] = outcome
+        if self.repeats.ops:  # first: the checker puts them to the model before anything since
+            self.repeats.tell(self.hub, self.number)
+        self.hub.send(("call", self.number, op, model_args, result, error, events, fired, whole))
 
     def _taken_elsewhere(self, queue: list[Any] | None) -> None:
         """Events this pool queued that another pool's ``take_events`` took (a shared queue): the
