@@ -169,8 +169,6 @@ class Shadow:
         if self.reference not in REFERENCES:
             raise ValueError(f"{ENV_REFERENCE}={self.reference!r}: expected one of {sorted(REFERENCES)}")
         self.active = False
-        self.direct: dict[str, Any] | None = None
-        """The pool's own methods, bound, for its calls to itself while an operation runs (faces)."""
         self.depth = 0
         """Calls of this pool in progress: a pool's calls to itself are its own business."""
         self.calls = 0
