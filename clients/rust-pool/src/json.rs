@@ -290,56 +290,50 @@ impl<'a> Parser<'a> {
     }
 
     fn array(&mut self, depth: usize) -> Result<Json, String> {
-        self.i += 1;
-        let mut items = Vec::new();
-        self.ws();
-        if self.s.get(self.i) == Some(&b']') {
-            self.i += 1;
-            return Ok(Json::Arr(items));
-        }
-        loop {
-            items.push(self.value(depth + 1)?);
-            self.ws();
-            match self.s.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(b']') => {
-                    self.i += 1;
-                    return Ok(Json::Arr(items));
-                }
-                _ => return self.err("expected , or ]"),
-            }
-        }
+        self.items(b']', "expected , or ]", |p| p.value(depth + 1)).map(Json::Arr)
     }
 
     fn object(&mut self, depth: usize) -> Result<Json, String> {
-        self.i += 1;
-        let mut fields = Vec::new();
+        let field = |p: &mut Self| {
+            p.ws();
+            if p.s.get(p.i) != Some(&b'"') {
+                return p.err("expected a field name");
+            }
+            let key = p.string()?;
+            p.ws();
+            if p.s.get(p.i) != Some(&b':') {
+                return p.err("expected :");
+            }
+            p.i += 1;
+            Ok((key, p.value(depth + 1)?))
+        };
+        self.items(b'}', "expected , or }", field).map(Json::Obj)
+    }
+
+    /// The comma-separated items of an array or object, each read by `item`, up to `close`.
+    fn items<T>(
+        &mut self,
+        close: u8,
+        expected: &str,
+        mut item: impl FnMut(&mut Self) -> Result<T, String>,
+    ) -> Result<Vec<T>, String> {
+        self.i += 1; // the opening bracket
+        let mut items = Vec::new();
         self.ws();
-        if self.s.get(self.i) == Some(&b'}') {
+        if self.s.get(self.i) == Some(&close) {
             self.i += 1;
-            return Ok(Json::Obj(fields));
+            return Ok(items);
         }
         loop {
-            self.ws();
-            if self.s.get(self.i) != Some(&b'"') {
-                return self.err("expected a field name");
-            }
-            let key = self.string()?;
-            self.ws();
-            if self.s.get(self.i) != Some(&b':') {
-                return self.err("expected :");
-            }
-            self.i += 1;
-            let value = self.value(depth + 1)?;
-            fields.push((key, value));
+            items.push(item(self)?);
             self.ws();
             match self.s.get(self.i) {
                 Some(b',') => self.i += 1,
-                Some(b'}') => {
+                Some(&c) if c == close => {
                     self.i += 1;
-                    return Ok(Json::Obj(fields));
+                    return Ok(items);
                 }
-                _ => return self.err("expected , or }"),
+                _ => return self.err(expected),
             }
         }
     }
