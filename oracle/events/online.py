@@ -157,21 +157,24 @@ class StreamChecker:
         horizon, or forgotten): what it names is not judged, and a router's reaction to it neither."""
         self.events += 1
         kind = event["type"]
+        if kind != "BlockRemoved" and kind != "BlockStored":
+            self._cleared(pos)
+            return False
+        group = event.get("group_idx")
+        if type(group) is int and not self.ungrouped:  # _group's common case, without the call
+            self.grouped += 1
+        else:
+            group = self._group(event, pos)
         if kind == "BlockRemoved":
-            return self._removed(event, pos)
-        if kind == "BlockStored":
-            return self._stored(event, pos)
-        self._cleared(pos)
-        return False
+            return self._removed(event, group, pos)
+        return self._stored(event, group, pos)
 
     def _warn(self, rule: str, pos: Position, message: str) -> None:
         self._warning(Violation(rule, pos, message))
 
     def _group(self, event: dict[str, Any], pos: Position) -> int:
+        """The event's KV-cache group; the stream's mix of events with and without one is warned of."""
         group = event.get("group_idx")
-        if type(group) is int and not self.ungrouped:
-            self.grouped += 1
-            return group
         if group is None:
             self.ungrouped += 1
             if self.grouped:
@@ -198,12 +201,7 @@ class StreamChecker:
             self.retire(key)
         self._reset_keys(None)
 
-    def _removed(self, event: dict[str, Any], pos: Position) -> bool:
-        group = event.get("group_idx")
-        if type(group) is int and not self.ungrouped:  # _group's common case
-            self.grouped += 1
-        else:
-            group = self._group(event, pos)
+    def _removed(self, event: dict[str, Any], group: int, pos: Position) -> bool:
         medium = event.get("medium")
         blind = False
         live = self.live
@@ -291,12 +289,7 @@ class StreamChecker:
         self.ghost.add(key)
         self.forgotten += 1
 
-    def _stored(self, event: dict[str, Any], pos: Position) -> bool:
-        group = event.get("group_idx")
-        if type(group) is int and not self.ungrouped:  # _group's common case
-            self.grouped += 1
-        else:
-            group = self._group(event, pos)
+    def _stored(self, event: dict[str, Any], group: int, pos: Position) -> bool:
         hashes = [h if type(h) is int and h >= 0 else hash64(h) for h in event["block_hashes"]]
         n, size, tokens = len(hashes), event["block_size"], event["token_ids"]
         if not n:
