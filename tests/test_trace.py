@@ -4,8 +4,11 @@ the reader turns every bad file into one TraceError naming the line.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -314,15 +317,16 @@ def test_fuzz_truncated_and_corrupted(tmp_path_factory: pytest.TempPathFactory,
 _DEEP = "<deeply nested list>"  # spliced in as text: the test itself could not build it
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value[:4]):
-            out += _paths(v, (*prefix, i))
-    return out
+@functools.cache
+def _fuzz_harness() -> Any:
+    """fuzz/fuzz_readers.py, loaded from its file (a script, not a module of the package): the
+    atheris harness, whose JSON-aware mutations the tests here draw from too."""
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_readers", Path(__file__).parent.parent / "fuzz" / "fuzz_readers.py")
+    assert spec is not None and spec.loader is not None
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    return harness
 
 
 @pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") == "crosshair",
@@ -335,15 +339,13 @@ def test_fuzz_wrong_types_huge_numbers_deep_nesting(
 ) -> None:
     line_no = data.draw(st.integers(0, len(small_trace) - 1))
     obj = json.loads(small_trace[line_no])
-    path_in = data.draw(st.sampled_from(_paths(obj)[1:]))
+    harness = _fuzz_harness()
+    path_in = data.draw(st.sampled_from(harness._slots(obj)[1:]))
     replacement = data.draw(st.one_of(
         _json, st.integers(min_value=-(2**200), max_value=2**200),
         st.just(_DEEP),
         st.sampled_from([0, -1, 2**63, 2**64, 10**30, "", "00", "ff" * 40, [], {}, None])))
-    target = obj
-    for key in path_in[:-1]:
-        target = target[key]
-    target[path_in[-1]] = replacement
+    harness._parent(obj, path_in)[path_in[-1]] = replacement
     lines = list(small_trace)
     depth = data.draw(st.integers(1, 50_000))
     lines[line_no] = json.dumps(obj).replace(json.dumps(_DEEP), "[" * depth + "]" * depth)
@@ -362,14 +364,7 @@ def test_fuzz_random_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes
 
 def test_atheris_harness_property_on_its_seeds_and_mutations(tmp_path: Path) -> None:
     """fuzz/fuzz_readers.py without atheris: its seeds and JSON-aware mutations keep the property."""
-    import importlib.util
-    import random
-
-    spec = importlib.util.spec_from_file_location(
-        "fuzz_readers", Path(__file__).parent.parent / "fuzz" / "fuzz_readers.py")
-    assert spec is not None and spec.loader is not None
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = _fuzz_harness()
     harness.load_readers()
     counts = harness.write_seeds(tmp_path)
     assert counts["trace"] >= 8 and counts["events"] >= 8, counts
