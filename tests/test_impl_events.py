@@ -48,10 +48,15 @@ def _features(spans: list[tuple[int, int]]) -> list[MultiModalFeature]:
 # ------------------------------------------------------- event fields, event classes
 
 
+def _pool_and_full_request() -> tuple[BlockPool, Request]:
+    """A pool with events on, and a request whose stored events fill every optional field."""
+    return BlockPool(6, True, 2, enable_kv_cache_events=True), Request(
+        "r", list(range(8)), lora_request=LoRARequest("ad", 7, "/p"), cache_salt="s",
+        session_id="sess", block_hasher=get_request_block_hasher(2))
+
+
 def _all_event_kinds() -> list[Any]:
-    pool = BlockPool(6, True, 2, enable_kv_cache_events=True)
-    req = Request("r", list(range(8)), lora_request=LoRARequest("ad", 7, "/p"), cache_salt="s",
-                  session_id="sess", block_hasher=get_request_block_hasher(2))
+    pool, req = _pool_and_full_request()
     blocks = pool.get_new_blocks(2)
     pool.cache_full_blocks(req, blocks, 0, 2, 4, 3)
     pool.free_blocks(blocks)
@@ -257,9 +262,7 @@ def test_other_event_classes_are_built_with_the_values_of_the_pools_own() -> Non
     own event carries, none left out (the four later fields keep the class's defaults)."""
 
     def events() -> list[Any]:
-        pool = BlockPool(6, True, 2, enable_kv_cache_events=True)
-        req = Request("r", list(range(8)), lora_request=LoRARequest("ad", 7, "/p"), cache_salt="s",
-                      session_id="sess", block_hasher=get_request_block_hasher(2))
+        pool, req = _pool_and_full_request()
         blocks = pool.get_new_blocks(3)
         pool.cache_full_blocks(req, blocks, 0, 1, 2, 3)
         pool.cache_full_blocks(req, blocks, 1, 3, 2, 3)  # with a parent

@@ -28,21 +28,24 @@ def test_hash_map_single_block_entry() -> None:
     assert len(index) == 1
 
 
-def test_hash_map_several_blocks_under_one_key_return_the_first() -> None:
+def _two_blocks_under_one_key() -> tuple[BlockHashToBlockMap, KVCacheBlock, KVCacheBlock]:
+    """An index holding blocks 4 then 2 under key ``k``."""
     index = BlockHashToBlockMap()
     first, second = KVCacheBlock(4), KVCacheBlock(2)
     index.insert(b"k", first)
     index.insert(b"k", second)
+    return index, first, second
+
+
+def test_hash_map_several_blocks_under_one_key_return_the_first() -> None:
+    index, first, _ = _two_blocks_under_one_key()
     assert index.get_one_block(b"k") is first
     assert index.contain(b"k", 2) and index.contain(b"k", 4)
     assert len(index) == 1
 
 
 def test_hash_map_pop_removes_only_the_matching_block() -> None:
-    index = BlockHashToBlockMap()
-    first, second = KVCacheBlock(4), KVCacheBlock(2)
-    index.insert(b"k", first)
-    index.insert(b"k", second)
+    index, first, second = _two_blocks_under_one_key()
     assert index.pop(b"k", 4) is first
     assert index.get_one_block(b"k") is second
     assert index.pop(b"k", 2) is second
