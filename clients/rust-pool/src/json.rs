@@ -189,36 +189,26 @@ impl<'a> Parser<'a> {
         if self.s[self.i] == b'-' {
             self.i += 1;
         }
-        let digits = self.i;
-        while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
-            self.i += 1;
-        }
-        if self.i == digits || (self.s[digits] == b'0' && self.i - digits > 1) {
+        let first = self.i;
+        let digits = self.digits();
+        if digits == 0 || (self.s[first] == b'0' && digits > 1) {
             return self.err("bad number");
         }
         let mut float = false;
-        if self.i < self.s.len() && self.s[self.i] == b'.' {
+        if self.s.get(self.i) == Some(&b'.') {
             float = true;
             self.i += 1;
-            let frac = self.i;
-            while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
-                self.i += 1;
-            }
-            if self.i == frac {
+            if self.digits() == 0 {
                 return self.err("bad fraction");
             }
         }
-        if self.i < self.s.len() && matches!(self.s[self.i], b'e' | b'E') {
+        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
             float = true;
             self.i += 1;
-            if self.i < self.s.len() && matches!(self.s[self.i], b'+' | b'-') {
+            if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
                 self.i += 1;
             }
-            let exp = self.i;
-            while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
-                self.i += 1;
-            }
-            if self.i == exp {
+            if self.digits() == 0 {
                 return self.err("bad exponent");
             }
         }
@@ -229,6 +219,15 @@ impl<'a> Parser<'a> {
             // Beyond i128 an integer cannot be a trace value: say so rather than wrap.
             text.parse::<i128>().map(Json::Int).map_err(|_| format!("integer {} out of range", text))
         }
+    }
+
+    /// Skips a run of ASCII digits; how many there were.
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
+            self.i += 1;
+        }
+        self.i - start
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
@@ -353,11 +352,19 @@ mod tests {
 
     #[test]
     fn refuses_what_json_refuses() {
-        for bad in ["NaN", "[1,]", "{\"a\" 1}", "01", "\"\u{1}\"", "[", "1 2"] {
+        for bad in ["NaN", "[1,]", "{\"a\" 1}", "01", "\"\u{1}\"", "[", "1 2", "-", "1.", "1e+", ".5"] {
             assert!(parse(bad).is_err(), "{}", bad);
         }
         let deep = "[".repeat(MAX_DEPTH + 2) + &"]".repeat(MAX_DEPTH + 2);
         assert!(parse(&deep).is_err());
+    }
+
+    #[test]
+    fn reads_numbers_as_json_writes_them() {
+        assert_eq!(parse("-0").unwrap(), Json::Int(0));
+        assert_eq!(parse("-10").unwrap(), Json::Int(-10));
+        assert_eq!(parse("1e+2").unwrap(), Json::Float(100.0));
+        assert_eq!(parse("-0.25E-1").unwrap(), Json::Float(-0.025));
     }
 
     #[test]
