@@ -13,16 +13,10 @@ import time
 from typing import Any
 
 import pytest
+from vllm_helpers import REASON, vllm_pool, vllm_requests  # skips this module without vLLM
 
-vllm_events = pytest.importorskip(
-    "vllm.distributed.kv_events", reason="needs vLLM (scripts/install-vllm.sh; .ci/run's vLLM stage runs it)")
-vllm_pool = pytest.importorskip("vllm.v1.core.block_pool")
-vllm_request = pytest.importorskip("vllm.v1.request")
-vllm_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
-vllm_hashing = pytest.importorskip("vllm.utils.hashing")
-vllm_sampling = pytest.importorskip("vllm.sampling_params")
-vllm_config = pytest.importorskip("vllm.config.kv_events")
-pytest.importorskip("vllm.envs").enable_envs_cache()
+vllm_events = pytest.importorskip("vllm.distributed.kv_events", reason=REASON)
+vllm_config = pytest.importorskip("vllm.config.kv_events", reason=REASON)
 
 import msgspec  # noqa: E402 (vLLM's own dependency, as zmq is)
 import zmq  # noqa: E402
@@ -94,14 +88,8 @@ def publish(publisher: VllmPublisher, events: list[Any]) -> int:
 
 
 def vllm_workload(seed: int, pool_class: Any = None, reset_every: int = 0) -> Workload:
-    vllm_utils.init_none_hash(vllm_hashing.sha256)
-    hasher = vllm_utils.get_request_block_hasher(BS, vllm_hashing.sha256)
-    params = vllm_sampling.SamplingParams(max_tokens=8)
     pool = (pool_class or vllm_pool.BlockPool)(48, True, BS, enable_kv_cache_events=True)
-    def request(rid: str, tokens: list[int]) -> Any:
-        return vllm_request.Request(rid, tokens, params, None, block_hasher=hasher)
-
-    return Workload(pool, request, BS, seed, reset_every)
+    return Workload(pool, vllm_requests(BS), BS, seed, reset_every)
 
 
 def engine_of(fleet: Fleet) -> Any:

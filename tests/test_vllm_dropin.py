@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from vllm_helpers import REASON, vllm_pool, vllm_requests  # skips this module without vLLM
 
 from kvpool.impl import BlockPool, UnknownBlockError
 from kvpool.impl.events import event_fields, use_event_classes, use_vllm_event_classes
@@ -18,23 +19,10 @@ from kvpool.oracle.core.abstraction import vllm_refusal
 from kvpool.oracle.core.observe import observe_pool
 from kvpool.oracle.search.campaign import run_campaign
 
-vllm_pool = pytest.importorskip("vllm.v1.core.block_pool")
-vllm_request = pytest.importorskip("vllm.v1.request")
-vllm_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
-vllm_hashing = pytest.importorskip("vllm.utils.hashing")
-vllm_lora = pytest.importorskip("vllm.lora.request")
-vllm_sampling = pytest.importorskip("vllm.sampling_params")
-pytest.importorskip("vllm.envs").enable_envs_cache()
+vllm_lora = pytest.importorskip("vllm.lora.request", reason=REASON)
 
 HBS = 4
-
-
-def vllm_request_for(rid: str, tokens: list[int], **kw: Any) -> Any:
-    """A real vLLM Request whose block hashes vLLM computes itself."""
-    vllm_utils.init_none_hash(vllm_hashing.sha256)
-    hasher = vllm_utils.get_request_block_hasher(HBS, vllm_hashing.sha256)
-    return vllm_request.Request(rid, tokens, vllm_sampling.SamplingParams(max_tokens=8), None,
-                                block_hasher=hasher, **kw)
+vllm_request_for = vllm_requests(HBS)
 
 
 class Both:
