@@ -15,7 +15,7 @@ import functools
 import importlib
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import kvpool.impl
@@ -32,6 +32,37 @@ them): a mutant is active while any of them runs."""
 
 def _queue_blocks(pool: BlockPool) -> list[KVCacheBlock]:
     return pool.free_block_queue.get_all_free_blocks()
+
+
+def _null_block(pool: BlockPool) -> object:
+    return pool.null_block
+
+
+def _wrapping(name: str, story: str, methods: Iterable[str],
+              context: Callable[[BlockPool], contextlib.AbstractContextManager[Any]],
+              **attrs: Any) -> type[BlockPool]:
+    """kvpool's pool with each of ``methods`` run inside ``context(pool)``."""
+
+    def wrap(op: str) -> Callable[..., Any]:
+        method = getattr(BlockPool, op)
+
+        @functools.wraps(method)
+        def run(self: BlockPool, *args: Any, **kwargs: Any) -> Any:
+            with context(self):
+                return method(self, *args, **kwargs)
+
+        return run
+
+    namespace: dict[str, Any] = {op: wrap(op) for op in methods}
+    namespace.update(__doc__=story, __module__=__name__, __qualname__=name, **attrs)
+    return type(name, (BlockPool,), namespace)
+
+
+def flagged(name: str, story: str, methods: Iterable[str],
+            target: Callable[[BlockPool], object] = lambda pool: pool, **flags: Any) -> type[BlockPool]:
+    """kvpool's pool with attributes of ``target(pool)`` (the pool itself, or its null block) set
+    to ``flags`` while any of ``methods`` runs: a check or a setting the pool skips."""
+    return _wrapping(name, story, methods, lambda pool: patched(target(pool), **flags))
 
 
 # ---------------------------------------------------------------- freeing
@@ -75,12 +106,9 @@ class FreeHashedNotQueued(BlockPool):
                 self.free_block_queue.remove(block)
 
 
-class FreeHashedToHead(BlockPool):
-    """Cached blocks rejoin the free queue at the head, so hot prefixes are evicted first."""
-
-    def free_blocks(self, ordered_blocks: Any) -> None:
-        with patched(self, enable_caching=False):
-            super().free_blocks(ordered_blocks)
+FreeHashedToHead = flagged(
+    "FreeHashedToHead", "Cached blocks rejoin the free queue at the head, so hot prefixes are evicted first.",
+    ["free_blocks"], enable_caching=False)
 
 
 class FreePushesHeadOneByOne(BlockPool):
@@ -148,12 +176,10 @@ class RefusedTouchKeepsPartialEffect(BlockPool):
 # ---------------------------------------------------------------- allocation
 
 
-class AllocKeepsOldHash(BlockPool):
-    """Allocation without lazy eviction: a reallocated block keeps its hash; a hit serves stale KV."""
-
-    def get_new_blocks(self, num_blocks: int) -> Any:
-        with patched(self, enable_caching=False):
-            return super().get_new_blocks(num_blocks)
+AllocKeepsOldHash = flagged(
+    "AllocKeepsOldHash",
+    "Allocation without lazy eviction: a reallocated block keeps its hash; a hit serves stale KV.",
+    ["get_new_blocks"], enable_caching=False)
 
 
 class AllocForgetsPrimaryOnly(BlockPool):
@@ -219,12 +245,9 @@ class NullBlockHandedOut(BlockPool):
         self.free_block_queue.append(self.null_block)
 
 
-class NullBlockHashed(BlockPool):
-    """Caching does not skip the null block: sliding-window placeholders get hashed."""
-
-    def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        with patched(self.null_block, is_null=False):
-            super().cache_full_blocks(*args, **kwargs)
+NullBlockHashed = flagged(
+    "NullBlockHashed", "Caching does not skip the null block: sliding-window placeholders get hashed.",
+    ["cache_full_blocks"], _null_block, is_null=False)
 
 
 class UnpinNull(BlockPool):
@@ -238,20 +261,15 @@ class UnpinNull(BlockPool):
         super().unpin_blocks(blocks, on_reuse)
 
 
-class MoveOntoNull(BlockPool):
-    """move_block_hashes moves hashes onto the null block, which then stands in the index."""
-
-    def move_block_hashes(self, src_block: Any, dst_block: Any) -> None:
-        with patched(self.null_block, is_null=False):
-            super().move_block_hashes(src_block, dst_block)
+MoveOntoNull = flagged(
+    "MoveOntoNull", "move_block_hashes moves hashes onto the null block, which then stands in the index.",
+    ["move_block_hashes"], _null_block, is_null=False)
 
 
-class InsertIndexesNull(BlockPool):
-    """_insert_block_hash without the null-block check, as vLLM's has none: the null block is indexed."""
-
-    def _insert_block_hash(self, block_hash_with_group_id: Any, block: Any, num_tokens: Any) -> None:
-        with patched(self.null_block, is_null=False):
-            super()._insert_block_hash(block_hash_with_group_id, block, num_tokens)
+InsertIndexesNull = flagged(
+    "InsertIndexesNull",
+    "_insert_block_hash without the null-block check, as vLLM's has none: the null block is indexed.",
+    ["_insert_block_hash"], _null_block, is_null=False)
 
 
 class InsertOverwritesPrimary(BlockPool):
@@ -295,12 +313,9 @@ class EvictKeepsSecondaries(BlockPool):
         super().evict_blocks(ids)
 
 
-class EvictWithoutEvents(BlockPool):
-    """Eviction tells no event consumer: a router's view of the cache goes stale."""
-
-    def evict_blocks(self, block_ids: Any) -> None:
-        with patched(self, enable_kv_cache_events=False):
-            super().evict_blocks(block_ids)
+EvictWithoutEvents = flagged(
+    "EvictWithoutEvents", "Eviction tells no event consumer: a router's view of the cache goes stale.",
+    ["evict_blocks"], enable_kv_cache_events=False)
 
 
 class PartialKeptAfterPromotion(BlockPool):
@@ -317,16 +332,9 @@ class PartialKeptAfterPromotion(BlockPool):
                 self._add_key(key, self.blocks[block_id], None)
 
 
-class CacheWithoutCaching(BlockPool):
-    """A pool built without prefix caching indexes blocks anyway."""
-
-    def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        with patched(self, enable_caching=True):
-            super().cache_full_blocks(*args, **kwargs)
-
-    def cache_partial_block(self, *args: Any, **kwargs: Any) -> Any:
-        with patched(self, enable_caching=True):
-            return super().cache_partial_block(*args, **kwargs)
+CacheWithoutCaching = flagged(
+    "CacheWithoutCaching", "A pool built without prefix caching indexes blocks anyway.",
+    ["cache_full_blocks", "cache_partial_block"], enable_caching=True)
 
 
 class ResetWhileInUse(BlockPool):
@@ -385,12 +393,10 @@ class RemovedEventDropsGroup(BlockPool):
                 event.group_idx = None  # type: ignore[attr-defined]
 
 
-class StoredEventWhenDisabled(BlockPool):
-    """cache_full_blocks queues BlockStored although events are off: the queue grows forever."""
-
-    def cache_full_blocks(self, *args: Any, **kwargs: Any) -> None:
-        with patched(self, enable_kv_cache_events=True):
-            super().cache_full_blocks(*args, **kwargs)
+StoredEventWhenDisabled = flagged(
+    "StoredEventWhenDisabled",
+    "cache_full_blocks queues BlockStored although events are off: the queue grows forever.",
+    ["cache_full_blocks"], enable_kv_cache_events=True)
 
 
 # ---------------------------------------------------------------- mutants of shared code
@@ -426,21 +432,7 @@ def _patched(patches: tuple[Patch, ...]) -> Iterator[None]:
 
 def mutant(name: str, story: str, *patches: Patch) -> type[BlockPool]:
     """kvpool's pool with functions of ``kvpool.impl`` changed while any operation runs."""
-
-    def wrap(op: str) -> Callable[..., Any]:
-        method = getattr(BlockPool, op)
-
-        @functools.wraps(method)
-        def run(self: BlockPool, *args: Any, **kwargs: Any) -> Any:
-            with _patched(patches):
-                return method(self, *args, **kwargs)
-
-        return run
-
-    namespace: dict[str, Any] = {op: wrap(op) for op in OPERATIONS}
-    namespace.update(__doc__=story, __module__=__name__, __qualname__=name, patches=patches)
-    cls = type(name, (BlockPool,), namespace)
-    return cls
+    return _wrapping(name, story, OPERATIONS, lambda _pool: _patched(patches), patches=patches)
 
 
 def patches_take_effect(form: type[Any]) -> bool:
