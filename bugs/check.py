@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +25,7 @@ from kvpool.proofs.invariants import SYM_INVARIANTS
 from kvpool.proofs.order import ORDER_PROPERTIES, find_order_counterexample
 from kvpool.proofs.step_properties import SYM_STEP_PROPERTIES, applies
 
-from .catalogue import BUGS, SeededBug
+from .catalogue import BUGS, SeededBug, forms
 from .pools import patches_take_effect
 
 
@@ -116,15 +117,9 @@ def catch_with_lockstep(name: str, runs: int = 16, steps: int = 2000, seed: int 
 
 def every_check(name: str, *, bmc_seconds: float = 60.0, runs: int = 16, steps: int = 2000,
                 timeout_ms: int = TIMEOUT_MS) -> list[Caught]:
-    """Each form of ``name`` against the check for its layer, in catalogue order."""
-    bug = BUGS[name]
-    out = []
-    if bug.z3 is not None:
-        out.append(refute_z3(name, timeout_ms=timeout_ms))
-    if bug.queue is not None:
-        out.append(refute_queue(name))
-    if bug.action is not None:
-        out.append(find_with_bmc(name, seconds=bmc_seconds))
-    if bug.pool is not None:
-        out.append(catch_with_lockstep(name, runs, steps))
-    return out
+    """Each form of ``name`` against the check for its layer, in the layers' order (:func:`forms`)."""
+    check: dict[str, Callable[[], Caught]] = {
+        "z3": lambda: refute_z3(name, timeout_ms=timeout_ms), "queue": lambda: refute_queue(name),
+        "action": lambda: find_with_bmc(name, seconds=bmc_seconds),
+        "pool": lambda: catch_with_lockstep(name, runs, steps)}
+    return [check[layer]() for layer in forms(BUGS[name])]
