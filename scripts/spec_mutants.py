@@ -108,9 +108,15 @@ def stratified(pop: dict[str, list[Mutant]], n: int, seed: int, floor: int) -> l
     return out
 
 
-def _job(modules: list[tuple[str, str, ast.Module]], checks: Sequence[str], budget: int) -> dict[str, Any]:
-    return {"modules": modules, "checks": tuple(checks), "step_budget": budget,
-            "cpu_seconds": CPU_BACKSTOP, "memory_bytes": MEMORY_BACKSTOP}
+def _judged(trees: dict[str, ast.Module], budget: int, pkg: Path | None,
+            checks: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Files of the package staged at ``pkg`` (None: the installed one, the checkout's files) replaced
+    by ``trees`` (path -> syntax tree), judged within ``budget`` steps by ``checks`` (default: those
+    for the files) in a judge process of its own (:func:`run_judge`)."""
+    modules = [(module_of(p), str((pkg or ROOT) / p), instrumented(tree)) for p, tree in trees.items()]
+    return run_judge({"modules": modules, "checks": checks or default_checks(list(trees)),
+                      "step_budget": budget, "cpu_seconds": CPU_BACKSTOP, "memory_bytes": MEMORY_BACKSTOP},
+                     pkg)
 
 
 def run_judge(job: dict[str, Any], pkg: Path | None) -> dict[str, Any]:
@@ -139,23 +145,19 @@ def run_judge(job: dict[str, Any], pkg: Path | None) -> dict[str, Any]:
 def baseline(path: str, pkg: Path) -> dict[str, Any]:
     """The unmutated file judged as its mutants are: it must pass; its steps set their budget."""
     text = source(path, pkg)
-    tree = instrumented(ast.parse(text))
-    out = run_judge(_job([(module_of(path), str(pkg / path), tree)], default_checks([path]), 10**12), pkg)
+    out = _judged({path: ast.parse(text)}, 10**12, pkg)
     return {"id": f"{path}#original", "file": path, "digest": digest(text), **out}
 
 
 def judge_mutant(m: Mutant, budget: int, pkg: Path) -> dict[str, Any]:
-    tree = instrumented(apply(m, pkg))
-    out = run_judge(_job([(module_of(m.file), str(pkg / m.file), tree)], default_checks([m.file]), budget),
-                    pkg)
+    out = _judged({m.file: apply(m, pkg)}, budget, pkg)
     return {"id": m.id, "file": m.file, "digest": m.file_digest, "line": m.line, "operator": m.operator,
             "before": m.before, "after": m.after, "key": key_of(m), **out}
 
 
 def judge_named(n: Named, budget: int, pkg: Path) -> dict[str, Any]:
     texts = edited(n, pkg)
-    modules = [(module_of(p), str(pkg / p), instrumented(ast.parse(t))) for p, t in texts.items()]
-    out = run_judge(_job(modules, default_checks(list(texts)), budget), pkg)
+    out = _judged({p: ast.parse(t) for p, t in texts.items()}, budget, pkg)
     return {"id": n.name, "file": "+".join(texts), "digest": digest("".join(texts.values())), "kind": n.kind,
             "story": n.story, **out}
 
@@ -238,12 +240,16 @@ def report(rows: Sequence[dict[str, Any]], population_sizes: dict[str, int] | No
     return "\n".join(lines)
 
 
-def score(rows: Sequence[dict[str, Any]]) -> float | None:
-    """Refuted / (judged - listed equivalent), in per cent (None: nothing scored)."""
-    listed = equivalents()
-    c = Counter(verdict(r, listed) for r in rows)
+def _percent(c: Counter[str]) -> float | None:
+    """Refuted / (judged - listed equivalent) of verdict counts, in per cent (None: nothing scored)."""
     scored = sum(c.values()) - c["equivalent"]
     return 100 * c["refuted"] / scored if scored else None
+
+
+def score(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The score of ``rows``: :func:`_percent` of their verdicts."""
+    listed = equivalents()
+    return _percent(Counter(verdict(r, listed) for r in rows))
 
 
 def _verdict(rows: Sequence[dict[str, Any]], fail_under: float | None) -> int:
@@ -256,10 +262,9 @@ def _verdict(rows: Sequence[dict[str, Any]], fail_under: float | None) -> int:
 
 
 def _row(name: str, pop: int | None, c: Counter[str], kinds: Sequence[str], cpu: float) -> str:
-    judged = sum(c.values())
-    scored = judged - c["equivalent"]
-    score = f"{100 * c['refuted'] / scored:.1f} %" if scored else "-"
-    return (f"| {name} | {pop if pop is not None else ''} | {judged} | "
+    got = _percent(c)
+    score = "-" if got is None else f"{got:.1f} %"
+    return (f"| {name} | {pop if pop is not None else ''} | {sum(c.values())} | "
             + " | ".join(str(c[k]) for k in kinds) + f" | {score} | {cpu:,.0f} |")
 
 

@@ -75,9 +75,7 @@ def test_the_hand_written_wrong_specifications_still_apply() -> None:
 
 
 def _judge(path: str, tree: ast.Module, checks: tuple[str, ...], budget: int = 10**12) -> dict[str, object]:
-    job = SM._job([(mutate.module_of(path), str(mutate.ROOT / path), mutate.instrumented(tree))], checks,
-                  budget)
-    return SM.run_judge(job, None)  # the installed package
+    return SM._judged({path: tree}, budget, None, checks)  # the installed package
 
 
 def test_the_judge_passes_the_specification_and_refutes_a_wrong_one(

@@ -91,11 +91,8 @@ def _check_shards(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[
                 raise MergeError(f"shard {doc['shard'][0]}/{count} has another {key} than shard 1/{count}: "
                                  f"{_short(doc.get(key))} against {_short(first.get(key))}")
     if first["schema"] == CONFORM_SCHEMA:
-        strip = ("shard",)
-        for doc in ordered[1:]:
-            a = {k: v for k, v in first["settings"].items() if k not in strip}
-            b = {k: v for k, v in doc["settings"].items() if k not in strip}
-            if a != b:
+        for doc in ordered[1:]:  # every setting but the shard
+            if {**doc["settings"], "shard": None} != {**first["settings"], "shard": None}:
                 raise MergeError(f"shard {doc['shard'][0]}/{count} ran with other settings than shard "
                                  f"1/{count}")
     else:

@@ -274,11 +274,8 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     pools = [(*p, "0.31") for p in pool_depths(budget.bmc_pools, budget.bmc_depth)]
     for blocks, hbs, depth, version in [*pools, *budget.bmc_references]:
         cfg = bmc.Bounds(blocks=blocks, hash_block_size=hbs, reference=version)
-        if shard.whole:
-            out = bmc.explore(cfg, depth, budget.bmc_seconds)
-        else:
-            out = bmc.explore(cfg, depth, budget.bmc_seconds, part=shard.part,
-                              split_depth=budget.bmc_split_depth)
+        out = bmc.explore(cfg, depth, budget.bmc_seconds, part=None if shard.whole else shard.part,
+                          split_depth=budget.bmc_split_depth)
         other = "" if version == "0.31" else f", vLLM {version}"
         name = f"{blocks} blocks, hash_block_size {hbs}{other}"
         slug = (f"{blocks}-blocks-hbs-{hbs}" + ("" if depth == budget.bmc_depth else f"-depth-{depth}")
