@@ -30,6 +30,7 @@ not a test).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -85,17 +86,13 @@ def campaign(argv: list[str] | None, runs: int, steps: int, long_lived: bool,
     from kvpool.oracle.search.conform import Options, run_campaign_phase
 
     opts = Options(runs=runs, steps=steps, long_lived=long_lived, blocks=256 if long_lived else None)
-    if argv is None:
+    with contextlib.nullcontext() if argv is None else DriveAdapter(argv) as drive:
+        if drive is not None:
+            drive.pipelined = not sync
         started, cpu = time.perf_counter(), time.process_time()
-        result = run_campaign_phase(kvpool_adapter(), opts)
+        result = run_campaign_phase(kvpool_adapter() if drive is None else drive, opts)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-        return {"ok": result.ok, "calls": result.executed, "seconds": seconds, "cpu": cpu, "lines": 0}
-    with DriveAdapter(argv) as adapter:
-        adapter.pipelined = not sync
-        started, cpu = time.perf_counter(), time.process_time()
-        result = run_campaign_phase(adapter, opts)
-        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-        lines = adapter.protocol_lines()
+        lines = 0 if drive is None else drive.protocol_lines()
     return {"ok": result.ok, "calls": result.executed, "seconds": seconds, "cpu": cpu, "lines": lines}
 
 
