@@ -181,8 +181,8 @@ def test_a_z3_counterexample_fails_the_proofs_phase(monkeypatch: pytest.MonkeyPa
 
 def test_a_bmc_violation_comes_with_a_picture_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
     explore = bmc.explore
-    monkeypatch.setattr(bmc, "explore", lambda cfg, depth, seconds: explore(
-        cfg, depth, seconds, with_bug("free_same_block_twice")))
+    monkeypatch.setattr(bmc, "explore", lambda cfg, depth, seconds, **part: explore(
+        cfg, depth, seconds, with_bug("free_same_block_twice"), **part))
     budget = verify.Budget(bmc_pools=((4, 1),))
     phase = verify.run_bmc(budget, verify.Progress(open(os.devnull, "w")))  # noqa: SIM115
     case, other_version, legal, branches, misuse = phase.cases
