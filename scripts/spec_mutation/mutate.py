@@ -329,10 +329,10 @@ def mutants(path: str, root: Path = ROOT) -> list[Mutant]:
     out: list[Mutant] = []
     seen: dict[str, int] = {}
     for number, (node, operator, edit, stmt, where) in enumerate(_sites(tree)):
-        before = _show(node)
-        after = _show(edit(copy.deepcopy(node)))
-        if ast.unparse(node) == ast.unparse(edit(copy.deepcopy(node))):
+        changed = edit(copy.deepcopy(node))
+        if ast.unparse(node) == ast.unparse(changed):
             continue
+        before, after = _show(node), _show(changed)
         name = f"{where or '<module>'}|{_show(stmt)}|{operator}|{before}|{after}"
         seen[name] = seen.get(name, 0) + 1
         out.append(Mutant(path, number, getattr(node, "lineno", 0), operator, before, after, digest(text),
@@ -340,28 +340,17 @@ def mutants(path: str, root: Path = ROOT) -> list[Mutant]:
     return out
 
 
-def _apply(tree: ast.AST, number: int) -> tuple[ast.AST, str, str, int, str]:
-    """A copy of ``tree`` with site ``number`` mutated: (tree, before, after, line, operator)."""
-    fresh = copy.deepcopy(tree)
-    for i, (node, operator, edit, _stmt, _where) in enumerate(_sites(fresh)):
-        if i == number:
-            before = _show(node)
-            line = getattr(node, "lineno", 0)
-            new = edit(node)
-            _replace(fresh, node, new)
-            ast.fix_missing_locations(fresh)
-            return fresh, before, _show(new), line, operator
-    raise IndexError(f"no site {number}")
-
-
 def apply(m: Mutant, root: Path = ROOT) -> ast.Module:
     """The mutated module's tree (refused if the file changed since the mutant was made)."""
     text = source(m.file, root)
     if digest(text) != m.file_digest:
         raise ValueError(f"{m.file} changed since {m.id} was made: regenerate the mutants")
-    tree, _b, _a, _l, _o = _apply(ast.parse(text), m.number)
-    assert isinstance(tree, ast.Module)
-    return tree
+    tree = ast.parse(text)
+    for i, (node, _operator, edit, _stmt, _where) in enumerate(_sites(tree)):
+        if i == m.number:
+            _replace(tree, node, edit(node))
+            return ast.fix_missing_locations(tree)
+    raise IndexError(f"no site {m.number}")
 
 
 class _Counted(ast.NodeTransformer):
