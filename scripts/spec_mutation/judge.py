@@ -74,9 +74,6 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         return importlib.util.spec_from_loader(fullname, self, origin=self.served[fullname][0])
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return None
-
     def exec_module(self, module: ModuleType) -> None:
         path, tree = self.served[module.__name__]
         module.__file__ = path
