@@ -60,12 +60,6 @@ DRAINS: dict[str, tuple[str, Callable[[Iterable[Any]], Any]]] = {
 POOLS = ["none", "compiled", "plain", "vllm"]
 
 
-def _pool_class(name: str) -> Callable[..., Any] | None:
-    if name == "vllm":
-        return vllm_pool()
-    return kvpool_pools().get(name)
-
-
 def child(args: argparse.Namespace) -> int:
     """Inside valgrind: record, bind, switch instrumentation on, replay through the drains."""
     workload = WORKLOADS[args.workload]
@@ -82,7 +76,7 @@ def child(args: argparse.Namespace) -> int:
         nothing = "".format
         runs: Runs = [(op, nothing, arglist) for op, _method, arglist in bind(trace, fresh(plain))]
     else:
-        cls = _pool_class(args.child)
+        cls = vllm_pool() if args.child == "vllm" else kvpool_pools().get(args.child)
         if cls is None:
             raise SystemExit(f"no {args.child} pool here")
         runs = bind(trace, fresh(cls))
