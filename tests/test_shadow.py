@@ -11,6 +11,7 @@ bounded by its number of steps.
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import logging
 import os
@@ -244,6 +245,28 @@ def test_an_argument_less_call_answered_as_last_recorded_goes_by_name_and_is_sti
     stale.get_num_free_blocks()  # 8 again, as the last one recorded: by name to a checker process
     found_now = found.now()
     assert len(found_now) == 1 and "get_num_free_blocks" in json.dumps(found_now[0]), found_now
+
+
+def test_per_block_methods_keep_their_parameters_and_only_outside_calls_are_recorded(mode: str) -> None:
+    """The methods a pool calls on itself once per block are wrapped with the pool method's own
+    parameters (names, defaults, keyword use): a call from outside is recorded, the pool's own
+    calls while one of its operations runs are not."""
+    Shadowed = shadowed_class(BlockPool)
+    for op in ("_maybe_evict_cached_block", "_insert_block_hash"):
+        assert inspect.signature(getattr(Shadowed, op)) == inspect.signature(getattr(BlockPool, op))
+    found = Found()
+    pool = Shadowed(8, True, 1)
+    req = Request("r", [1, 2, 3, 4], block_hasher=get_request_block_hasher(1))
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 3, 1, 0)  # its own _insert_block_hash three times
+    pool.free_blocks(blocks)
+    calls = shadow_of(pool).calls
+    assert calls == 3
+    pool.get_new_blocks(7)  # evicts the three cached blocks through its own _maybe_evict_cached_block
+    assert shadow_of(pool).calls == calls + 1
+    other = Shadowed(8, True, 1)
+    assert other._maybe_evict_cached_block(other.blocks[1]) is False  # from outside: recorded
+    assert shadow_of(other).calls == 1 and found.now() == []
 
 
 def test_a_kept_trace_replays_and_memory_stays_bounded(mode: str, tmp_path: Path) -> None:
