@@ -8,6 +8,8 @@ preempt one another and cached blocks are evicted.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,25 @@ def test_every_pool_mode_schedules_as_vllms_bare_pool(trace: Path, bare: Replay,
         assert other.divergences == 0 and other.calls > 1000, other.findings
     else:
         assert other.calls == 0
+
+
+def test_the_replay_benchmark_takes_turns_and_its_runs_agree(tmp_path: Path) -> None:
+    """benchmarks/replay_trace.py's four vLLM runs, each a process let run in turn: they finish,
+    schedule every request alike, and the shadowed ones find nothing (its figures are
+    docs/performance.md's)."""
+    small = tmp_path / "mooncake.jsonl"  # Mooncake's 512 tokens a hash id, as the benchmark reads
+    write_lines(small, synthetic_mooncake(5, 12, max_blocks=3, mean_gap_ms=20))
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "replay_trace.py"
+    done = subprocess.run([sys.executable, "-W", "ignore", str(bench), str(small), "--engines", "vllm",
+                           "--num-blocks", "400"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    runs = [line for line in lines if line.startswith("vLLM's scheduler, ")]
+    assert [r.split(":")[0] for r in runs] == [f"vLLM's scheduler, {name}" for name in
+                                               ("vLLM", "shadow", "recorded only", "replace")]
+    assert "every request scheduled alike in the 4 runs: yes" in done.stdout
+    assert done.stdout.count("divergences 0") == 4 and "finding:" not in done.stdout
+    assert any(line.startswith("CPU ratios (engine): shadowed / bare ") for line in lines)
 
 
 def test_the_shadows_trace_checks_and_the_routers_read_vllms_events(
