@@ -503,7 +503,7 @@ class Shadow:
 
 
 class Tally:
-    """Queries a shadow saw answered again as before and has not told the checker of yet."""
+    """Argument-less calls a shadow saw answered as last recorded, not told to the checker yet."""
 
     __slots__ = ("ops", "told")
 
