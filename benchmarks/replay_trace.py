@@ -89,14 +89,24 @@ class Memory(threading.Thread):
         return "memory: " + "; ".join(parts)
 
 
-def show(name: str, r: Replay, memory: str) -> None:
-    print(f"{name}: {r.requests} requests, {r.steps} steps; {r.calls} pool calls checked "
-          f"({r.calls_per_s:,.0f}/s); CPU engine {r.cpu_s:.1f} s, checker {r.checker_cpu_s:.1f} s; "
-          f"wall {r.wall_s:.1f} s")
-    print(f"  hit rate {r.token_hit_rate:.1%} of prompt tokens, {r.request_hit_rate:.1%} of requests; "
-          f"{r.evictions} evictions, {r.preemptions} preemptions; divergences {r.divergences}")
+def summary(r: Replay) -> dict[str, Any]:
+    """What :func:`show` prints of a run (bounded: an engine process sends it through a pipe)."""
+    return {"requests": r.requests, "steps": r.steps, "calls": r.calls, "cpu_s": r.cpu_s,
+            "checker_cpu_s": r.checker_cpu_s, "token_hit_rate": r.token_hit_rate,
+            "request_hit_rate": r.request_hit_rate, "evictions": r.evictions, "preemptions": r.preemptions,
+            "divergences": r.divergences, "findings": r.findings[:5]}
+
+
+def show(name: str, r: dict[str, Any], seconds: float, memory: str) -> None:
+    """One run: ``seconds`` is the time it ran (its wall time, less any time it was stopped)."""
+    rate = r["calls"] / seconds if seconds > 0 else 0.0
+    print(f"{name}: {r['requests']} requests, {r['steps']} steps; {r['calls']} pool calls checked "
+          f"({rate:,.0f}/s); CPU engine {r['cpu_s']:.1f} s, checker {r['checker_cpu_s']:.1f} s; "
+          f"ran {seconds:.1f} s")
+    print(f"  hit rate {r['token_hit_rate']:.1%} of prompt tokens, {r['request_hit_rate']:.1%} of requests; "
+          f"{r['evictions']} evictions, {r['preemptions']} preemptions; divergences {r['divergences']}")
     print(f"  {memory}")
-    for finding in r.findings[:5]:
+    for finding in r["findings"]:
         print(f"  finding: {finding}")
     sys.stdout.flush()
 
@@ -134,7 +144,7 @@ def engine_process(path: str, settings: Settings, limit: int | None, name: str) 
     r = run_vllm(read_requests(path, limit=limit), settings, vllm_plugin.use, mode=mode, keep_requests=True)
     measured = memory.stop()
     schedule = hashlib.sha256(repr([x.key() for x in r.records or ()]).encode()).hexdigest()
-    print(json.dumps({**r.to_json(), "memory": measured, "schedule": schedule}), flush=True)
+    print(json.dumps({**summary(r), "memory": measured, "schedule": schedule}), flush=True)
     sh.hub.finish()
     return 0
 
@@ -164,18 +174,22 @@ def take_turns(argv: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
         procs[name] = proc
     running = dict.fromkeys(names, 0.0)
     live = list(names)
-    while live:
-        for name in list(live):
-            proc = procs[name]
-            os.killpg(proc.pid, signal.SIGCONT)
-            began = time.perf_counter()
-            try:
-                proc.wait(timeout=SLICE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGSTOP)
-            running[name] += time.perf_counter() - began
-            if proc.poll() is not None:
-                live.remove(name)
+    try:
+        while live:
+            for name in list(live):
+                proc = procs[name]
+                os.killpg(proc.pid, signal.SIGCONT)
+                began = time.perf_counter()
+                try:
+                    proc.wait(timeout=SLICE_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGSTOP)
+                running[name] += time.perf_counter() - began
+                if proc.poll() is not None:
+                    live.remove(name)
+    finally:  # interrupted: no stopped process group is left behind
+        for name in live:
+            os.killpg(procs[name].pid, signal.SIGKILL)
     results = {}
     for name, proc in procs.items():
         lines = (proc.stdout.read() if proc.stdout else "").strip().splitlines()
@@ -188,15 +202,7 @@ def take_turns(argv: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
 def run_vllm_modes(argv: list[str]) -> None:
     results = take_turns(argv, list(RUNS))
     for name, r in results.items():
-        print(f"vLLM's scheduler, {name}: {r['requests']} requests, {r['steps']} steps; {r['calls']} pool "
-              f"calls checked; CPU engine {r['cpu_s']:.1f} s, checker {r['checker_cpu_s']:.1f} s; ran "
-              f"{r['running_s']:.1f} s")
-        print(f"  hit rate {r['token_hit_rate']:.1%} of prompt tokens, {r['request_hit_rate']:.1%} of "
-              f"requests; {r['evictions']} evictions, {r['preemptions']} preemptions; divergences "
-              f"{r['divergences']}")
-        print(f"  {r['memory']}")
-        for finding in r["findings"][:5]:
-            print(f"  finding: {finding}")
+        show(f"vLLM's scheduler, {name}", r, r["running_s"], r["memory"])
     bare, shadow = results["vLLM"], results["shadow"]
     ratio = shadow["cpu_s"] / bare["cpu_s"]
     total = (shadow["cpu_s"] + shadow["checker_cpu_s"]) / bare["cpu_s"]
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         memory.start()
         r = run_kvpool(read_requests(args.trace, limit=args.limit), settings, adapter.factory(), adapter.name,
                        errors_match=adapter.errors_match)
-        show("kvpool's loop, kvpool's pool in lockstep with the model", r, memory.stop())
+        show("kvpool's loop, kvpool's pool in lockstep with the model", summary(r), r.wall_s, memory.stop())
     return 0
 
 
