@@ -15,7 +15,6 @@ and vLLM's pool doing the same.  The collector is off.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import parser
 from pool_throughput import kvpool_pools
 from workloads import BLOCK_SIZE, LoRA, Req, chain
 
@@ -90,10 +90,7 @@ def _vllm_builders(req: Req, hashes: list[int]) -> Pair:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--events", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=50)
-    args = ap.parse_args(argv)
+    args = parser(__doc__, events=2000, repeat=50).parse_args(argv)
 
     tokens = list(range(4 * BLOCK_SIZE))
     req = Req("r", tokens, chain(tokens), lora_request=LoRA("adapter", 1, "/a"), session_id="s")

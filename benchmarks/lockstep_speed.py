@@ -17,15 +17,14 @@ Two drivers are measured:
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import met, parser
 
 TARGET = 5_000
 
@@ -81,21 +80,16 @@ def machine_rate(examples: int, step_count: int) -> tuple[int, int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=8, help="campaign runs, split between workers")
-    parser.add_argument("--steps", type=int, default=2000, help="workload steps per campaign run")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--examples", type=int, default=100, help="Hypothesis machine examples (0: skip)")
-    parser.add_argument("--step-count", type=int, default=30, help="rules per machine example")
-    args = parser.parse_args(argv)
+    args = parser(__doc__, workers=2, runs=(8, "campaign runs, split between workers"),
+                  steps=(2000, "workload steps per campaign run"), seed=0,
+                  examples=(100, "Hypothesis machine examples (0: skip)"),
+                  step_count=(30, "rules per machine example")).parse_args(argv)
 
     calls, wall, busy = campaign_rate(args.workers, args.runs, args.steps, args.seed)
     total = calls / wall if wall else 0.0
-    per_core = calls / busy if busy else 0.0
     print(f"campaign: {calls:,} lockstep calls in {wall:.2f}s on {args.workers} workers: "
-          f"{total:,.0f} steps/s total, {per_core:,.0f} steps/s per worker "
-          f"(target >= {TARGET:,} on 2 cores: {'met' if total >= TARGET else 'NOT met'})")
+          f"{total:,.0f} steps/s total, {calls / busy if busy else 0.0:,.0f} steps/s per worker "
+          f"(target >= {TARGET:,} on 2 cores: {met(total >= TARGET)})")
     if args.examples:
         m_calls, examples, secs = machine_rate(args.examples, args.step_count)
         print(f"machine:  {m_calls:,} lockstep calls over {examples} examples in {secs:.2f}s "

@@ -40,30 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # say) is run by test_derived_parts.py.  tests/test_registry.py cannot be one: it lists
 # each model module's functions, and mutmut's trampolines add a function per mutant.
 KILLERS: dict[str, list[str]] = {
-    "impl": [
-        "tests/test_impl_pool.py",
-        "tests/test_impl_block.py",
-        "tests/test_impl_free_queue.py",
-        "tests/test_impl_hash_index.py",
-        "tests/test_impl_events.py",
-        "tests/test_misuse.py",
-        "tests/test_callbacks.py",
-        "tests/test_lockstep.py",
-        "tests/test_hashing.py",
-        "tests/test_refusal_messages.py",
-    ],
-    "model": [
-        "tests/test_model_scenarios.py",
-        "tests/test_proofs.py",
-        "tests/test_agreement.py",
-        "tests/test_bmc.py",
-        "tests/test_refusal_messages.py",
-        "tests/test_contracts.py",
-        "tests/test_impl_pool.py",
-        "tests/test_impl_events.py",
-        "tests/test_lockstep.py",
-        "tests/test_derived_parts.py",
-    ],
+    "impl": ["tests/test_impl_pool.py", "tests/test_impl_block.py", "tests/test_impl_free_queue.py",
+             "tests/test_impl_hash_index.py", "tests/test_impl_events.py", "tests/test_misuse.py",
+             "tests/test_callbacks.py", "tests/test_lockstep.py", "tests/test_hashing.py",
+             "tests/test_refusal_messages.py"],
+    "model": ["tests/test_model_scenarios.py", "tests/test_proofs.py", "tests/test_agreement.py",
+              "tests/test_bmc.py", "tests/test_refusal_messages.py", "tests/test_contracts.py",
+              "tests/test_impl_pool.py", "tests/test_impl_events.py", "tests/test_lockstep.py",
+              "tests/test_derived_parts.py"],
 }
 
 # Folders of the checkout and where they sit in the installed package.
@@ -106,10 +90,6 @@ def _git_files() -> list[str]:
     return [f for f in out.decode().split("\0") if f]
 
 
-def _toml_value(value: object) -> str:
-    return json.dumps(value)  # a JSON string or list of strings is a TOML one too
-
-
 def _copy_tree(dest: Path, tests_only: bool = False) -> None:
     for rel in _git_files():
         top, _, rest = rel.partition("/")
@@ -134,18 +114,18 @@ def stage(target: str, dest: Path) -> None:
     dest.mkdir(parents=True)
     _copy_tree(dest)
     pytest_opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    config = [
+    config = [  # a JSON string or list of strings (json.dumps) is a TOML one too
         "[tool.pytest.ini_options]",
-        f"testpaths = {_toml_value(pytest_opts.get('testpaths', ['tests']))}",
+        f"testpaths = {json.dumps(pytest_opts.get('testpaths', ['tests']))}",
         # The default run's tests: a slow one (a search kvpool verify makes) costs each surviving
         # mutant it covers minutes, and made a whole run of the model about ten times longer.
         '''addopts = "--import-mode=importlib -p no:cacheprovider -m 'not slow'"''',
-        f"markers = {_toml_value(pytest_opts.get('markers', []))}",
+        f"markers = {json.dumps(pytest_opts.get('markers', []))}",
         "",
         "[tool.mutmut]",
         'source_paths = ["kvpool"]',
         f'only_mutate = ["kvpool/{target}/*"]',
-        f"pytest_add_cli_args_test_selection = {_toml_value(KILLERS[target])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(KILLERS[target])}",
         # mutmut adds -x -q itself.  The cross-process hash test starts python -P: the child
         # cannot import the staged, trampolined package (and would report no stats if it could).
         # The domain test measures the model's branches with coverage.py, and mutmut's
@@ -164,17 +144,12 @@ def stage(target: str, dest: Path) -> None:
 
 
 def tally(dest: Path) -> tuple[Counter[str], dict[str, str]]:
-    counts: Counter[str] = Counter()
     status_of: dict[str, str] = {}
     for meta in sorted((dest / "mutants").rglob("*.meta")):
-        data = json.loads(meta.read_text())
-        for name, code in data.get("exit_code_by_key", {}).items():
+        for name, code in json.loads(meta.read_text()).get("exit_code_by_key", {}).items():
             status = "not checked" if code is None else STATUS.get(code, "suspicious")
-            if name in EQUIVALENT and status == "survived":
-                status = "equivalent"
-            counts[status] += 1
-            status_of[name] = status
-    return counts, status_of
+            status_of[name] = "equivalent" if name in EQUIVALENT and status == "survived" else status
+    return Counter(status_of.values()), status_of
 
 
 def _detected(counts: Counter[str]) -> int:

@@ -21,7 +21,6 @@ Targets (issue 22): largest over smallest at most 2x for the sizes and the lengt
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import resource
@@ -29,8 +28,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import parser
 
 from kvpool.impl import BlockPool
 from kvpool.impl.hashing import get_request_block_hasher
@@ -83,12 +87,7 @@ class Serving:
         tail = [self.rng.randrange(32000) for _ in range(HBS * self.rng.randint(0, 4))]
         self.next_id += 1
         req = Request(f"r{self.next_id}", prompt + tail, block_hasher=self.hasher)
-        hits: list[int] = []
-        for h in req.block_hashes:
-            b = self.lookup(h)
-            if b is None:
-                break
-            hits.append(b)
+        hits = list(takewhile(lambda b: b is not None, map(self.lookup, req.block_hashes)))
         need = len(req.all_token_ids) // HBS - len(hits) + 1
         if hits:
             self.call("touch", hits)
@@ -159,8 +158,7 @@ def _per_call(call: Call, lookup: Callable[[bytes], int | None], num_blocks: int
 
 
 def per_call_model(num_blocks: int, calls: int) -> float:
-    call, lookup, _ = _model_driver(num_blocks)
-    return _per_call(call, lookup, num_blocks, calls)
+    return _per_call(*_model_driver(num_blocks)[:2], num_blocks, calls)
 
 
 def per_call_pool(num_blocks: int, calls: int) -> float:
@@ -249,12 +247,10 @@ def peak_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=20_000, help="calls per size (default 20000)")
-    parser.add_argument("--sizes", default="64,4096,65536,1048576")
-    parser.add_argument("--lengths", default="10000,100000,1000000")
-    parser.add_argument("--only", choices=("model", "lockstep", "check-trace", "length"), action="append")
-    args = parser.parse_args(argv)
+    ap = parser(__doc__, calls=(20_000, "calls per size (default 20000)"), sizes="64,4096,65536,1048576",
+                lengths="10000,100000,1000000")
+    ap.add_argument("--only", choices=("model", "lockstep", "check-trace", "length"), action="append")
+    args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     lengths = [int(x) for x in args.lengths.split(",")]
     only = set(args.only or ("model", "lockstep", "check-trace", "length"))

@@ -27,7 +27,6 @@ compiled build).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import signal
@@ -41,19 +40,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import parser
 from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, replay, vllm_pool
 from workloads import WORKLOADS, add_options
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, rounds=1, instrument=(
+        False, "turn callgrind's instrumentation on after recording (valgrind --instr-atstart=no)"))
     add_options(ap)
     ap.add_argument("--pool", choices=["installed", "plain", "vllm"], default="installed")
-    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--collect", choices=OPS, help="run this class's calls from C (see collect)")
     ap.add_argument("--perf", metavar="FILE", help="sample the replay alone with perf record into FILE")
-    ap.add_argument("--instrument", action="store_true",
-                    help="turn callgrind's instrumentation on after recording (valgrind --instr-atstart=no)")
     args = ap.parse_args(argv)
 
     workload = WORKLOADS[args.workload]

@@ -46,10 +46,9 @@ from itertools import starmap
 from pathlib import Path
 from typing import Any
 
-if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import parser
 from workloads import BLOCK_SIZE, WORKLOADS, Workload, add_options
 
 OPS = ["lookup", "touch", "allocate", "cache", "free", "emit", "events"]
@@ -111,13 +110,8 @@ def bind(trace: Trace, pool: Any) -> Runs:
 
 
 def replay(runs: Runs) -> dict[str, int]:
-    """Nanoseconds per operation class, the clock read around each run of calls.
-
-    A run of several calls is made from C (``itertools.starmap`` drained by a ``deque``),
-    a single call directly, so what is timed is the pool's calls, not a driver loop.  The
-    events ``take_events`` hands over are freed after the clock is read, as a caller frees
-    them once published (``event_cost.py`` times building and freeing events).
-    """
+    """Nanoseconds per operation class, the clock read around each run of calls (a run of several
+    made from C), the events ``take_events`` hands over freed after the clock is read."""
     ns: dict[str, int] = defaultdict(int)
     clock = time.perf_counter_ns
     for op, method, arglist in runs:
@@ -255,9 +249,7 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
         rounds.append(this)
 
     calls = Counter(op for op, _n, _name, _args in trace)
-    blocks: Counter[str] = Counter()
-    for op, n, _name, _args in trace:
-        blocks[op] += n
+    blocks = Counter({op: sum(n for o, n, _name, _args in trace if o == op) for op in calls})
     ops = [op for op in OPS if calls[op]]
     runs_of = Counter(op for op, _method, _arglist in bind(trace, pools[names[0]](nblocks, True, BLOCK_SIZE)))
     # The clock is read around each run, and around each take_events alone (see replay).
@@ -301,12 +293,10 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, repeat=(7, "interleaved rounds"),
+                vllm_events=(False, "kvpool emits vLLM's event classes, as under its vLLM plugin"),
+                gc=(False, "leave the garbage collector on while timing"))
     add_options(ap, every=True)
-    ap.add_argument("--repeat", type=int, default=7, help="interleaved rounds")
-    ap.add_argument("--vllm-events", action="store_true",
-                    help="kvpool emits vLLM's event classes, as under its vLLM plugin")
-    ap.add_argument("--gc", action="store_true", help="leave the garbage collector on while timing")
     args = ap.parse_args(argv)
 
     pools = kvpool_pools()

@@ -40,6 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import met, parser, rss_mib
+
 from kvpool.oracle.core.adapter import kvpool_adapter
 from kvpool.oracle.replay.kvpool_engine import run_kvpool
 from kvpool.oracle.replay.requests import read_requests
@@ -48,16 +52,6 @@ from kvpool.oracle.replay.run import Replay, Settings
 TARGET_RATIO = 1.5
 COUNT_RECORDS = Path(__file__).with_name("count_records.py")
 TARGET_WALL_S = 600.0
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 class Memory(threading.Thread):
@@ -70,7 +64,7 @@ class Memory(threading.Thread):
 
     def run(self) -> None:
         while not self.done.wait(1.0):
-            self.samples.append((rss_mb(os.getpid()), rss_mb(self.checker) if self.checker else 0.0))
+            self.samples.append((rss_mib(), rss_mib(self.checker) if self.checker else 0.0))
 
     def stop(self) -> str:
         self.done.set()
@@ -158,11 +152,9 @@ def _stopped(pid: int) -> bool:
 
 def take_turns(argv: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
     """Each named run in a process of its own (with its checker, in its process group), all set
-    up first, then run :data:`SLICE_S` at a time in turn: what else the host does in a minute
-    falls on every run alike (this machine's CPU time for one run varies by up to a third from
-    one minute to the next), each run keeps its own heap and caches warm over a slice, and a
-    checker runs only while its engine does (beside it, on the other core, as in a deployment).
-    A run's ``running_s`` is the time it was let run."""
+    up first, then run :data:`SLICE_S` at a time in turn (why: the module's docstring); each keeps
+    its heap and caches warm over a slice, and a checker runs only while its engine does.  A run's
+    ``running_s`` is the time it was let run."""
     procs: dict[str, subprocess.Popen[str]] = {}
     for name in names:  # one at a time: set-up is not measured, but it must not overlap a turn
         proc = subprocess.Popen([sys.executable, "-W", "ignore", __file__, *argv, "--engine-process", name],
@@ -208,25 +200,23 @@ def run_vllm_modes(argv: list[str]) -> None:
     total = (shadow["cpu_s"] + shadow["checker_cpu_s"]) / bare["cpu_s"]
     same = len({r["schedule"] for r in results.values()}) == 1
     print(f"CPU ratios (engine): shadowed / bare {ratio:.2f} (target at most {TARGET_RATIO}: "
-          f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}), kvpool's pool / bare "
+          f"{met(ratio <= TARGET_RATIO)}), kvpool's pool / bare "
           f"{results['replace']['cpu_s'] / bare['cpu_s']:.2f}; with the checker process's CPU: shadowed / "
           f"bare {total:.2f}")
     print(f"  of which recording (the same calls, a checker that only counts them): "
           f"{results['recorded only']['cpu_s'] / bare['cpu_s']:.2f}; the rest is the engine's share of the "
           f"machine with a busy checker beside it")
     print(f"shadowed run: {shadow['running_s']:.0f} s of running time (target at most {TARGET_WALL_S:.0f} s: "
-          f"{'met' if shadow['running_s'] <= TARGET_WALL_S else 'NOT met'}); every request scheduled alike "
+          f"{met(shadow['running_s'] <= TARGET_WALL_S)}); every request scheduled alike "
           f"in the {len(results)} runs: {'yes' if same else 'NO'}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trace")
-    parser.add_argument("--engines", default="vllm,kvpool")
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--num-blocks", type=int, default=32768)
-    parser.add_argument("--engine-process", choices=list(RUNS), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    ap = parser(__doc__, engines="vllm,kvpool", num_blocks=32768)
+    ap.add_argument("trace")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--engine-process", choices=list(RUNS), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
     settings = Settings(num_blocks=args.num_blocks)
     if args.engine_process:  # one run of run_vllm_modes, in the process it started
         return engine_process(args.trace, settings, args.limit, args.engine_process)

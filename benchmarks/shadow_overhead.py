@@ -16,7 +16,6 @@ engine-like size ``--blocks`` (default 4096) unless ``--blocks 0`` (the drawn sh
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import statistics
@@ -25,6 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import met, parser
 
 from kvpool.oracle.core.adapter import vllm_adapter
 from kvpool.oracle.core.lockstep import Lockstep
@@ -39,18 +42,22 @@ class Engine(Workload):
     STEPS = tuple(s for s in Workload.STEPS if s[0] not in ("offload", "other_pool"))
 
 
+OPS = frozenset(("get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks",
+                 "reset_prefix_cache", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
+                 "emit_cached_block_events", "take_events", "_maybe_evict_cached_block",
+                 "get_cached_block", "is_block_writable", "get_num_free_blocks", "get_usage"))
+"""The pool's operations whose time is counted."""
+
+
 class Timed:
     """The pool, every operation's time inside it added up."""
 
-    def __init__(self, pool: Any, ops: frozenset[str]) -> None:
-        object.__setattr__(self, "_pool", pool)
-        object.__setattr__(self, "_ops", ops)
-        object.__setattr__(self, "seconds", 0.0)
-        object.__setattr__(self, "calls", 0)
+    def __init__(self, pool: Any) -> None:
+        self._pool, self.seconds, self.calls = pool, 0.0, 0
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._pool, name)
-        if name not in self._ops:
+        if name not in OPS:
             return attr
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -58,27 +65,19 @@ class Timed:
             try:
                 return attr(*args, **kwargs)
             finally:
-                object.__setattr__(self, "seconds", self.seconds + time.thread_time() - started)
-                object.__setattr__(self, "calls", self.calls + 1)
+                self.seconds += time.thread_time() - started
+                self.calls += 1
 
         return timed
-
-    @property
-    def wrapped(self) -> Any:
-        return self._pool
 
 
 def run(pool_class: type, seed: int, steps: int, blocks: int | None) -> tuple[float, int]:
     rng = random.Random(seed)
     cfg = RunConfig.draw(rng, seed, blocks)
     made: list[Timed] = []
-    ops = frozenset(("get_new_blocks", "free_blocks", "touch", "unpin_blocks", "evict_blocks",
-                     "reset_prefix_cache", "cache_full_blocks", "cache_partial_block", "move_block_hashes",
-                     "emit_cached_block_events", "take_events", "_maybe_evict_cached_block",
-                     "get_cached_block", "is_block_writable", "get_num_free_blocks", "get_usage"))
 
     def factory(*args: Any, **kwargs: Any) -> Any:
-        made.append(Timed(pool_class(*args, **kwargs), ops))
+        made.append(Timed(pool_class(*args, **kwargs)))
         return made[-1]
 
     pair = Lockstep.fresh(factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size, cfg.events)
@@ -87,7 +86,7 @@ def run(pool_class: type, seed: int, steps: int, blocks: int | None) -> tuple[fl
     work = Engine(rng, cfg, pair, misuse_on=False)
     for _ in range(steps):
         work.step()
-    found = shadow_of(made[0].wrapped)
+    found = shadow_of(made[0]._pool)
     if found is not None and not found.active:
         raise SystemExit(f"the shadow stopped on seed {seed}: see its log line")
     # the outer lockstep observes the pool through its internals, not its operations: only
@@ -96,11 +95,8 @@ def run(pool_class: type, seed: int, steps: int, blocks: int | None) -> tuple[fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--blocks", type=int, default=4096, help="pool size (0: the drawn shapes)")
-    args = parser.parse_args(argv)
+    args = parser(__doc__, steps=4000, seeds=4,
+                  blocks=(4096, "pool size (0: the drawn shapes)")).parse_args(argv)
     logging.getLogger("vllm").setLevel(logging.ERROR)
     from vllm.v1.core.block_pool import BlockPool
 
@@ -108,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     shadowed = shadowed_class(BlockPool, directory=directory, strict=True)
     blocks = args.blocks or None
     bare_s = shadow_s = 0.0
-    calls = 0
-    ratios = []
+    calls, ratios = 0, []
     for seed in range(args.seeds):  # bare and shadowed interleaved, seed by seed
         b, n = run(BlockPool, seed, args.steps, blocks)
         s, m = run(shadowed, seed, args.steps, blocks)
@@ -117,14 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"seed {seed}: {n} calls bare, {m} shadowed: not the same calls")
         bare_s, shadow_s, calls = bare_s + b, shadow_s + s, calls + n
         ratios.append((s - b) / b)
-    bare, shadowed_call = 1e6 * bare_s / calls, 1e6 * shadow_s / calls
     ratio = statistics.median(ratios)
     print(f"{calls} calls on vLLM's BlockPool ({args.seeds} seeds x {args.steps} steps, "
           f"{blocks or 'drawn'} blocks)")
-    print(f"  bare pool:     {bare:8.1f} us/call")
-    print(f"  under shadow:  {shadowed_call:8.1f} us/call")
+    print(f"  bare pool:     {1e6 * bare_s / calls:8.1f} us/call")
+    print(f"  under shadow:  {1e6 * shadow_s / calls:8.1f} us/call")
     print(f"  added / bare:  {ratio:8.1f}x, median of the seeds' ratios (target at most {TARGET:.0f}x): "
-          f"{'met' if ratio <= TARGET else 'NOT met'}")
+          f"{met(ratio <= TARGET)}")
     return 0
 
 

@@ -17,41 +17,40 @@ before, 0.91 s against 0.006 s bare at 8,192 blocks).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import met, parser
 
 CHUNK = 512
 BLOCK = 16
 
 
-def pool_class(name: str) -> Any:
+def pool_and_request(name: str) -> tuple[Any, Callable[[int], Any]]:
+    """The pool class ``name`` names, and a maker of a request of N blocks for it (imported lazily:
+    vLLM only when asked for, kvpool's beside it the same way)."""
     if name == "vllm":
-        from vllm.v1.core.block_pool import BlockPool  # lazy: vLLM only when asked for
-
-        return BlockPool
-    from kvpool.impl import BlockPool  # lazy: beside vLLM's, the same way
-
-    return BlockPool
-
-
-def request(blocks: int, pool: str) -> Any:
-    tokens = list(range(blocks * BLOCK))
-    if pool == "vllm":
-        from vllm.sampling_params import SamplingParams  # lazy: vLLM only when asked for
+        from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
+        from vllm.v1.core.block_pool import BlockPool
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.request import Request as VllmRequest
 
         init_none_hash(sha256)
-        return VllmRequest("r", tokens, SamplingParams(max_tokens=1), None,
-                           block_hasher=get_request_block_hasher(BLOCK, sha256))
-    from kvpool.impl import Request, get_request_block_hasher  # lazy: beside vLLM's, the same way
+        return BlockPool, lambda blocks: VllmRequest(
+            "r", list(range(blocks * BLOCK)), SamplingParams(max_tokens=1), None,
+            block_hasher=get_request_block_hasher(BLOCK, sha256))
+    from kvpool.impl import BlockPool, Request, get_request_block_hasher
 
-    return Request("r", tokens, block_hasher=get_request_block_hasher(BLOCK))
+    return BlockPool, lambda blocks: Request("r", list(range(blocks * BLOCK)),
+                                             block_hasher=get_request_block_hasher(BLOCK))
 
 
 def prefill(pool: Any, req: Any, blocks: int) -> float:
@@ -66,22 +65,21 @@ def prefill(pool: Any, req: Any, blocks: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pool", choices=("kvpool", "vllm"), default="kvpool")
-    parser.add_argument("--sizes", default="1024,2048,4096,8192,16384")
-    args = parser.parse_args(argv)
+    ap = parser(__doc__, sizes="1024,2048,4096,8192,16384")
+    ap.add_argument("--pool", choices=("kvpool", "vllm"), default="kvpool")
+    args = ap.parse_args(argv)
     os.environ.setdefault("KVPOOL_SHADOW_DIR", tempfile.mkdtemp(prefix="kvpool-prompt-length-"))
     # lazy: after the shadow's directory is set
     from kvpool.oracle import shadow as sh
 
-    cls = pool_class(args.pool)
+    cls, request = pool_and_request(args.pool)
     sizes = [int(s) for s in args.sizes.split(",")]
     os.environ[sh.ENV_CHECK] = "process"
-    prefill(sh.ShadowPool(cls(9, True, BLOCK)), request(8, args.pool), 8)  # the checker process started
+    prefill(sh.ShadowPool(cls(9, True, BLOCK)), request(8), 8)  # the checker process started
     sh.sync()
     rows = []
     for blocks in sizes:
-        req = request(blocks, args.pool)
+        req = request(blocks)
         bare = prefill(cls(blocks + 1, True, BLOCK), req, blocks)
         os.environ[sh.ENV_CHECK] = "inline"
         inline = prefill(sh.ShadowPool(cls(blocks + 1, True, BLOCK), strict=True), req, blocks)
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     first, last = rows[0], rows[-1]
     ratio = max(last[2] / first[2], last[4] / first[4])
     print(f"largest / smallest prompt, per block: inline {last[2] / first[2]:.2f}, checker process "
-          f"{last[4] / first[4]:.2f} (target at most 1.5: {'met' if ratio <= 1.5 else 'NOT met'})")
+          f"{last[4] / first[4]:.2f} (target at most 1.5: {met(ratio <= 1.5)})")
     sh.finish()
     return 0
 

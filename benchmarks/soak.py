@@ -14,8 +14,6 @@ start, end and peak resident memory.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import random
 import sys
 import time
@@ -23,21 +21,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import parser, rss_mib
 from workloads import BLOCK_SIZE, chain
 
 from kvpool.impl import BlockPool, Request
 from kvpool.oracle.core.observe import pool_invariant_errors
-
-
-def rss_mib() -> float:
-    """Resident memory of this process, in MiB (Linux)."""
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * 4096 / 2**20
 
 
 class Soak:
@@ -61,8 +51,7 @@ class Soak:
         hits: list[Any] = []
         for h in req.block_hashes:
             self.ops += 1
-            found = pool.get_cached_block(h, [0])
-            if found is None:
+            if (found := pool.get_cached_block(h, [0])) is None:
                 break
             hits.append(found[0])
         self.ops += 1
@@ -112,13 +101,8 @@ class Soak:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, default=10_000_000)
-    ap.add_argument("--blocks", type=int, default=1536)
-    ap.add_argument("--check-every", type=int, default=10_000)
-    ap.add_argument("--report-every", type=int, default=1_000_000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = parser(__doc__, ops=10_000_000, blocks=1536, check_every=10_000, report_every=1_000_000,
+                  seed=0).parse_args(argv)
 
     soak = Soak(args.blocks, args.seed)
     start_rss = peak_rss = rss_mib()
@@ -131,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if soak.ops >= next_check:
             next_check += args.check_every
             checks += 1
-            errors = pool_invariant_errors(soak.pool)
-            if errors:
+            if errors := pool_invariant_errors(soak.pool):
                 print(f"after {soak.ops:,} operations: {'; '.join(errors)}")
                 return 1
             peak_rss = max(peak_rss, rss_mib())
@@ -143,11 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{soak.ops:>12,} ops  {rate:>10,.0f} ops/s  rss {rss_mib():7.1f} MiB  "
                   f"usage {soak.pool.get_usage():.2f}")
             last_ops, last_t = soak.ops, now
-    end_rss = rss_mib()
     elapsed = time.perf_counter() - t0
     print(f"done: {soak.ops:,} operations in {elapsed:.1f}s ({soak.ops / elapsed:,.0f} ops/s), "
           f"{checks} invariant checks passed")
-    print(f"memory: start {start_rss:.1f} MiB, end {end_rss:.1f} MiB, peak {peak_rss:.1f} MiB")
+    print(f"memory: start {start_rss:.1f} MiB, end {rss_mib():.1f} MiB, peak {peak_rss:.1f} MiB")
     return 0
 
 

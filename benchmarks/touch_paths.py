@@ -9,7 +9,6 @@ nanoseconds per block, best of the repeats, and vLLM/kvpool ratios.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
@@ -19,25 +18,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import best, parser
 from pool_throughput import vllm_pool
-
-
-def _best(run: Callable[[], None], repeats: int, loops: int) -> float:
-    """The fastest of ``repeats`` timings of ``loops`` calls, in ns per call."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter_ns()
-        for _ in range(loops):
-            run()
-        best = min(best, (time.perf_counter_ns() - start) / loops)
-    return best
 
 
 def measure(cls: Any, blocks: int, repeats: int, loops: int) -> tuple[float, float]:
     """(referenced, idle) touch cost in ns per block for pool class ``cls``."""
     pool = cls(8192, True, 16)
     shared = pool.get_new_blocks(blocks)
-    referenced = _best(lambda: pool.touch(shared), repeats, loops) / blocks
+    referenced = best(lambda: [pool.touch(shared) for _ in range(loops)], repeats) / loops / blocks
     other = cls(8192, True, 16)
     idle = other.get_new_blocks(blocks)
     other.free_blocks(idle)
@@ -61,11 +50,8 @@ def _timed_after(timed: Callable[[], None], untimed: Callable[[], None], repeats
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=32, help="blocks per touch (32, as in the workload)")
-    ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--loops", type=int, default=300)
-    args = ap.parse_args(argv)
+    args = parser(__doc__, blocks=(32, "blocks per touch (32, as in the workload)"), repeat=30,
+                  loops=300).parse_args(argv)
     from kvpool.impl import BlockPool
 
     pools: dict[str, Any] = {"kvpool": BlockPool}

@@ -30,20 +30,18 @@ end of its check.  Wall clock, on a shared machine: read it as an order.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import importlib.util
 import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-if importlib.util.find_spec("kvpool") is None:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import best, parser
 from workloads import WORKLOADS
 
 from kvpool.impl import BlockPool
@@ -76,16 +74,6 @@ def stream(requests: int, seed: int) -> list[list[dict[str, Any]]]:
 
 def frames(batches: list[list[dict[str, Any]]]) -> list[list[bytes]]:
     return [[b"", seq.to_bytes(8, "big"), encode_batch(events, 0.0)] for seq, events in enumerate(batches)]
-
-
-def timed(run: Any, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        gc.collect()
-        start = time.process_time()
-        run()
-        best = min(best, time.process_time() - start)
-    return best
 
 
 def decode_only(messages: list[list[bytes]]) -> None:
@@ -165,13 +153,10 @@ def lag(batches: list[list[dict[str, Any]]], rate: float, routers: list[str]) ->
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=1500)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--load", type=float, default=0.5, help="offered rate, as a share of check+2's")
-    parser.add_argument("--history", type=int, default=8_192, help="long+2's history (keys remembered)")
-    args = parser.parse_args(argv)
+    args = parser(__doc__, requests=1500, seed=1, repeat=5,
+                  load=(0.5, "offered rate, as a share of check+2's"),
+                  history=(8_192, "long+2's history (keys remembered)")).parse_args(argv)
+    timed = partial(best, repeat=args.repeat, clock=time.process_time, collect=True)
     gc.set_threshold(*GC_THRESHOLDS)  # as kvpool watch runs
     batches = stream(args.requests, args.seed)
     messages = frames(batches)
@@ -181,15 +166,15 @@ def main(argv: list[str]) -> int:
     print(f"load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     print(f"stream: {len(batches):,} batches, {events:,} events ({stored:,} BlockStored, {hashes:,} block "
           f"hashes), from the serving workload ({args.requests} requests, block size 16)")
-    base = timed(lambda: decode_only(messages), args.repeat)
+    base = timed(lambda: decode_only(messages))
     print(f"{'stage':>9} {'events/s':>10} {'batches/s':>10} {'x decode':>9}")
     print(f"{'decode':>9} {events / base:>10,.0f} {len(batches) / base:>10,.0f} {1.0:>9.2f}")
     rates = {}
     for name, routers in STAGES.items():
-        seconds = timed(lambda routers=routers: check(messages, routers), args.repeat)
+        seconds = timed(lambda routers=routers: check(messages, routers))
         rates[name] = events / seconds
         print(f"{name:>9} {events / seconds:>10,.0f} {len(batches) / seconds:>10,.0f} {seconds / base:>9.2f}")
-    seconds = timed(lambda: check(messages, STAGES["check+2"], args.history), args.repeat)
+    seconds = timed(lambda: check(messages, STAGES["check+2"], args.history))
     print(f"{'long+2':>9} {events / seconds:>10,.0f} {len(batches) / seconds:>10,.0f} {seconds / base:>9.2f}"
           f"   (history {args.history:,}: {events / seconds / rates['check+2']:.2f} of check+2's rate)")
     fleet = check(messages, STAGES["check+2"])
