@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from callgrind_summary import parse
+from harness import parser
 from pool_throughput import BLOCK_SIZE, OPS, Runs, bind, kvpool_pools, record, vllm_pool
 from workloads import WORKLOADS, add_options
 
@@ -80,10 +81,8 @@ def child(args: argparse.Namespace) -> int:
         if cls is None:
             raise SystemExit(f"no {args.child} pool here")
         runs = bind(trace, fresh(cls))
-    counts = {op: [0, 0] for op in OPS}  # calls, runs
-    for op, _method, arglist in runs:
-        counts[op][0] += len(arglist)
-        counts[op][1] += 1
+    counts = {op: [sum(len(a) for o, _m, a in runs if o == op), sum(o == op for o, _m, _a in runs)]
+              for op in OPS}  # calls, runs
     Path(args.counts).write_text(json.dumps(counts))
     gc.collect()
     gc.disable()
@@ -118,9 +117,8 @@ def measure(pool: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, pools=(",".join(POOLS), "of " + ",".join(POOLS)))
     add_options(ap)
-    ap.add_argument("--pools", default=",".join(POOLS), help="of " + ",".join(POOLS))
     ap.add_argument("--keep", metavar="DIR",
                     help="keep the callgrind files there (callgrind_summary.py reads the compiled one)")
     ap.add_argument("--child", choices=POOLS, help=argparse.SUPPRESS)
@@ -145,20 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm" in got:
         header += "".join(f"{b + '/vLLM raw':>17}{'net':>7}" for b in builds)
     print(header)
+    for by_op in got.values():
+        by_op["mix"] = tuple(sum(v[i] for v in by_op.values()) for i in range(3))  # type: ignore[assignment]
     for op in [*OPS, "mix"]:
-        def ir(pool: str, op: str = op) -> int:
-            return sum(v[2] for v in got[pool].values()) if op == "mix" else got[pool][op][2]
-        first = got[pools[0]]
-        calls = sum(v[0] for v in first.values()) if op == "mix" else first[op][0]
-        nruns = sum(v[1] for v in first.values()) if op == "mix" else first[op][1]
+        calls, nruns, _ir = got[pools[0]][op]
         if not calls:
             continue
-        line = f"{op:<10}{calls:>8}{nruns:>7}" + "".join(f"{ir(p) / calls:>11,.0f}" for p in pools)
+        ir = {p: got[p][op][2] for p in pools}
+        line = f"{op:<10}{calls:>8}{nruns:>7}" + "".join(f"{ir[p] / calls:>11,.0f}" for p in pools)
         if "vllm" in got:
-            floor = ir("none") if "none" in got else 0
+            floor = ir.get("none", 0)
             for b in builds:
-                net = (ir("vllm") - floor) / max(ir(b) - floor, 1)
-                line += f"{ir('vllm') / ir(b):>16.2f}x{net:>6.2f}x"
+                net = (ir["vllm"] - floor) / max(ir[b] - floor, 1)
+                line += f"{ir['vllm'] / ir[b]:>16.2f}x{net:>6.2f}x"
         print(line)
     return 0
 
