@@ -67,6 +67,8 @@ CPU_BACKSTOP = 1200
 """Seconds of CPU a judge process may use (the unmutated spec needs about 60): a safety net."""
 MEMORY_BACKSTOP = 4 << 30
 PACKAGES = ("model", "impl", "proofs", "oracle", "bugs")
+KINDS = ("refuted", "survived", "equivalent", "timeout", "undecided", "backstop")
+"""The verdicts, in the table's order."""
 
 
 def stage(into: Path) -> Path:
@@ -81,19 +83,10 @@ def stage(into: Path) -> Path:
 
 
 def equivalents() -> dict[str, str]:
-    """Listed equivalent mutants: key (:func:`key_of`) -> why no check can tell them apart."""
-    out: dict[str, str] = {}
-    if EQUIVALENT.exists():
-        for line in EQUIVALENT.read_text(encoding="utf-8").splitlines():
-            if line.strip() and not line.startswith("#"):
-                key, _, why = line.partition("\t")
-                out[key] = why
-    return out
-
-
-def key_of(m: Mutant) -> str:
-    """A name for a mutant that survives edits elsewhere in its file: its place, not its number."""
-    return f"{m.file}|{m.place}"
+    """Listed equivalent mutants: key (``FILE|PLACE``: stable under edits elsewhere in the file, unlike
+    the number) -> why no check can tell them apart."""
+    lines = EQUIVALENT.read_text(encoding="utf-8").splitlines() if EQUIVALENT.exists() else []
+    return dict(x.partition("\t")[::2] for x in lines if x.strip() and not x.startswith("#"))
 
 
 def stratified(pop: dict[str, list[Mutant]], n: int, seed: int, floor: int) -> list[Mutant]:
@@ -112,18 +105,11 @@ def _judged(trees: dict[str, ast.Module], budget: int, pkg: Path | None,
             checks: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Files of the package staged at ``pkg`` (None: the installed one, the checkout's files) replaced
     by ``trees`` (path -> syntax tree), judged within ``budget`` steps by ``checks`` (default: those
-    for the files) in a judge process of its own (:func:`run_judge`)."""
+    for the files) in a fresh judge process; its verdict (``backstop`` if the process was killed)."""
     modules = [(module_of(p), str((pkg or ROOT) / p), instrumented(tree)) for p, tree in trees.items()]
-    return run_judge({"modules": modules, "checks": checks or default_checks(list(trees)),
-                      "step_budget": budget, "cpu_seconds": CPU_BACKSTOP, "memory_bytes": MEMORY_BACKSTOP},
-                     pkg)
-
-
-def run_judge(job: dict[str, Any], pkg: Path | None) -> dict[str, Any]:
-    """One fresh judge process on ``job`` over the package staged at ``pkg`` (None: the installed
-    one); its verdict (``backstop`` if the process was killed)."""
     with tempfile.NamedTemporaryFile(suffix=".pickle", delete=False) as f:
-        pickle.dump(job, f)
+        pickle.dump({"modules": modules, "checks": checks or default_checks(list(trees)),
+                     "step_budget": budget, "cpu_seconds": CPU_BACKSTOP, "memory_bytes": MEMORY_BACKSTOP}, f)
     began = time.perf_counter()
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     if pkg is not None:
@@ -152,7 +138,7 @@ def baseline(path: str, pkg: Path) -> dict[str, Any]:
 def judge_mutant(m: Mutant, budget: int, pkg: Path) -> dict[str, Any]:
     out = _judged({m.file: apply(m, pkg)}, budget, pkg)
     return {"id": m.id, "file": m.file, "digest": m.file_digest, "line": m.line, "operator": m.operator,
-            "before": m.before, "after": m.after, "key": key_of(m), **out}
+            "before": m.before, "after": m.after, "key": f"{m.file}|{m.place}", **out}
 
 
 def judge_named(n: Named, budget: int, pkg: Path) -> dict[str, Any]:
@@ -163,10 +149,8 @@ def judge_named(n: Named, budget: int, pkg: Path) -> dict[str, Any]:
 
 
 def _done(out: Path | None) -> dict[str, dict[str, Any]]:
-    if out is None or not out.exists():
-        return {}
-    rows = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines() if x.strip()]
-    return {r["id"]: r for r in rows}
+    lines = out.read_text(encoding="utf-8").splitlines() if out is not None and out.exists() else []
+    return {(r := json.loads(x))["id"]: r for x in lines if x.strip()}
 
 
 def run(pkg: Path, mutants: Sequence[Mutant], jobs: int, out: Path | None, factor: int,
@@ -209,9 +193,7 @@ def run(pkg: Path, mutants: Sequence[Mutant], jobs: int, out: Path | None, facto
 
 
 def verdict(row: dict[str, Any], listed: dict[str, str]) -> str:
-    if row["verdict"] == "survived" and row.get("key") in listed:
-        return "equivalent"
-    return str(row["verdict"])
+    return "equivalent" if row["verdict"] == "survived" and row.get("key") in listed else str(row["verdict"])
 
 
 def report(rows: Sequence[dict[str, Any]], population_sizes: dict[str, int] | None = None) -> str:
@@ -222,16 +204,13 @@ def report(rows: Sequence[dict[str, Any]], population_sizes: dict[str, int] | No
     for r in rows:
         by_file.setdefault(r["file"], Counter())[verdict(r, listed)] += 1
         cpu[r["file"]] += r.get("cpu", 0.0)
-    kinds = ("refuted", "survived", "equivalent", "timeout", "undecided", "backstop")
-    head = "| file | population | judged | " + " | ".join(kinds) + " | score | CPU s |"
+    sizes = population_sizes or {}
+    head = "| file | population | judged | " + " | ".join(KINDS) + " | score | CPU s |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    total: Counter[str] = Counter()
-    for f in sorted(by_file, key=lambda x: FILES.index(x) if x in FILES else len(FILES)):
-        c = by_file[f]
-        total.update(c)
-        lines.append(_row(f, (population_sizes or {}).get(f), c, kinds, cpu[f]))
-    everything = sum((population_sizes or {}).values()) or None
-    lines.append(_row("**all**", everything, total, kinds, sum(cpu.values())))
+    lines += [_row(f, sizes.get(f), by_file[f], cpu[f])
+              for f in sorted(by_file, key=lambda x: FILES.index(x) if x in FILES else len(FILES))]
+    total = sum(by_file.values(), Counter())
+    lines.append(_row("**all**", sum(sizes.values()) or None, total, sum(cpu.values())))
     standing = [r for r in rows if verdict(r, listed) not in ("refuted", "equivalent")]
     if standing:
         lines += ["", "Not refuted:"]
@@ -261,11 +240,11 @@ def _verdict(rows: Sequence[dict[str, Any]], fail_under: float | None) -> int:
     return 1
 
 
-def _row(name: str, pop: int | None, c: Counter[str], kinds: Sequence[str], cpu: float) -> str:
+def _row(name: str, pop: int | None, c: Counter[str], cpu: float) -> str:
     got = _percent(c)
     score = "-" if got is None else f"{got:.1f} %"
     return (f"| {name} | {pop if pop is not None else ''} | {sum(c.values())} | "
-            + " | ".join(str(c[k]) for k in kinds) + f" | {score} | {cpu:,.0f} |")
+            + " | ".join(str(c[k]) for k in KINDS) + f" | {score} | {cpu:,.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
