@@ -38,8 +38,6 @@ FILES: tuple[str, ...] = (
     "model/invariants.py", "model/domains.py", "model/split.py",
     "proofs/transitions.py", "proofs/invariants.py", "proofs/step_properties.py", "proofs/order.py",
 )
-"""The specification: the model's actions, guards, contracts, properties, invariants, domains
-and split, and the z3 side (steps, invariants, step properties, queue order)."""
 
 STEP = "__spec_step__"
 """The name of the step counter the judge puts in a mutated module (:func:`instrumented`)."""
@@ -119,11 +117,6 @@ def _without(i: int) -> Callable[[list[Any]], list[Any]]:
     return lambda items: [v for j, v in enumerate(items) if j != i]
 
 
-def _swapped(i: int, swap: type[ast.cmpop]) -> Callable[[list[ast.cmpop]], list[ast.cmpop]]:
-    """A comparison's operators with operator ``i`` turned around."""
-    return lambda ops: [swap() if j == i else op for j, op in enumerate(ops)]
-
-
 def _renamed(n: ast.AST) -> ast.AST:
     """``min``/``max`` or a ``z3`` call swapped for its dual (:data:`Z3_SWAP`)."""
     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
@@ -137,9 +130,9 @@ def _expression_ops(node: ast.AST) -> Iterator[tuple[str, Edit]]:
     """The operators on an expression node."""
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
-            swap = CMP_SWAP.get(type(op))
-            if swap is not None:
-                yield "comparison", _setting("ops", _swapped(i, swap))
+            if (swap := CMP_SWAP.get(type(op))) is not None:  # operator i turned around
+                yield "comparison", _setting("ops", lambda ops, i=i, swap=swap: [
+                    swap() if j == i else o for j, o in enumerate(ops)])
     elif isinstance(node, ast.BoolOp):
         yield "and/or", _setting("op", lambda op: ast.Or() if isinstance(op, ast.And) else ast.And())
         yield from _drop_operands("operand dropped", len(node.values), "values")
@@ -182,13 +175,6 @@ def _drop_operands(name: str, count: int, attr: str) -> Iterator[tuple[str, Edit
             setattr(n, attr, rest)
             return n
         yield name, drop
-
-
-def _literal_ops(node: ast.AST) -> Iterator[tuple[str, Edit]]:
-    """One value of a literal a loop or a membership test reads, dropped."""
-    if isinstance(node, ast.Tuple | ast.List | ast.Set) and len(node.elts) >= 2:
-        for i in range(len(node.elts)):
-            yield "value dropped", _setting("elts", _without(i))
 
 
 def _statement_ops(stmt: ast.stmt) -> Iterator[tuple[str, Edit]]:
@@ -244,10 +230,14 @@ def _children(node: ast.AST) -> Iterator[ast.AST]:
         for i, item in enumerate(items):
             if not isinstance(item, ast.AST):
                 continue
-            if (name == "body" and i == 0 and isinstance(item, ast.Expr)
-                    and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str)):
-                continue  # a docstring
+            if name == "body" and i == 0 and _docstring(item):
+                continue
             yield item
+
+
+def _docstring(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
 
 
 def _iterated_literals(tree: ast.AST) -> set[int]:
@@ -283,9 +273,10 @@ def _sites(tree: ast.AST) -> Iterator[Site]:
         if isinstance(node, ast.expr):
             for name, edit in _expression_ops(node):
                 yield node, name, edit, stmt, where
-            if id(node) in literals:
-                for name, edit in _literal_ops(node):
-                    yield node, name, edit, stmt, where
+            if (id(node) in literals and isinstance(node, ast.Tuple | ast.List | ast.Set)
+                    and len(node.elts) >= 2):  # one value of a literal a loop or a membership test reads
+                for i in range(len(node.elts)):
+                    yield node, "value dropped", _setting("elts", _without(i)), stmt, where
         for child in _children(node):
             if isinstance(child, ast.Constant) and isinstance(child.value, str):
                 continue
@@ -356,16 +347,11 @@ def apply(m: Mutant, root: Path = ROOT) -> ast.Module:
 class _Counted(ast.NodeTransformer):
     """Every function body and loop body of a module first calls the step counter."""
 
-    def _count(self, body: list[ast.stmt]) -> list[ast.stmt]:
-        call = ast.Expr(ast.Call(ast.Name(STEP, ast.Load()), [], []))
-        docstring = (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                     and isinstance(body[0].value.value, str))
-        at = 1 if docstring else 0
-        return [*body[:at], ast.copy_location(call, body[0]), *body[at:]]
-
     def _visit_body(self, node: ast.FunctionDef | ast.For | ast.While) -> ast.AST:
         self.generic_visit(node)
-        node.body = self._count(node.body)
+        call = ast.copy_location(ast.Expr(ast.Call(ast.Name(STEP, ast.Load()), [], [])), node.body[0])
+        at = 1 if _docstring(node.body[0]) else 0
+        node.body = [*node.body[:at], call, *node.body[at:]]
         return node
 
     visit_FunctionDef = visit_For = visit_While = _visit_body
