@@ -87,10 +87,6 @@ class Failure:
     """``counterexample``, ``violation`` or ``exception`` (concrete); ``unknown`` (not)."""
     message: str
 
-    @property
-    def concrete(self) -> bool:
-        return self.kind != "unknown"
-
 
 def _ci() -> Any:
     from kvpool.verify.budget import PROFILES, pool_depths
@@ -258,7 +254,7 @@ def judge(job: Job) -> dict[str, Any]:
         ran.append({"check": name, "steps": steps[0] - before, "cpu": round(time.process_time() - t, 3)})
         if found is None:
             continue
-        if found.concrete:
+        if found.kind != "unknown":  # concrete
             verdict = {"verdict": "refuted", "check": name, "kind": found.kind,
                        "message": found.message[:600]}
             break
