@@ -85,10 +85,9 @@ class Memory(threading.Thread):
 
 def summary(r: Replay) -> dict[str, Any]:
     """What :func:`show` prints of a run (bounded: an engine process sends it through a pipe)."""
-    return {"requests": r.requests, "steps": r.steps, "calls": r.calls, "cpu_s": r.cpu_s,
-            "checker_cpu_s": r.checker_cpu_s, "token_hit_rate": r.token_hit_rate,
-            "request_hit_rate": r.request_hit_rate, "evictions": r.evictions, "preemptions": r.preemptions,
-            "divergences": r.divergences, "findings": r.findings[:5]}
+    fields = ("requests", "steps", "calls", "cpu_s", "checker_cpu_s", "token_hit_rate", "request_hit_rate",
+              "evictions", "preemptions", "divergences")
+    return {**{f: getattr(r, f) for f in fields}, "findings": r.findings[:5]}
 
 
 def show(name: str, r: dict[str, Any], seconds: float, memory: str) -> None:

@@ -61,10 +61,7 @@ def main(argv: list[str]) -> int:
             return 1
         for r in reports:
             t = totals[r.profile]
-            t["queries"] += r.queries
-            t["over"] += r.over
-            t["under"] += r.under
-            t["differences"] += len(r.differences)
+            t.update(queries=r.queries, over=r.over, under=r.under, differences=len(r.differences))
             for x, _ in r.reactions:
                 t[x.kind] += 1
                 rules[r.profile][f"{x.kind} {x.rule}"] += 1
@@ -72,8 +69,7 @@ def main(argv: list[str]) -> int:
                 rules[r.profile][f"{d.kind} {d.cause.rule}"] += 1
         stream = load_events(path)
         report = add_warnings(check_stream(stream, str(path)), stream, path, True)
-        events_check["events"] += report.events
-        events_check["violations"] += len(report.violations)
+        events_check.update(events=report.events, violations=len(report.violations))
         warnings.update(w.rule for w in report.warnings)
     print(f"{args.streams} streams of {args.steps} steps ({folder}): "
           f"{events_check['events']} events, {totals['set']['queries']} prefix queries")

@@ -64,8 +64,7 @@ def main(source: str, target: str) -> int:
         test_file = test.split("::")[0]
         if per_file[test_file] >= PER_FILE:
             continue
-        report = check_trace(path)
-        if not report.ok:
+        if not check_trace(path).ok:
             continue
         header["meta"] = {"test": test, "vllm": "0.31.0", "made_by": "scripts/vllm_own_tests/make_corpus.py"}
         lines = [json.dumps(header, separators=(",", ":")), *lines[1:]]
@@ -75,8 +74,7 @@ def main(source: str, target: str) -> int:
         seen.add(digest)
         per_file[test_file] += 1
         name = re.sub(r"[^A-Za-z0-9]+", "_", test.removeprefix("tests/v1/core/")).strip("_")[:80]
-        name = f"{name}_{digest[:8]}"
-        (out / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (out / f"{name}_{digest[:8]}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
         kept += 1
     print(f"{kept} traces kept in {out} (of {len(candidates)} small enough, from {source})")
     return 0
