@@ -216,34 +216,31 @@ def write_trace(path: Path, num_blocks: int, calls: int) -> int:
     return written[0]
 
 
-def per_call_check(path: Path, calls: int) -> tuple[float, float]:
-    """(check-trace, JSON parsing) CPU seconds per call on the trace at ``path``."""
+def checked(path: Path, num_blocks: int, calls: int) -> tuple[float, float, float, float]:
+    """The workload on ``num_blocks`` blocks written as a trace at ``path``, then read: CPU seconds per
+    call of check-trace, of parsing its JSON lines and of ``kvpool check-events`` (the router's reading,
+    its warnings with the trace's replay), and the growth of the process's peak memory (MB) meanwhile."""
+    calls = write_trace(path, num_blocks, calls)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.process_time()
     report = check_trace(path)
-    checked = time.process_time() - start
+    check = time.process_time() - start
     if report.divergence or report.contract:
         raise SystemExit(f"{path}: the model's own trace diverged: {report.divergence or report.contract}")
     start = time.process_time()
     with path.open("rb") as fh:
         for raw in fh:
             json.loads(raw)
-    parsed = time.process_time() - start
-    return checked / calls, parsed / calls
-
-
-def per_call_events(path: Path, calls: int) -> float:
-    """``kvpool check-events`` (the router's reading, its warnings with the trace's replay)
-    CPU seconds per call on the trace at ``path``."""
+    parse = time.process_time() - start
     start = time.process_time()
     stream = load_events(path)
-    report = add_warnings(check_stream(stream, str(path)), stream, path, stream.is_trace)
-    if not report.ok:
-        raise SystemExit(f"{path}: the model's own events broke a rule: {report.violations[:1]}")
-    return (time.process_time() - start) / calls
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    events = add_warnings(check_stream(stream, str(path)), stream, path, stream.is_trace)
+    if not events.ok:
+        raise SystemExit(f"{path}: the model's own events broke a rule: {events.violations[:1]}")
+    read = time.process_time() - start
+    grown = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak, 0) / 1024
+    path.unlink()
+    return check / calls, parse / calls, read / calls, grown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,30 +264,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} / the pool alone: "
                   + ", ".join(f"{n:,}: {costs[n] / bare[n]:.1f}x" for n in sizes))
         if "check-trace" in only:
-            costs, parse, events = {}, {}, {}
-            for n in sizes:
-                path = Path(scratch) / f"size-{n}.jsonl"
-                got = write_trace(path, n, args.calls)
-                costs[n], parse[n] = per_call_check(path, got)
-                events[n] = per_call_events(path, got)
-            _rows("check-trace", costs)
-            _rows("check-events", events)
-            worst = max(costs[n] / parse[n] for n in sizes)
+            got = {n: checked(Path(scratch) / f"size-{n}.jsonl", n, args.calls) for n in sizes}
+            _rows("check-trace", {n: g[0] for n, g in got.items()})
+            _rows("check-events", {n: g[2] for n, g in got.items()})
+            worst = max(g[0] / g[1] for g in got.values())
             print(f"  check-trace / parsing the same lines: at most {worst:.1f}x (target <= 15x)")
         if "length" in only:
-            costs, memory, events = {}, {}, {}
-            for calls in lengths:
-                path = Path(scratch) / f"length-{calls}.jsonl"
-                got = write_trace(path, 64, calls)
-                before = peak_mb()
-                costs[calls], _ = per_call_check(path, got)
-                events[calls] = per_call_events(path, got)
-                memory[calls] = max(peak_mb() - before, 0.0)
-                path.unlink()
-            _rows("length (64 blocks, calls): check-trace", costs)
-            _rows("length (64 blocks, calls): check-events", events)
+            got = {c: checked(Path(scratch) / f"length-{c}.jsonl", 64, c) for c in lengths}
+            _rows("length (64 blocks, calls): check-trace", {c: g[0] for c, g in got.items()})
+            _rows("length (64 blocks, calls): check-events", {c: g[2] for c, g in got.items()})
             print("  peak memory growth while checking (check-trace, then check-events): "
-                  + ", ".join(f"{c:,} calls +{m:.1f} MB" for c, m in memory.items()))
+                  + ", ".join(f"{c:,} calls +{g[3]:.1f} MB" for c, g in got.items()))
     return 0
 
 
