@@ -56,12 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     workload = WORKLOADS[args.workload]
     builds = kvpool_pools()
-    if args.pool == "vllm":
-        cls = vllm_pool()
-        if cls is None:
-            return 1
-    else:
-        cls = builds["plain"] if args.pool == "plain" else builds.get("compiled", builds["plain"])
+    cls = (vllm_pool() if args.pool == "vllm" else builds["plain"] if args.pool == "plain"
+           else builds.get("compiled", builds["plain"]))
+    if cls is None:
+        return 1
     nblocks = args.blocks or workload.default_blocks
     data = workload.make(args.requests or workload.default_requests, args.seed)
 

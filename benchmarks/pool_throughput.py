@@ -60,14 +60,13 @@ class Blocks(tuple[int, ...]):
 
 def encode(value: Any, event_fields: Callable[[Any], dict[str, Any]]) -> Any:
     """A call's argument or result, comparable across pools: blocks by id, events by field."""
-    if isinstance(value, list) and value and all(hasattr(v, "block_id") for v in value):
+    if not isinstance(value, list):
+        return value
+    if value and all(hasattr(v, "block_id") for v in value):
         return Blocks(v.block_id for v in value)
-    if isinstance(value, list) and value and type(value[0]).__name__ in (
-            "BlockStored", "BlockRemoved", "AllBlocksCleared"):
+    if value and type(value[0]).__name__ in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
         return [event_fields(e) for e in value]
-    if isinstance(value, list):
-        return list(value)
-    return value
+    return list(value)
 
 
 Trace = list[tuple[str, int, str, tuple[Any, ...]]]
@@ -153,9 +152,7 @@ def vllm_pool() -> Callable[..., Any] | None:
     except Exception as exc:  # vLLM absent or not importable on this machine
         print(f"vLLM not importable ({type(exc).__name__}: {exc}); measuring kvpool alone")
         return None
-    enable = getattr(envs, "enable_envs_cache", None)
-    if enable is not None:
-        enable()
+    getattr(envs, "enable_envs_cache", lambda: None)()
     return pool_mod.BlockPool  # type: ignore[no-any-return]
 
 
