@@ -167,8 +167,8 @@ def run(pkg: Path, mutants: Sequence[Mutant], jobs: int, out: Path | None, facto
         if out is not None:
             with out.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
-        shown = f"{row['verdict']:10} {row.get('check', ''):22} {row.get('wall', 0):6.1f}s  {row['id']}"
-        print(shown, flush=True)
+        print(f"{row['verdict']:10} {row.get('check', ''):22} {row.get('wall', 0):6.1f}s  {row['id']}",
+              flush=True)
         return row
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -176,8 +176,7 @@ def run(pkg: Path, mutants: Sequence[Mutant], jobs: int, out: Path | None, facto
         for row in pool.map(lambda f: baseline(f, pkg), todo):
             done[row["id"]] = record(row)
         steps = {f: done[f"{f}#original"].get("steps", 0) for f in files}
-        bad = [f for f in files if done[f"{f}#original"]["verdict"] != "survived"]
-        if bad:
+        if bad := [f for f in files if done[f"{f}#original"]["verdict"] != "survived"]:
             raise SystemExit(f"the unmutated specification does not pass the judge: {bad}")
 
         def budget(paths: Iterable[str]) -> int:
@@ -187,8 +186,7 @@ def run(pkg: Path, mutants: Sequence[Mutant], jobs: int, out: Path | None, facto
         named_rows = [pool.submit(judge_named, n, budget(p for p, _o, _n in n.edits), pkg)
                       for n in named if n.name not in done]
         for fut in [*rows, *named_rows]:
-            r = fut.result()
-            done[r["id"]] = record(r)
+            done[fut.result()["id"]] = record(fut.result())
     return [done[m.id] for m in mutants] + [done[n.name] for n in named]
 
 
