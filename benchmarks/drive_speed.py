@@ -47,14 +47,6 @@ TARGETS = {"drawn pools": 5_000, "long-lived, 256 blocks": 2_000}
 """Workload calls per second the drive is to reach end to end (issue 36), by kind of run."""
 
 
-def build() -> str:
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        raise SystemExit("cargo is not installed: cannot build clients/rust-pool")
-    subprocess.run([cargo, "build", "--release", "--offline", "--quiet"], cwd=RUST, check=True)
-    return str(RUST / "target" / "release" / "rust-pool")
-
-
 def pipe_rates(argv: list[str], lines: int) -> tuple[float, float]:
     """(round trips one line at a time, lines in batches of 1,000) per second to ``argv``."""
     from kvpool.oracle.drive import protocol
@@ -98,7 +90,10 @@ def main() -> None:
                 pipe_lines=(20_000, "lines per pipe rate (20000)"))
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args()
-    binary = build()
+    if (cargo := shutil.which("cargo")) is None:
+        raise SystemExit("cargo is not installed: cannot build clients/rust-pool")
+    subprocess.run([cargo, "build", "--release", "--offline", "--quiet"], cwd=RUST, check=True)
+    binary = str(RUST / "target" / "release" / "rust-pool")
     trivial = pipe_rates([binary, "--trivial"], args.pipe_lines)
     print(f"the bare pipe (rust-pool --trivial): {trivial[0]:,.0f} round trips/s one line at a time, "
           f"{trivial[1]:,.0f} lines/s in batches of 1,000")

@@ -25,18 +25,6 @@ from kvpool.proofs.inductive import PROVEN, Result
 from kvpool.proofs.prove import Check, prove_all
 
 
-def time_suite() -> tuple[float, dict[str, Result]]:
-    """Run every check of the suite, as ``kvpool prove`` does; wall time and each result by label."""
-    results: dict[str, Result] = {}
-
-    def each(check: Check, r: Result) -> None:
-        results[" / ".join(x for x in (check.part, check.kind, check.step, check.name) if x)] = r
-
-    start = time.perf_counter()
-    prove_all(each=each)
-    return time.perf_counter() - start, results
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bmc-seconds", type=float, default=10.0)
@@ -45,7 +33,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     print(f"cpus: {os.cpu_count()}")
-    total, results = time_suite()
+    results: dict[str, Result] = {}  # every check of the suite, as ``kvpool prove`` runs them, by label
+
+    def each(check: Check, r: Result) -> None:
+        results[" / ".join(x for x in (check.part, check.kind, check.step, check.name) if x)] = r
+
+    start = time.perf_counter()
+    prove_all(each=each)
+    total = time.perf_counter() - start
     solver = sum(r.seconds for r in results.values())
     bad = [k for k, r in results.items() if r.status != PROVEN]
     print(f"inductive suite: {len(results)} checks in {total:.2f}s wall "

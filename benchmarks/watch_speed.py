@@ -72,10 +72,6 @@ def stream(requests: int, seed: int) -> list[list[dict[str, Any]]]:
     return [s for s in steps if s]
 
 
-def frames(batches: list[list[dict[str, Any]]]) -> list[list[bytes]]:
-    return [[b"", seq.to_bytes(8, "big"), encode_batch(events, 0.0)] for seq, events in enumerate(batches)]
-
-
 def decode_only(messages: list[list[bytes]]) -> None:
     decoder = Decoder()
     for m in messages:
@@ -159,7 +155,7 @@ def main(argv: list[str]) -> int:
     timed = partial(best, repeat=args.repeat, clock=time.process_time, collect=True)
     gc.set_threshold(*GC_THRESHOLDS)  # as kvpool watch runs
     batches = stream(args.requests, args.seed)
-    messages = frames(batches)
+    messages = [[b"", seq.to_bytes(8, "big"), encode_batch(b, 0.0)] for seq, b in enumerate(batches)]
     events = sum(len(b) for b in batches)
     hashes = sum(len(e.get("block_hashes", ())) for b in batches for e in b)
     stored = sum(e["type"] == "BlockStored" for b in batches for e in b)

@@ -113,7 +113,6 @@ def _setting(attr: str, change: Callable[[Any], Any]) -> Edit:
 
 
 def _without(i: int) -> Callable[[list[Any]], list[Any]]:
-    """A list without its item ``i``."""
     return lambda items: [v for j, v in enumerate(items) if j != i]
 
 
@@ -127,7 +126,6 @@ def _renamed(n: ast.AST) -> ast.AST:
 
 
 def _expression_ops(node: ast.AST) -> Iterator[tuple[str, Edit]]:
-    """The operators on an expression node."""
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
             if (swap := CMP_SWAP.get(type(op))) is not None:  # operator i turned around
@@ -178,7 +176,6 @@ def _drop_operands(name: str, count: int, attr: str) -> Iterator[tuple[str, Edit
 
 
 def _statement_ops(stmt: ast.stmt) -> Iterator[tuple[str, Edit]]:
-    """Operators on a statement as a whole."""
     forgotten: Edit = lambda n: ast.copy_location(ast.Pass(), n)  # noqa: E731
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call | ast.Yield | ast.YieldFrom):
         yield "statement dropped", forgotten
@@ -286,7 +283,6 @@ def _sites(tree: ast.AST) -> Iterator[Site]:
 
 
 def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
-    """Put ``new`` where ``old`` stands in ``tree``."""
     if new is old:
         return
     for parent in ast.walk(tree):
