@@ -36,8 +36,7 @@ _PASSED: dict[str, bool] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    only = os.environ.get("KVPOOL_ONLY", "")
-    if not only:
+    if not (only := os.environ.get("KVPOOL_ONLY", "")):
         return
     with open(only, encoding="utf-8") as f:
         wanted = set(f.read().split("\n"))
@@ -55,8 +54,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    record = os.environ.get("KVPOOL_RECORD_PASSED", "")
-    if record:
+    if record := os.environ.get("KVPOOL_RECORD_PASSED", ""):
         with open(record, "w", encoding="utf-8") as f:
             f.write("".join(f"{test}\n" for test, ok in sorted(_PASSED.items()) if ok))
 
