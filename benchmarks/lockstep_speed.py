@@ -34,10 +34,8 @@ def _campaign_worker(seeds: list[int], steps: int) -> tuple[int, float]:
     from kvpool.impl import BlockPool
     from kvpool.oracle.search.campaign import run_one
 
-    calls = 0
     started = time.perf_counter()
-    for seed in seeds:
-        calls += run_one(BlockPool, seed, steps).steps
+    calls = sum(run_one(BlockPool, seed, steps).steps for seed in seeds)
     return calls, time.perf_counter() - started
 
 

@@ -55,12 +55,13 @@ TARGET_WALL_S = 600.0
 
 
 class Memory(threading.Thread):
-    """The engine's and the checker's resident memory, every second, while a run lasts."""
+    """The engine's and the checker's resident memory, every second, from its making to :meth:`stop`."""
 
     def __init__(self, checker: int | None) -> None:
         super().__init__(daemon=True)
         self.checker, self.done = checker, threading.Event()
         self.samples: list[tuple[float, float]] = []
+        self.start()
 
     def run(self) -> None:
         while not self.done.wait(1.0):
@@ -133,7 +134,6 @@ def engine_process(path: str, settings: Settings, limit: int | None, name: str) 
     print("ready", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)  # until the first turn
     memory = Memory(checker)
-    memory.start()
     r = run_vllm(read_requests(path, limit=limit), settings, vllm_plugin.use, mode=mode, keep_requests=True)
     measured = memory.stop()
     schedule = hashlib.sha256(repr([x.key() for x in r.records or ()]).encode()).hexdigest()
@@ -227,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     if "kvpool" in args.engines:
         adapter = kvpool_adapter()
         memory = Memory(None)
-        memory.start()
         r = run_kvpool(read_requests(args.trace, limit=args.limit), settings, adapter.factory(), adapter.name,
                        errors_match=adapter.errors_match)
         show("kvpool's loop, kvpool's pool in lockstep with the model", summary(r), r.wall_s, memory.stop())
