@@ -50,9 +50,9 @@ KILLERS: dict[str, list[str]] = {
               "tests/test_derived_parts.py"],
 }
 
-# Folders of the checkout and where they sit in the installed package.
+# Folders of the checkout and where they sit in the installed package (and the staged tests).
 PACKAGE_DIRS = {"kvpool": "kvpool", "model": "kvpool/model", "impl": "kvpool/impl",
-                "proofs": "kvpool/proofs", "oracle": "kvpool/oracle", "bugs": "kvpool/bugs"}
+                "proofs": "kvpool/proofs", "oracle": "kvpool/oracle", "bugs": "kvpool/bugs", "tests": "tests"}
 
 # Mutants that no test can kill because they do not change behaviour, by mutmut's name, with the
 # reason: data, kept in equivalent_mutants.tsv beside this file (docs/mutation.md).  Names are
@@ -84,28 +84,17 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           255: "timeout", -9: "timeout", -11: "segfault", 37: "caught by type check"}
 
 
-def _git_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=ROOT, check=True, capture_output=True).stdout
-    return [f for f in out.decode().split("\0") if f]
-
-
 def _copy_tree(dest: Path, tests_only: bool = False) -> None:
-    for rel in _git_files():
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in listed:
         top, _, rest = rel.partition("/")
-        if tests_only and top != "tests":
+        if not rest or top not in PACKAGE_DIRS or (tests_only and top != "tests"):
             continue
-        if top in PACKAGE_DIRS and rest:
-            out = dest / PACKAGE_DIRS[top] / rest
-        elif top == "tests" and rest:
-            out = dest / rel
-        else:
-            continue
-        src = ROOT / rel
-        if not src.is_file():  # deleted in the work tree but still in the index
-            continue
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, out)
+        src, out = ROOT / rel, dest / PACKAGE_DIRS[top] / rest
+        if src.is_file():  # not deleted in the work tree while still in the index
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, out)
 
 
 def stage(target: str, dest: Path) -> None:

@@ -74,8 +74,7 @@ def child(args: argparse.Namespace) -> int:
     data = workload.make(args.requests or workload.default_requests, args.seed)
     trace, _results = record(fresh(plain), workload, data, args.seed)
     if args.child == "none":  # the plain pool's runs, every method doing nothing
-        nothing = "".format
-        runs: Runs = [(op, nothing, arglist) for op, _method, arglist in bind(trace, fresh(plain))]
+        runs: Runs = [(op, "".format, arglist) for op, _method, arglist in bind(trace, fresh(plain))]
     else:
         cls = vllm_pool() if args.child == "vllm" else kvpool_pools().get(args.child)
         if cls is None:
@@ -100,9 +99,8 @@ def measure(pool: str, args: argparse.Namespace, out: Path) -> dict[str, tuple[i
            *[f"--toggle-collect={fn}" for fn, _drain in DRAINS.values()],
            f"--callgrind-out-file={out}", sys.executable, "-P", __file__, "--child", pool,
            "--counts", str(counts_file), "--workload", args.workload, "--seed", str(args.seed),
-           "--requests", str(args.requests), "--blocks", str(args.blocks)]
-    if args.no_events:
-        cmd.append("--no-events")
+           "--requests", str(args.requests), "--blocks", str(args.blocks),
+           *(["--no-events"] if args.no_events else [])]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     counts = json.loads(counts_file.read_text())
     into, _callees = parse(out)
