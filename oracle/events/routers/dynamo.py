@@ -242,11 +242,9 @@ class DynamoRouter(Profile):
             return []
         extra = event.get("extra_keys") or ()
         lora = event.get("lora_name")
-        out = []
-        for i in range(min(len(hashes), len(tokens) // size)):
-            mm = _mm_ids(extra[i]) if i < len(extra) and extra[i] else ()
-            out.append((hashes[i], (tuple(tokens[i * size:(i + 1) * size]), lora, mm)))
-        return out
+        return [(hashes[i], (tuple(tokens[i * size:(i + 1) * size]), lora,
+                             _mm_ids(extra[i]) if i < len(extra) and extra[i] else ()))
+                for i in range(min(len(hashes), len(tokens) // size))]
 
     def _remove(self, hashes: list[Any], pos: Position) -> None:
         counts, lookup, explains, dead = self.counts, self.lookup, self.explains, self.dead
@@ -280,8 +278,7 @@ class DynamoRouter(Profile):
             node.cause = ("dynamo.clear" if h is None else "dynamo.remove", pos, h, None)
             if node.children:
                 node.emptied = pos
-        if node.children:
-            node.children.clear()
+        node.children.clear()
         self.dead.append(node)
         while len(self.dead) > self.cap:
             old = self.dead.popleft()

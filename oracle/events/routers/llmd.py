@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, fields, replace
+from itertools import takewhile
 from typing import Any
 
 from ..kinds import Position, event_group, hash64
@@ -120,12 +121,6 @@ def parse_options(text: str) -> LlmdOptions:
     return opts
 
 
-def _hash(*parts: Any) -> int:
-    """A request key: llm-d's is a digest of the same parts; within one run any good hash of them
-    names the same keys (Python's, of ints and strings, is stable within a process)."""
-    return hash(parts)
-
-
 Added = tuple[str, Position, int, "int | None"]
 """Why a request key has the pod: (rule, position, hashes, tokens) of the store that added it (tokens
 None: a tier update); a :class:`Cause` made only when a query asks."""
@@ -157,12 +152,9 @@ def _event_features(raw: Any) -> list[Feature] | None:
     """ParseRawExtraKeys: per block, its string keys and the identifiers of its pairs."""
     if raw is None:
         return None
-    out: list[Feature] = []
-    for keys in raw:
-        found = tuple(k if isinstance(k, str) else k[0] for k in keys or ()
-                      if isinstance(k, str) or (isinstance(k, list) and k and isinstance(k[0], str)))
-        out.append(found or None)
-    return out
+    return [tuple(k if isinstance(k, str) else k[0] for k in keys or ()
+                  if isinstance(k, str) or (isinstance(k, list) and k and isinstance(k[0], str))) or None
+            for keys in raw]
 
 
 def _realign(features: list[Feature], count: int) -> list[Feature]:
@@ -221,11 +213,13 @@ class LlmdRouter(Profile):
     def _root(self, lora: str | None) -> int:
         root = self._roots.get(lora)
         if root is None:
-            root = self._roots[lora] = _hash("root", lora if self.opts.lora and lora else BASE_MODEL)
+            root = self._roots[lora] = hash(("root", lora if self.opts.lora and lora else BASE_MODEL))
         return root
 
     def _chain(self, parent: int, tokens: list[int] | tuple[int, ...], features: list[Feature] | None
                ) -> list[int]:
+        """Request keys: llm-d's are digests of the same parts; within one run any good hash of them
+        names the same keys (Python's, of ints and strings, is stable within a process)."""
         keys, at, size = [], parent, self.size
         for i in range(len(tokens) // size if size else 0):
             at = hash((at, tuple(tokens[i * size:(i + 1) * size]), features[i] if features else None))
@@ -385,24 +379,14 @@ class LlmdRouter(Profile):
         else:
             self.data[rk] = {entries, entry}  # type: ignore[arg-type]
 
-    def _held(self, rk: int) -> set[Entry]:
-        """A request key's pod entries, as a set."""
-        entries = self.data.get(rk)
-        return set() if entries is None else entries if type(entries) is set else {entries}  # type: ignore[arg-type]
-
     def _add(self, rk: int, entry: Entry, why: Added, hashes: frozenset[int], group: int) -> None:
         if self.data.setdefault(rk, entry) != entry:
             self._also(rk, entry)
         if not self.explains:
             return
         self.added[rk] = (self.seq, why, hashes)
-        groups = self.groups_of.get(rk)
-        if groups is None:
-            self.groups_of[rk] = {group}
-        else:
-            groups.add(group)
-        if rk in self.removed:
-            del self.removed[rk]
+        self.groups_of.setdefault(rk, set()).add(group)
+        self.removed.pop(rk, None)
 
     def _evict(self, h: int, entry: Entry, group: int, pos: Position) -> None:
         rks = self.e2r.get(h)
@@ -490,11 +474,7 @@ class LlmdRouter(Profile):
         return self._chain(self._root(query.lora_name), query.tokens, features)
 
     def prefix(self, query: Query) -> int:
-        n = 0
-        for rk in self._query_keys(query):
-            if not self.data.get(rk):
-                break
-            n += 1
+        n = sum(1 for _ in takewhile(self.data.get, self._query_keys(query)))
         return min(len(query.hashes), n * self.size // query.block_size)
 
     def explain(self, query: Query, block: int, held: bool) -> Cause:
@@ -508,7 +488,8 @@ class LlmdRouter(Profile):
             if self.ignored_clear is not None and seq < self.ignored_clear[0]:
                 return Cause("llm-d.clear-ignored", self.ignored_clear[1], "indexed before a clear "
                              "the router ignored")
-            entries = self._held(rk)
+            held_by = self.data.get(rk)
+            entries = held_by if isinstance(held_by, set) else () if held_by is None else {held_by}
             if self.opts.groups and entries and all(g is not None and g != query.group for _, g in entries):
                 return Cause("llm-d.score", why[1], "held only under another group's entry")
             groups = self.groups_of.get(rk, set())
