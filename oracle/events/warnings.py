@@ -6,38 +6,8 @@ what a fleet's stream can do: several media, mixed group fields, a block size
 that changes), yet a router that rebuilds the prefix index from the stream
 has to guess at each; ``oracle/TRACE_FORMAT.md`` ("What the reference's
 streams do not promise") shows the model's with their traces.  Every name is
-in :data:`WARNINGS` (:mod:`.kinds`); the checker that finds them is
-:class:`~.online.StreamChecker`, the rules' own, in the same pass:
-
-``stored-again``
-    (A stream alone.)  A ``BlockStored`` of a key the stream already holds: a
-    prefix hit re-announced by ``emit_cached_block_events`` (no new copy) or a
-    second physical copy; the stream does not say which.
-``reannounced-hit``, ``second-copy``
-    (A trace.)  The same, told apart by the pool's index before and after the
-    call: its copies of the key did not grow (re-announced), or grew (a second copy).
-``parent-removed``
-    A ``BlockStored`` naming a parent that was stored since the last
-    ``AllBlocksCleared`` and is removed now (on a trace: the pool held no
-    copy of it before the call).
-``parent-unannounced``, ``partial-entry``
-    A one-hash ``BlockStored`` whose parent was never announced, that the
-    checker cannot tell from a partial entry (its group showed one block
-    size); and a store it knows is a partial entry.
-``empty-store``, ``tokens-not-filling``
-    A ``BlockStored`` with no hash, or whose ``token_ids`` are not
-    ``block_size`` per hash (null or masked blocks skipped in the hashes, not
-    in the tokens).
-``hash-in-two-groups``
-    A ``BlockStored`` that makes a 64-bit hash held in a second KV-cache group
-    while another group holds it: a reader keyed by the hash alone merges them.
-``medium-change``, ``lora-change``, ``medium-copy``, ``medium-mismatch``, ``clear-names-no-medium``
-    A chain that changes tier or adapter part-way; a key stored in a second
-    medium; a removal in a medium none of its copies has; a clear (which
-    names no medium) while two media hold keys.
-``group-missing``, ``block-size-change``, ``extra-keys-not-per-hash``, ``lookahead-not-per-hash``
-    Events that leave their group unsaid in a stream that says it elsewhere;
-    a block size a group cannot have; per-hash fields of another length.
+in :data:`WARNINGS` (:mod:`.kinds`), with what it marks; the checker that finds them is
+:class:`~.online.StreamChecker`, the rules' own, in the same pass.
 
 :func:`add_warnings` fills an :class:`~.check.EventsReport`'s ``warnings``;
 ``kvpool check-events --strict`` fails on any.
