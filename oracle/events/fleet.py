@@ -145,10 +145,8 @@ class Engine:
         for i, event in enumerate(batch.events):
             feed(event, _position(Position, (record, i, seq)))
         self.counts.events += len(batch.events)
-        lag = self.fleet.clock() - batch.ts
-        self.counts.lag = lag
-        if lag > self.counts.lag_max:
-            self.counts.lag_max = lag
+        self.counts.lag = lag = self.fleet.clock() - batch.ts
+        self.counts.lag_max = max(self.counts.lag_max, lag)
 
 
 class Fleet:
@@ -225,21 +223,18 @@ class Fleet:
 
     def totals(self) -> dict[str, Any]:
         """Sums over the engines, for the summary line."""
-        out: dict[str, Any] = {"engines": len(self.engines), "batches": 0, "events": 0, "violation": 0,
-                               "warning": 0, "reaction": 0, "gaps": 0, "lost": 0, "recovered": 0,
-                               "restarts": 0, "duplicates": 0, "lag": 0.0, "lag_max": 0.0, "unjudged": 0}
-        for e in self.engines.values():
-            c, s = e.counts, e.sequencer.stats
-            out["batches"] += c.batches
-            out["events"] += c.events
-            for (kind, _, _), n in c.findings.items():
-                if kind in ("violation", "warning", "reaction"):
-                    out[kind] += n
-            for name in ("gaps", "lost", "recovered", "restarts", "duplicates"):
-                out[name] += getattr(s, name)
-            out["lag"] = max(out["lag"], c.lag)
-            out["lag_max"] = max(out["lag_max"], c.lag_max)
-            out["unjudged"] += e.reading.checker.unjudged + sum(r.unjudged for r in e.reading.routers)
+        engines = self.engines.values()
+        out: dict[str, Any] = {"engines": len(self.engines)}
+        for name in ("batches", "events"):
+            out[name] = sum(getattr(e.counts, name) for e in engines)
+        for kind in ("violation", "warning", "reaction"):
+            out[kind] = sum(n for e in engines for (k, _, _), n in e.counts.findings.items() if k == kind)
+        for name in ("gaps", "lost", "recovered", "restarts", "duplicates"):
+            out[name] = sum(getattr(e.sequencer.stats, name) for e in engines)
+        for name in ("lag", "lag_max"):
+            out[name] = max([0.0, *(getattr(e.counts, name) for e in engines)])
+        out["unjudged"] = sum(e.reading.checker.unjudged + sum(r.unjudged for r in e.reading.routers)
+                              for e in engines)
         return out
 
     def summary(self, elapsed: float | None = None) -> str:
