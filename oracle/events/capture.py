@@ -68,18 +68,13 @@ class CaptureWriter:
 
         self.handle: BinaryIO = Path(path).open("wb")  # noqa: SIM115 (closed by close())
         self.encode = msgspec.msgpack.Encoder().encode
-        self.records = 0
-        self._write({"kvpool_wire": VERSION, "started": header.started or time.time(),
+        self.write({"kvpool_wire": VERSION, "started": header.started or time.time(),
                      "sources": [asdict(s) for s in header.sources], "topic": header.topic})
 
-    def _write(self, value: Any) -> None:
-        data = self.encode(value)
+    def write(self, record: Record | dict[str, Any]) -> None:
+        data = self.encode(record)
         self.handle.write(_LENGTH.pack(len(data)))
         self.handle.write(data)
-
-    def write(self, record: Record) -> None:
-        self._write(record)
-        self.records += 1
 
     def flush(self) -> None:
         self.handle.flush()
@@ -111,18 +106,16 @@ def read_capture(path: str | Path) -> tuple[Header, Iterator[tuple[int, Record]]
     decode = msgspec.msgpack.Decoder().decode
     try:
         first = _next(handle, name, 0, decode)
+        if not isinstance(first, dict) or first.get("kvpool_wire") != VERSION:
+            raise TraceError(name, 0, f"not a kvpool wire capture of version {VERSION}")
+        try:
+            sources = [Source(str(s["endpoint"]), s.get("replay"), int(s.get("rank", 0)))
+                       for s in first.get("sources", [])]
+        except (KeyError, TypeError, ValueError):
+            raise TraceError(name, 0, "header: sources must be a list of {endpoint, replay, rank}") from None
     except TraceError:
         handle.close()
         raise
-    if not isinstance(first, dict) or first.get("kvpool_wire") != VERSION:
-        handle.close()
-        raise TraceError(name, 0, f"not a kvpool wire capture of version {VERSION}")
-    try:
-        sources = [Source(str(s["endpoint"]), s.get("replay"), int(s.get("rank", 0)))
-                   for s in first.get("sources", [])]
-    except (KeyError, TypeError, ValueError):
-        handle.close()
-        raise TraceError(name, 0, "header: sources must be a list of {endpoint, replay, rank}") from None
     header = Header(sources, str(first.get("topic", "")), float(first.get("started", 0.0)))
 
     def records() -> Iterator[tuple[int, Record]]:
