@@ -34,14 +34,12 @@ def profile_factory(spec: str) -> tuple[str, Factory]:
 
     Raises :class:`ValueError` with a readable message for a name it does not know.
     """
-    if spec in ("set", "refcount", "dynamo"):
-        cls = {"set": SetReader, "refcount": RefcountReader, "dynamo": DynamoRouter}[spec]
-        return spec, cls
+    readers: dict[str, Factory] = {"set": SetReader, "refcount": RefcountReader, "dynamo": DynamoRouter}
+    if spec in readers:
+        return spec, readers[spec]
     if spec == "llm-d" or spec.startswith("llm-d:"):
         text = spec.partition(":")[2] or "2026"
-        options = parse_options(text)
-        name = f"llm-d:{text}"
-        return name, partial(LlmdRouter, options=options, name=name)
+        return f"llm-d:{text}", partial(LlmdRouter, options=parse_options(text), name=f"llm-d:{text}")
     raise ValueError(f"unknown router {spec!r}: expected one of {', '.join(PROFILES)} "
                      "(llm-d options: llm-d:2026,clear=off,parent=restart,add=strict,groups=off,"
                      "lora=off,extra=off)")

@@ -17,8 +17,8 @@ from ..kinds import Key, Position
 from .base import KVPOOL_DOC, Cause, Profile, Query, Reaction, Recent, Rule, event_group, event_hashes
 
 
-def _rules(*rules: Rule) -> dict[str, Rule]:
-    return {r.id: r for r in rules}
+def _rules(name: str, **does: str) -> dict[str, Rule]:
+    return {f"{name}.{rule}": Rule(f"{name}.{rule}", text, KVPOOL_DOC) for rule, text in does.items()}
 
 
 class _KeyReader(Profile):
@@ -73,6 +73,19 @@ class _KeyReader(Profile):
     def prefix(self, query: Query) -> int:
         return query.leading(self.holds)
 
+    held_text: ClassVar[str]
+    """Why a held key is held (``{n}``: the stores still counted)."""
+    lost_text: ClassVar[str]
+    """Why a key stored once is no longer held."""
+
+    def explain(self, query: Query, block: int, held: bool) -> Cause:
+        key = (query.hashes[block], query.group)
+        if held:
+            return Cause(f"{self.name}.store", self.latest.get(key),
+                         self.held_text.format(n=self.stores.get(key, 0)))
+        rule, pos = self.gone.get(key, (f"{self.name}.store", None))
+        return Cause(rule, pos, "never stored by the stream" if pos is None else self.lost_text)
+
 
 class SetReader(_KeyReader):
     """Held or not, per key: a store makes it held, a removal not, a clear nothing."""
@@ -80,22 +93,11 @@ class SetReader(_KeyReader):
     name = "set"
     repeats = "one copy"
     counts = False
-    rules = _rules(
-        Rule("set.store", "a BlockStored makes each of its keys held", KVPOOL_DOC),
-        Rule("set.remove", "a BlockRemoved makes its key not held, however often it was stored",
-             KVPOOL_DOC),
-        Rule("set.clear", "an AllBlocksCleared makes every key not held", KVPOOL_DOC),
-    )
-
-    def explain(self, query: Query, block: int, held: bool) -> Cause:
-        key = (query.hashes[block], query.group)
-        if held:
-            return Cause("set.store", self.latest.get(key), "stored there; a store of a held key is "
-                         "read as the same copy")
-        rule, pos = self.gone.get(key, ("set.store", None))
-        if pos is None:
-            return Cause("set.store", None, "never stored by the stream")
-        return Cause(rule, pos, "not held since then, though the pool kept a copy")
+    rules = _rules("set", store="a BlockStored makes each of its keys held",
+                   remove="a BlockRemoved makes its key not held, however often it was stored",
+                   clear="an AllBlocksCleared makes every key not held")
+    held_text = "stored there; a store of a held key is read as the same copy"
+    lost_text = "not held since then, though the pool kept a copy"
 
 
 class RefcountReader(_KeyReader):
@@ -104,21 +106,10 @@ class RefcountReader(_KeyReader):
     name = "refcount"
     repeats = "another copy"
     counts = True
-    rules = _rules(
-        Rule("refcount.store", "a BlockStored adds one copy of each of its keys, whether it made one or "
-             "announced a hit again", KVPOOL_DOC),
-        Rule("refcount.remove", "a BlockRemoved takes one copy of its key away (never below none)",
-             KVPOOL_DOC),
-        Rule("refcount.clear", "an AllBlocksCleared leaves no copy of any key", KVPOOL_DOC),
-    )
-
-    def explain(self, query: Query, block: int, held: bool) -> Cause:
-        key = (query.hashes[block], query.group)
-        if held:
-            n = self.stores.get(key, 0)
-            return Cause("refcount.store", self.latest.get(key),
-                         f"{n} store(s) still counted as copies after the removals, this one the latest: a "
-                         "store that made no new copy (a re-announced hit) is counted all the same")
-        rule, pos = self.gone.get(key, ("refcount.store", None))
-        return Cause(rule, pos, "never stored by the stream" if pos is None
-                     else "no copy counted since then, though the pool holds one")
+    rules = _rules("refcount", store="a BlockStored adds one copy of each of its keys, whether it made one "
+                   "or announced a hit again",
+                   remove="a BlockRemoved takes one copy of its key away (never below none)",
+                   clear="an AllBlocksCleared leaves no copy of any key")
+    held_text = ("{n} store(s) still counted as copies after the removals, this one the latest: a store that "
+                 "made no new copy (a re-announced hit) is counted all the same")
+    lost_text = "no copy counted since then, though the pool holds one"
