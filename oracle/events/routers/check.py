@@ -91,7 +91,6 @@ class RouterReport:
     def ok(self) -> bool:
         return not self.differences and not self.reactions and not self.reacted
 
-
     def format(self, limit: int = 50) -> str:
         if self.queries or self.stopped is not None or self.note is None:
             head = (f"{self.path}: router {self.profile}: {self.queries} prefix queries after "
@@ -108,18 +107,14 @@ class RouterReport:
             lines.append(f"  note: {self.note}")
         if self.stopped:
             lines.append(f"  stopped: {self.stopped}")
-        items: list[tuple[tuple[int, int], str]] = []
-        for r, op in self.reactions:
-            items.append(((r.position.line, r.position.index or 0),
-                          f"{self.path}:{r.position.line}: {r.position}{_op(op)}: {r.kind} "
-                          f"[{r.rule}] {r.message}"))
-        for d in self.differences:
-            at = "" if d.cause.position is None else (f"; applied at {d.cause.position}"
-                                                      f"{_op(d.cause_op)}")
-            items.append(((d.line, 1 << 30), (
-                f"{self.path}:{d.line}: after {d.op}: {d.kind} of {d.query} (group {d.group}): router "
-                f"{d.predicted} block(s), pool serves {d.served}; block {d.block}: "
-                f"[{d.cause.rule}] {d.cause.detail}{at}")))
+        items = [((r.position.line, r.position.index or 0), f"{self.path}:{r.position.line}: "
+                  f"{r.position}{_op(op)}: {r.kind} [{r.rule}] {r.message}") for r, op in self.reactions]
+        items += [((d.line, 1 << 30), (
+            f"{self.path}:{d.line}: after {d.op}: {d.kind} of {d.query} (group {d.group}): router "
+            f"{d.predicted} block(s), pool serves {d.served}; block {d.block}: [{d.cause.rule}] "
+            f"{d.cause.detail}"
+            + ("" if d.cause.position is None else f"; applied at {d.cause.position}{_op(d.cause_op)}")))
+            for d in self.differences]
         items.sort(key=lambda x: x[0])
         lines += [text for _, text in items[:limit]]
         if len(items) > limit:
@@ -231,10 +226,8 @@ class RouterCheck:
             self.report.queries += 1
             predicted, truth = profile.prefix(query), served(query, copies)
             kind = "over-claim" if predicted > truth else "under-claim" if predicted < truth else ""
-            if kind == "over-claim":
-                self.report.over += 1
-            elif kind == "under-claim":
-                self.report.under += 1
+            self.report.over += kind == "over-claim"
+            self.report.under += kind == "under-claim"
             if kind and self.verdicts.get(key) != kind:
                 block = min(predicted, truth)
                 cause = profile.explain(query, block, held=kind == "over-claim")
