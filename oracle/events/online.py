@@ -137,8 +137,8 @@ class StreamChecker:
         self.live: dict[Key, _Held] = {}
         # FIFOs whose oldest goes as a new one comes: an OrderedDict finds its first entry at once,
         # where a dict skips every entry deleted before it (per event, as many as the history holds)
-        self.gone: dict[Key, _Held] = OrderedDict()
-        self.ambiguous: dict[Key, None] = OrderedDict()
+        self.gone: OrderedDict[Key, _Held] = OrderedDict()
+        self.ambiguous: OrderedDict[Key, None] = OrderedDict()
         """Live keys stored more often than removed since they last had no copy, least recent first."""
         self.ghost: _Ghost | None = None
         self.groups: dict[Any, list[int]] = {}
@@ -209,16 +209,14 @@ class StreamChecker:
             key = (raw if type(raw) is int and raw >= 0 else hash64(raw), group)
             held = live.get(key)
             if held is None:
-                if key in self.gone and self.horizon is None:
-                    self._violation(Violation("event_removals_name_live_keys", pos,
-                                              f"BlockRemoved of {_key(key)}: removed more often than stored"))
-                elif self._unknowable(key):  # after a horizon, copies stored before it may remain
+                twice = key in self.gone and self.horizon is None
+                if not twice and self._unknowable(key):  # after a horizon, copies stored before it may remain
                     self.unjudged += 1
                     blind = True
                 else:
-                    self._violation(Violation("event_removals_name_live_keys", pos,
-                                              f"BlockRemoved of {_key(key)}: never stored since the last "
-                                              "AllBlocksCleared"))
+                    self._violation(Violation("event_removals_name_live_keys", pos, f"BlockRemoved of "
+                                              f"{_key(key)}: " + ("removed more often than stored" if twice
+                                              else "never stored since the last AllBlocksCleared")))
                 continue
             if medium is not None and held[ATTRS] is not None and held[ATTRS][0] is not None and not (
                     held[MEDIA].get(medium) if held[MEDIA] else held[ATTRS][0] == medium):
@@ -251,16 +249,14 @@ class StreamChecker:
         self.media[taken] = self.media.get(taken, 1) - 1
         if held[COUNT]:
             if key in self.ambiguous:
-                del self.ambiguous[key]
-                self.ambiguous[key] = None
+                self.ambiguous.move_to_end(key)
             return
         self._gone(key, held)
 
     def _gone(self, key: Key, held: _Held) -> None:
         """A key's last copy removed: kept among the removed, the oldest of those forgotten."""
         del self.live[key]
-        if key in self.ambiguous:
-            del self.ambiguous[key]
+        self.ambiguous.pop(key, None)
         groups = self.groups.get(key[0])
         if groups is not None and len(groups) == 1 and groups[0] == key[1]:
             del self.groups[key[0]]  # the common case of _ungroup: the hash's one group
@@ -270,9 +266,7 @@ class StreamChecker:
         if self.retire is not _noop:
             self.retire(key)
         if len(self.gone) > self.history:
-            old = next(iter(self.gone))
-            del self.gone[old]
-            self._forget(old)
+            self._forget(self.gone.popitem(last=False)[0])
 
     def _ungroup(self, key: Key) -> None:
         h, group = key
@@ -416,9 +410,8 @@ class StreamChecker:
                 media = held[MEDIA] if held[MEDIA] is not None else {was: held[COUNT]}
                 media[medium] = media.get(medium, 0) + 1
                 held[MEDIA] = media if len(media) > 1 else None
-            if key in self.ambiguous:
-                del self.ambiguous[key]
             self.ambiguous[key] = None
+            self.ambiguous.move_to_end(key)
             if len(self.ambiguous) > self.history:
                 self._drop_ambiguous()
         held[COUNT] += 1
@@ -429,8 +422,7 @@ class StreamChecker:
 
     def _drop_ambiguous(self) -> None:
         """Forget the least recently touched key that may be a phantom (re-announced, then removed)."""
-        old = next(iter(self.ambiguous))
-        del self.ambiguous[old]
+        old = self.ambiguous.popitem(last=False)[0]
         held = self.live.pop(old)
         self._ungroup(old)
         if held[MEDIA]:

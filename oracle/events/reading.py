@@ -71,7 +71,7 @@ class Reading:
         self.profiles: list[Profile] | None = None
         self._feeds: list[tuple[RouterReport, Callable[[dict[str, Any], Position], list[Reaction]]]] = []
         self.held: deque[tuple[dict[str, Any], Position, bool]] = deque()
-        self.retired: dict[Key, None] = OrderedDict()
+        self.retired: OrderedDict[Key, None] = OrderedDict()
         """Keys retired, oldest first (an OrderedDict: its oldest is found at once, see online.py)."""
         self.fed = 0
 
@@ -131,12 +131,10 @@ class Reading:
 
     def _retire(self, key: Key) -> None:
         retired = self.retired
-        if key in retired:
-            del retired[key]
         retired[key] = None
+        retired.move_to_end(key)
         if len(retired) > self.history:
-            old = next(iter(retired))
-            del retired[old]
+            old = retired.popitem(last=False)[0]
             if self.profiles is not None and not self.checker.holds_hash(old[0]):
                 for profile in self.profiles:
                     profile.forget(old)

@@ -103,7 +103,7 @@ class Sequencer:
         self.answered: int | None = None
         """The lowest number the replay's answer had: below it, the replay socket no longer has them."""
         self.retries = 0
-        self.recent: dict[int, int] = OrderedDict()  # its oldest found at once (see online.py)
+        self.recent: OrderedDict[int, int] = OrderedDict()  # its oldest found at once (see online.py)
         """Numbers delivered lately, to their payload's digest."""
         self.lost: deque[tuple[int, int]] = deque(maxlen=64)
         """Ranges declared lost lately (a batch arriving after is late, not a restart)."""
@@ -257,7 +257,7 @@ class Sequencer:
             self.stats.delivered += 1
             self.recent[seq] = hash(payload)
             if len(self.recent) > self.window:
-                del self.recent[next(iter(self.recent))]
+                self.recent.popitem(last=False)
             self.last = seq
             self.expected = seq + 1
             nxt = self.held.pop(self.expected, None)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ..kinds import Position, hash64
+from ..kinds import Position
 from .base import Cause, Profile, Query, Reaction, Recent, Rule, event_hashes, event_parent, show_hash
 
 _REPO = "ai-dynamo/dynamo"
@@ -173,7 +173,7 @@ class DynamoRouter(Profile):
                     self.dropped[h] = Cause(ignored, pos, "the store was not indexed")
             return []
         if kind == "BlockRemoved":
-            self._remove(event["block_hashes"], pos)
+            self._remove(event_hashes(event), pos)
             return []
         return self._store(event, event_hashes(event), pos)
 
@@ -246,10 +246,9 @@ class DynamoRouter(Profile):
                              _mm_ids(extra[i]) if i < len(extra) and extra[i] else ()))
                 for i in range(min(len(hashes), len(tokens) // size))]
 
-    def _remove(self, hashes: list[Any], pos: Position) -> None:
+    def _remove(self, hashes: list[int], pos: Position) -> None:
         counts, lookup, explains, dead = self.counts, self.lookup, self.explains, self.dead
-        for raw in hashes:
-            h = raw if type(raw) is int and raw >= 0 else int(hash64(raw))
+        for h in hashes:
             n = counts.get(h)
             if n is not None:
                 if n > 1:

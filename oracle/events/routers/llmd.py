@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields, replace
 from itertools import takewhile
 from typing import Any
 
-from ..kinds import Position, event_group, hash64
+from ..kinds import Position, event_group
 from .base import Cause, Profile, Query, Reaction, Recent, Rule, event_hashes, event_parent, show_hash
 
 _REPO = "llm-d/llm-d-kv-cache"
@@ -249,8 +249,8 @@ class LlmdRouter(Profile):
             known = self._entries[said] = self._entry(*said)
         entry, in_group = known
         if kind == "BlockRemoved":
-            for raw in event["block_hashes"]:
-                self._evict(raw if type(raw) is int and raw >= 0 else int(hash64(raw)), entry, in_group, pos)
+            for h in event_hashes(event):
+                self._evict(h, entry, in_group, pos)
             return []
         hashes = event_hashes(event)
         reactions = self._store(event, hashes, entry, pos)
