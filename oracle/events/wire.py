@@ -148,7 +148,9 @@ class Decoder:
             value = msgspec.msgpack.decode(payload)
         except msgspec.DecodeError as err:
             raise WireError(f"not msgpack: {err}") from None
-        form = self.forms[1] if _looks_array(value) else self.forms[0]
+        array = (isinstance(value, list) and len(value) > 1 and isinstance(value[1], list)
+                 and any(isinstance(e, list) for e in value[1]))
+        form = self.forms[1] if array else self.forms[0]
         for attempt in range(2):
             try:
                 return form, form.decoder.decode(payload)
@@ -199,11 +201,6 @@ class Decoder:
         return True
 
 
-def _looks_array(value: Any) -> bool:
-    return (isinstance(value, list) and len(value) > 1 and isinstance(value[1], list)
-            and any(isinstance(e, list) for e in value[1]))
-
-
 # ---------------------------------------------------------------------- frames and endpoints
 
 
@@ -226,15 +223,14 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
         return f"{endpoint}_dp{rank}"
     if "tcp" in endpoint:
         base, colon, port = endpoint.rpartition(":")
-        if not colon or not port.isdigit():
-            return endpoint
-        return endpoint if int(port) == 0 else f"{base}:{int(port) + rank}"
+        return f"{base}:{int(port) + rank}" if colon and port.isdigit() and int(port) else endpoint
     raise ValueError(f"endpoint {endpoint!r}: data-parallel ranks need a tcp:// or inproc:// endpoint")
 
 
 # ---------------------------------------------------------------------- encoding, as vLLM does
 
 
+@functools.cache
 def _encoder_classes(release: str) -> tuple[Any, dict[str, Any]]:
     """Structs laid out as vLLM's (of ``release``: 0.31 has no ``lookahead_token_ids``), defaults where
     vLLM has them, tagged maps with defaults left out (msgspec sizes a map's header by its fields)."""
@@ -249,9 +245,6 @@ def _encoder_classes(release: str) -> tuple[Any, dict[str, Any]]:
     return batch, classes
 
 
-_ENCODING: dict[str, tuple[Any, dict[str, Any]]] = {}
-
-
 def encode_batch(events: list[dict[str, Any]], ts: float, data_parallel_rank: int | None = None,
                  release: str | None = None) -> bytes:
     """The payload vLLM's publisher sends for these events, byte for byte (tests compare with vLLM's):
@@ -259,16 +252,10 @@ def encode_batch(events: list[dict[str, Any]], ts: float, data_parallel_rank: in
     ``lookahead_token_ids``, else 0.31."""
     if release is None:
         release = "0.33" if any(e.get("lookahead_token_ids") is not None for e in events) else "0.31"
-    if release not in _ENCODING:
-        _ENCODING[release] = _encoder_classes(release)
-    batch, classes = _ENCODING[release]
-    structs = []
-    for e in events:
-        cls = classes[e["type"]]
-        names = cls.__struct_fields__
-        given = {n: e.get(n) for n, _, required in EVENT_FIELDS[e["type"]]
-                 if n in names and (required or n in e)}
-        structs.append(cls(**given))
+    batch, classes = _encoder_classes(release)
+    structs = [classes[e["type"]](**{n: e.get(n) for n, _, required in EVENT_FIELDS[e["type"]]
+                                     if n in classes[e["type"]].__struct_fields__ and (required or n in e)})
+               for e in events]
     return msgspec.msgpack.encode(batch(ts, structs, data_parallel_rank))
 
 
