@@ -62,9 +62,8 @@ def render(fleet: Fleet) -> str:
             rows["kvpool_watch_findings_total"].append(
                 "kvpool_watch_findings_total"
                 + _labels(engine=engine.name, kind=kind, rule=rule, profile=profile) + f" {n}")
-    out = []
-    for name, kind, text in _METRICS:
-        out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *rows[name]]
+    out = [line for name, kind, text in _METRICS
+           for line in (f"# HELP {name} {text}", f"# TYPE {name} {kind}", *rows[name])]
     return "\n".join(out) + "\n"
 
 

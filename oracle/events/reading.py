@@ -108,13 +108,11 @@ class Reading:
     def _start(self) -> None:
         sizes = {**self.checker.largest, **self.checker.full}
         self.profiles = [factory(sizes) for _, factory in self.specs]
-        for profile in self.profiles:
+        self._feeds = list(zip(self.routers, (p.feed for p in self.profiles), strict=True))
+        for report, profile in zip(self.routers, self.profiles, strict=True):
             profile.bound(self.history)
             profile.unasked()  # a reading's profiles are read for their reactions only
-        self._feeds = []
-        for report, profile in zip(self.routers, self.profiles, strict=True):
             report.rules = dict(profile.rules)
-            self._feeds.append((report, profile.feed))
         while self.held:
             self._through(*self.held.popleft())
 

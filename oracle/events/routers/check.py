@@ -160,11 +160,6 @@ def query_of(request: Any, group: int, block_size: int, hash_block_size: int) ->
                  tuple(request.all_token_ids[:len(hashes) * block_size]), hashes, lora, mm)
 
 
-def served(query: Query, copies: Copies) -> int:
-    """How many leading blocks of ``query`` the pool's index holds."""
-    return query.leading(lambda key: copies.get(key, 0) > 0)
-
-
 class RouterCheck:
     """Feeds one profile a trace call by call and compares its answers with the pool's index."""
 
@@ -224,7 +219,7 @@ class RouterCheck:
             if not profile.answers(query.group) or not query.hashes:
                 continue
             self.report.queries += 1
-            predicted, truth = profile.prefix(query), served(query, copies)
+            predicted, truth = profile.prefix(query), query.leading(lambda key: copies.get(key, 0) > 0)
             kind = "over-claim" if predicted > truth else "under-claim" if predicted < truth else ""
             self.report.over += kind == "over-claim"
             self.report.under += kind == "under-claim"
