@@ -1,28 +1,10 @@
 """NVIDIA Dynamo's KV router, read from its source: a publisher filter, a dedup count, a radix tree.
 
-The path of one vLLM event through Dynamo (one worker, one DP rank):
-
-1. ``zmq_wire.rs`` decodes it: events of a group other than 0 are dropped
-   (``dynamo.group-filter``); a store whose hashes repeat (or repeat its
-   parent) is dropped (``dynamo.duplicate-hash``); each hash becomes a block
-   whose ``token_ids`` slice is taken ``block_size`` at a time from the start
-   of the event's tokens, and only when ``block_size`` is the router's
-   ``kv_block_size`` (``dynamo.block-size``); the tree key of a block is the
-   hash of that slice, the LoRA name and its multimodal identifiers
-   (``dynamo.tokens-hash``).
-2. ``event_processor.rs`` skips events of another storage tier than the GPU
-   (``dynamo.medium-filter``), counts stores per block hash and passes a
-   removal only when that count reaches zero (``dynamo.dedup-*``).
-3. ``radix_tree.rs`` applies it: a store whose parent hash is not in the
-   worker's lookup table is dropped whole (``dynamo.parent-not-found``);
-   blocks join the child of the parent node with their tree key, or reuse the
-   worker's node for their hash (``dynamo.reuse-node``); a block whose node
-   is the parent node itself is rejected after the edge was made
-   (``dynamo.self-reference``); a removal takes the worker off the node and
-   a node no worker holds loses its children (``dynamo.remove``).
-4. A query walks the tree from the root by the tree keys of the request's
-   blocks; the score is the depth the worker is present to
-   (``dynamo.find-matches``).
+The path of one vLLM event through Dynamo (one worker, one DP rank): ``zmq_wire.rs``
+decodes it into blocks (filters, tree keys from token slices), ``event_processor.rs``
+filters the tier and counts stores per hash (a removal passes at zero), ``radix_tree.rs``
+applies it to the tree, and a query walks that tree by tree keys.  :data:`RULES` gives
+each step, in that order, with its source.
 
 Not modelled: several workers and DP ranks (one engine is checked), the
 approximate indexer (``approx.rs``, used when events are off), batching
