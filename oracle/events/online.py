@@ -247,11 +247,10 @@ class StreamChecker:
         else:
             taken = held[ATTRS][0] if held[ATTRS] is not None else None
         self.media[taken] = self.media.get(taken, 1) - 1
-        if held[COUNT]:
-            if key in self.ambiguous:
-                self.ambiguous.move_to_end(key)
-            return
-        self._gone(key, held)
+        if not held[COUNT]:
+            self._gone(key, held)
+        elif key in self.ambiguous:
+            self.ambiguous.move_to_end(key)
 
     def _gone(self, key: Key, held: _Held) -> None:
         """A key's last copy removed: kept among the removed, the oldest of those forgotten."""
@@ -356,8 +355,7 @@ class StreamChecker:
                 return None, True
             return (f"BlockStored of {_key(first)} names parent {_key(pkey)}, never stored in that group "
                     "since the last AllBlocksCleared"), False
-        removed = (before.get(pkey, 0) if before is not None else (held[COUNT] if held else 0)) <= 0
-        if removed:
+        if (before.get(pkey, 0) if before is not None else (held[COUNT] if held else 0)) <= 0:
             self._warn("parent-removed", pos, f"BlockStored names parent {_key(pkey)}, stored since the "
                        "last AllBlocksCleared and removed since")
         last = known[ATTRS]
