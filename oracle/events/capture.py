@@ -1,24 +1,9 @@
 """A capture of the wire (``kvpool watch --record FILE``), written and read: an incident, replayable.
 
-The format (``oracle/WIRE_FORMAT.md``): records, each a 4-byte big-endian
-length and that many bytes of msgpack.  Record 0 is the header, a map::
-
-    {"kvpool_wire": 1, "started": <unix time>, "sources": [{"endpoint": str, "replay": str|null,
-     "rank": int}, ...], "topic": str}
-
-Every other record is an array whose first element says what it is, and is
-numbered from 1 (findings say ``record N``):
-
-``["msg", t, source, via, frames]``
-    A multipart message as received at unix time ``t`` on source ``source``
-    (an index into the header's sources), from the PUB socket (``via`` ``"pub"``)
-    or the replay socket (``"replay"``, its empty delimiter frame dropped);
-    ``frames`` the raw frames (vLLM's: topic, 8-byte sequence number, payload).
-``["ask", t, source, topic, start]``
-    The watcher asked the replay socket for the batches of ``topic`` from ``start`` on.
-``["gave-up", t, source, topic]``
-    The watcher stopped waiting for a hole of ``topic``'s stream to fill (a
-    replay not answered in time, or a reordering that never resolved).
+The format is ``oracle/WIRE_FORMAT.md``'s (version 1): length-prefixed msgpack records, a
+header map first, then ``["msg", ...]`` (a message as received), ``["ask", ...]`` (a replay
+asked) and ``["gave-up", ...]`` (a hole no longer waited for), numbered from 1 (findings say
+``record N``).
 
 Replaying a capture feeds these records in order to the same sequencing
 and checking as the live watcher, so it finds what the watcher found, at

@@ -1,22 +1,12 @@
 """vLLM's KV-event wire, decoded exactly as vLLM encodes it, without vLLM.
 
-vLLM's ``ZmqEventPublisher`` sends each batch as a ZMQ multipart message
-``[topic, seq, payload]``: ``seq`` 8 bytes big-endian, ``payload`` a msgpack
-``KVEventBatch`` encoded by msgspec: an array ``[ts, events, data_parallel_rank]``
-whose events are tagged maps (``{"type": "BlockStored", ...}``, fields equal to
-their default left out).  Older vLLM releases sent tagged arrays
-(``["BlockStored", block_hashes, ...]``, fields in class order); both are read.
-The fields are every one of vLLM 0.31's and 0.33's (0.33 adds
-``lookahead_token_ids``).  Hashes are integers (vLLM's default) or bytes
-(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``), read by every checker as their
-low 64 bits.
-
-A field or an event type no release kvpool knows is tolerated: the decoder
-learns it (reported once, through :attr:`Decoder.unknown`), and decodes such
-payloads at full speed from then on.  The replay socket (ROUTER) answers a
-request ``[b"", start]`` with every buffered batch from ``start`` on, then
-``[b"", b"", END, b""]``, END the 8-byte ``-1``.  Data-parallel rank ``r``
-publishes on the endpoint's port plus ``r`` (:func:`rank_endpoint`).
+The wire (``oracle/WIRE_FORMAT.md``): ``[topic, seq, payload]`` messages, ``payload`` a
+msgpack ``KVEventBatch`` whose events are tagged maps (older releases: tagged arrays; both
+are read), with every field of vLLM 0.31 and 0.33; hashes integers or bytes, read by every
+checker as their low 64 bits; a replay socket; data-parallel ranks on offset ports
+(:func:`rank_endpoint`).  A field or an event type no release kvpool knows is tolerated:
+the decoder learns it (reported once, through :attr:`Decoder.unknown`), and decodes such
+payloads at full speed from then on.
 
 Needs ``msgspec`` (``pip install 'kvpool[live]'``), not vLLM.
 """
