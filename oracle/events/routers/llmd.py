@@ -7,20 +7,10 @@ entries; vLLM's hashes (*engine keys*) only map to request keys, for parents
 and removals.  A query hashes the request's tokens the same way and counts the
 leading request keys the pod has an entry under (``kvblock_scorer.go``).
 
-Its 2025 and 2026 releases differ; each difference is an option, named after
-the commit of ``llm-d/llm-d-kv-cache`` that changed it.  ``2025`` is the
-release at b6404af (2025-12-28), ``2026`` the one at 7be76e1 (2026-06-12):
-
-``clear``  ``off`` in 2025: AllBlocksCleared ignored; ``on`` since 7be76e1 (#626).
-``parent`` ``restart`` in 2025: a parent that maps to no request key starts a new
-           chain; ``drop``: the store is dropped, since 6f62751 (#243).
-``add``    ``strict`` in 2025: unequal counts of hashes and request keys refused, no
-           Add without a hash; ``ratio``: mapped by ratio, since c89a98d (#511).
-``groups`` ``off`` in 2025: a pod entry has no group; ``on`` since 2ffc3eb (#627).
-``lora``   ``off`` in 2025: the base model roots every chain; ``on``: the LoRA name
-           does, since 6f62751 (#243).
-``extra``  ``off`` in 2025: extra_keys not read; ``on`` since 51f2f51 (#444) and
-           96fdbab (#495).
+Its 2025 and 2026 releases differ in six places, each an option of :class:`LlmdOptions`
+(``clear``, ``parent``, ``add``, ``groups``, ``lora``, ``extra``); ``2025`` is the release at
+b6404af (2025-12-28), ``2026`` the one at 7be76e1 (2026-06-12).  :data:`RULES` cites the
+commit of ``llm-d/llm-d-kv-cache`` that changed each; ``docs/routers.md`` tabulates them.
 
 One pod is checked; the LRU bounds (10^8 keys, 10 entries per key) are not
 reached by kvpool's traces and are not modelled.
@@ -85,7 +75,7 @@ BASE_MODEL = "model"
 
 @dataclass(frozen=True)
 class LlmdOptions:
-    """llm-d's release differences, each one switch (module docstring)."""
+    """llm-d's release differences, each one switch (``docs/routers.md``'s table)."""
 
     clear: bool
     parent: str  # "restart" | "drop"
