@@ -173,12 +173,10 @@ class Decoder:
                     self.unknown.append(f"event type {kind}")
                     learned = True
                 continue
-            fields = EVENT_FIELDS[kind]
-            known = [n for n, _, _ in fields]
+            known = [n for n, _, _ in EVENT_FIELDS[kind]]
             for j, n in enumerate(names):
-                if (form.array and j < len(known)) or (not form.array and n in known):
-                    continue
-                learned |= self._note(form, kind, n, f"{kind}.{n}")
+                if not (j < len(known) if form.array else n in known):
+                    learned |= self._note(form, kind, n, f"{kind}.{n}")
         return learned
 
     def _note(self, form: _Form, kind: str, name: str, label: str) -> bool:
