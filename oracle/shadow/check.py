@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -54,43 +55,28 @@ class _Id:
         self.block_id = block_id
 
 
-_EVENTS: dict[str, type] = {}
+@functools.cache
+def _event_class(name: str) -> type:
+    return type(name, (SimpleNamespace,), {})
 
 
 def _event(fields: dict[str, Any]) -> Any:
     """An event as recorded (its fields), as an object of a class named like the pool's."""
-    name = str(fields.get("type"))
-    cls = _EVENTS.get(name)
-    if cls is None:
-        cls = _EVENTS[name] = type(name, (SimpleNamespace,), {})
-    return cls(**{k: v for k, v in fields.items() if k != "type"})
+    return _event_class(str(fields.get("type")))(**{k: v for k, v in fields.items() if k != "type"})
 
 
-_RAISED: dict[tuple[str, ...], type[Exception]] = {}
-
-
-def _raised(names: Sequence[str], message: str) -> Exception:
-    """An exception named and derived as the pool's was (the refusal matchers read the names and
-    ``isinstance(ValueError)``), with its message."""
-    key = tuple(names)
-    cls = _RAISED.get(key)
-    if cls is None:
-        made: type[Exception] = Exception
-        for name in reversed(key):
-            known = getattr(builtins, name, None)
-            if isinstance(known, type) and issubclass(known, Exception):
-                made = known
-            elif name not in ("BaseException", "object"):
-                made = type(name, (made,), {})
-        cls = _RAISED[key] = made
-    return cls(message)
-
-
-class _NoPool:
-    """What the lockstep is built on when the pool is in another process (no blocks to see)."""
-
-    def __init__(self) -> None:
-        self.blocks: list[Any] = []
+@functools.cache
+def _exception_class(names: tuple[str, ...]) -> type[Exception]:
+    """An exception class named and derived as the pool's was (the refusal matchers read the names
+    and ``isinstance(ValueError)``)."""
+    made: type[Exception] = Exception
+    for name in reversed(names):
+        known = getattr(builtins, name, None)
+        if isinstance(known, type) and issubclass(known, Exception):
+            made = known
+        elif name not in ("BaseException", "object"):
+            made = type(name, (made,), {})
+    return made
 
 
 class _Replay:
@@ -250,7 +236,8 @@ class PoolCheck:
         self.out = open(self.part, "w", encoding="utf-8")  # noqa: SIM115 (closed when the pool goes)
         self.out.write(json.dumps(header, separators=(",", ":")) + "\n")
         self.sink = Sink(self.out)
-        self.replay = _Replay(weakref.proxy(live) if live is not None else _NoPool())
+        # the pool held weakly (it goes when the engine lets go of it); in another process, no blocks to see
+        self.replay = _Replay(weakref.proxy(live) if live is not None else SimpleNamespace(blocks=[]))
         model = initial_state(header["num_blocks"], header["enable_caching"], header["hash_block_size"],
                               header["enable_kv_cache_events"], header["medium"],
                               **REFERENCES[header["reference"]])
@@ -259,13 +246,10 @@ class PoolCheck:
                                     errors_match=same_refusal if config["kvpool_pool"] else vllm_refusal,
                                     keep_observations=False, sink=self.sink, local_invariants=False,
                                     request_form=RequestLines(self.sink))
-        if live is None:
-            self.recorded: _Recorded | None = _Recorded(config["parts"], config["num_tokens"], self.own)
-            self.pair.observer = self.recorded
-            self.pair.footprints = False
-        else:  # the pool held weakly: it goes when the engine lets go of it
-            self.recorded = None
-            self.pair.observer = _Observed(live, self.own)
+        self.recorded = None if live is not None else _Recorded(config["parts"], config["num_tokens"],
+                                                                self.own)
+        self.pair.observer = _Observed(live, self.own) if self.recorded is None else self.recorded
+        self.pair.footprints = live is not None
         TOTALS.pools += 1
 
     def call(self, op: str, args: tuple[Any, ...], result: Any, error: tuple[tuple[str, ...], str] | None,
@@ -295,7 +279,8 @@ class PoolCheck:
                 result = [_Id(b) for b in result]
             elif kind == "events":
                 result = [_event(e) for e in result]
-        self.replay.load(op, (result, None if error is None else _raised(*error)), effects)
+        raised = None if error is None else _exception_class(tuple(error[0]))(error[1])
+        self.replay.load(op, (result, raised), effects)
         TOTALS.calls += 1
         try:
             pair.call(op, *model_args)
@@ -371,9 +356,8 @@ class PoolCheck:
             TOTALS.contracts += 1
         else:
             TOTALS.divergences += 1
-        calls = self.pair.steps
         self.finding(kind, first, path)
-        line = (f"kvpool shadow: {self.name} {kind} at call {calls}: {first}; its calls since it "
+        line = (f"kvpool shadow: {self.name} {kind} at call {self.pair.steps}: {first}; its calls since it "
                 f"was created: {path} (kvpool check-trace {path})")
         if self.strict:
             raise ShadowDivergence(line + "\n" + text, path) from found
@@ -416,16 +400,21 @@ class Checker:
     def handle(self, message: tuple[Any, ...], live: Any | None = None) -> Any:
         """One message of :mod:`.record` (``live``: the pool, for a checker beside it)."""
         kind = message[0]
-        if kind == "call":
+        if kind in ("call", "same", "taken", "stop"):  # for a pool still checked
             check = self.pools.get(message[1])
-            if check is not None and check.active:
+            if check is None or not check.active:
+                return None
+            if kind == "call":
                 check.call(*message[2:])
-        elif kind == "same":  # argument-less calls answered as they were last recorded
-            check = self.pools.get(message[1])
-            for op in message[2]:
-                if check is None or not check.active:
-                    break
-                check.call(op, *check.answered[op])
+            elif kind == "taken":
+                check.taken()
+            elif kind == "stop":
+                check.stop(message[2])
+            else:  # argument-less calls answered as they were last recorded
+                for op in message[2]:
+                    if not check.active:
+                        break
+                    check.call(op, *check.answered[op])
         elif kind == "req":
             self.requests[message[1]] = _request(message[2])
         elif kind == "grow":
@@ -438,14 +427,6 @@ class Checker:
             config = message[2]
             self.pools[message[1]] = PoolCheck(self, message[1], config, live)
             self.tests[message[1]] = config["header"]["meta"].get("test")
-        elif kind == "taken":
-            check = self.pools.get(message[1])
-            if check is not None and check.active:
-                check.taken()
-        elif kind == "stop":
-            check = self.pools.get(message[1])
-            if check is not None:
-                check.stop(message[2])
         elif kind == "close":
             check = self.pools.pop(message[1], None)
             if check is not None:
@@ -470,10 +451,7 @@ def _request(fields: dict[str, Any]) -> Request:
 
 def pid_totals() -> dict[str, Any]:
     """This process's totals, as JSON."""
-    out = TOTALS.to_json()
-    out["pid"] = os.getpid()
-    out["cpu"] = time.process_time()
-    return out
+    return {**TOTALS.to_json(), "pid": os.getpid(), "cpu": time.process_time()}
 
 
 __all__ = ["Checker", "PoolCheck", "pid_totals"]

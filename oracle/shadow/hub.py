@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import json
 import os
@@ -45,9 +46,7 @@ _dumps, _PROTOCOL = pickle.dumps, pickle.HIGHEST_PROTOCOL
 
 
 def write_frame(out: IO[bytes], value: Any) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    out.write(_FRAME.pack(len(data)) + data)
-    out.flush()
+    write_records(out, [_dumps(value, _PROTOCOL)])
 
 
 def read_frame(src: IO[bytes]) -> Any:
@@ -69,11 +68,10 @@ def read_records(src: IO[bytes]) -> list[Any] | None:
     data = _read_data(src)
     if data is None:
         return None
-    stream = io.BytesIO(data)
-    load = pickle.load  # an unpickler per record: each was pickled alone (its memo starts again)
+    stream = io.BytesIO(data)  # an unpickler per record: each was pickled alone (its memo starts again)
     records = []
     while stream.tell() < len(data):
-        records.append(load(stream))
+        records.append(pickle.load(stream))
     return records
 
 
@@ -130,7 +128,6 @@ class InlineHub(Hub):
         self.checker.on_stop = self.stopped
         self.pending: list[tuple[Any, ...]] = []
         self.busy = False
-        self.live: dict[int, Any] = {}
 
     def add(self, shadow: Shadow, config: dict[str, Any]) -> None:
         super().add(shadow, config)
@@ -290,15 +287,9 @@ def finish() -> None:
         del _hubs[mode]
 
 
-_exit_registered = False
-
-
+@functools.cache
 def _at_exit() -> None:
     """Once: at exit, finish the checks and write this process's totals to :data:`ENV_DIR` (when set)."""
-    global _exit_registered
-    if _exit_registered:
-        return
-    _exit_registered = True
 
     def write() -> None:
         finish()
