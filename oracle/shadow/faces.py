@@ -156,10 +156,7 @@ class ShadowPool:
 
 def shadowed(pools: Iterable[Any]) -> Iterator[Shadow]:
     """The shadows of ``pools`` (those that have one)."""
-    for pool in pools:
-        found = shadow_of(pool)
-        if found is not None:
-            yield found
+    return (found for found in map(shadow_of, pools) if found is not None)
 
 
 __all__ = ["ShadowPool", "shadow_of", "shadowed", "shadowed_class"]

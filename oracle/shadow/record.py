@@ -42,6 +42,7 @@ from .settings import (
     logger,
     shadow_dir,
 )
+from .working import Numbered
 
 _numbers = itertools.count(1)
 _LISTS = frozenset(("blocks", "block_ids", "groups", "mask?"))
@@ -57,16 +58,13 @@ class _Plan(NamedTuple):
     defaults: tuple[Any, ...]
 
 
-class RequestRefs:
+class RequestRefs(Numbered):
     """Requests as the checker receives them: whole the first time, then what each call adds, then
     forgotten once the engine let go of them (so the checker holds only the live ones)."""
 
     def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
+        super().__init__()
         self.send = send
-        self.known: dict[int, tuple[Any, int, int, int]] = {}
-        """Per live request (by id, checked by a weak reference): (reference, number, tokens, hashes)."""
-        self.numbers = itertools.count(1)
-        self.gone: list[int] = []
 
     def __call__(self, req: Any) -> RequestRef:
         key = id(req)
@@ -100,12 +98,6 @@ class RequestRefs:
         else:
             self.known[key] = (ref, number, tokens, hashes)
         return number, tokens, hashes
-
-    def _died(self, key: int, number: int) -> None:
-        kept = self.known.get(key)
-        if kept is not None and kept[1] == number:
-            del self.known[key]
-        self.gone.append(number)
 
     def forget_gone(self) -> None:
         """Tell the checker of the requests gone since the last call (never from inside a callback)."""
@@ -558,25 +550,16 @@ def snapshot(observer: Observer) -> dict[str, Any]:
 
 
 def _is_kvpool_pool(pool: Any) -> bool:
-    try:
-        # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
-        from kvpool.impl import BlockPool
-    except ImportError:  # pragma: no cover - kvpool.impl ships with kvpool
-        return False
+    # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
+    from kvpool.impl import BlockPool
+
     return isinstance(pool, BlockPool)
 
 
 def _rebuilt(names: list[str], values: list[Any], args: tuple[Any, ...],
              kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The call's arguments as the caller passed them (positional or by name), with new values."""
-    out_args = list(args)
-    out_kwargs = dict(kwargs)
-    for i, (name, value) in enumerate(zip(names, values, strict=True)):
-        if i < len(out_args):
-            out_args[i] = value
-        elif name in out_kwargs:
-            out_kwargs[name] = value
-    return tuple(out_args), out_kwargs
+    return tuple(values[:len(args)]), {name: values[names.index(name)] for name in kwargs}
 
 
 __all__ = ["RequestRefs", "Shadow", "plain_error", "plain_result", "snapshot"]

@@ -52,7 +52,23 @@ class Sink:
             self.held = None
 
 
-class RequestLines:
+class Numbered:
+    """Requests by number while they live: what the engine's side sends and a working file writes."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[Any, int, int, int]] = {}
+        """Per live request (by id, checked by a weak reference): (reference, number, tokens, hashes)."""
+        self.numbers = itertools.count(1)
+        self.gone: list[int] = []
+
+    def _died(self, key: int, number: int) -> None:
+        kept = self.known.get(key)
+        if kept is not None and kept[1] == number:
+            del self.known[key]
+        self.gone.append(number)
+
+
+class RequestLines(Numbered):
     """Requests written once into a working file, then by number (the trace format's request lines).
 
     An engine calls the pool many times per request: the file holds each
@@ -62,11 +78,8 @@ class RequestLines:
     """
 
     def __init__(self, sink: Callable[[dict[str, Json]], None]) -> None:
+        super().__init__()
         self.sink = sink
-        self.known: dict[int, tuple[Any, int, int, int]] = {}
-        """Per live request (by id, checked by a weak reference): (reference, number, tokens, hashes)."""
-        self.numbers = itertools.count(1)
-        self.gone: list[int] = []
 
     def forget_gone(self) -> None:
         """Write a ``forget`` line for each request that died since the last call."""
@@ -94,12 +107,6 @@ class RequestLines:
                        "more_hashes": [bytes(h).hex() for h in req.block_hashes[hashes:]]})
             self.known[key] = (ref, number, now_tokens, now_hashes)
         return {REQUEST_LINE: number, "tokens": now_tokens, "hashes": now_hashes}
-
-    def _died(self, key: int, number: int) -> None:
-        kept = self.known.get(key)
-        if kept is not None and kept[1] == number:
-            del self.known[key]
-        self.gone.append(number)
 
 
 def rebuild(working: Path, final: Path) -> None:
@@ -160,4 +167,4 @@ def close_trace(out: TextIO, part: Path, final: Path, keep: bool, sink: Sink) ->
     return final
 
 
-__all__ = ["ENCODE", "RequestLines", "Sink", "close_trace", "model_outcome", "rebuild"]
+__all__ = ["ENCODE", "Numbered", "RequestLines", "Sink", "close_trace", "model_outcome", "rebuild"]
