@@ -20,15 +20,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from kvpool.impl.hashing import get_request_block_hasher
 from kvpool.impl.request import LoRARequest, Request
 
 from ..core.lockstep import Divergence, Lockstep
-from ..shadow.working import ENCODE, RequestLines
+from ..shadow.working import ENCODE, RequestLines, Sink
 from ..trace.record import recording_pair
 from .requests import TraceRequest
 from .routers import RouterWatch
@@ -98,10 +98,7 @@ class KvpoolEngine:
                 self.replay.sample(self.call("get_num_free_blocks"))
 
     def arrive(self, tr: TraceRequest) -> None:
-        s = self.s
-        if len(tr.prompt) + tr.output_length > (s.num_blocks - 1) * s.block_size:
-            self.replay.findings.append(f"request {tr.index}: {len(tr.prompt) + tr.output_length} tokens "
-                                        f"do not fit in {s.num_blocks - 1} blocks of {s.block_size}; skipped")
+        if not self.replay.fits(tr):
             return
         lora = None if tr.lora is None else LoRARequest(tr.lora, 1 + abs(hash(tr.lora)) % (1 << 30), tr.lora)
         req = Request(f"r{tr.index}", tr.prompt, lora_request=lora, cache_salt=tr.cache_salt,
@@ -230,10 +227,10 @@ def run_kvpool(requests: Iterator[TraceRequest], settings: Settings, pool_factor
                keep_requests: bool = False) -> Replay:
     """Replay ``requests`` through kvpool's loop around pools made by ``pool_factory``."""
     events = settings.events or bool(routers)
-    settings = Settings(**{**vars(settings), "events": events})
+    settings = replace(settings, events=events)
     replay = Replay("kvpool", pool_name, settings, records=[] if keep_requests else None)
     watch = RouterWatch(routers, settings.block_size, replay) if routers else None
-    out: TextIO | None = None
+    sink: Sink | None = None
     lines = None
     if trace is None:
         pair = Lockstep.fresh(pool_factory, settings.num_blocks, True, settings.block_size, events,
@@ -242,13 +239,8 @@ def run_kvpool(requests: Iterator[TraceRequest], settings: Settings, pool_factor
         recording, header = recording_pair(pool_factory, settings.num_blocks, True, settings.block_size,
                                            events, block_sizes={0: settings.block_size},
                                            meta={"made_by": "kvpool replay", "pool": pool_name})
-        out = open(trace, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
-        out.write(ENCODE(header) + "\n")
-        sink_out = out
-
-        def sink(line: dict[str, Any]) -> None:
-            sink_out.write(ENCODE(line) + "\n")
-
+        sink = Sink(open(trace, "w", encoding="utf-8"))  # noqa: SIM115 (closed below)
+        sink.out.write(ENCODE(header) + "\n")
         lines = RequestLines(sink)
         recording.sink, recording.request_form, recording.keep_observations = sink, lines, False
         pair = recording
@@ -269,8 +261,9 @@ def run_kvpool(requests: Iterator[TraceRequest], settings: Settings, pool_factor
         replay.cpu_s = time.process_time() - started
         replay.wall_s = time.perf_counter() - wall
         replay.clock_ms = engine.clock
-        if out is not None:
-            out.close()
+        if sink is not None:
+            sink.flush()
+            sink.out.close()
     return replay
 
 

@@ -77,10 +77,8 @@ def charts(result: dict[str, Any]) -> dict[str, str]:
                                       "simulated time (s)", "blocks"),
     }
     if result["routers"]:
-        lines = []
-        for r in result["routers"]:
-            lines.append((f"{r['name']} over", [p[col[f"{r['name']} over_tokens"]] for p in points]))
-            lines.append((f"{r['name']} under", [p[col[f"{r['name']} under_tokens"]] for p in points]))
+        lines = [(f"{r['name']} {side}", [p[col[f"{r['name']} {side}_tokens"]] for p in points])
+                 for r in result["routers"] for side in ("over", "under")]
         out["router_error.svg"] = line_chart("Router error: prefix tokens claimed wrongly (cumulative)", x,
                                              lines, "simulated time (s)", "tokens")
     return out
@@ -143,15 +141,11 @@ def write_report(result: dict[str, Any], directory: str | Path) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     plots = charts(result)
-    written = []
-    for name, svg in plots.items():
-        (out / name).write_text(svg + "\n", encoding="utf-8")
-        written.append(out / name)
-    for name, text in (("replay.md", markdown(result, list(plots))), ("replay.html", page(result, plots)),
-                       ("replay.json", json.dumps(result, indent=1) + "\n")):
+    files = {**{name: svg + "\n" for name, svg in plots.items()}, "replay.md": markdown(result, list(plots)),
+             "replay.html": page(result, plots), "replay.json": json.dumps(result, indent=1) + "\n"}
+    for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
-    return written
+    return [out / name for name in files]
 
 
 __all__ = ["charts", "line_chart", "markdown", "page", "summary_rows", "write_report"]

@@ -60,12 +60,8 @@ def mooncake_prompt(hash_ids: list[int], input_length: int, hash_block_tokens: i
     """The prompt a Mooncake line stands for: block ``i`` is ``hash_block_tokens`` tokens that only
     ``hash_ids[i]`` decides (id ``h``'s ``j``-th token is ``h * hash_block_tokens + j``), cut to
     ``input_length`` tokens."""
-    tokens: list[int] = []
-    for h in hash_ids:
-        start = h * hash_block_tokens
-        tokens.extend(range(start, start + hash_block_tokens))
-    del tokens[input_length:]
-    return tokens
+    tokens = [t for h in hash_ids for t in range(h * hash_block_tokens, (h + 1) * hash_block_tokens)]
+    return tokens[:input_length]
 
 
 def _int(obj: dict[str, Any], name: str, low: int, high: int = MAX_TOKENS) -> int:
@@ -82,11 +78,14 @@ def _arrival(obj: dict[str, Any], name: str) -> float:
     return float(value)
 
 
-def _mooncake(obj: dict[str, Any], index: int, hash_block_tokens: int) -> TraceRequest:
-    known = {"timestamp", "input_length", "output_length", "hash_ids"}
+def _known(obj: dict[str, Any], known: set[str], form: str) -> None:
     extra = sorted(set(obj) - known)
     if extra:
-        raise ValueError(f"unknown field {extra[0]!r} (Mooncake's fields: {', '.join(sorted(known))})")
+        raise ValueError(f"unknown field {extra[0]!r} ({form} fields: {', '.join(sorted(known))})")
+
+
+def _mooncake(obj: dict[str, Any], index: int, hash_block_tokens: int) -> TraceRequest:
+    _known(obj, {"timestamp", "input_length", "output_length", "hash_ids"}, "Mooncake's")
     length = _int(obj, "input_length", 1)
     ids = obj.get("hash_ids")
     if not isinstance(ids, list) or not all(type(h) is int and 0 <= h < 1 << 40 for h in ids):
@@ -99,11 +98,7 @@ def _mooncake(obj: dict[str, Any], index: int, hash_block_tokens: int) -> TraceR
 
 
 def _plain(obj: dict[str, Any], index: int) -> TraceRequest:
-    known = {"arrival", "prompt", "output_length", "lora", "cache_salt"}
-    extra = sorted(set(obj) - known)
-    if extra:
-        raise ValueError(f"unknown field {extra[0]!r} (the plain format's fields: "
-                         f"{', '.join(sorted(known))})")
+    _known(obj, {"arrival", "prompt", "output_length", "lora", "cache_salt"}, "the plain format's")
     prompt = obj.get("prompt")
     if (not isinstance(prompt, list) or not prompt or len(prompt) > MAX_TOKENS
             or not all(type(t) is int and 0 <= t < 1 << 62 for t in prompt)):

@@ -41,10 +41,9 @@ class Settings:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one phrase each (empty: nothing)."""
-        out = []
-        for name in ("num_blocks", "block_size", "token_budget", "max_seqs", "max_waiting"):
-            if getattr(self, name) < 1:
-                out.append(f"{name.replace('_', '-')} must be positive")
+        out = [f"{name.replace('_', '-')} must be positive"
+               for name in ("num_blocks", "block_size", "token_budget", "max_seqs", "max_waiting")
+               if getattr(self, name) < 1]
         if self.num_blocks < 2:
             out.append("num-blocks must be at least 2 (block 0 is the null block)")
         if not self.tokens_per_s > 0 or self.step_ms < 0:
@@ -177,6 +176,15 @@ class Replay:
     def digest(self) -> str:
         """Of every finished request's record, in finishing order: equal for equal scheduling."""
         return str(self._digest.copy().hexdigest()[:16])
+
+    def fits(self, tr: TraceRequest) -> bool:
+        """Whether the request fits in the pool; if not, it is skipped, said in the findings."""
+        s = self.settings
+        if len(tr.prompt) + tr.output_length <= (s.num_blocks - 1) * s.block_size:
+            return True
+        self.findings.append(f"request {tr.index}: {len(tr.prompt) + tr.output_length} tokens "
+                             f"do not fit in {s.num_blocks - 1} blocks of {s.block_size}; skipped")
+        return False
 
     def finished(self, record: RequestRecord) -> None:
         self.requests += 1

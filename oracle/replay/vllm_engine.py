@@ -16,7 +16,6 @@ vLLM is imported only when this loop runs (it is not a dependency of kvpool).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +93,6 @@ Install = Callable[[str, "dict[str, Any] | None"], None]
 """Puts the pool a mode names in place in vLLM (``kvpool.vllm_plugin.use``; ``none``: vLLM's own)."""
 
 
-def _vllm(name: str) -> Any:
-    """A module of vLLM (or torch), imported when the loop runs: vLLM is no dependency of kvpool."""
-    return importlib.import_module(name)
-
-
 class NoDevice(RuntimeError):
     """vLLM, imported before the loop ran without ``VLLM_TARGET_DEVICE``, found no platform."""
 
@@ -107,7 +103,7 @@ def _cpu_platform() -> None:
     if "vllm" not in sys.modules:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         return
-    platform = type(_vllm("vllm.platforms").current_platform).__name__
+    platform = type(import_module("vllm.platforms").current_platform).__name__
     if platform == "UnspecifiedPlatform":
         raise NoDevice("vLLM was imported before --engine vllm could choose its CPU platform and "
                                "found no device: set VLLM_TARGET_DEVICE=cpu in the environment")
@@ -115,7 +111,8 @@ def _cpu_platform() -> None:
 
 def scheduler(settings: Settings, model_dir: Path) -> Any:
     """vLLM's ``Scheduler`` for one KV-cache group of full attention, with prefix caching."""
-    torch, config, kv = _vllm("torch"), _vllm("vllm.config"), _vllm("vllm.v1.kv_cache_interface")
+    torch, config = import_module("torch"), import_module("vllm.config")
+    kv = import_module("vllm.v1.kv_cache_interface")
     s = settings
     max_len = s.num_blocks * s.block_size
     model = config.ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float16", seed=0,
@@ -132,10 +129,10 @@ def scheduler(settings: Settings, model_dir: Path) -> Any:
     kv_config = kv.KVCacheConfig(num_blocks=s.num_blocks, kv_cache_tensors=[],
                                  kv_cache_groups=[kv.KVCacheGroupSpec(["layer"], spec)])
     cache.num_gpu_blocks = s.num_blocks
-    _vllm("vllm.v1.core.single_type_kv_cache_manager").register_all_kvcache_specs(vllm_config)
-    return _vllm("vllm.v1.core.sched.scheduler").Scheduler(
+    import_module("vllm.v1.core.single_type_kv_cache_manager").register_all_kvcache_specs(vllm_config)
+    return import_module("vllm.v1.core.sched.scheduler").Scheduler(
         vllm_config=vllm_config, kv_cache_config=kv_config, block_size=s.block_size, log_stats=False,
-        structured_output_manager=_vllm("vllm.v1.structured_output").StructuredOutputManager(vllm_config))
+        structured_output_manager=import_module("vllm.v1.structured_output").StructuredOutputManager(vllm_config))
 
 
 def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Install, *,
@@ -148,14 +145,13 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
     if trace is not None and "shadow" not in mode:
         raise ValueError("--trace with --engine vllm records through the shadow: use a mode with shadow")
     _cpu_platform()
-    SamplingParams = _vllm("vllm.sampling_params").SamplingParams
-    get_hash_fn_by_name = _vllm("vllm.utils.hashing").get_hash_fn_by_name
-    kv_utils = _vllm("vllm.v1.core.kv_cache_utils")
-    ModelRunnerOutput = _vllm("vllm.v1.outputs").ModelRunnerOutput
-    Request = _vllm("vllm.v1.request").Request
+    SamplingParams = import_module("vllm.sampling_params").SamplingParams
+    get_hash_fn_by_name = import_module("vllm.utils.hashing").get_hash_fn_by_name
+    kv_utils = import_module("vllm.v1.core.kv_cache_utils")
+    ModelRunnerOutput = import_module("vllm.v1.outputs").ModelRunnerOutput
+    Request = import_module("vllm.v1.request").Request
 
-    events = settings.events or bool(routers)
-    settings = Settings(**{**vars(settings), "events": events})
+    settings = replace(settings, events=settings.events or bool(routers))
     work = Path(tempfile.mkdtemp(prefix="kvpool-replay-"))
     try:
         (work / "model").mkdir()
@@ -185,16 +181,12 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
             if not engine.has_requests() and arrivals.next is not None:
                 clock = max(clock, arrivals.next.arrival_ms)
             for tr in arrivals.due(clock, len(engine.waiting)):
-                if len(tr.prompt) + tr.output_length > (settings.num_blocks - 1) * bs:
-                    replay.findings.append(f"request {tr.index}: {len(tr.prompt) + tr.output_length} tokens "
-                                           f"do not fit in {settings.num_blocks - 1} blocks of {bs}; skipped")
+                if not replay.fits(tr):
                     continue
                 rid = f"r{tr.index}"
                 params = SamplingParams(max_tokens=tr.output_length, ignore_eos=True)
-                lora = None
-                if tr.lora is not None:
-                    lora = _vllm("vllm.lora.request").LoRARequest(tr.lora, 1 + abs(hash(tr.lora)) % (1 << 30),
-                                                                  tr.lora)
+                lora = None if tr.lora is None else import_module("vllm.lora.request").LoRARequest(
+                    tr.lora, 1 + abs(hash(tr.lora)) % (1 << 30), tr.lora)
                 engine.add_request(Request(rid, tr.prompt, params, None, arrival_time=tr.arrival_ms / 1000,
                                            block_hasher=hasher, lora_request=lora,
                                            cache_salt=tr.cache_salt))
