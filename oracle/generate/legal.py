@@ -32,11 +32,7 @@ CORPORA = ("vllm", "workloads", "grown")
 def legal_traces() -> list[Path]:
     """Every legal trace shipped with the package, by corpus then name."""
     root = resources.files("kvpool.oracle.generate").joinpath("corpus")
-    out: list[Path] = []
-    for name in CORPORA:
-        folder = Path(str(root.joinpath(name)))
-        out += sorted(folder.glob("*.jsonl"))
-    return out
+    return [p for name in CORPORA for p in sorted(Path(str(root.joinpath(name))).glob("*.jsonl"))]
 
 
 @dataclass

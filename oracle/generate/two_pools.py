@@ -10,6 +10,7 @@ replay make it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,13 +28,9 @@ SECOND_POOL_BLOCKS = 64
 def second_pool(pool_factory: Callable[..., Any], cfg: RunConfig, reference: str,
                 errors_match: Callable[[Exception, Exception | None], bool]) -> Callable[[], Lockstep]:
     """How a run builds its second pool: the same class and shape, with its own model."""
-
-    def build() -> Lockstep:
-        return Lockstep.fresh(pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS), cfg.caching,
-                              cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics,
-                              errors_match=errors_match, which=1)
-
-    return build
+    return functools.partial(Lockstep.fresh, pool_factory, min(cfg.num_blocks, SECOND_POOL_BLOCKS),
+                             cfg.caching, cfg.hash_block_size, cfg.events, reference, metrics=cfg.metrics,
+                             errors_match=errors_match, which=1)
 
 
 def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, int]]) -> None:
