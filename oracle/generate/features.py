@@ -187,51 +187,45 @@ def possible(feature: str, op: str, lacks: frozenset[str]) -> bool:
 def call_features(s: PoolState, op: str, bound: Sequence[Any], *, second: bool = False,
                   metrics: bool = False) -> set[str]:
     """The features a call of ``op`` with ``bound`` arguments has, on the model's state before it."""
-    decl = OPERATIONS[op]
-    named = dict(zip((a.name for a in decl.args), bound, strict=False))
-    out: set[str] = set()
-    if s.events_on:
-        out.add("events")
-    if metrics:
-        out.add("metrics")
-    if second:
-        out.add("second_pool")
-    hbs = s.hash_block_size
+    named = dict(zip((a.name for a in OPERATIONS[op].args), bound, strict=False))
+    hbs, size, tokens = s.hash_block_size, named.get("block_size"), named.get("num_tokens")
     ids = [b for b in _ids(named) if isinstance(b, int) and 0 <= b < s.num_blocks]
     real = [b for b in ids if b != NULL]
-    if NULL in ids and op in FEATURES["null_block"][1]:
-        out.add("null_block")
-    if len(real) != len(set(real)):
-        out.add("listed_twice")
-    group = named.get("kv_cache_group_id")
-    if group == 1 or 1 in (named.get("kv_cache_group_ids") or ()):
-        out.add("group1")
-    size = named.get("block_size")
-    if isinstance(size, int) and size > hbs:
-        out.add("big_block")
-    request = named.get("request")
-    span = _span(op, named, hbs)
-    if request is not None:
-        out |= _request_features(request, span, hbs)
-    touched = real
+    touched = real  # the blocks whose keys the call reaches
     if op == "get_new_blocks":
         count = named.get("num_blocks")
         touched = list(s.free)[:count] if isinstance(count, int) and 0 <= count <= len(s.free) else []
-        if any(s.primary[b] is not None for b in touched):
-            out.add("evicting_alloc")
-    if op in ("get_new_blocks", "touch") and any(b in s.watchers for b in touched):
-        out.add("reuse_fired")
-    if op == "cache_full_blocks":
+    elif op == "cache_full_blocks":
         touched = [b for _i, b in _indexed(named)]
-        if any(_partial_of(s, b, (i + 1) * (size or 0)) for i, b in _indexed(named)):
-            out.add("promotion")
-        if named.get("block_mask") is not None:
-            out.add("mask")
-        if (named.get("num_full_blocks") or 0) < (named.get("num_cached_blocks") or 0):
-            out.add("sparse")
-    if any(s.secondary[b] for b in touched if 0 <= b < s.num_blocks) or _gains_secondary(s, op, named, real):
-        out.add("secondary")
-    out |= _operation_features(s, op, named, real)
+    h, groups = named.get("block_hash"), named.get("kv_cache_group_ids") or ()
+    hits = [s.index.get((h, g), ()) for g in groups] if isinstance(h, bytes) else []
+    full, partial = op == "cache_full_blocks", op == "cache_partial_block"
+    has = {
+        "events": s.events_on, "metrics": metrics, "second_pool": second, "null_block": NULL in ids,
+        "listed_twice": len(real) != len(set(real)),
+        "group1": named.get("kv_cache_group_id") == 1 or 1 in groups,
+        "big_block": isinstance(size, int) and size > hbs,
+        "evicting_alloc": op == "get_new_blocks" and any(s.primary[b] is not None for b in touched),
+        "reuse_fired": op in ("get_new_blocks", "touch") and any(b in s.watchers for b in touched),
+        "promotion": full and any(_partial_of(s, b, (i + 1) * (size or 0)) for i, b in _indexed(named)),
+        "mask": full and named.get("block_mask") is not None,
+        "sparse": full and (named.get("num_full_blocks") or 0) < (named.get("num_cached_blocks") or 0),
+        "secondary": (any(s.secondary[b] for b in touched if 0 <= b < s.num_blocks)
+                      or _gains_secondary(s, op, named, real)),
+        "partial": (partial and real and isinstance(size, int) and isinstance(tokens, int) and size
+                    and tokens % size),
+        "replace": partial and named.get("replace_existing_hashes"),
+        "idle_hit": ((op == "touch" and any(s.ref[b] == 0 and s.primary[b] is not None for b in real))
+                     or (op == "get_cached_block" and any(hit and s.ref[hit[0]] == 0 for hit in hits))),
+        "move": op == "move_block_hashes" and real and s.primary[real[0]] is not None,
+        "evict": op in EVICT and any(s.primary[b] is not None for b in real),
+        "reset": op == "reset_prefix_cache" and not any(s.ref[b] for b in range(1, s.num_blocks)),
+        "emit": op == "emit_cached_block_events" and (named.get("num_cached_blocks") or 0) > 0,
+        "take": op == "take_events" and s.events,
+        **{f: ALWAYS.get(op) == f for f in ALWAYS.values()},
+    }
+    out = {f for f, on in has.items() if on}
+    out |= _request_features(named.get("request"), _span(op, named, hbs), hbs)
     return {f for f in out if op in FEATURES[f][1]}
 
 
@@ -292,60 +286,17 @@ def _span(op: str, named: dict[str, Any], hbs: int) -> tuple[int, int]:
 
 
 def _request_features(request: Any, span: tuple[int, int], hbs: int) -> set[str]:
-    out = set()
-    if getattr(request, "lora_request", None) is not None:
-        out.add("lora")
-    if getattr(request, "cache_salt", None):
-        out.add("salt")
-    if getattr(request, "session_id", None):
-        out.add("session")
+    """The features of the call's request (None: none): its extra keys, where its items lie."""
     lo, hi = span
-    if hi <= lo:
-        return out
     items = [(f.mm_position.offset, f.mm_position.offset + f.mm_position.length)
-             for f in getattr(request, "mm_features", ())]
-    for k, (a, b) in enumerate(items):
-        overlaps = a < hi and b > lo
-        if overlaps:
-            out.add("mm")
-        if overlaps and k < len(items) - 1:
-            out.add("mm_several")
-        if overlaps and a // hbs != (b - 1) // hbs:
-            out.add("mm_spans_chunk")
-        if b <= lo:
-            out.add("mm_before_chunk")
-    return out
-
-
-def _operation_features(s: PoolState, op: str, named: dict[str, Any], real: list[int]) -> set[str]:
-    out = set()
-    if op == "cache_partial_block" and real:
-        size, tokens = named.get("block_size"), named.get("num_tokens")
-        if isinstance(size, int) and isinstance(tokens, int) and size and tokens % size:
-            out.add("partial")
-    if op == "cache_partial_block" and named.get("replace_existing_hashes"):
-        out.add("replace")
-    if op in ALWAYS:
-        out.add(ALWAYS[op])
-    if op == "touch" and any(s.ref[b] == 0 and s.primary[b] is not None for b in real):
-        out.add("idle_hit")
-    if op == "get_cached_block":
-        groups, h = named.get("kv_cache_group_ids") or (), named.get("block_hash")
-        for g in groups:
-            hit = s.index.get((h, g), ()) if isinstance(h, bytes) else ()
-            if hit and s.ref[hit[0]] == 0:
-                out.add("idle_hit")
-    if op == "move_block_hashes" and real and s.primary[real[0]] is not None:
-        out.add("move")
-    if op in EVICT and any(s.primary[b] is not None for b in real):
-        out.add("evict")
-    if op == "reset_prefix_cache" and not any(s.ref[b] for b in range(1, s.num_blocks)):
-        out.add("reset")
-    if op == "emit_cached_block_events" and (named.get("num_cached_blocks") or 0) > 0:
-        out.add("emit")
-    if op == "take_events" and s.events:
-        out.add("take")
-    return out
+             for f in getattr(request, "mm_features", ())] if hi > lo else []
+    over = [(k, a, b) for k, (a, b) in enumerate(items) if a < hi and b > lo]
+    has = {"lora": getattr(request, "lora_request", None) is not None,
+           "salt": getattr(request, "cache_salt", None), "session": getattr(request, "session_id", None),
+           "mm": over, "mm_several": any(k < len(items) - 1 for k, _a, _b in over),
+           "mm_spans_chunk": any(a // hbs != (b - 1) // hbs for _k, a, b in over),
+           "mm_before_chunk": any(b <= lo for _a, b in items)}
+    return {f for f, on in has.items() if on}
 
 
 # ------------------------------------------------------------------ a phase's pairs
