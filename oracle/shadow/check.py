@@ -314,12 +314,9 @@ class PoolCheck:
         except Exception:
             raise Unmodelled(f"{short_args([key_bytes])} is not an index key") from None
         hbs = self.pair.model.hash_block_size
-        prefix = None
-        for other in sorted(self.checker.pools.values(), key=lambda c: c is self):
-            named = other.pair.model.names.get(key) if other.active else None
-            if named is not None and other.pair.model.hash_block_size == hbs:
-                prefix = named
-                break
+        others = sorted(self.checker.pools.values(), key=lambda c: c is self)  # this pool last
+        models = [c.pair.model for c in others if c.active and c.pair.model.hash_block_size == hbs]
+        prefix = next((m.names[key] for m in models if m.names.get(key) is not None), None)
         if prefix is None:
             raise Unmodelled(f"no shadowed pool knows the prefix key …{key[0][-3:].hex()}/g{key[1]} names")
         request = copied_key(key, prefix, hbs, next(self._copied))

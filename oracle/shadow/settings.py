@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +60,7 @@ class Totals:
     findings: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "pools": self.pools, "calls": self.calls,
-                "divergences": self.divergences, "contracts": self.contracts, "stopped": self.stopped,
-                "traces": self.traces, "findings": self.findings}
+        return {"pid": os.getpid(), **asdict(self)}
 
     def add(self, other: dict[str, Any]) -> None:
         """Add another process's totals (a checker process's) to these."""
