@@ -104,15 +104,10 @@ class Capabilities:
         lines = ["not checked, as the pool lacks them"
                  + (f" (* implied by what it declares: {', '.join(sorted(self.declared))})" if implied
                     else "") + ":"]
-        if ops:
-            lines.append("  operations never called: " + ", ".join(_mark(n, implied) for n in ops))
-        if features:
-            lines.append("  features never made: " + ", ".join(_mark(n, implied) for n in features))
+        lines += [f"  {what}: " + ", ".join(f"{n}*" if n in implied else n for n in names)
+                  for what, names in (("operations never called", ops), ("features never made", features))
+                  if names]
         return lines
-
-
-def _mark(name: str, implied: frozenset[str]) -> str:
-    return f"{name}*" if name in implied else name
 
 
 def declared_lacks(*sources: Any) -> Capabilities:

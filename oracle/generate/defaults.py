@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvpool.model import OPERATIONS, ContractBroken, Operation, PoolState, Refusal
+from kvpool.model import OPERATIONS, Operation, PoolState, Refusal
 from kvpool.model.derived import values_of
 from kvpool.model.domains import Scope
 from kvpool.model.kinds import BLOCK_KINDS
@@ -108,9 +108,7 @@ def _verdict(op: Operation, s: PoolState, args: tuple[Any, ...]) -> str:
             op.requires(s, *args)
     except Refusal:
         return "refused"
-    except ContractBroken:
-        return "broken"
-    except Exception:  # arguments the guard cannot read: not a call to make
+    except Exception:  # a broken contract, or arguments the guard cannot read: not a call to make
         return "broken"
     return "legal"
 

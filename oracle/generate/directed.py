@@ -177,15 +177,11 @@ class Scene:
         """A request with the wanted extra keys, its items placed around the chunks from ``lo``
         (``plain``: none)."""
         w = frozenset() if plain else self.want
-        items: list[tuple[int, int]] = []
-        if "mm_before_chunk" in w and lo >= 2:
-            items.append((0, 1))
-        if "mm_several" in w or ("mm" in w and "mm_spans_chunk" not in w):
-            items.append((lo, 1))
-        if "mm_spans_chunk" in w:
-            items.append((lo + 1, 2))
-        elif "mm_several" in w:
-            items.append((lo + 1, 1))
+        spans = "mm_spans_chunk" in w
+        several = "mm_several" in w
+        items = [item for item, on in (((0, 1), "mm_before_chunk" in w and lo >= 2),
+                                       ((lo, 1), several or ("mm" in w and not spans)),
+                                       ((lo + 1, 2), spans), ((lo + 1, 1), several and not spans)) if on]
         self.counter += 1
         return Request(
             f"d{self.counter}", list(DOCUMENT), block_hasher=self.hasher,
@@ -301,16 +297,14 @@ class Scene:
         self.call(op, free + 1 if "out_of_blocks" in self.want else free)
 
     def _free_blocks(self, op: str) -> None:
+        """Also ``unpin_blocks``, which names a watcher and no null block."""
         block = self.held()
         if "listed_twice" in self.want:
             self.call("touch", [block])
-        self.call(op, self.listed(block))
+        unpin = op == "unpin_blocks"
+        self.call(op, self.listed(block, null=not unpin), *([self.pair.watcher("reader")] if unpin else []))
 
-    def _unpin_blocks(self, op: str) -> None:
-        block = self.held()
-        if "listed_twice" in self.want:
-            self.call("touch", [block])
-        self.call(op, self.listed(block, null=False), self.pair.watcher("reader"))
+    _unpin_blocks = _free_blocks
 
     def _evict_blocks(self, op: str) -> None:
         """Also ``_maybe_evict_cached_block``, which takes the block alone, not a list."""

@@ -71,5 +71,4 @@ def rekey(pair: Lockstep, run: Running, group: int, cfg: RunConfig, i: int, chun
 
 def writable(pair: Lockstep, block: int) -> bool:
     """Whether the model says the block's sole owner may write into it (ref 1, no hash)."""
-    result: bool = QUERIES["is_block_writable"](pair.model, block)
-    return result
+    return bool(QUERIES["is_block_writable"](pair.model, block))
