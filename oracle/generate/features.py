@@ -340,9 +340,7 @@ class PairCoverage:
     missed: tuple[Pair, ...]
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["missed"] = ["+".join(p) for p in self.missed]
-        return out
+        return {**asdict(self), "missed": ["+".join(p) for p in self.missed]}
 
 
 def pair_coverage(log: FeatureLog, phase: str, misuse: bool, ops: Iterable[str] = ALL,

@@ -46,6 +46,7 @@ def wrong_call(work: Workload) -> None:
     idle = [b for b in scope if b != NULL and m.ref[b] == 0]
     used = work._held()
     unhashed = [b for b in scope if b != NULL and m.primary[b] is None] or [NULL]
+    hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
     bs = cfg.block_sizes[0]
     cached_whole = [b for b in scope if (p := m.primary[b]) is not None and p.num_tokens >= bs]
     req = work._new_request()
@@ -69,16 +70,12 @@ def wrong_call(work: Workload) -> None:
         call("cache_full_blocks", req, [rng.choice(used)], 0, 1, bs, 0, [True, False])
     elif kind == "evict_unknown":
         call("evict_blocks", [rng.choice([-1, m.num_blocks])])
-    elif kind == "move_onto_hashed" and used:
-        hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
-        if hashed:
-            call("move_block_hashes", rng.choice(used), rng.choice(hashed))
+    elif kind == "move_onto_hashed" and used and hashed:
+        call("move_block_hashes", rng.choice(used), rng.choice(hashed))
     elif kind == "partial_bad_tokens" and used:
         call("cache_partial_block", req, rng.choice(used), rng.choice([0, -hbs]), 0, bs * 2)
-    elif kind == "move_onto_null":
-        hashed = [b for b in scope if b != NULL and m.primary[b] is not None]
-        if hashed:
-            call("move_block_hashes", rng.choice(hashed), NULL)
+    elif kind == "move_onto_null" and hashed:
+        call("move_block_hashes", rng.choice(hashed), NULL)
     elif kind == "bad_group":
         group, op = rng.choice([-1, 2**32]), rng.randrange(3)
         if op == 0:

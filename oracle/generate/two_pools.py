@@ -63,12 +63,11 @@ def free_across(first: Lockstep, second: Lockstep, listed: list[tuple[Lockstep, 
         if getattr(exc, "verdict", None) is not None:  # a pool process that failed: its verdict
             raise
         p_error = exc
-    first.steps += 1
-    second.steps += 1
     if first.log is not None:
         first.log.add_across([(0 if p is first else 1, b) for p, b in listed])
     names = [str(b) if p is first else f"second:{b}" for p, b in listed]
     for pair in (first, second):  # either may be the one found to differ: both traces show the call
+        pair.steps += 1
         pair.trace.append(CallRecord("free_blocks", (names,), refusal_name(m_error) if m_error else "None"))
     if (m_error is None) != (p_error is None) or (
             m_error is not None and not first.errors_match(m_error, p_error)):
