@@ -17,9 +17,11 @@ line is a :class:`ReplayInputError` naming the file, the line and the field.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,24 +154,19 @@ def synthetic_mooncake(seed: int, requests: int, *, hash_block_tokens: int = HAS
                        max_output: int = 64) -> Iterator[dict[str, Any]]:
     """A seeded trace in Mooncake's format: shared system prompts, multi-turn conversations whose
     next turn repeats the last one's prompt, one-off prompts; Poisson arrivals."""
-    rng = random.Random(seed)
-    next_id = 0
+    rng, numbers = random.Random(seed), itertools.count()
 
     def fresh(n: int) -> list[int]:
-        nonlocal next_id
-        ids = list(range(next_id, next_id + n))
-        next_id += n
-        return ids
+        return [next(numbers) for _ in range(n)]
 
     systems = [fresh(rng.randint(1, max(1, max_blocks // 4))) for _ in range(3)]
-    talks: list[list[int]] = []
+    talks: deque[list[int]] = deque(maxlen=16)
     clock = 0.0
     for _ in range(requests):
         clock += rng.expovariate(1 / mean_gap_ms)
         roll = rng.random()
         if talks and roll < 0.4:  # a conversation's next turn: its history, then new blocks
-            talk = rng.choice(talks)
-            ids = talk + fresh(rng.randint(1, 3))
+            ids = rng.choice(talks) + fresh(rng.randint(1, 3))
         elif roll < 0.8:  # a new conversation under a shared system prompt
             ids = rng.choice(systems) + fresh(rng.randint(1, max(1, max_blocks // 2)))
         else:  # a one-off prompt
@@ -177,8 +174,6 @@ def synthetic_mooncake(seed: int, requests: int, *, hash_block_tokens: int = HAS
         ids = ids[:max_blocks]
         if roll < 0.8:
             talks.append(ids)
-            if len(talks) > 16:
-                talks.pop(0)
         tail = rng.randint(1, hash_block_tokens)
         yield {"timestamp": int(clock), "input_length": (len(ids) - 1) * hash_block_tokens + tail,
                "output_length": rng.randint(1, max_output), "hash_ids": ids}
