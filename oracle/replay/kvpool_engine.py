@@ -30,6 +30,7 @@ from kvpool.impl.request import LoRARequest, Request
 from ..core.lockstep import Divergence, Lockstep
 from ..shadow.working import ENCODE, RequestLines, Sink
 from ..trace.record import recording_pair
+from ..trace.write import model_event_to_json
 from .requests import TraceRequest
 from .routers import RouterWatch
 from .run import Arrivals, Replay, RequestRecord, Settings
@@ -89,7 +90,7 @@ class KvpoolEngine:
             if s.events:
                 events = self.call("take_events")
                 if self.routers is not None:
-                    self.routers.feed_model(events, self.replay.steps)
+                    self.routers.feed([model_event_to_json(e) for e in events], self.replay.steps)
             self.replay.steps += 1
             tokens = sum(n for _, n in scheduled)
             self.clock += max(s.step_ms, 1000.0 * tokens / s.tokens_per_s)

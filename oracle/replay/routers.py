@@ -16,7 +16,6 @@ from typing import Any
 from ..events.check import Position
 from ..events.routers import profile_factory, query_of
 from ..events.routers.base import Profile
-from ..trace.write import event_to_json, model_event_to_json
 from .run import Replay, RouterTally
 
 
@@ -37,12 +36,6 @@ class RouterWatch:
             pos = Position(step, i)
             for tally, profile in self.profiles:
                 tally.reactions += len(profile.feed(event, pos))
-
-    def feed_model(self, events: list[Any], step: int) -> None:
-        self.feed([model_event_to_json(e) for e in events], step)
-
-    def feed_pool(self, events: list[Any], step: int) -> None:
-        self.feed([event_to_json(e) for e in events], step)
 
     def admitted(self, request: Any, served: int, cap: int, step: int) -> None:
         """A request's first admission: ``served`` leading blocks were hits, at most ``cap`` could be."""

@@ -30,6 +30,7 @@ from typing import Any
 
 from ..shadow import finish as finish_shadows
 from ..shadow import shadow_of, sync
+from ..trace.write import event_to_json
 from .kvpool_engine import OUTPUT_BASE
 from .requests import TraceRequest
 from .routers import RouterWatch
@@ -80,7 +81,7 @@ class _Publisher:
 
     def publish(self, batch: Any) -> None:
         if self.routers is not None:
-            self.routers.feed_pool(list(batch.events), self.replay.steps)
+            self.routers.feed([event_to_json(e) for e in batch.events], self.replay.steps)
 
     def shutdown(self) -> None:
         pass
