@@ -173,7 +173,6 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
         shadow = shadow_of(pool)
         before = sync() if shadow is not None else {}
         records: dict[str, RequestRecord] = {}
-        index: dict[str, int] = {}
         clock = 0.0
         arrivals = Arrivals(requests, settings.max_waiting)
         started, wall = time.process_time(), time.perf_counter()
@@ -192,7 +191,6 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
                                            block_hasher=hasher, lora_request=lora,
                                            cache_salt=tr.cache_salt))
                 records[rid] = RequestRecord(tr.index, len(tr.prompt))
-                index[rid] = tr.index
             out = engine.schedule()
             for rid in out.preempted_req_ids or ():
                 records[rid].preemptions += 1
@@ -211,7 +209,8 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
                 records[rid].steps += 1
                 req = engine.requests[rid]
                 done = req.num_computed_tokens >= req.num_tokens
-                sampled.append([OUTPUT_BASE * (index[rid] + 1) + req.num_output_tokens + 1] if done else [])
+                sampled.append([OUTPUT_BASE * (records[rid].index + 1) + req.num_output_tokens + 1] if done
+                               else [])
             result = engine.update_from_output(out, ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
                 logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
@@ -221,7 +220,6 @@ def run_vllm(requests: Iterator[TraceRequest], settings: Settings, install: Inst
                         record = records.pop(o.request_id)
                         record.finished_step = replay.steps
                         replay.finished(record)
-                        index.pop(o.request_id)
             replay.steps += 1
             replay.generated_tokens += sum(1 for s in sampled if s)
             clock += max(settings.step_ms, 1000.0 * out.total_num_scheduled_tokens / settings.tokens_per_s)
