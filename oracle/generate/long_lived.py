@@ -5,19 +5,11 @@ defect of a pool's own data structures that shows only after many
 operations on one pool (a free queue with lazy deletion that compacts, an
 index that rehashes, a free list that grows) goes unseen.  :class:`LongLived`
 keeps one pool for the whole run and adds to the workload's steps what a
-long-lived engine does to it:
-
-* many hits on idle cached blocks between allocations (``revisit``: a
-  request re-reads a prompt served before; ``hit_storm``: several lookups
-  that take their hits and let them go again, so idle cached blocks leave
-  the middle of the free queue and rejoin its tail over and over);
-* long-running requests, which ``finish`` leaves alone until they have
-  decoded :data:`LONG_TOKENS` tokens (or are preempted when the pool runs dry);
-* repeated eviction and re-caching of the same blocks (``evict_recache``: a
-  running request's cached blocks are evicted and cached again, or a served
-  prompt's idle blocks are evicted and the prompt served again);
-* bursts that drain the free queue (``burst``: requests are admitted a few
-  per step until an allocation is refused, then released a few per step).
+long-lived engine does to it (each step says how): many hits on idle cached
+blocks between allocations (``revisit``, ``hit_storm``), long-running
+requests (which ``finish`` leaves alone until they hold :data:`LONG_TOKENS`
+tokens), eviction and re-caching of the same blocks (``evict_recache``), and
+bursts that drain the free queue (``burst``).
 
 Every call keeps to the model's caller contracts, misuse on or off as in
 the workload; each step costs the same on any pool size (the workload's

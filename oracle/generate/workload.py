@@ -19,11 +19,9 @@ the same class freed through the first.  Each call keeps to the model's
 caller contracts (a block is written only with its owner's prefix, replaced
 only by its sole owner), so a correct pool never diverges.
 
-This module holds the engine-like steps and the loop that draws them; a
-run's shape and requests in flight are :mod:`.runs`, what requests read
-:mod:`.requests`, the legal entries on a request's own blocks
-:mod:`.entries`, the second pool :mod:`.two_pools`, and the deliberately
-wrong calls :mod:`.misuse`.
+This module holds the engine-like steps and the loop that draws them; what
+they draw on is in :mod:`.runs`, :mod:`.requests`, :mod:`.entries`,
+:mod:`.two_pools` and :mod:`.misuse` (the package says which holds what).
 """
 
 from __future__ import annotations
