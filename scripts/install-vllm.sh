@@ -116,6 +116,9 @@ VLLM_RUNTIME_PINS=(
     fastapi==0.136.3
     starlette==1.10.0
     annotated-doc==0.0.7
+    # the model registry's inspection of LlamaForCausalLM (kvpool replay --engine vllm), run in a
+    # subprocess whenever ~/.cache/vllm holds no answer for it: on a fresh machine, every time
+    einops==0.8.2
 )
 
 # --- 1. the virtual environment ------------------------------------------------
