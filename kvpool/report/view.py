@@ -17,46 +17,11 @@ picture of the pool.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from kvpool.report.elements import (
-    BLANK,
-    Alerts,
-    Bars,
-    Block,
-    BlockCell,
-    Cell,
-    Code,
-    Fact,
-    Failure,
-    Grid,
-    GridRow,
-    Heading,
-    Inline,
-    Layout,
-    Link,
-    Listing,
-    Names,
-    Panel,
-    Panels,
-    Para,
-    Picture,
-    Prose,
-    Report,
-    Result,
-    Row,
-    Section,
-    Stats,
-    Status,
-    StepView,
-    Strong,
-    Swatch,
-    Table,
-    Tinted,
-    Verdict,
-    Wording,
-)
+from kvpool.report import elements as e
 
 __all__ = ["Doc", "build"]
 
@@ -82,23 +47,30 @@ SECTION_OF_PHASE = {"agreement": "proof-matrix", **{p: s[0] for p, s in PHASE_SE
 """Which section shows each phase (the agreement of the encoding with the model is about the
 proofs of the matrix)."""
 
+NONE = e.Para("none", muted=True)
+"""What an empty count says on the page."""
+
 Failing = list[tuple[str, Mapping[str, Any]]]
 """Failing cases with their phase name, in document order (numbered from 1 on the page)."""
 
+Body = Callable[[Mapping[str, Any]], Sequence[e.Block]]
+"""What a phase's section shows, from the phase."""
 
-def build(doc: Doc) -> Report:
+ProofCells = list[tuple[str, str, Mapping[str, Any]]]
+"""Proof results as (column, row, result)."""
+
+
+def build(doc: Doc) -> e.Report:
     """The report for ``doc``; sections always appear, in this order, whatever the run included."""
     failing = _failing_cases(doc)
-    bodies: dict[str, Callable[[Mapping[str, Any]], Sequence[Block]]] = {
+    bodies: dict[str, Body] = {
         "proofs": lambda p: _proofs(doc, p, failing), "seeded-bugs": _seeded, "bmc": _bmc,
         "lockstep": _lockstep, "refinement": _refinement, "conformance": _conformance, "traces": _traces}
     rest = (_invariants(doc), _claims(doc),
             *(_phase_section(doc, name, bodies[name]) for name in PHASE_SECTIONS), _reference(doc))
-    if failing:  # a failed run opens with its counterexamples, step by step
-        return Report(f"kvpool verify — {_verdict(doc)}",
-                      (_summary(doc, failing), _failures(doc, failing), *rest))
-    return Report(f"kvpool verify — {_verdict(doc)}", (_summary(doc, failing), *rest,
-                                                       _failures(doc, failing)))
+    failures = _failures(doc, failing)  # a failed run opens with its counterexamples, step by step
+    return e.Report(f"kvpool verify — {_verdict(doc)}",
+                    (_summary(doc, failing), *((failures, *rest) if failing else (*rest, failures))))
 
 
 # --------------------------------------------------------------------------
@@ -158,79 +130,75 @@ def _yes(flag: Any) -> str:
     return "yes" if flag else "no"
 
 
-def _joined(sep: str, parts: Iterable[Inline]) -> tuple[Inline, ...]:
+def _joined(sep: str, parts: Iterable[e.Inline]) -> tuple[e.Inline, ...]:
     """``parts`` with ``sep`` between them, as one piece of text."""
-    out: list[Inline] = []
-    for part in parts:
-        out += [sep, part] if out else [part]
-    return tuple(out)
+    return tuple(x for i, part in enumerate(parts) for x in ((sep, part) if i else (part,)))
 
 
-def _phase_section(doc: Doc, name: str, body: Callable[[Mapping[str, Any]], Sequence[Block]]) -> Section:
+def _phase_section(doc: Doc, name: str, body: Body) -> e.Section:
     """A phase's section: ``body`` where the phase ran, else what became of it (the section stays,
     so the report's shape never changes)."""
     sid, title, nav, said = PHASE_SECTIONS[name]
     phase = _phase(doc, name)
     state = _phase_state(phase)
     if phase is None or phase.get("skipped"):
-        return Section(sid, title, nav, (Para(Wording(f"{said} {state}.", f"This phase was {state}."),
-                                              muted=True),), state)
-    return Section(sid, title, nav, tuple(body(phase)), state)
+        return e.Section(sid, title, nav, (e.Para(e.Wording(f"{said} {state}.", f"This phase was {state}."),
+                                                  muted=True),), state)
+    return e.Section(sid, title, nav, tuple(body(phase)), state)
 
 
 # --------------------------------------------------------------------------
 # Summary and claims.
 
 
-def _summary(doc: Doc, failing: Failing) -> Section:
+def _summary(doc: Doc, failing: Failing) -> e.Section:
     """Verdict, exit code, budget and one row per phase: what a pipeline owner reads first."""
-    verdict = Verdict(
+    verdict = e.Verdict(
         bool(doc.get("ok")), _verdict(doc),
-        (Fact("exit code", str(doc.get("exit_code"))), Fact("profile", str(doc.get("profile")), code=True),
-         Fact("total", _secs(doc.get("seconds")))),
+        (e.Fact("exit code", str(doc.get("exit_code"))),
+         e.Fact("profile", str(doc.get("profile")), code=True), e.Fact("total", _secs(doc.get("seconds")))),
         "budget", tuple((str(k), str(v)) for k, v in doc.get("budget", {}).items()),
         ("started ", str(doc.get("started")), " · kvpool ", str(doc.get("kvpool_version")), " · schema ",
-         Code(str(doc.get("schema")))))
+         e.Code(str(doc.get("schema")))))
     rows = []
     for p in doc.get("phases", []):
-        cases = p.get("cases", [])
-        good = sum(1 for c in cases if c.get("ok"))
-        name = str(p.get("name"))
-        rows.append(Row((Link(SECTION_OF_PHASE.get(name, name), name), Status(_phase_state(p)),
-                         f"{good}/{len(cases)}", _secs(p.get("seconds")))))
-    blocks: list[Block] = [verdict, Table(("phase", "status", "cases passed", "time"), tuple(rows), "phases")]
+        cases, name = p.get("cases", []), str(p.get("name"))
+        rows.append(e.Row((e.Link(SECTION_OF_PHASE.get(name, name), name), e.Status(_phase_state(p)),
+                           f"{sum(1 for c in cases if c.get('ok'))}/{len(cases)}", _secs(p.get("seconds")))))
+    blocks: list[e.Block] = [verdict,
+                             e.Table(("phase", "status", "cases passed", "time"), tuple(rows), "phases")]
     if failing:
-        blocks.append(Alerts(f"{len(failing)} failing case(s)", ("failures", "Failures"), tuple(
-            (Link(f"failure-{i}", (str(phase), ": ", Code(str(c.get("id"))))), " — ",
+        blocks.append(e.Alerts(f"{len(failing)} failing case(s)", ("failures", "Failures"), tuple(
+            (e.Link(f"failure-{i}", (str(phase), ": ", e.Code(str(c.get("id"))))), " — ",
              str((c.get("failure") or {}).get("message", "")))
             for i, (phase, c) in enumerate(failing, 1))))
-    return Section("summary", "Summary", "Summary", tuple(blocks))
+    return e.Section("summary", "Summary", "Summary", tuple(blocks))
 
 
-def _invariants(doc: Doc) -> Section:
+def _invariants(doc: Doc) -> e.Section:
     """What is claimed: each invariant with its docstring and whether z3 sees it."""
-    rows = tuple(Row((Code(str(i.get("name"))), str(i.get("doc", "")),
-                      Wording("yes", Tinted("z3", "good")) if i.get("encoded")
-                      else Wording("no — model/BMC only", Tinted("model/BMC only", "quiet"))))
+    rows = tuple(e.Row((e.Code(str(i.get("name"))), str(i.get("doc", "")),
+                        e.Wording("yes", e.Tinted("z3", "good")) if i.get("encoded")
+                        else e.Wording("no — model/BMC only", e.Tinted("model/BMC only", "quiet"))))
                  for i in doc.get("invariants", []))
-    return Section("invariants", "Invariants", "Invariants", (
-        Table(("invariant", "meaning", Wording("z3-encoded", "encoded")), rows),))
+    return e.Section("invariants", "Invariants", "Invariants", (
+        e.Table(("invariant", "meaning", e.Wording("z3-encoded", "encoded")), rows),))
 
 
-def _claims(doc: Doc) -> Section:
+def _claims(doc: Doc) -> e.Section:
     """How each property is known: the reviewer's one page (``kvpool claims``)."""
     claims = doc.get("claims")
     if not claims:
-        return Section("claims", "Claims", "Claims", (
-            Para("This document carries no claims table (kvpool claims --from FILE rebuilds it).",
-                 muted=True),))
-    rows = tuple(Row((Code(str(c.get("property"))), str(c.get("kind", "")), str(c.get("z3", "")),
-                      str(c.get("bmc", "")),
-                      ", ".join(c.get("bugs") or []) if c.get("bugs") is not None else "not run"))
+        return e.Section("claims", "Claims", "Claims", (
+            e.Para("This document carries no claims table (kvpool claims --from FILE rebuilds it).",
+                   muted=True),))
+    rows = tuple(e.Row((e.Code(str(c.get("property"))), str(c.get("kind", "")), str(c.get("z3", "")),
+                        str(c.get("bmc", "")),
+                        ", ".join(c.get("bugs") or []) if c.get("bugs") is not None else "not run"))
                  for c in claims)
-    return Section("claims", "Claims: what establishes each property", "Claims", (
-        Table(("property", "kind", "z3, any pool size", "bounded model checking",
-               "seeded bugs that break it"), rows),))
+    return e.Section("claims", "Claims: what establishes each property", "Claims", (
+        e.Table(("property", "kind", "z3, any pool size", "bounded model checking",
+                 "seeded bugs that break it"), rows),))
 
 
 # --------------------------------------------------------------------------
@@ -244,7 +212,7 @@ def _invariant_rows(doc: Doc, proofs: Mapping[str, Any]) -> list[Any]:
     return [*documented, *dict.fromkeys(name for row in cells for name in row if name not in documented)]
 
 
-def _proof_cells(proofs: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
+def _proof_cells(proofs: Mapping[str, Any]) -> ProofCells:
     """Every proof result as (column, row, result): initial, matrix and precondition checks."""
     out = [("initial", inv, r) for inv, r in proofs.get("initial", {}).items()]
     out += [(step, inv, r) for step, row in proofs.get("matrix", {}).items() for inv, r in row.items()]
@@ -252,16 +220,13 @@ def _proof_cells(proofs: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str,
     return out
 
 
-def _proof_links(proofs: Mapping[str, Any], failing: Failing) -> dict[tuple[str, str], str]:
+def _proof_links(cells: ProofCells, failing: Failing) -> dict[tuple[str, str], str]:
     """Failure anchors by (column, invariant), matched on the case id's path segments."""
     out: dict[tuple[str, str], str] = {}
-    cells = _proof_cells(proofs)
     for i, (phase, case) in enumerate(failing, 1):
-        if phase != "proofs":
-            continue
         segs = set(str(case.get("id", "")).split("/"))
         for col, inv, _r in cells:
-            if col in segs and inv in segs:
+            if phase == "proofs" and col in segs and inv in segs:
                 out.setdefault((col, inv), f"failure-{i}")
     return out
 
@@ -271,11 +236,11 @@ def _mark(r: Mapping[str, Any]) -> str:
     return MARK.get(str(r.get("status")), "?")
 
 
-def _result(r: Mapping[str, Any] | None, link: str | None = None) -> Cell:
+def _result(r: Mapping[str, Any] | None, link: str | None = None) -> e.Cell:
     """A grid cell for a proof result; ``None`` (not produced) stays ``None``."""
     if r is None:
         return None
-    return Result(str(r.get("status")), _mark(r), _secs(r.get("seconds")), link)
+    return e.Result(str(r.get("status")), _mark(r), _secs(r.get("seconds")), link)
 
 
 def _mark_and_time(r: Mapping[str, Any] | None) -> str:
@@ -283,171 +248,164 @@ def _mark_and_time(r: Mapping[str, Any] | None) -> str:
     return "—" if r is None else f"{_mark(r)} {_secs(r.get('seconds'))}"
 
 
-def _proofs(doc: Doc, proofs: Mapping[str, Any], failing: Failing) -> Sequence[Block]:
+def _proofs(doc: Doc, proofs: Mapping[str, Any], failing: Failing) -> Sequence[e.Block]:
     """The action x invariant matrix, with what is not encoded, coverage and what took longest."""
     steps = list(proofs.get("steps") or proofs.get("matrix", {}).keys())
-    matrix, initial = proofs.get("matrix", {}), proofs.get("initial", {})
-    not_encoded, links = proofs.get("not_encoded", {}), _proof_links(proofs, failing)
-    rows = []
-    for inv in _invariant_rows(doc, proofs):
-        if inv in not_encoded and inv not in initial:
-            rows.append(GridRow(Code(str(inv)), kind="note", short="n/e",
-                                long=f"not encoded: {not_encoded[inv]}"))
-            continue
-        rows.append(GridRow(Code(str(inv)), (_result(initial.get(inv), links.get(("initial", inv))), *(
-            _result(matrix.get(s, {}).get(inv), links.get((s, inv))) for s in steps))))
-    enabled = proofs.get("enabled", {})
-    rows.append(GridRow("precondition satisfiable", (BLANK, *(
+    matrix, initial, enabled = proofs.get("matrix", {}), proofs.get("initial", {}), proofs.get("enabled", {})
+    cells, not_encoded = _proof_cells(proofs), proofs.get("not_encoded", {})
+    links = _proof_links(cells, failing)
+    rows = [e.GridRow(e.Code(str(inv)), kind="note", short="n/e", long=f"not encoded: {not_encoded[inv]}")
+            if inv in not_encoded and inv not in initial else
+            e.GridRow(e.Code(str(inv)), (_result(initial.get(inv), links.get(("initial", inv))), *(
+                _result(matrix.get(s, {}).get(inv), links.get((s, inv))) for s in steps)))
+            for inv in _invariant_rows(doc, proofs)]
+    rows.append(e.GridRow("precondition satisfiable", (e.BLANK, *(
         _result(enabled.get(s), links.get((s, "precondition satisfiable"))) for s in steps)), kind="aside"))
-    cells = _proof_cells(proofs)
     proven = sum(1 for c in cells if c[2].get("status") == "proven")
-    blocks: list[Block] = [
-        Para((f"{proven}/{len(cells)} checks proven in {_secs(proofs.get('seconds'))}. ", Wording(
+    blocks: list[e.Block] = [
+        e.Para((f"{proven}/{len(cells)} checks proven in {_secs(proofs.get('seconds'))}. ", e.Wording(
             "Rows are invariants, columns the initial state and each symbolic step "
             "(✓ proven, ✗ counterexample, ? unknown, n/e not encoded).",
             ("Rows are invariants; columns the initial state and each symbolic step. ",
-             Swatch("proven", "✓ proven"), " ", Swatch("counterexample", "✗ counterexample"), " ",
-             Swatch("unknown", "? unknown"))))),
-        Grid("invariant", ("initial",), tuple(str(s) for s in steps), tuple(rows))]
+             e.Swatch("proven", "✓ proven"), " ", e.Swatch("counterexample", "✗ counterexample"), " ",
+             e.Swatch("unknown", "? unknown"))))),
+        e.Grid("invariant", ("initial",), tuple(str(s) for s in steps), tuple(rows))]
     if not_encoded:  # the page says why in the matrix row itself
-        blocks.append(Layout((Para((Strong("Not encoded in z3"), " (checked by the model and BMC only):")),
-                              Listing(tuple((Code(str(k)), ": ", str(v)) for k, v in not_encoded.items()))),
-                             ()))
+        blocks.append(e.Layout((
+            e.Para((e.Strong("Not encoded in z3"), " (checked by the model and BMC only):")),
+            e.Listing(tuple((e.Code(str(k)), ": ", str(v)) for k, v in not_encoded.items()))), ()))
     if proofs.get("covers"):
-        blocks.append(Para((Strong("Model actions → steps:"), " ", *_joined("; ", (
-            (Code(str(a)), " = ", *_joined(" + ", (Code(str(s)) for s in st)))
+        blocks.append(e.Para((e.Strong("Model actions → steps:"), " ", *_joined("; ", (
+            (e.Code(str(a)), " = ", *_joined(" + ", (e.Code(str(s)) for s in st)))
             for a, st in proofs["covers"].items())))))
     slowest = sorted(cells, key=lambda c: -float(c[2].get("seconds") or 0))[:SLOWEST]
     if slowest:
-        blocks.append(Layout(
-            (Para((Strong("Slowest proofs:"), " ", *_joined(", ", (
-                (Code(f"{col} / {inv}"), " ", _mark_and_time(r)) for col, inv, r in slowest)))),),
-            (Para(Strong("Slowest proofs")), Listing(tuple(
-                (Code(str(col)), " / ", Code(str(inv)), ": ", _mark_and_time(r)) for col, inv, r in slowest),
-                numbered=True, style="slowest"))))
+        blocks.append(e.Layout(
+            (e.Para((e.Strong("Slowest proofs:"), " ", *_joined(", ", (
+                (e.Code(f"{col} / {inv}"), " ", _mark_and_time(r)) for col, inv, r in slowest)))),),
+            (e.Para(e.Strong("Slowest proofs")), e.Listing(tuple(
+                (e.Code(str(col)), " / ", e.Code(str(inv)), ": ", _mark_and_time(r))
+                for col, inv, r in slowest), numbered=True, style="slowest"))))
     if proofs.get("order"):
         blocks += _order(proofs["order"])
     return blocks
 
 
-def _order(order: Mapping[str, Any]) -> list[Block]:
+def _order(order: Mapping[str, Any]) -> list[e.Block]:
     """The eviction-order proofs (``proofs/order.py``): queue steps x properties."""
     steps = list(order.get("steps", []))
-    rows = [GridRow(Code(str(p)), tuple(_result(order.get("matrix", {}).get(s, {}).get(p)) for s in steps))
-            for p in order.get("properties", [])]
-    rows.append(GridRow("precondition satisfiable", tuple(
+    rows = [e.GridRow(e.Code(str(p)), tuple(_result(order.get("matrix", {}).get(s, {}).get(p))
+                                            for s in steps)) for p in order.get("properties", [])]
+    rows.append(e.GridRow("precondition satisfiable", tuple(
         _result(order.get("enabled", {}).get(s)) for s in steps), kind="aside"))
     initial = order.get("initial")
-    return [Heading("Eviction order", "order-matrix"),
-            Para(("The free queue as a sequence of places (", Code("proofs/order.py"),
-                  "); initial queue well formed: ",
-                  Wording(_mark_and_time(initial), _mark(initial or {})), ".")),
-            Grid("property", (), tuple(str(s) for s in steps), tuple(rows))]
+    return [e.Heading("Eviction order", "order-matrix"),
+            e.Para(("The free queue as a sequence of places (", e.Code("proofs/order.py"),
+                    "); initial queue well formed: ",
+                    e.Wording(_mark_and_time(initial), _mark(initial or {})), ".")),
+            e.Grid("property", (), tuple(str(s) for s in steps), tuple(rows))]
 
 
 # --------------------------------------------------------------------------
 # The other phases.
 
 
-def _seeded(phase: Mapping[str, Any]) -> Sequence[Block]:
+def _seeded(phase: Mapping[str, Any]) -> Sequence[e.Block]:
     """Deliberately broken transitions, and what caught each: evidence the checks have teeth."""
-    rows = tuple(Row((Code(str(b.get("name"))), str(b.get("story", "")),
-                      Names(tuple(str(r) for r in b["refuted_by"])) if b.get("refuted_by")
-                      else Status("not refuted", loud=True), str(b.get("method", ""))))
+    rows = tuple(e.Row((e.Code(str(b.get("name"))), str(b.get("story", "")),
+                        e.Names(tuple(str(r) for r in b["refuted_by"])) if b.get("refuted_by")
+                        else e.Status("not refuted", loud=True), str(b.get("method", ""))))
                  for b in phase.get("bugs", []))
-    return [Table(("bug", "story", "refuted by", "method"), rows)]
+    return [e.Table(("bug", "story", "refuted by", "method"), rows)]
 
 
-def _bmc(phase: Mapping[str, Any]) -> Sequence[Block]:
+def _depth(run: Mapping[str, Any]) -> str:
+    """A search's depth against its target."""
+    return f"{_num(run.get('depth'))} / {_num(run.get('depth_target'))}"
+
+
+def _bmc(phase: Mapping[str, Any]) -> Sequence[e.Block]:
     """Each bounded run: how deep it got against its target, and how much it explored."""
-    rows = tuple(Row((Code(str(r.get("name"))), Status(_passed(r.get("ok"))), _num(r.get("blocks")),
-                      _num(r.get("hash_block_size")),
-                      f"{_num(r.get('depth'))} / {_num(r.get('depth_target'))}", _num(r.get("states")),
-                      _num(r.get("transitions")), _yes(r.get("complete")), _secs(r.get("seconds"))))
+    rows = tuple(e.Row((e.Code(str(r.get("name"))), e.Status(_passed(r.get("ok"))), _num(r.get("blocks")),
+                        _num(r.get("hash_block_size")), _depth(r), _num(r.get("states")),
+                        _num(r.get("transitions")), _yes(r.get("complete")), _secs(r.get("seconds"))))
                  for r in phase.get("runs", []))
-    return [Table(("run", "status", "blocks", "hbs", "depth reached / target", "states", "transitions",
-                   "complete", "time"), rows, "num")]
+    return [e.Table(("run", "status", "blocks", "hbs", "depth reached / target", "states", "transitions",
+                     "complete", "time"), rows, "num")]
 
 
-def _counts(counts: Mapping[str, Any], what: str, unit: str) -> Bars:
+def _counts(counts: Mapping[str, Any], what: str, unit: str) -> e.Bars:
     """A {name: count} mapping, most frequent first, so rare operations stand out at the bottom."""
     items = sorted(counts.items(), key=lambda kv: (-(kv[1] or 0), kv[0]))
     top = max((float(v or 0) for _k, v in items), default=0.0) or 1.0
-    return Bars((what, Wording(unit, "count")),
-                tuple((str(k), _num(v), 100 * float(v or 0) / top) for k, v in items))
+    return e.Bars((what, e.Wording(unit, "count")),
+                  tuple((str(k), _num(v), 100 * float(v or 0) / top) for k, v in items))
 
 
-def _lockstep(phase: Mapping[str, Any]) -> Sequence[Block]:
+def _lockstep(phase: Mapping[str, Any]) -> Sequence[e.Block]:
     """Differential statistics: volume, speed, and how much of the API and its refusals it exercised."""
-    impl = Code(str(phase.get("implementation")))
+    impl = e.Code(str(phase.get("implementation")))
     runs, calls = _num(phase.get("runs")), _num(phase.get("calls"))
     rate, secs = _num(phase.get("calls_per_second")), _secs(phase.get("seconds"))
     ops = _counts(phase.get("operations", {}), "operation", "calls")
     errs = _counts(phase.get("errors", {}), "error", "times")
-    configs = tuple(Row((_num(c.get("seed")), _num(c.get("num_blocks")), _yes(c.get("caching")),
-                         _num(c.get("hash_block_size")), _yes(c.get("events"))))
+    configs = tuple(e.Row((_num(c.get("seed")), _num(c.get("num_blocks")), _yes(c.get("caching")),
+                           _num(c.get("hash_block_size")), _yes(c.get("events"))))
                     for c in phase.get("configs", []))
-    none = Para("none", muted=True)
     return [
-        Layout((Para((Status(_phase_state(phase)), " · implementation ", impl,
-                      f" · {runs} runs · {calls} calls · {rate} calls/s · {secs}")),),
-               (Para(("implementation ", impl)),
-                Stats((("runs", runs), ("calls", calls), ("calls/s", rate), ("time", secs))))),
-        Panels((
-            Panel("Operations covered", (ops if ops.items else Layout((ops,), (none,)),)),
-            Panel("Errors exercised", (errs if errs.items else none,)),
-            Panel("Configurations", (Table(("seed", "blocks", "caching", Wording("hash block size", "hbs"),
-                                             "events"), configs, "num"),)),
+        e.Layout((e.Para((e.Status(_phase_state(phase)), " · implementation ", impl,
+                          f" · {runs} runs · {calls} calls · {rate} calls/s · {secs}")),),
+                 (e.Para(("implementation ", impl)),
+                  e.Stats((("runs", runs), ("calls", calls), ("calls/s", rate), ("time", secs))))),
+        e.Panels((
+            e.Panel("Operations covered", (ops if ops.items else e.Layout((ops,), (NONE,)),)),
+            e.Panel("Errors exercised", (errs if errs.items else NONE,)),
+            e.Panel("Configurations", (e.Table(("seed", "blocks", "caching",
+                                                e.Wording("hash block size", "hbs"), "events"),
+                                               configs, "num"),)),
         ))]
 
 
-def _refinement(phase: Mapping[str, Any]) -> Sequence[Block]:
+def _refinement(phase: Mapping[str, Any]) -> Sequence[e.Block]:
     """Each small pool: every call sequence to a depth, kvpool.impl beside the model."""
-    rows = tuple(Row((str(r.get("name")), Status(_passed(r.get("ok"))),
-                      f"{_num(r.get('depth'))} / {_num(r.get('depth_target'))}", _num(r.get("states")),
-                      _num(r.get("sequences")), _num(sum((r.get("misuse") or {}).values())),
-                      _num(r.get("contract_breaches")), _yes(r.get("complete")), _secs(r.get("seconds"))))
+    rows = tuple(e.Row((str(r.get("name")), e.Status(_passed(r.get("ok"))), _depth(r), _num(r.get("states")),
+                        _num(r.get("sequences")), _num(sum((r.get("misuse") or {}).values())),
+                        _num(r.get("contract_breaches")), _yes(r.get("complete")), _secs(r.get("seconds"))))
                  for r in phase.get("runs", []))
-    refusals: dict[str, int] = {}
+    refusals: Counter[str] = Counter()
     for r in phase.get("runs", []):
-        for kind, count in (r.get("refusals") or {}).items():
-            refusals[kind] = refusals.get(kind, 0) + int(count or 0)
-    none = Para("none", muted=True)
+        refusals.update({kind: int(count or 0) for kind, count in (r.get("refusals") or {}).items()})
     ops = _counts(phase.get("operations", {}), "operation", "calls")
-    return [
-        Table(("pool", "status", "depth reached / target", "model states", "sequences", "misuse calls",
-               "contract breaches skipped", "complete", "time"), rows, "num"),
-        Panels((Panel("Operations covered", (ops if ops.items else none,)),
-                Panel("Refusals exercised", (_counts(refusals, "refusal", "times")
-                                             if refusals else none,)))),
-    ]
+    return [e.Table(("pool", "status", "depth reached / target", "model states", "sequences", "misuse calls",
+                     "contract breaches skipped", "complete", "time"), rows, "num"),
+            e.Panels((e.Panel("Operations covered", (ops if ops.items else NONE,)),
+                      e.Panel("Refusals exercised",
+                              (_counts(refusals, "refusal", "times") if refusals else NONE,))))]
 
 
-def _conformance(phase: Mapping[str, Any]) -> Sequence[Block]:
+def _conformance(phase: Mapping[str, Any]) -> Sequence[e.Block]:
     """Per implementation: each conformance phase, how much it executed and whether it agreed."""
     rows = []
     for t in phase.get("targets", []):
-        rows.append(Row((str(t.get("name")), Code(str(t.get("spec"))), Status(_passed(t.get("ok"))), "",
-                         _secs(t.get("seconds"))), "group"))
-        rows += [Row(("", f"↳ {p.get('name')}", Status(_passed(p.get("ok"))), _num(p.get("executed")),
-                      _secs(p.get("seconds"))), "sub") for p in t.get("phases", [])]
+        rows.append(e.Row((str(t.get("name")), e.Code(str(t.get("spec"))), e.Status(_passed(t.get("ok"))), "",
+                           _secs(t.get("seconds"))), "group"))
+        rows += [e.Row(("", f"↳ {p.get('name')}", e.Status(_passed(p.get("ok"))), _num(p.get("executed")),
+                        _secs(p.get("seconds"))), "sub") for p in t.get("phases", [])]
     headers = ("implementation", "spec / phase", "status", "executed", "time")
-    body: Block = (Table(headers, tuple(rows), "conf") if rows
-                   else Para("No implementation given.", muted=True))
-    return [body, *_targets_described(phase.get("targets", []))]
+    return [e.Table(headers, tuple(rows), "conf") if rows else e.Para("No implementation given.", muted=True),
+            *_targets_described(phase.get("targets", []))]
 
 
-def _targets_described(targets: Sequence[Mapping[str, Any]]) -> list[Block]:
+def _targets_described(targets: Sequence[Mapping[str, Any]]) -> list[e.Block]:
     """What was checked of each pool under test: how it was observed, misuse, what it was asked."""
-    out: list[Block] = []
+    out: list[e.Block] = []
     for t in targets:
         level = t.get("observation") or {}
         skipped = [n for n, how in (level.get("checks") or {}).items() if str(how).startswith("skipped")]
         seen = f"observed {level.get('level', '?')}" + (
             f" (not shown by this pool: {', '.join(skipped)})" if skipped else "")
-        ops = t.get("operations") or {}
-        refusals = t.get("refusals") or {}
-        out.append(Para(
+        ops, refusals = t.get("operations") or {}, t.get("refusals") or {}
+        out.append(e.Para(
             f"{t.get('name')}: {seen}; {t.get('misuse', '')}; "
             f"{sum(ops.values()):,} calls over {len(ops)} operations"
             + (f", {sum(refusals.values()):,} refused ({', '.join(sorted(refusals))})" if refusals else "")
@@ -455,71 +413,67 @@ def _targets_described(targets: Sequence[Mapping[str, Any]]) -> list[Block]:
     return out
 
 
-def _traces(phase: Mapping[str, Any]) -> Sequence[Block]:
+def _traces(phase: Mapping[str, Any]) -> Sequence[e.Block]:
     """Recorded traces and event streams checked, one row each."""
-    rows = tuple(Row((Code(str(f.get("path"))), str(f.get("kind")), Status(_passed(f.get("ok"))),
-                      _num(f.get("steps")))) for f in phase.get("files", []))
-    body: Block = (Table(("file", "kind", "status", "steps"), rows) if rows
-                   else Para("No file given.", muted=True))
-    return [body]
+    rows = tuple(e.Row((e.Code(str(f.get("path"))), str(f.get("kind")), e.Status(_passed(f.get("ok"))),
+                        _num(f.get("steps")))) for f in phase.get("files", []))
+    return [e.Table(("file", "kind", "status", "steps"), rows) if rows
+            else e.Para("No file given.", muted=True)]
 
 
-def _reference(doc: Doc) -> Section:
+def _reference(doc: Doc) -> e.Section:
     """The documented reference differences, nested under this report's headings."""
     text = str(doc.get("reference_differences") or "").strip()
-    return Section("reference-differences", "Reference differences", "Reference differences",
-                   (Prose(text, 2, "None documented."),))
+    return e.Section("reference-differences", "Reference differences", "Reference differences",
+                     (e.Prose(text, 2, "None documented."),))
 
 
 # --------------------------------------------------------------------------
 # Failures, their traces and pictures of the pool.
 
 
-def _failures(doc: Doc, failing: Failing) -> Section:
+def _failures(doc: Doc, failing: Failing) -> e.Section:
     """Every failure in full; a passing run says so."""
     if not failing:
         text = "None." if doc.get("ok") else "The run failed but recorded no failing case."
-        return Section("failures", "Failures", "Failures", (Para(text, muted=True),))
-    return Section("failures", "Failures", "Failures",
-                   tuple(_failure(i, str(phase), c) for i, (phase, c) in enumerate(failing, 1)),
-                   "failed", len(failing))
+        return e.Section("failures", "Failures", "Failures", (e.Para(text, muted=True),))
+    return e.Section("failures", "Failures", "Failures",
+                     tuple(_failure(i, str(phase), c) for i, (phase, c) in enumerate(failing, 1)),
+                     "failed", len(failing))
 
 
-def _failure(i: int, phase: str, case: Mapping[str, Any]) -> Failure:
+def _failure(i: int, phase: str, case: Mapping[str, Any]) -> e.Failure:
     """A failing case: message, details, and its counterexample trace."""
     failure = case.get("failure") or {}
     trace = failure.get("trace") or []
-    if failure.get("kind") == "counterexample":  # a z3 model is its own counterexample
-        no_trace = "No trace: the counterexample is the solver model above."
-    else:
-        no_trace = "No trace recorded."
-    return Failure(i, f"failure-{i}", str(case.get("name")), str(failure.get("kind", "failed")), phase,
-                   str(case.get("id")), _secs(case.get("seconds")), str(failure.get("message", "no message")),
-                   str(failure["details"]) if failure.get("details") else None,
-                   tuple(_step(s, same) for s, same in zip(trace, _unchanged(trace), strict=True)), no_trace)
+    no_trace = ("No trace: the counterexample is the solver model above."  # a z3 model is its own
+                if failure.get("kind") == "counterexample" else "No trace recorded.")
+    return e.Failure(i, f"failure-{i}", str(case.get("name")), str(failure.get("kind", "failed")), phase,
+                     str(case.get("id")), _secs(case.get("seconds")),
+                     str(failure.get("message", "no message")),
+                     str(failure["details"]) if failure.get("details") else None,
+                     tuple(_step(s, same) for s, same in zip(trace, _unchanged(trace), strict=True)),
+                     no_trace)
 
 
 def _unchanged(trace: Sequence[Mapping[str, Any]]) -> list[bool]:
     """Steps whose pool looks as after the step before (queries): drawn once, not again."""
-    out, prev = [], None
-    for step in trace:
-        pic = step.get("picture")
-        out.append(pic is not None and pic == prev and step.get("pool_picture") is None)
-        prev = pic
-    return out
+    pics = [step.get("picture") for step in trace]
+    return [pic is not None and pic == prev and step.get("pool_picture") is None
+            for step, pic, prev in zip(trace, pics, [None, *pics], strict=False)]
 
 
-def _step(step: Mapping[str, Any], unchanged: bool) -> StepView:
+def _step(step: Mapping[str, Any], unchanged: bool) -> e.StepView:
     """One trace step; on the diverging one, the model's pool and the implementation's."""
     differs = tuple(str(d) for d in step.get("differs") or [])
     fields, parts = _split_differs(differs)
     picture, actual = step.get("picture"), step.get("pool_picture")
     if actual is not None:
         picture = picture or {}
-    return StepView(str(step.get("index")), str(step.get("call")), str(step.get("outcome")),
-                tuple(str(c) for c in step.get("changes") or []),
-                None if picture is None else _picture(picture, fields, parts),
-                None if actual is None else _picture(actual, fields, parts), differs, unchanged)
+    return e.StepView(str(step.get("index")), str(step.get("call")), str(step.get("outcome")),
+                      tuple(str(c) for c in step.get("changes") or []),
+                      None if picture is None else _picture(picture, fields, parts),
+                      None if actual is None else _picture(actual, fields, parts), differs, unchanged)
 
 
 def _split_differs(differs: Iterable[str]) -> tuple[dict[int, set[str]], frozenset[str]]:
@@ -527,31 +481,30 @@ def _split_differs(differs: Iterable[str]) -> tuple[dict[int, set[str]], frozens
     fields: dict[int, set[str]] = {}
     parts: set[str] = set()
     for item in differs:
-        m = re.fullmatch(r"block (\d+)\.(\w+)", item)
-        if m:
+        if m := re.fullmatch(r"block (\d+)\.(\w+)", item):
             fields.setdefault(int(m.group(1)), set()).add(m.group(2))
         else:
             parts.add(item)
     return fields, frozenset(parts)
 
 
-def _picture(pic: Mapping[str, Any], fields: Mapping[int, set[str]], parts: frozenset[str]) -> Picture:
+def _picture(pic: Mapping[str, Any], fields: Mapping[int, set[str]], parts: frozenset[str]) -> e.Picture:
     """A pool picture (``kvpool.pictures``) with the differing fields and parts marked."""
     free, events = pic.get("free"), pic.get("events")
-    return Picture(
+    return e.Picture(
         tuple(_block(b, frozenset(fields.get(int(b.get("id", -1)), ()))) for b in pic.get("blocks", [])),
-        tuple((str(e.get("key")), str(e.get("blocks"))) for e in pic.get("index") or []),
+        tuple((str(x.get("key")), str(x.get("blocks"))) for x in pic.get("index") or []),
         None if free is None else tuple(str(b) for b in free), str(pic.get("num_free")),
-        None if events is None else tuple(str(e) for e in events), parts)
+        None if events is None else tuple(str(x) for x in events), parts)
 
 
-def _block(block: Mapping[str, Any], differs: frozenset[str]) -> BlockCell:
+def _block(block: Mapping[str, Any], differs: frozenset[str]) -> e.BlockCell:
     """A block: ref count, place in the eviction order, keys, and flags worth a glance."""
     free_pos, null = block.get("free_pos"), bool(block.get("null"))
     queue = f"evict #{free_pos}" if free_pos is not None else ("never free" if null else "in use")
     state: Literal["null", "free", "used"] = "null" if null else ("used" if free_pos is None else "free")
     key, tokens = block.get("key"), block.get("tokens")
-    return BlockCell(str(block.get("id")), state, str(block.get("ref")), queue, str(key) if key else None,
-                     None if tokens is None else str(tokens),
-                     tuple(str(k) for k in block.get("extra_keys") or []),
-                     tuple(m for m in ("null", "watched") if block.get(m)), differs)
+    return e.BlockCell(str(block.get("id")), state, str(block.get("ref")), queue, str(key) if key else None,
+                       None if tokens is None else str(tokens),
+                       tuple(str(k) for k in block.get("extra_keys") or []),
+                       tuple(m for m in ("null", "watched") if block.get(m)), differs)
