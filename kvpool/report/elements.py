@@ -409,18 +409,13 @@ class Renderer:
         if isinstance(x, tuple):
             return "".join(self.inline(part) for part in x)
         if isinstance(x, Wording):
-            return self.inline(x.markdown if self.side == "markdown" else x.html)
+            return self.inline(getattr(x, self.side))
         return self._draw(x)
 
     def blocks(self, blocks: Iterable[Block]) -> list[str]:
         """Each block drawn, a :class:`Layout` as this format's blocks."""
-        out: list[str] = []
-        for block in blocks:
-            if isinstance(block, Layout):
-                out += self.blocks(block.markdown if self.side == "markdown" else block.html)
-            else:
-                out.append(self._draw(block))
-        return out
+        return [drawn for block in blocks for drawn in (
+            self.blocks(getattr(block, self.side)) if isinstance(block, Layout) else [self._draw(block)])]
 
     def _draw(self, element: object) -> str:
         draw: Callable[[Any], str] = getattr(self, type(element).__name__.lower())

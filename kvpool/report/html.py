@@ -126,10 +126,8 @@ class Html(e.Renderer):
         rows = []
         for row in grid.rows:
             cls = f' class="{ROW_CLASS[row.kind]}"' if row.kind else ""
-            if row.kind == "note":
-                body = f'<td colspan="{len(grid.fixed) + len(grid.keys)}">{escape(row.long)}</td>'
-            else:
-                body = "".join(_cell(c) for c in row.cells)
+            body = (f'<td colspan="{len(grid.fixed) + len(grid.keys)}">{escape(row.long)}</td>'
+                    if row.kind == "note" else "".join(_cell(c) for c in row.cells))
             rows.append(f"<tr{cls}><th>{self.inline(row.label)}</th>{body}</tr>")
         return (f'<div class="scroll"><table class="matrix"><thead><tr>{head}</tr></thead>'
                 f'<tbody>{"".join(rows)}</tbody></table></div>')
@@ -186,10 +184,8 @@ HTML = Html()
 
 def _cell(cell: e.Cell) -> str:
     """A grid cell coloured by status; a failed one links to its counterexample."""
-    if cell is None:
-        return '<td class="na">—</td>'
-    if isinstance(cell, e.Blank):
-        return '<td class="na"></td>'
+    if cell is None or isinstance(cell, e.Blank):
+        return f'<td class="na">{"—" if cell is None else ""}</td>'
     text = f'{escape(cell.mark)} <span class="t">{escape(cell.seconds)}</span>'
     if cell.link:
         text = f'<a href="#{escape(cell.link)}">{text}</a>'

@@ -47,20 +47,23 @@ def _text(s: str) -> str:
     return out.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
+def _ticks(text: str, least: int) -> str:
+    """A backtick run longer than any inside ``text`` (and at least ``least`` long)."""
+    return "`" * max(least, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+
+
 def _code(s: str, in_table: bool = False) -> str:
     """An inline code span that survives backticks (and pipes, inside a table)."""
     text = s.replace("\r", " ").replace("\n", " ")
     if in_table:
         text = text.replace("|", "\\|")
-    ticks = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    ticks, pad = _ticks(text, 1), " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def _fence(text: str) -> str:
     """A fenced block longer than any backtick run inside, so the text cannot close it."""
-    ticks = "`" * max(3, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
-    return f"{ticks}\n{text.rstrip()}\n{ticks}"
+    return f"{_ticks(text, 3)}\n{text.rstrip()}\n{_ticks(text, 3)}"
 
 
 class Markdown(e.Renderer):
@@ -123,10 +126,8 @@ class Markdown(e.Renderer):
         rows = []
         for row in grid.rows:
             label = CELL.inline(row.label)
-            if row.kind == "note":
-                rows.append([label, *[_text(row.short)] * (len(grid.fixed) + len(grid.keys))])
-            else:
-                rows.append([f"*{label}*" if row.kind == "aside" else label, *(_cell(c) for c in row.cells)])
+            rows.append([label, *[_text(row.short)] * (len(headers) - 1)] if row.kind == "note" else
+                        [f"*{label}*" if row.kind == "aside" else label, *(_cell(c) for c in row.cells)])
         return _table(headers, rows)
 
     def bars(self, block: e.Bars) -> str:
@@ -187,11 +188,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 def _cell(cell: e.Cell) -> str:
     """A grid cell: status mark and time; a dash for a result the run did not produce."""
-    if cell is None:
-        return "—"
-    if isinstance(cell, e.Blank):
-        return ""
-    return f"{cell.mark} {cell.seconds}"
+    return "—" if cell is None else "" if isinstance(cell, e.Blank) else f"{cell.mark} {cell.seconds}"
 
 
 def _shift_headings(text: str, by: int) -> str:
@@ -217,11 +214,9 @@ def _step(step: e.StepView) -> str:
     if step.changes:
         lines.append("\n".join(f"- {_code(c)}" for c in step.changes))
     if step.actual is not None and step.picture is not None:
-        lines.append("Model (expected), `*` = differs from the implementation:")
-        lines.append(_fence(_picture(step.picture)))
-        lines.append("Implementation (actual):")
-        lines.append(_fence(_picture(step.actual)))
-        lines.append("Differs: " + (", ".join(_code(d) for d in step.differs) or "nothing drawn"))
+        lines += ["Model (expected), `*` = differs from the implementation:", _fence(_picture(step.picture)),
+                  "Implementation (actual):", _fence(_picture(step.actual)),
+                  "Differs: " + (", ".join(_code(d) for d in step.differs) or "nothing drawn")]
     elif step.unchanged:
         lines.append("*Pool unchanged.*")
     elif step.picture is not None:
@@ -255,9 +250,9 @@ def _picture(pic: e.Picture) -> str:
     star = {p: "*" if p in pic.differs else "" for p in ("free", "index", "num_free", "events")}
     index = "; ".join(f"{key} -> {blocks_}" for key, blocks_ in pic.index) or "(empty)"
     free = "None" if pic.free is None else "[" + ", ".join(pic.free) + "]"
-    out.append(f"{'index' + star['index']:<8}{index}")
-    out.append(f"{'free' + star['free']:<8}{free} (head = next evicted)"
-               f"   num_free{star['num_free']} {pic.num_free}")
     events = "(not observed)" if pic.events is None else "; ".join(pic.events) or "(none)"
-    out.append(f"{'events' + star['events']:<8}{events}")
+    out += [f"{'index' + star['index']:<8}{index}",
+            f"{'free' + star['free']:<8}{free} (head = next evicted)"
+            f"   num_free{star['num_free']} {pic.num_free}",
+            f"{'events' + star['events']:<8}{events}"]
     return "\n".join(out)

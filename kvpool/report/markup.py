@@ -41,17 +41,12 @@ def _inline(text: str) -> str:
     """Inline Markdown to HTML: code spans, bold, italics; links keep their text only (no network)."""
     out = []
     for i, piece in enumerate(re.split(r"(`+)(.+?)\1", text)):
-        kind = i % 3
-        if kind == 1:
-            continue  # the backtick run of a code span
-        if kind == 2:
+        if i % 3 == 2:  # a code span's text (1: its backtick run, dropped)
             out.append(code(piece.strip()))
-            continue
-        s = escape(piece)
-        s = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", s)
-        s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
-        s = re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", s)
-        out.append(s)
+        elif i % 3 == 0:
+            s = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", escape(piece))
+            s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
+            out.append(re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", s))
     return "".join(out)
 
 
