@@ -75,9 +75,7 @@ def run_agreement(budget: Budget, progress: Progress) -> Phase:
         results.append(result)
         progress.advance(_pool_note(result[0]))
     phase.cases = _pool_cases(results, budget) + _cases(results, progress)
-    phase.seconds = time.perf_counter() - start
-    phase.extra = _figures(results, budget)
-    return phase
+    return phase.finish(start, _figures(results, budget))
 
 
 def _pool_note(r: Report) -> str:
@@ -111,48 +109,34 @@ def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Ca
     cases = []
     seconds = sum(r.seconds for r, _ in results)
     share = seconds / (len(CHECKED) + len(STEPS) + len(COMPARED_PROPERTIES) + 1)
-
-    def case(kind: str, name: str, counts: tuple[int, int], title: str, shown: str,
-             never: Any) -> None:
-        """One invariant's or step's case: its disagreements, or the side it was never seen on."""
-        bad = _examples(results, f"{kind}/{name}")
-        fail = None
-        if bad:
-            fail = _failure(bad, f"{title}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
-        elif not counts[1 if kind in ("invariant", "property") else 0]:
-            fail = never
-        cases.append(Case(f"agreement/{kind}/{name}", f"{title} ({shown})", fail is None, share, fail))
-        progress.advance("" if fail is None else fail["message"])
-
-    for name in CHECKED:
-        true = sum(r.invariants.get(name, [0, 0])[0] for r, _ in results)
-        false = sum(r.invariants.get(name, [0, 0])[1] for r, _ in results)
-        case("invariant", name, (true, false), f"z3's {name} equals the model's",
-             f"{true:,} true, {false:,} false",
-             failure("violation", f"{name} is never false on a checked state: its agreement is "
-                     "shown one way only",
-                     f"true on {true:,} states, false on none; add a perturbation that breaks it"))
-    for name in STEPS:
-        enabled = sum(r.steps.get(name, [0, 0])[0] for r, _ in results)
-        refused = sum(r.steps.get(name, [0, 0])[1] for r, _ in results)
-        case("step", name, (enabled, refused), f"z3 step {name} computes the model's calls",
-             f"{enabled:,} accepted, {refused:,} refused",
-             failure("violation", f"no call of step {name} was accepted: its result is never compared",
-                     f"refused {refused:,} times, accepted never"))
-    for name in COMPARED_PROPERTIES:
-        held = sum(r.properties.get(name, [0, 0])[0] for r, _ in results)
-        broken = sum(r.properties.get(name, [0, 0])[1] for r, _ in results)
-        never = failure(
-            "violation", f"{name} is never false on a compared transition: its agreement is shown one "
-            "way only", f"held on {held:,} transitions, broken on none; add an alteration that breaks it")
-        case("property", name, (held, broken), f"z3's step property {name} equals the model's",
-             f"{held:,} held, {broken:,} broken", never)
+    # One case per invariant, step and step property: its disagreements, or the side of its counts
+    # ((true, false), (accepted, refused), (held, broken)) it was never seen on, ``never`` and ``why``.
+    for kind, names, counted, side, title, shown, never, why in (
+            ("invariant", CHECKED, "invariants", 1, "z3's {} equals the model's", "{:,} true, {:,} false",
+             "{} is never false on a checked state: its agreement is shown one way only",
+             "true on {:,} states, false on none; add a perturbation that breaks it"),
+            ("step", STEPS, "steps", 0, "z3 step {} computes the model's calls",
+             "{:,} accepted, {:,} refused",
+             "no call of step {} was accepted: its result is never compared",
+             "refused {1:,} times, accepted never"),
+            ("property", COMPARED_PROPERTIES, "properties", 1, "z3's step property {} equals the model's",
+             "{:,} held, {:,} broken",
+             "{} is never false on a compared transition: its agreement is shown one way only",
+             "held on {:,} transitions, broken on none; add an alteration that breaks it")):
+        for name in names:
+            counts = [sum(getattr(r, counted).get(name, [0, 0])[i] for r, _ in results) for i in (0, 1)]
+            bad, heading = _examples(results, f"{kind}/{name}"), title.format(name)
+            fail = (_failure(bad, f"{heading}: {len(bad)} disagreement(s), first: {bad[0][1].detail}")
+                    if bad else None if counts[side]
+                    else failure("violation", never.format(name), why.format(*counts)))
+            cases.append(Case(f"agreement/{kind}/{name}", f"{heading} ({shown.format(*counts)})",
+                              fail is None, share, fail))
+            progress.advance("" if fail is None else fail["message"])
     queues = sum(r.queues for r, _ in results)
     bad = [x for key in sorted({k for r, _ in results for k in r.examples if k.startswith("queue/")})
            for x in _examples(results, key)]
-    fail = None if bad else (failure("violation", "no queue was compared", "") if not queues else None)
-    if bad:
-        fail = _failure(bad, f"the z3 queue steps and the model's queue differ: {bad[0][1].detail}")
+    fail = (_failure(bad, f"the z3 queue steps and the model's queue differ: {bad[0][1].detail}") if bad
+            else None if queues else failure("violation", "no queue was compared", ""))
     cases.append(Case("agreement/queue", f"the z3 queue with places leaves the model's queue, in order, "
                       f"after every accepted call ({queues:,})", fail is None, share, fail))
     progress.advance("" if fail is None else fail["message"])
@@ -169,10 +153,7 @@ def _cases(results: list[tuple[Report, Sampled]], progress: Progress) -> list[Ca
 
 
 def _examples(results: list[tuple[Report, Sampled]], case: str) -> list[tuple[Report, Disagreement]]:
-    out = []
-    for r, _s in results:
-        out += [(r, d) for d in r.examples.get(case, [])]
-    return out
+    return [(r, d) for r, _s in results for d in r.examples.get(case, [])]
 
 
 def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, Any]:
@@ -182,8 +163,7 @@ def _failure(bad: list[tuple[Report, Disagreement]], message: str) -> dict[str, 
     from kvpool.proofs import bmc
     from kvpool.proofs.agreement import show_state
 
-    trace = []
-    details = []
+    trace, details = [], []
     for i, (r, d) in enumerate(bad, start=1):
         cfg = bmc.Bounds(blocks=r.blocks, hash_block_size=r.hash_block_size)
         labels = bmc.key_labels(cfg)
@@ -209,15 +189,13 @@ def _tally(counts: list[dict[str, list[int]]], yes: str, no: str) -> dict[str, d
 
 
 def _figures(results: list[tuple[Report, Sampled]], budget: Budget) -> dict[str, Any]:
-    reports = [r for r, _ in results]
+    reports, samples = [r for r, _ in results], [s for _, s in results]
     skipped: Counter[str] = Counter()
     perturbations: Counter[str] = Counter()
     for r in reports:
         skipped.update(r.skipped)
         perturbations.update(r.perturbations)
-    calls = sum(r.transitions for r in reports)
-    busy = sum(r.cpu_seconds for r in reports)
-    samples = [s for _, s in results]
+    calls, busy = sum(r.transitions for r in reports), sum(r.cpu_seconds for r in reports)
     return {
         "scope": scope_text(budget),
         "pools": [{"name": f"{r.blocks} blocks, hash_block_size {r.hash_block_size}"
