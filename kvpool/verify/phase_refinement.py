@@ -115,10 +115,8 @@ def _one_pool(factory: Callable[..., Any] | None, pool: _Pool, budget: Budget) -
         from kvpool.impl import BlockPool  # lazy: kvpool's own pool, only as the default target
 
         factory = BlockPool
-    blocks, hbs, caching, events, depth = pool
-    shape = Shape(blocks, hbs, caching, events)
-    if budget.refinement_depth is not None:
-        depth = budget.refinement_depth
+    shape = Shape(*pool[:4])
+    depth = pool[4] if budget.refinement_depth is None else budget.refinement_depth
     try:
         out = refine(factory, shape, depth, budget.refinement_seconds, budget.refinement_symmetry)
     except Exception as exc:  # a crash of the search itself
@@ -159,12 +157,10 @@ def run_refinement(budget: Budget, progress: Progress, factory: Callable[..., An
             runs.append(run)
         operations.update(ops)
         progress.advance(note)
-    phase.seconds = time.perf_counter() - start
-    phase.extra = {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
-                   "sequences": sum(r["sequences"] for r in runs),
-                   "states": sum(r["states"] for r in runs),
-                   "operations": dict(sorted(operations.items()))}
-    return phase
+    return phase.finish(start, {"implementation": name, "symmetry": budget.refinement_symmetry, "runs": runs,
+                                "sequences": sum(r["sequences"] for r in runs),
+                                "states": sum(r["states"] for r in runs),
+                                "operations": dict(sorted(operations.items()))})
 
 
 __all__ = ["bmc_domain", "figures", "refine", "refinement_failure", "run_refinement"]

@@ -19,7 +19,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -63,6 +63,11 @@ class Phase:
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.cases)
+
+    def finish(self, start: float, extra: dict[str, Any]) -> Phase:
+        """This phase with its figures, timed from ``start`` (a ``time.perf_counter()``)."""
+        self.seconds, self.extra = time.perf_counter() - start, extra
+        return self
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "seconds": round(self.seconds, 3),
@@ -119,30 +124,24 @@ def run_proofs(budget: Budget, progress: Progress) -> Phase:
             r.detail, trace)))
         progress.advance("" if ok else f"{title}: {r.status}")
 
-    def figures(r: Result) -> dict[str, Any]:
-        return {"status": r.status, "seconds": round(r.seconds, 4)}
+    def figures(r: Any) -> dict[str, Any]:
+        """A result's status and time; of a table of results, each one's."""
+        if isinstance(r, Result):
+            return {"status": r.status, "seconds": round(r.seconds, 4)}
+        return {k: figures(v) for k, v in r.items()}
 
     start = time.perf_counter()
     proofs = prove_all(budget.timeout_ms, case)
     order = proofs.order
-    phase.extra = {
-        "steps": list(proofs.matrix),
-        "matrix": {st: {n: figures(r) for n, r in row.items()} for st, row in proofs.matrix.items()},
-        "initial": {n: figures(r) for n, r in proofs.initial.items()},
-        "enabled": {st: figures(r) for st, r in proofs.enabled.items()},
-        "lemmas": {n: figures(r) for n, r in proofs.lemmas.items()},
-        "properties": {p: {st: figures(r) for st, r in row.items()}
-                       for p, row in proofs.properties.items()},
-        "not_encoded": dict(NOT_ENCODED),
+    return phase.finish(start, {
+        "steps": list(proofs.matrix), "matrix": figures(proofs.matrix), "initial": figures(proofs.initial),
+        "enabled": figures(proofs.enabled), "lemmas": figures(proofs.lemmas),
+        "properties": figures(proofs.properties), "not_encoded": dict(NOT_ENCODED),
         "covers": {a: list(s) for a, s in COVERS.items()},
         "order": {  # the eviction order (proofs/order.py): the free queue as a sequence of places
-            "steps": list(QSTEPS), "properties": list(ORDER_PROPERTIES),
-            "initial": figures(order.initial),
-            "matrix": {st: {p: figures(r) for p, r in row.items()} for st, row in order.matrix.items()},
-            "enabled": {st: figures(r) for st, r in order.enabled.items()}},
-    }
-    phase.seconds = time.perf_counter() - start
-    return phase
+            "steps": list(QSTEPS), "properties": list(ORDER_PROPERTIES), "initial": figures(order.initial),
+            "matrix": figures(order.matrix), "enabled": figures(order.enabled)},
+    })
 
 
 def _proof_case(check: Check) -> tuple[str, str]:
@@ -227,9 +226,7 @@ def run_seeded_bugs(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN
         from .dead_weight import dead_weight_case  # it imports this module
 
         phase.cases.append(dead_weight_case(bugs))
-    phase.seconds = time.perf_counter() - start
-    phase.extra = {"bugs": bugs}
-    return phase
+    return phase.finish(start, {"bugs": bugs})
 
 
 def cut_failure(what: str, seconds: float, target: int, depth: int, flag: str) -> dict[str, Any]:
@@ -250,11 +247,10 @@ def bmc_failure(out: Any, cfg: Any) -> dict[str, Any]:
 
     labels = bmc.key_labels(cfg)
     label = labeller(labels)
-    trace = []
-    for number, step in enumerate(out.trace, start=1):
-        call = f"{step.action}({', '.join(bmc.show_arg(a) for a in step.args)})"
-        trace.append(trace_step(number, call, step.refusal or repr(step.result), bmc.describe(step, labels),
-                                picture_of_state(step.after, label)))
+    trace = [trace_step(number, f"{step.action}({', '.join(bmc.show_arg(a) for a in step.args)})",
+                        step.refusal or repr(step.result), bmc.describe(step, labels),
+                        picture_of_state(step.after, label))
+             for number, step in enumerate(out.trace, start=1)]
     return failure("violation", "breaks " + ", ".join(out.violation), bmc.format_trace(out, cfg), trace)
 
 
@@ -296,9 +292,7 @@ def run_bmc(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -> Pha
     phase.cases += [legal_case(), coverage_case(), misuse_case()]
     for case in phase.cases[-3:]:
         progress.advance(case.name)
-    phase.seconds = time.perf_counter() - start
-    phase.extra = {"runs": runs}
-    return phase
+    return phase.finish(start, {"runs": runs})
 
 
 def _one_call_away() -> tuple[Any, list[Any]]:
@@ -371,9 +365,7 @@ def legal_case() -> Case:
 def part_json(part: Any) -> dict[str, Any]:
     """A BMC part's figures; ``beyond`` packed as base64 of zlib'd (8-byte digest, 4-byte calls) rows."""
     rows = b"".join(d + made.to_bytes(4, "big") for d, made in sorted(part.beyond.items()))
-    return {"index": part.index + 1, "count": part.count, "split_depth": part.split_depth,
-            "frontier": part.frontier, "owned": part.owned, "prefix_states": part.prefix_states,
-            "prefix_transitions": part.prefix_transitions, "owned_transitions": part.owned_transitions,
+    return {**asdict(part), "index": part.index + 1,
             "beyond": base64.b64encode(zlib.compress(rows, 6)).decode("ascii")}
 
 
@@ -389,9 +381,8 @@ def part_from_json(data: dict[str, Any]) -> Any:
     if len(rows) % 12:
         raise ValueError("a BMC part's states are truncated")
     beyond = {rows[i:i + 8]: int.from_bytes(rows[i + 8:i + 12], "big") for i in range(0, len(rows), 12)}
-    return PartFigures(data["index"] - 1, data["count"], data["split_depth"], data["frontier"],
-                       data["owned"], data["prefix_states"], data["prefix_transitions"],
-                       data["owned_transitions"], beyond)
+    return PartFigures(**{**{f.name: data[f.name] for f in fields(PartFigures)}, "index": data["index"] - 1,
+                          "beyond": beyond})
 
 
 def divergence_failure(exc: BaseException, seed: int | None = None) -> dict[str, Any]:
@@ -430,22 +421,22 @@ def run_lockstep(budget: Budget, progress: Progress, shard: Shard = WHOLE_RUN) -
     for run in mine:
         seed = budget.seed + run
         run_start = time.perf_counter()
+        fail: dict[str, Any] | None
         try:
             pair = run_one(BlockPool, seed, budget.steps)
         except Exception as exc:
-            phase.cases.append(Case(f"lockstep/seed-{seed}", f"lockstep seed {seed}", False,
-                                    time.perf_counter() - run_start, divergence_failure(exc, seed)))
-            progress.advance(f"seed {seed}: DIVERGED")
-            continue
-        calls += pair.steps
-        operations.update(pair.ops_seen)
-        errors.update(pair.refusals_seen)
-        m = pair.model
-        configs.append({"seed": seed, "num_blocks": m.num_blocks, "caching": m.caching,
-                        "hash_block_size": m.hash_block_size, "events": m.events_on})
-        phase.cases.append(Case(f"lockstep/seed-{seed}", f"lockstep seed {seed}", True,
-                                time.perf_counter() - run_start))
-        progress.advance(f"seed {seed}: {pair.steps} calls agree")
+            fail, note = divergence_failure(exc, seed), f"seed {seed}: DIVERGED"
+        else:
+            fail, note = None, f"seed {seed}: {pair.steps} calls agree"
+            calls += pair.steps
+            operations.update(pair.ops_seen)
+            errors.update(pair.refusals_seen)
+            m = pair.model
+            configs.append({"seed": seed, "num_blocks": m.num_blocks, "caching": m.caching,
+                            "hash_block_size": m.hash_block_size, "events": m.events_on})
+        phase.cases.append(Case(f"lockstep/seed-{seed}", f"lockstep seed {seed}", fail is None,
+                                time.perf_counter() - run_start, fail))
+        progress.advance(note)
     phase.seconds = time.perf_counter() - start
     phase.extra = {"implementation": "kvpool.impl:BlockPool", "runs": len(mine), "calls": calls,
                    "calls_per_second": round(calls / phase.seconds) if phase.seconds else 0,
@@ -494,8 +485,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
             result = run(target.adapter, opts)
             results.append(result)
             progress.advance(f"{target.spec} {result.name}: {'ok' if result.ok else 'DIVERGED'}")
-        ok = all(r.ok for r in results)
-        seconds = sum(r.seconds for r in results)
+        ok, seconds = all(r.ok for r in results), sum(r.seconds for r in results)
         # The state machine's failure first: Hypothesis shrank it to a short trace.
         bad = next((r for r in reversed(results) if r.failure is not None), None)
         fail = None
@@ -515,9 +505,7 @@ def run_conformance(targets: Sequence[Target], budget: Budget, misuse: bool, ref
                      "operations": results[0].operations, "refusals": results[0].refusals})
         phase.cases.append(Case(f"conformance/{target.spec}", f"{target.spec} conforms", ok,
                                 seconds, fail))
-    phase.seconds = time.perf_counter() - start
-    phase.extra = {"targets": rows}
-    return phase
+    return phase.finish(start, {"targets": rows})
 
 
 def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
@@ -537,12 +525,9 @@ def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
         began = time.perf_counter()
         fail = None
         try:
-            if kind == "trace":
-                report: Any = check_trace(path, vllm_errors=vllm_errors)
-                count = report.steps
-            else:
-                report = check_events(path)
-                count = report.events
+            trace = kind == "trace"
+            report: Any = check_trace(path, vllm_errors=vllm_errors) if trace else check_events(path)
+            count = report.steps if trace else report.events
             if not report.ok:
                 fail = failure("divergence", report.format().splitlines()[0], report.format())
         except TraceError as exc:  # read before the run; changed since?
@@ -551,9 +536,7 @@ def run_traces(traces: Sequence[str], events: Sequence[str], vllm_errors: bool,
         phase.cases.append(Case(f"traces/{kind}/{Path(path).name}", f"{kind} {path}",
                                 fail is None, time.perf_counter() - began, fail))
         progress.advance(f"{path}: {'ok' if fail is None else 'DIFFERS'}")
-    phase.seconds = time.perf_counter() - start
-    phase.extra = {"files": files}
-    return phase
+    return phase.finish(start, {"files": files})
 
 
 __all__ = ["Case", "Phase", "Target", "bmc_failure", "divergence_failure", "failure", "part_from_json",
