@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -96,7 +96,8 @@ def _check_shards(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[
                 raise MergeError(f"shard {doc['shard'][0]}/{count} ran with other settings than shard "
                                  f"1/{count}")
     else:
-        specs = [_targets(d) for d in ordered]
+        specs = [[t["spec"] for p in d["phases"] if p["name"] == "conformance" and not p["skipped"]
+                  for t in p["targets"]] for d in ordered]
         if any(s != specs[0] for s in specs):
             raise MergeError("the shards checked different --impl/--adapter targets")
         shapes = [[(p["name"], p["skipped"] and p.get("elsewhere") is None) for p in d["phases"]]
@@ -109,13 +110,6 @@ def _check_shards(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> list[
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) < 60 else text[:57] + "..."
-
-
-def _targets(doc: dict[str, Any]) -> list[str]:
-    for p in doc["phases"]:
-        if p["name"] == "conformance" and not p["skipped"]:
-            return [t["spec"] for t in p["targets"]]
-    return []
 
 
 # ------------------------------------------------------------------ kvpool verify
@@ -144,12 +138,9 @@ def _merge_phase(name: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
         return {**ran[0], "elsewhere": None}  # a whole phase, from the shard that ran it
     if any(c["id"].endswith("/crash") for p in ran for c in p["cases"]):
         return _joined(name, ran, [c for p in ran for c in p["cases"]], {})
-    merge_extra: Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], dict[str, Any]]]
-    merge_extra = {"seeded-bugs": _merge_bugs, "lockstep": _merge_lockstep,
-                   "refinement": _merge_refinement, "bmc": _merge_bmc,
-                   "conformance": _merge_conformance}[name]
-    cases, extra = merge_extra(ran)
-    return _joined(name, ran, cases, extra)
+    merge_extra = {"seeded-bugs": _merge_bugs, "lockstep": _merge_lockstep, "refinement": _merge_refinement,
+                   "bmc": _merge_bmc, "conformance": _merge_conformance}[name]
+    return _joined(name, ran, *merge_extra(ran))
 
 
 def _joined(name: str, ran: list[dict[str, Any]], cases: list[dict[str, Any]],
@@ -161,15 +152,10 @@ def _joined(name: str, ran: list[dict[str, Any]], cases: list[dict[str, Any]],
 
 def interleave(lists: Sequence[Sequence[T]]) -> list[T]:
     """Item ``j`` of one list from item ``j // N`` of list ``j mod N`` (how shards split lists)."""
-    n = len(lists)
-    total = sum(len(x) for x in lists)
-    out = []
-    for j in range(total):
-        part = lists[j % n]
-        if j // n >= len(part):
-            raise MergeError("a shard's part of a list is not the size its split gives")
-        out.append(part[j // n])
-    return out
+    n, total = len(lists), sum(len(x) for x in lists)
+    if any(len(part) != len(range(i, total, n)) for i, part in enumerate(lists)):
+        raise MergeError("a shard's part of a list is not the size its split gives")
+    return [lists[j % n][j // n] for j in range(total)]
 
 
 def _sum_counts(dicts: Sequence[dict[str, int]]) -> dict[str, int]:
@@ -283,9 +269,8 @@ def _merge_conform(docs: list[dict[str, Any]], names: Sequence[str]) -> dict[str
 
 def _seconds(doc: dict[str, Any]) -> float:
     """A document's wall time (a conform document has only its phases')."""
-    if "seconds" in doc:
-        return float(doc["seconds"])
-    return round(float(sum(p["seconds"] for p in doc["phases"])), 3)
+    return (float(doc["seconds"]) if "seconds" in doc
+            else round(float(sum(p["seconds"] for p in doc["phases"])), 3))
 
 
 def conform_junit(doc: dict[str, Any]) -> bytes:
@@ -297,9 +282,9 @@ def conform_junit(doc: dict[str, Any]) -> bytes:
     for p in doc["phases"]:
         case = ET.SubElement(suite, "testcase", classname=f"kvpool.conform.{doc['implementation']}",
                              name=p["name"], time=f"{p['seconds']:.3f}")
-        if p["failure"] is not None:
-            el = ET.SubElement(case, "failure", message=p["failure"]["message"], type=p["failure"]["kind"])
-            el.text = "\n".join([*p["failure"]["trace"], "", p["failure"]["details"]])
+        if (fail := p["failure"]) is not None:
+            ET.SubElement(case, "failure", message=fail["message"], type=fail["kind"]).text = "\n".join(
+                [*fail["trace"], "", fail["details"]])
     return bytes(ET.tostring(suites, encoding="utf-8", xml_declaration=True))
 
 

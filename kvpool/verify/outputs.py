@@ -54,11 +54,9 @@ def document(phases: Sequence[Phase], profile: str, budget: Budget, started: dat
              seconds: float, shard: Shard | None = None) -> dict[str, Any]:
     """The JSON result (``kvpool/VERIFY_SCHEMA.md``); ``shard``: the part of the run it is."""
     ok = all(p.ok for p in phases)
-    budget_json = asdict(budget)
-    budget_json["bmc_pools"] = [list(p) for p in budget.bmc_pools]
-    budget_json["agreement_pools"] = [list(p) for p in budget.agreement_pools]
-    budget_json["refinement_pools"] = [list(p) for p in budget.refinement_pools]
-    budget_json["skip"] = list(budget.skip)
+    pools = ("bmc_pools", "agreement_pools", "refinement_pools")
+    budget_json = {**asdict(budget), "skip": list(budget.skip),
+                   **{key: [list(p) for p in getattr(budget, key)] for key in pools}}
     doc: dict[str, Any] = {
         "schema": SCHEMA, "kvpool_version": __version__,
         "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 3),
@@ -69,11 +67,6 @@ def document(phases: Sequence[Phase], profile: str, budget: Budget, started: dat
         "phases": [p.as_json() for p in phases]}
     doc["claims"] = claims_table(doc)
     return doc
-
-
-def _trace_text(fail: dict[str, Any]) -> str:
-    lines = [f"step {s['index']}: {s['call']} -> {s['outcome']}" for s in fail["trace"]]
-    return "\n".join([*lines, "", fail["details"]]).strip()
 
 
 def junit_xml(doc: dict[str, Any]) -> bytes:
@@ -90,20 +83,17 @@ def junit_xml(doc: dict[str, Any]) -> bytes:
         for c in p["cases"]:
             case = ET.SubElement(suite, "testcase", classname=f"kvpool.verify.{p['name']}",
                                  name=c["id"], time=f"{c['seconds']:.3f}")
-            if c["failure"] is not None:
-                el = ET.SubElement(case, "failure", message=c["failure"]["message"],
-                                   type=c["failure"]["kind"])
-                el.text = _trace_text(c["failure"])
+            if (fail := c["failure"]) is not None:
+                steps = [f"step {s['index']}: {s['call']} -> {s['outcome']}" for s in fail["trace"]]
+                ET.SubElement(case, "failure", message=fail["message"], type=fail["kind"]).text = "\n".join(
+                    [*steps, "", fail["details"]]).strip()
     return bytes(ET.tostring(suites, encoding="utf-8", xml_declaration=True))
 
 
 def summary(doc: dict[str, Any], written: Sequence[str]) -> str:
     """The one-screen summary printed at the end."""
-    part = ""
-    if doc.get("shard"):
-        part = f", shard {doc['shard'][0]}/{doc['shard'][1]}"
-    elif doc.get("merged"):
-        part = f", {len(doc['merged'])} shards merged"
+    part = (f", shard {doc['shard'][0]}/{doc['shard'][1]}" if doc.get("shard")
+            else f", {len(doc['merged'])} shards merged" if doc.get("merged") else "")
     lines = ["", f"kvpool verify ({doc['profile']} profile{part}, {doc['seconds']:.1f}s)"]
     for p in doc["phases"]:
         bad = [c for c in p["cases"] if not c["ok"]]
@@ -129,9 +119,7 @@ def summary(doc: dict[str, Any], written: Sequence[str]) -> str:
 
 
 def _phase_figure(p: dict[str, Any]) -> str:
-    """The headline number of a phase."""
-    if p["skipped"]:
-        return ""
+    """The headline number of a phase that ran."""
     if p["name"] == "bmc":
         return "; ".join(f"{r['blocks']}b/hbs{r['hash_block_size']}: depth {r['depth']}/"
                          f"{r['depth_target']}, {r['states']} states" for r in p["runs"])
@@ -166,9 +154,7 @@ def write_outputs(doc: dict[str, Any], *, json_path: str | None = None, junit: s
     its own) and the report asked for; their paths."""
     written = []
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
-            fh.write("\n")
+        Path(json_path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         written.append(json_path)
     if junit:
         Path(junit).write_bytes(junit_of(doc))
