@@ -27,19 +27,15 @@ ROW_CLASS = {"group": "target", "sub": "sub", "note": "ne", "aside": "enabled"}
 """Row kinds as the stylesheet's class names."""
 
 
-def _css() -> str:
-    """The stylesheet, a package data file so it can be read and edited as CSS; inlined in every page."""
-    return resources.files("kvpool.report").joinpath("style.css").read_text(encoding="utf-8")
-
-
 def render(report: e.Report) -> str:
     """The page: a header with the verdict and a link per section, then the sections."""
     nav = "".join(f'<a href="#{escape(s.id)}">{escape(s.nav)}</a>' for s in report.sections)
     title = escape(report.title)
+    css = resources.files("kvpool.report").joinpath("style.css").read_text(encoding="utf-8")
     return ("<!DOCTYPE html>\n"
             f'<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{title}</title><style>\n{_css()}</style></head>"
+            f"<title>{title}</title><style>\n{css}</style></head>"
             f"<body><header><h1>{title}</h1><nav>{nav}</nav></header>"
             f"<main>{''.join(_section(s) for s in report.sections)}</main></body></html>\n")
 

@@ -28,13 +28,9 @@ STATUS_MARK = {"passed": "✅", "failed": "❌", "skipped": "⏭", "not run": "�
 def render(report: e.Report) -> str:
     """The whole report; the first section sits directly under the report's title."""
     lead, *rest = report.sections
-    parts = [f"# {_text(report.title)}", *MD.blocks(lead.blocks), *(_section(s) for s in rest)]
+    parts = [f"# {_text(report.title)}", *MD.blocks(lead.blocks),
+             *(part for s in rest for part in (f"## {_text(s.title)}", *MD.blocks(s.blocks)))]
     return "\n\n".join(parts).rstrip() + "\n"
-
-
-def _section(section: e.Section) -> str:
-    """A section under a plain ``##`` heading."""
-    return "\n\n".join([f"## {_text(section.title)}", *MD.blocks(section.blocks)])
 
 
 # --------------------------------------------------------------------------

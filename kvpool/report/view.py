@@ -82,11 +82,6 @@ def _verdict(doc: Doc) -> str:
     return "PASSED" if doc.get("ok") else "FAILED"
 
 
-def _phase(doc: Doc, name: str) -> Mapping[str, Any] | None:
-    """The phase called ``name``, or ``None`` when the run did not include it."""
-    return next((p for p in doc.get("phases", []) if p.get("name") == name), None)
-
-
 def _phase_state(phase: Mapping[str, Any] | None) -> str:
     """``passed``, ``failed``, ``skipped`` or ``not run``: one word per phase for the summary."""
     if phase is None:
@@ -139,7 +134,7 @@ def _phase_section(doc: Doc, name: str, body: Body) -> e.Section:
     """A phase's section: ``body`` where the phase ran, else what became of it (the section stays,
     so the report's shape never changes)."""
     sid, title, nav, said = PHASE_SECTIONS[name]
-    phase = _phase(doc, name)
+    phase = next((p for p in doc.get("phases", []) if p.get("name") == name), None)
     state = _phase_state(phase)
     if phase is None or phase.get("skipped"):
         return e.Section(sid, title, nav, (e.Para(e.Wording(f"{said} {state}.", f"This phase was {state}."),
