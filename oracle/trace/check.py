@@ -81,10 +81,7 @@ def canonical_event(e: dict[str, Json]) -> dict[str, Json]:
     """An event's fields, in the schema's order, with hashes in int form (hex bytes' low 64 bits), for
     comparison."""
     spec = EVENT_FIELDS.get(str(e.get("type")), {})
-    out: dict[str, Json] = {"type": e.get("type")}
-    for name in spec:
-        if name in e:
-            out[name] = e[name]
+    out: dict[str, Json] = {"type": e.get("type"), **{name: e[name] for name in spec if name in e}}
     if "block_hashes" in out and isinstance(out["block_hashes"], list):
         out["block_hashes"] = [hash64(h) for h in out["block_hashes"]]
     if out.get("parent_block_hash") is not None:
@@ -159,9 +156,7 @@ def model_call(state: PoolState, step: TraceStep, watchers: dict[str, Watcher],
             new, result = ACTIONS[step.op](state, **args)
             return new, result, None
         return state, QUERIES[step.op](state, **args), None
-    except RecursionError as exc:
-        return state, None, exc
-    except Exception as exc:  # the model refusing the call is a result, like the pool's
+    except Exception as exc:  # the model refusing the call (or recursing) is a result, like the pool's
         return state, None, exc
 
 
@@ -200,8 +195,7 @@ def outcome_diffs(step: TraceStep, expected: Expected, *, vllm_errors: bool = Fa
         elif step.op == "get_usage" and _is_num(step.result):
             same = math.isclose(step.result, m_result, rel_tol=0, abs_tol=USAGE_TOLERANCE)
         elif step.op == "take_events":
-            ev = _event_diffs("result", step.result, m_result)
-            diffs += ev
+            diffs += _event_diffs("result", step.result, m_result)
             same = True
         else:
             same = _strict_equal(step.result, m_result)
