@@ -71,8 +71,6 @@ class TraceStep:
     observation: dict[str, Json] | None
 
 
-
-
 def _kind_ok(kind: str, v: Any, where: str) -> None:
     """Raise :class:`FieldError` unless ``v`` is a JSON value of ``kind``."""
     if kind.endswith("?"):
@@ -127,7 +125,6 @@ def _hex(v: Any, where: str) -> bytes:
         return bytes.fromhex(v)
     except ValueError:
         raise FieldError(f"{where}: {show(v)} is not lowercase hex bytes") from None
-
 
 
 def _object(v: Any, where: str, allowed: Collection[str], required: Sequence[str]) -> dict[str, Any]:
@@ -424,11 +421,9 @@ def _values(name: str, lines: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
             raise TraceError(name, number, f"not UTF-8 (byte {exc.start})") from None
         try:
             yield number, json.loads(text, parse_constant=_reject_constant)
-        except FieldError as exc:
-            raise TraceError(name, number, f"bad JSON: {exc}") from None
         except RecursionError:
             raise TraceError(name, number, "bad JSON: nested too deeply") from None
-        except ValueError as exc:  # JSONDecodeError, and ints beyond Python's digit limit
+        except (FieldError, ValueError) as exc:  # JSONDecodeError, and ints beyond Python's digit limit
             raise TraceError(name, number, f"bad JSON: {exc}") from None
 
 
@@ -445,7 +440,6 @@ def iter_trace(path: str | Path) -> tuple[Header, Iterator[TraceStep]]:
         raise TraceError(name, 1, "empty file: expected a header line {\"kvpool_trace\": 1, ...}")
     number, value = first
     header = guarded(name, number, lambda: parse_header(value))
-
     requests = Requests()
 
     def steps() -> Iterator[TraceStep]:
@@ -468,16 +462,5 @@ def guarded(name: str, number: int, parse: Callable[[], T]) -> T:
         raise TraceError(name, number, "value nested too deeply") from None
 
 
-__all__ = [
-    "Header",
-    "Requests",
-    "TraceStep",
-    "guarded",
-    "iter_trace",
-    "json_lines",
-    "parse_call",
-    "parse_event",
-    "parse_header",
-    "parse_outcome",
-    "parse_step",
-]
+__all__ = ["Header", "Requests", "TraceStep", "guarded", "iter_trace", "json_lines", "parse_call",
+           "parse_event", "parse_header", "parse_outcome", "parse_step"]

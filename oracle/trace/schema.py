@@ -80,7 +80,6 @@ class FieldError(Exception):
     """A field of one JSON value is wrong; the reader adds file and line (-> TraceError)."""
 
 
-
 def is_int(v: Any) -> bool:
     """A JSON integer (``true`` is not one)."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -95,9 +94,7 @@ def show(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = [
-    "ARG_KINDS", "DEFAULT_REFERENCE", "EVENT_FIELDS", "HEADER_FIELDS", "INT_MAX", "INT_MIN",
-    "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "REQUEST_LINE", "RESULT_KINDS", "STEP_FIELDS",
-    "TRACED", "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError", "is_int",
-    "show",
-]
+__all__ = ["ARG_KINDS", "DEFAULT_REFERENCE", "EVENT_FIELDS", "HEADER_FIELDS", "INT_MAX", "INT_MIN",
+           "MAX_NUM_BLOCKS", "OBSERVATION_FIELDS", "OPTIONAL_ARGS", "REQUEST_LINE", "RESULT_KINDS",
+           "STEP_FIELDS", "TRACED", "USAGE_TOLERANCE", "VERSION", "FieldError", "Json", "TraceError",
+           "is_int", "show"]

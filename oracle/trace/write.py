@@ -39,10 +39,8 @@ def event_to_json(event: Any) -> dict[str, Json]:
     kind = abstraction.event_type(event)
     if kind is None:
         return {"type": type(event).__name__}
-    out: dict[str, Json] = {"type": kind}
-    for name in abstraction.EVENT_FIELDS[kind]:
-        out[name] = to_json(getattr(event, name, None))
-    return out
+    fields = abstraction.EVENT_FIELDS[kind]
+    return {"type": kind, **{name: to_json(getattr(event, name, None)) for name in fields}}
 
 
 def model_event_to_json(event: Event) -> dict[str, Json]:
@@ -90,9 +88,7 @@ def encode_args(op: str, args: Sequence[Any], kwargs: dict[str, Any],
                 request: Callable[[Any], Json] | None = None) -> dict[str, Json]:
     """Name each argument after the model's parameter and encode it by its kind (a request by
     ``request``, :func:`request_to_json` unless given)."""
-    params = [a.name for a in OPERATIONS[op].args]
-    named = dict(zip(params, args, strict=False))
-    named.update(kwargs)
+    named = {**dict(zip((a.name for a in OPERATIONS[op].args), args, strict=False)), **kwargs}
     out: dict[str, Json] = {}
     for name, value in named.items():
         kind = ARG_KINDS[op][name]
@@ -131,8 +127,5 @@ def encode_model_result(op: str, result: Any) -> Json:
     return to_json(result)
 
 
-
-__all__ = [
-    "encode_args", "encode_model_result", "encode_result", "event_to_json", "model_event_to_json",
-    "observation_to_json", "request_to_json", "to_json",
-]
+__all__ = ["encode_args", "encode_model_result", "encode_result", "event_to_json", "model_event_to_json",
+           "observation_to_json", "request_to_json", "to_json"]
