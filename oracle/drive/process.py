@@ -89,12 +89,8 @@ HEADLINES = {
 """How a verdict of each kind begins."""
 
 
-class ProcessFailure(Exception):
-    """The process failed at a call (crash, garbage, ...): a failure of the pool under test.
-
-    An ``Exception``, so the state machine shrinks it like any divergence (each
-    attempt starts a fresh process).
-    """
+class _Failed(BaseException):
+    """A process that misbehaved, with its :class:`Verdict` as the message."""
 
     def __init__(self, verdict: Verdict) -> None:
         super().__init__(verdict.format())
@@ -103,24 +99,27 @@ class ProcessFailure(Exception):
         """The answers read before the failure, when it came amid several calls."""
 
 
-class ProcessHung(BaseException):
+class ProcessFailure(_Failed, Exception):
+    """The process failed at a call (crash, garbage, ...): a failure of the pool under test.
+
+    An ``Exception``, so the state machine shrinks it like any divergence (each
+    attempt starts a fresh process).
+    """
+
+
+class ProcessHung(_Failed):
     """The process did not answer within the timeout: everything stops at once.
 
     Not an ``Exception`` on purpose: shrinking would wait out the timeout on
     every attempt, so this passes through the lockstep and Hypothesis unshrunk.
     """
 
-    def __init__(self, verdict: Verdict) -> None:
-        super().__init__(verdict.format())
-        self.verdict = verdict
-        self.answered: list[bytes] = []
-
 
 class StderrTail:
     """The last lines a stream wrote, drained by a daemon thread (bounded)."""
 
-    def __init__(self, stream: object, lines: int = STDERR_LINES) -> None:
-        self._lines: collections.deque[str] = collections.deque(maxlen=lines)
+    def __init__(self, stream: object) -> None:
+        self._lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self._partial = b""
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
@@ -136,7 +135,7 @@ class StderrTail:
                 with self._lock:
                     *done, self._partial = (self._partial + chunk).split(b"\n")
                     self._partial = self._partial[-STDERR_LINE_CHARS * 4:]
-                    for raw in done[-self._lines.maxlen if self._lines.maxlen else None:]:
+                    for raw in done[-STDERR_LINES:]:
                         self._lines.append(_shown(raw))
 
     def tail(self, wait: float = 0.0) -> list[str]:
@@ -147,7 +146,7 @@ class StderrTail:
             out = list(self._lines)
             if self._partial.strip():
                 out.append(_shown(self._partial))
-        return out[-(self._lines.maxlen or STDERR_LINES):]
+        return out[-STDERR_LINES:]
 
 
 def _shown(raw: bytes) -> str:
@@ -278,7 +277,6 @@ class PoolProcess:
         popen = self.popen
         if popen is None:
             return None
-        verdict = None
         with contextlib.suppress(OSError):
             if popen.stdin is not None:
                 popen.stdin.close()
@@ -306,15 +304,15 @@ class PoolProcess:
         status = _exit_status(popen, max(0.0, deadline - time.monotonic()))
         if owed_lines:  # the answers still owed, as far as they came: not extra
             extra = b"\n".join(extra.split(b"\n")[owed_lines:])
+        verdict = None
         if extra.strip():
             verdict = self._verdict("extra output", "after its last answer, at the end of its "
-                                    f"stdin: {_shown(extra.splitlines()[0])!r}", None)
+                                    f"stdin: {_shown(extra.splitlines()[0])!r}")
         elif status is None:
             verdict = self._verdict("exit", f"did not exit within {GRACE:g}s of the end of its "
-                                    "stdin (killed)", None)
+                                    "stdin (killed)")
         elif status != 0:
-            verdict = self._verdict("exit", f"exited with status {status} at the end of its stdin",
-                                    None)
+            verdict = self._verdict("exit", f"exited with status {status} at the end of its stdin")
         self.kill()
         return verdict
 
@@ -411,7 +409,7 @@ class PoolProcess:
                 for fd, _event in events:
                     if fd == out_fd:
                         self._fill(names(len(answers)))
-        except (ProcessFailure, ProcessHung) as exc:
+        except _Failed as exc:
             exc.answered = list(answers)[:self.owed]  # what came before, for the trace of the failure
             answers.clear()
             raise
@@ -467,7 +465,7 @@ class PoolProcess:
 
     # ------------------------------------------------------------ verdicts
 
-    def _verdict(self, kind: str, what: str, call: str | None, line: int | None = None) -> Verdict:
+    def _verdict(self, kind: str, what: str, call: str | None = None, line: int | None = None) -> Verdict:
         """A verdict; the process is killed first (its stream can no longer be trusted), so that
         its stderr ends and every line it wrote before is in the tail.  ``line``: the input line
         (None: the first one whose answer has not come)."""
