@@ -31,6 +31,7 @@ waits for the pipe, and an answer that differs is found when it comes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,25 +64,17 @@ class DrivenRefusal(Exception):
     its error (``NotEnoughFreeBlocksError``, ...), which is how refusals are matched."""
 
 
-_REFUSALS: dict[str, type[DrivenRefusal]] = {}
-
-
+@functools.cache
 def refusal_class(name: str) -> type[DrivenRefusal]:
     """The exception class named ``name`` (one per name)."""
-    cls = _REFUSALS.get(name)
-    if cls is None:
-        cls = _REFUSALS[name] = type(name, (DrivenRefusal,), {"__module__": __name__})
-    return cls
+    return type(name, (DrivenRefusal,), {"__module__": __name__})
 
 
 class _NotShown:
     """A field the process left out of an event: equal to anything, as check-trace skips it."""
 
     def __eq__(self, other: object) -> bool:
-        return True
-
-    def __ne__(self, other: object) -> bool:
-        return False
+        return True  # and so ``!=`` is False: Python negates ``__eq__``
 
     __hash__ = object.__hash__
 
@@ -595,10 +588,9 @@ class DrivenPool:
         else:
             num_free, writable, hits = answer
             results: list[Json] = [num_free, *writable, *([h] if h is not None else None for h in hits)]
-            expects = []
-            for (op, args), result in zip(calls, results, strict=True):
-                number = len(self.session.log) + len(self.session.ahead) + len(expects) + 1
-                expects.append(Expect(f"call {number} ({op})", op, args, Expected(None, result, [], [])))
+            first = len(self.session.log) + len(self.session.ahead) + 1
+            expects = [Expect(f"call {first + i} ({op})", op, args, Expected(None, result, [], []))
+                       for i, ((op, args), result) in enumerate(zip(calls, results, strict=True))]
         self.session.post(expects, lines)
 
     # ------------------------------------------------------------ operations that need more
