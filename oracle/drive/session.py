@@ -17,6 +17,7 @@ operations of the trace format.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -152,10 +153,7 @@ class Session:
         if not self.current:
             raise RuntimeError("this pool was replaced by a newer one in its process")
         self.settle()
-
-        def name(i: int) -> str:
-            return self.name(i, calls)
-
+        name = functools.partial(self.name, calls=calls)
         proc = self.process
         if encoded is None:
             encoded = [protocol.encode({"op": op, "args": args}) for op, args in calls]
@@ -220,8 +218,7 @@ class Session:
         told, message = self._note_answer(step, value)
         if step.observation is not None:  # the log keeps the last whole pool shown, not each
             if self._shown_at is not None and self._shown_at < len(self.log):
-                self.log[self._shown_at] = {k: v for k, v in self.log[self._shown_at].items()
-                                            if k != "observation"}
+                self.log[self._shown_at] = _unshown(self.log[self._shown_at])
             self._shown_at = len(self.log)
         self.log.append(line)
         if step.observation is None and len(raw) <= SHORT_ANSWER and not told and message is None:
@@ -359,14 +356,14 @@ class Session:
         step = self._answer(expect.op, expect.args, raw, len(self.log) + 1, expect.asks, lazy, expect.show)
         if expect.outcome is None:  # an observe line
             diffs = _observed_diffs(expect.observed, step.result)
-            if expect.shown is not None and self.last_shown is not None:
-                diffs += expect.shown(self.last_shown)
+        else:
+            diffs = outcome_diffs(step, expect.outcome, vllm_errors=self.vllm_errors)
+            if expect.asks is not None:
+                diffs += _observed_diffs(expect.observed, self.last_observed)
+        if expect.shown is not None and self.last_shown is not None:  # only with an observe line or asks
+            diffs += expect.shown(self.last_shown)
+        if expect.outcome is None:
             return diffs
-        diffs = outcome_diffs(step, expect.outcome, vllm_errors=self.vllm_errors)
-        if expect.asks is not None:
-            diffs += _observed_diffs(expect.observed, self.last_observed)
-            if expect.shown is not None and self.last_shown is not None:
-                diffs += expect.shown(self.last_shown)
         if expect.view is not None and step.observation is not None:
             try:
                 diffs += expect.view(step.observation)
