@@ -181,11 +181,10 @@ class DriveAdapter:
         slot = min(self.slots, key=lambda s: s.used)
         if slot.session is not None:  # its answers are checked before the process makes another pool
             slot.session.settle()
-        self.constructed += 1
-        slot.used = self.constructed
-        if slot.session is not None:
             slot.session.current = False
             slot.session = None
+        self.constructed += 1
+        slot.used = self.constructed
         return slot
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
@@ -196,14 +195,11 @@ class DriveAdapter:
 
     def close(self) -> list[Verdict]:
         """End every process (stdin closed, then killed if it lingers); what they did wrong then."""
-        verdicts = []
         self.retired += sum(slot.process.total_sent for slot in self.slots)
         for slot in self.slots:
             if slot.session is not None:
                 slot.session.current = False
-            verdict = slot.process.close()
-            if verdict is not None:
-                verdicts.append(verdict)
+        verdicts = [v for slot in self.slots if (v := slot.process.close()) is not None]
         self.slots.clear()
         if self._scratch is not None:
             verdicts += self._scratch.close()
