@@ -27,6 +27,7 @@ from ..search.conform import Failure, Options, PhaseResult
 from ..search.shrink import HANDS_OUT, LISTS_OF_HELD, ddmin, renamed, sources
 from ..trace.check import CheckReport, check_trace
 from ..trace.read import Header
+from ..trace.record import Recording
 from ..trace.schema import Json
 from . import protocol
 from .adapter import DriveAdapter
@@ -60,9 +61,7 @@ class Capture:
 def write_trace(path: str | Path, pool: dict[str, Json], lines: Sequence[dict[str, Json]],
                 meta: dict[str, Json] | None = None) -> None:
     """A trace file: the header of ``pool`` (with ``meta``), then ``lines``."""
-    with open(path, "w", encoding="utf-8") as out:
-        for obj in [protocol.trace_header(pool, meta), *lines]:
-            out.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+    Recording(protocol.trace_header(pool, meta), list(lines), None).write(path)
 
 
 def check_lines(pool: dict[str, Json], lines: Sequence[dict[str, Json]], vllm_errors: bool) -> CheckReport:
