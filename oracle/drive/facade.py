@@ -396,14 +396,9 @@ class DrivenPool:
 
     def _tell(self, told: Iterable[tuple[str, int | None]]) -> None:
         """Tell the collector what the process says its pool told its own."""
-        if self.collector is None:
-            return
-        for what, block_id in told:
-            method = getattr(self.collector, COLLECTOR[what])
-            if block_id is None:
-                method()
-            else:
-                method(self._block(block_id))
+        for what, block_id in told if self.collector is not None else ():
+            args = () if block_id is None else (self._block(block_id),)
+            getattr(self.collector, COLLECTOR[what])(*args)
 
     def _mirror(self, obs: dict[str, Json]) -> None:
         """Show the process's observation under vLLM's names (trace fields, already checked)."""
@@ -492,9 +487,8 @@ class DrivenPool:
             return self._answer_questions(self._model, asked, probes)
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and set(asked) <= set(prefetched[0]):
-            where = {b: i for i, b in enumerate(prefetched[0])}
-            num_free, writable, _hits = prefetched[2]
-            hits = prefetched[1]
+            ids, hits, (num_free, writable, _hits) = prefetched
+            where = {b: i for i, b in enumerate(ids)}
             missing = [k for k in probes if k not in hits]
             if missing:
                 hits = {**hits, **self._ask([], missing)[2]}
@@ -543,14 +537,10 @@ class DrivenPool:
         """The questions to send with a call: those the lockstep will ask after it."""
         if expected is None:
             return [], [], [], []
-        model = expected.model
+        blocks, keys = footprint(expected.model, expected.footprint)
         if expected.whole:
-            blocks = list(range(self.num_blocks))
-            keys = sorted(set(model.index) | set(footprint(model, expected.footprint)[1]))
-        else:
-            blocks, keys = footprint(model, expected.footprint)
-        calls, lines = self._question_lines(blocks, keys)
-        return calls, lines, blocks, keys
+            blocks, keys = list(range(self.num_blocks)), sorted(set(expected.model.index) | set(keys))
+        return *self._question_lines(blocks, keys), blocks, keys
 
     def _question_lines(self, blocks: Sequence[int], keys: Sequence[Key]
                         ) -> tuple[list[Call], list[bytes]]:
