@@ -272,10 +272,7 @@ def read_answer(op: str, args: dict[str, Json], value: Json, header_: Header, nu
             raise ProtocolError("garbage", "observation: shown where the line did not ask for it (the "
                                 "header's answer said show_when_asked)")
         observation = None
-    line: dict[str, Json] = {"op": op, "args": args}
-    for name in ANSWER_FIELDS:
-        if name in value:
-            line[name] = value[name]
+    line: dict[str, Json] = {"op": op, "args": args, **{k: value[k] for k in ANSWER_FIELDS if k in value}}
     line.setdefault("fired", [])
     if line.get("events", []) is None:
         raise ProtocolError("garbage", "events: expected the list of events this call appended, got "

@@ -279,8 +279,8 @@ def join(calls: str, answers: str, stdout: IO[str]) -> int:
             return 2
         observe = call.get("op") == protocol.OBSERVE
         if not observe:
-            line = {"op": call.get("op"), "args": call.get("args")}
-            line.update({k: answer[k] for k in protocol.ANSWER_FIELDS if k in answer})
+            line = {"op": call.get("op"), "args": call.get("args"),
+                    **{k: answer[k] for k in protocol.ANSWER_FIELDS if k in answer}}
             line.setdefault("fired", [])
             out.append(line)
         if observe or call.get("observe") is not None:  # or questions asked with the call, answered after it
