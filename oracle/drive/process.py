@@ -417,11 +417,9 @@ class PoolProcess:
     def _split(self) -> None:
         """Move the complete lines read into the answers."""
         buffer = self._buffer
-        cut = buffer.find(b"\n")
-        while cut >= 0:
+        while (cut := buffer.find(b"\n")) >= 0:
             self._answers.append(bytes(buffer[:cut]))
             del buffer[:cut + 1]
-            cut = buffer.find(b"\n")
 
     def check_unasked(self, name: str) -> None:
         """Fail if a line no call asked for came in the reads that brought the answers.
