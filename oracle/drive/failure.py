@@ -14,7 +14,6 @@ pool's author can replay it in their own test.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from ..search.shrink import HANDS_OUT, LISTS_OF_HELD, ddmin, renamed, sources
 from ..trace.check import CheckReport, check_trace
 from ..trace.read import Header
 from ..trace.record import Recording
-from ..trace.schema import Json
+from ..trace.schema import Json, show
 from . import protocol
 from .adapter import DriveAdapter
 from .process import PoolProcess, ProcessFailure, ProcessHung
@@ -53,9 +52,8 @@ class Capture:
 
     @classmethod
     def of(cls, session: Session) -> Capture:
-        lines = session.trace()
         hung = session.failed is not None and session.failed["error"] == FAILED_CALL_ERRORS["hang"]
-        return cls(dict(session.pool), session.header, lines, hung)
+        return cls(dict(session.pool), session.header, session.trace(), hung)
 
 
 def write_trace(path: str | Path, pool: dict[str, Json], lines: Sequence[dict[str, Json]],
@@ -282,8 +280,7 @@ def _short(value: Json) -> str:
         return "[" + ", ".join(str(v.get("type")) for v in value) + "]"
     if isinstance(value, str) and len(value) > 16:
         return f"…{value[-10:]}"
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return show(value)
 
 
 __all__ = ["MAX_REPLAYED_CALLS", "MAX_REPLAYS", "Capture", "DriveRun", "Shrinker", "Shrunk", "check_lines",
