@@ -212,9 +212,7 @@ class Requests:
 
     def named(self, v: dict[str, Any], where: str) -> Request:
         """The request a call's argument names, checked to be as long as the call says."""
-        _object(v, where, (REQUEST_LINE, "tokens", "hashes"), (REQUEST_LINE, "tokens", "hashes"))
-        for name in (REQUEST_LINE, "tokens", "hashes"):
-            _kind_ok("int", v[name], f"{where}.{name}")
+        _fields(v, where, {REQUEST_LINE: "int", "tokens": "int", "hashes": "int"})
         req = self._get(v[REQUEST_LINE])
         if (len(req.all_token_ids), len(req.block_hashes)) != (v["tokens"], v["hashes"]):
             raise FieldError(f"{where}: request {v[REQUEST_LINE]} has {len(req.all_token_ids)} tokens and "
@@ -339,13 +337,10 @@ def parse_call(obj: dict[str, Any], requests: Requests | None = None) -> tuple[s
         if kind == "request":
             named = requests is not None and isinstance(value, dict) and REQUEST_LINE in value
             args[name] = requests.named(value, where) if named else _parse_request(value, where)  # type: ignore[union-attr]
-        elif kind == "watcher":
-            _kind_ok("str", value, where)
-            args[name] = value
         elif kind == "hash":
             args[name] = _hex(value, where)
-        else:
-            _kind_ok(kind, value, where)
+        else:  # a watcher travels by its name
+            _kind_ok("str" if kind == "watcher" else kind, value, where)
             args[name] = value
     return op, args
 
