@@ -108,10 +108,7 @@ class RecordingLockstep(Lockstep):
                     self.observe(self.observer.pool, ()) if self.observe is not None
                     else self.observer.observe())
             self.written += 1
-            if self.sink is None:
-                self.lines.append(line)
-            else:
-                self.sink(line)
+            (self.sink or self.lines.append)(line)
 
 
 @dataclass
@@ -240,7 +237,6 @@ def record_adapter(adapter: Any, seed: int, steps: int, *, observe: bool = True,
 
 def _name(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
-
 
 
 __all__ = ["Recording", "RecordingLockstep", "record", "record_adapter", "recording_pair"]
