@@ -28,10 +28,7 @@ _Block = tuple[int, Json, list[str], bool]
 def footprint(model: PoolState, fp: Footprint) -> tuple[list[int], list[Key]]:
     """The blocks and keys the lockstep asks about after a call (its footprint, the keys of its
     blocks after it), in its order."""
-    keys = set(fp.keys)
-    for b in fp.blocks:
-        keys.update(keys_of(model, b))
-    return sorted(fp.blocks), sorted(keys)
+    return sorted(fp.blocks), sorted(set(fp.keys).union(*(keys_of(model, b) for b in fp.blocks)))
 
 
 def _block(model: PoolState, b: int) -> _Block:
