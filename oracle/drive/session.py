@@ -281,8 +281,7 @@ class Session:
                                         "differently", f"call {kept.index(old) + 1} ({old['op']})")
         now = next((line["observation"] for line in reversed(self.log) if "observation" in line), None)
         self.log = kept
-        shown = [i for i, line in enumerate(kept) if "observation" in line]
-        self._shown_at = shown[-1] if shown else None
+        self._shown_at = max((i for i, line in enumerate(kept) if "observation" in line), default=None)
         last = max((i for i, line in enumerate(kept) if line["op"] != protocol.OBSERVE), default=None)
         if now is not None and last is not None and self._shown_at != last:
             # the log keeps only the last pool shown, which went with the undone call: the replay's
