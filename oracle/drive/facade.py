@@ -390,15 +390,12 @@ class DrivenPool:
                     "garbage", f"fired: [{name!r}, {block_id!r}] names no watcher given to "
                     "unpin_blocks or no block of the pool", f"call {len(self.session.log)} ({step.op})")
             watcher(self.blocks[block_id])
-        self._tell(self.session.told.pop(step.line, ()))
-        if step.observation is not None and not self.ahead:
-            self._mirror(step.observation)
-
-    def _tell(self, told: Iterable[tuple[str, int | None]]) -> None:
-        """Tell the collector what the process says its pool told its own."""
+        told = self.session.told.pop(step.line, ())  # what the process says its pool told its collector
         for what, block_id in told if self.collector is not None else ():
             args = () if block_id is None else (self._block(block_id),)
             getattr(self.collector, COLLECTOR[what])(*args)
+        if step.observation is not None and not self.ahead:
+            self._mirror(step.observation)
 
     def _mirror(self, obs: dict[str, Json]) -> None:
         """Show the process's observation under vLLM's names (trace fields, already checked)."""
@@ -594,10 +591,9 @@ class DrivenPool:
         by replaying their pools' calls without them
         (:meth:`Session.replay`): neither pool changed, as the model says.
         """
-        listed = list(ordered_blocks)
         theirs: dict[DrivenPool, list[int]] = {}
         own: list[Any] = []
-        for block in listed:
+        for block in ordered_blocks:
             owner = getattr(block, "owner", None)
             if isinstance(owner, DrivenPool) and owner is not self and owner.current:
                 theirs.setdefault(owner, []).append(block.block_id)
