@@ -150,12 +150,8 @@ def recording_pair(
     For hand-written scenarios: call ``pair.call(op, ...)`` and write
     ``Recording(header, pair.lines, None)``.
     """
-
-    def tapped(*a: Any, **k: Any) -> Any:
-        return _Tap(pool_factory(*a, **k))
-
     pair = cast(RecordingLockstep, RecordingLockstep.fresh(
-        tapped, num_blocks, caching, hash_block_size, events, reference))
+        lambda *a, **k: _Tap(pool_factory(*a, **k)), num_blocks, caching, hash_block_size, events, reference))
     header: dict[str, Json] = {
         "kvpool_trace": VERSION, "num_blocks": num_blocks, "enable_caching": caching,
         "hash_block_size": hash_block_size, "enable_kv_cache_events": events,
