@@ -186,25 +186,14 @@ class Foreign:
         self.block_id, self.ref_cnt, self.block_hash, self.is_null = block_id, 0, None, False
 
 
-@dataclass
-class _Before:
-    """What the lockstep notes of the model before a call's update: the queue around the
-    footprint, and each footprint block's and key's entries (to check both ways after)."""
-
-    neighbours: set[int]
-    entries: set[tuple[Key, int]]
+_Before = tuple[set[int], set[tuple[Key, int]]]
+"""What the lockstep notes of the model before a call's update: the queue around the
+footprint, and each footprint block's and key's entries (to check both ways after)."""
 
 
 @dataclass
 class Lockstep(Translate):
-    """The model and a pool side by side; ``call`` runs one operation on both.
-
-    After every call it compares results and refusals, the events, the reuse
-    watchers' calls and, when a metrics collector is attached, what it was
-    told; then the call's footprint, at the level the pool allows
-    (:class:`~kvpool.oracle.core.observe.Observer`), and the model's invariants
-    there; and every ``full_every`` calls the whole pool.
-    """
+    """The model and a pool side by side; ``call`` runs one operation on both (see the module docstring)."""
 
     pool: Any
     model: PoolState
@@ -222,7 +211,7 @@ class Lockstep(Translate):
     observer: Observer = field(init=False, repr=False)
     known: OrderedDict[Any, bytes] = field(default_factory=OrderedDict)
     """Request hashes seen lately, by their published form: how a black-box pool's pending
-    events name a key to probe (bounded: the most recent :attr:`known_limit`)."""
+    events name a key to probe (bounded: the most recent ``4 * num_blocks + 1024``)."""
     probed: set[Key] = field(default_factory=set)
     """Keys the model indexed at the last whole check: a key that left the index is probed once more."""
     invariants: Callable[..., list[str]] = violated
@@ -292,10 +281,6 @@ class Lockstep(Translate):
         """The pool answers as the model said it would (told by :attr:`_expect`) and compares its
         process's answers itself as they come: nothing is compared here, only asked."""
 
-    @property
-    def known_limit(self) -> int:
-        return 4 * self.model.num_blocks + 1024
-
     def watcher(self, name: str) -> Watcher:
         return Watcher(name, self.fired)
 
@@ -340,7 +325,7 @@ class Lockstep(Translate):
             for h in getattr(a, "block_hashes", ()):
                 self.known[published(h)] = h
                 self.known.move_to_end(published(h))
-        while len(self.known) > self.known_limit:
+        while len(self.known) > 4 * self.model.num_blocks + 1024:
             self.known.popitem(last=False)
 
     # ------------------------------------------------------------ one call
@@ -359,7 +344,8 @@ class Lockstep(Translate):
             self._remember(args)
         m_error: Exception | None = None
         m_result: Any = None
-        fp, noted, snapshot = NOTHING, _Before(set(), set()), None
+        fp, snapshot = NOTHING, None
+        noted: _Before = (set(), set())
         bound: tuple[Any, ...] | None = None
         shape: set[str] | None = None
         try:
@@ -521,15 +507,16 @@ class Lockstep(Translate):
         if self.local_invariants:
             entries = {(k, b) for b in fp.blocks for k in keys_of(s, b)}
             entries |= {(k, b) for k in fp.keys for b in s.index.get(k, ())}
-        return _Before(_queue_neighbours(s, fp.blocks), entries)
+        return _queue_neighbours(s, fp.blocks), entries
 
     def _check_footprint(self, op: str, fp: Footprint, noted: _Before) -> None:
         """The call's footprint on both sides, and the model's invariants there."""
         s = self.model
-        blocks = set(fp.blocks) | noted.neighbours | _queue_neighbours(s, fp.blocks)
+        neighbours, entries = noted
+        blocks = set(fp.blocks) | neighbours | _queue_neighbours(s, fp.blocks)
         keys = set(fp.keys).union(*(keys_of(s, b) for b in fp.blocks))
         if self.local_invariants:
-            entries = noted.entries | {(k, b) for k in keys for b in s.index.get(k, ())}
+            entries |= {(k, b) for k in keys for b in s.index.get(k, ())}
             broken = self.invariants(s, Around(blocks, keys, entries))
             if broken:
                 raise self._diverged("invariants", "model state breaks " + ", ".join(broken), broken)
@@ -539,24 +526,25 @@ class Lockstep(Translate):
         if observer.api_only:
             self._check_through_calls(op, fp, keys)
             return
-        diff, parts = [], []
+        found = []  # (part, what differs)
         if observer.num_free() != len(s.free):
-            diff.append(f"num_free: model {len(s.free)} | pool {observer.num_free()}")
-            parts.append("num_free")
+            found.append(("num_free", f"num_free: model {len(s.free)} | pool {observer.num_free()}"))
         # in no order while all agree; the differences, if any, in order
         differing = [b for b in blocks if not model_block_view(s, b).agrees(observer.block_view(b))]
-        for b in sorted(differing):
-            for d in model_block_view(s, b).diff(observer.block_view(b)):
-                diff.append(f"block {b} {d}")
-                parts.append(d.split(":", 1)[0])
+        found += [(d.split(":", 1)[0], f"block {b} {d}") for b in sorted(differing)
+                  for d in model_block_view(s, b).diff(observer.block_view(b))]
         whole = not observer.black_box
         unequal = [k for k in keys if model_entries(s, k, whole) != observer.entries(k)]
-        for k in sorted(unequal, key=repr):
-            mine, theirs = model_entries(s, k, whole), observer.entries(k)
-            diff.append(f"index …{k[0][-3:].hex()}/g{k[1]}: model {mine} | pool {theirs}")
-            parts.append("index" if whole else "lookups")
-        if diff:
-            raise self._diverged(f"observation after {op}", "; ".join(diff), parts)
+        found += [("index" if whole else "lookups", f"index …{k[0][-3:].hex()}/g{k[1]}: model "
+                   f"{model_entries(s, k, whole)} | pool {observer.entries(k)}")
+                  for k in sorted(unequal, key=repr)]
+        self._observed_differences(op, found)
+
+    def _observed_differences(self, op: str, found: list[tuple[str, str]]) -> None:
+        """Raise the divergence of a footprint's differences, each ``(part, what)``, if any."""
+        if found:
+            raise self._diverged(f"observation after {op}", "; ".join(w for _, w in found),
+                                 [part for part, _ in found])
 
     def _check_through_calls(self, op: str, fp: Footprint, keys: set[Key]) -> None:
         """The footprint of a pool seen only through calls: the free count, whether each of its
@@ -566,22 +554,14 @@ class Lockstep(Translate):
         num_free, writable, hits = self.observer.through_calls(blocks, probes)
         if self.echo:
             return
-        diff, parts = [], []
-        if num_free != len(s.free):
-            diff.append(f"num_free: model {len(s.free)} | pool {num_free}")
-            parts.append("num_free")
+        found = [("num_free", f"num_free: model {len(s.free)} | pool {num_free}")] * (num_free != len(s.free))
         for b, w in zip(blocks, writable, strict=True):
-            mine = b != 0 and s.ref[b] == 1 and s.primary[b] is None
-            if w != mine:
-                diff.append(f"block {b} writable: model {mine} | pool {w}")
-                parts.append("writable")
+            if w != (mine := b != 0 and s.ref[b] == 1 and s.primary[b] is None):
+                found.append(("writable", f"block {b} writable: model {mine} | pool {w}"))
         for k, hit in zip(probes, hits, strict=True):
-            mine_hit = model_entries(s, k, False)
-            if hit != mine_hit:
-                diff.append(f"lookup …{k[0][-3:].hex()}/g{k[1]}: model {mine_hit} | pool {hit}")
-                parts.append("lookups")
-        if diff:
-            raise self._diverged(f"observation after {op}", "; ".join(diff), parts)
+            if hit != (mine_hit := model_entries(s, k, False)):
+                found.append(("lookups", f"lookup …{k[0][-3:].hex()}/g{k[1]}: model {mine_hit} | pool {hit}"))
+        self._observed_differences(op, found)
 
     # ------------------------------------------------------------ the whole pool
 
@@ -660,9 +640,13 @@ class Lockstep(Translate):
         error.before = earlier[-1].state if earlier else None
         error.model = self.model
         error.window = window
-        try:
+        try:  # the pool as a picture shows it, with the free queue walked safely
             observer = self.observer
-            error.pool = comparable_pool(observer)
+            if observer.api_only:
+                raise ValueError("the pool shows its state only through calls (api-only)")
+            if observer.link_errors():
+                raise ValueError("the free queue's links are broken: " + "; ".join(observer.link_errors()))
+            error.pool = observer.observe()
             pending = observer.pending_events()
             error.pool_events = None if pending is None else [pool_event(e) for e in pending]
         except Exception as exc:  # a broken pool may not even be observable
@@ -673,15 +657,6 @@ class Lockstep(Translate):
 def _queue_neighbours(s: PoolState, blocks: Iterable[int]) -> set[int]:
     """The free-queue neighbours of those of ``blocks`` that are queued."""
     return {x for b in blocks if b in s.free for x in s.free.neighbours(b) if x is not None}
-
-
-def comparable_pool(observer: Observer) -> Observation:
-    """The pool as a picture shows it, with the free queue walked safely."""
-    if observer.api_only:
-        raise ValueError("the pool shows its state only through calls (api-only)")
-    if observer.link_errors():
-        raise ValueError("the free queue's links are broken: " + "; ".join(observer.link_errors()))
-    return observer.observe()
 
 
 def short_args(args: Iterable[Any]) -> str:
