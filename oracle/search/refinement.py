@@ -410,7 +410,6 @@ class Refinement:
     transitions: int = 0
     """Calls run on both sides and compared: one per explored sequence."""
     seconds: float = 0.0
-    """Wall-clock time."""
     cpu_seconds: float = 0.0
     """CPU time of this process (on a shared machine the wall clock says little)."""
     operations: Counter[str] = field(default_factory=Counter)
@@ -519,17 +518,17 @@ def explore(
             if level < depth:
                 pair.trace.clear()
                 pair.steps, pair.last_full = 0, 0
-                carried = Carried.of(pair)
-                out.copies[carried.how] += 1
-                nxt.append((pair.model, carried, (*path, (op, args))))
+                nxt.append((pair.model, carry(pair), (*path, (op, args))))
         return nxt
+
+    def carry(pair: Pair) -> Carried:
+        carried = Carried.of(pair)
+        out.copies[carried.how] += 1
+        return carried
 
     invariants = Memo()
     seen.add(key(root.model))
-    carried = Carried.of(root)
-    out.copies[carried.how] += 1
-    first: _Node = (root.model, carried, ())
-    levels = breadth_first([first], depth, expand, over_budget=watch.past(seconds))
+    levels = breadth_first([(root.model, carry(root), ())], depth, expand, over_budget=watch.past(seconds))
     out.depth, out.complete = levels.depth, levels.complete
     return finish()
 
@@ -540,33 +539,12 @@ def _diverged(out: Refinement, factory: Callable[..., Any], shape: Shape, path: 
     out.sequence = path
     try:
         replay(factory, shape, path)
-    except CallerBrokeContract as exc:  # cannot be: the exploration skipped breaches
-        out.divergence, out.reproduced = exc, False
-        return
-    except Exception as exc:
-        out.divergence = exc
-        return
-    out.divergence, out.reproduced = seen, False
+    except Exception as exc:  # a broken contract cannot be: the exploration skipped breaches
+        out.divergence, out.reproduced = exc, not isinstance(exc, CallerBrokeContract)
+    else:
+        out.divergence, out.reproduced = seen, False
 
 
-__all__ = [
-    "TOKENS",
-    "Call",
-    "CallDomain",
-    "Carried",
-    "Memo",
-    "NamedWatcher",
-    "Pair",
-    "Refinement",
-    "Shape",
-    "StateKey",
-    "exact_key",
-    "explore",
-    "fresh_pair",
-    "misuse",
-    "model_watcher",
-    "queries",
-    "replay",
-    "requests_for",
-    "show_call",
-]
+__all__ = ["TOKENS", "Call", "CallDomain", "Carried", "Memo", "NamedWatcher", "Pair", "Refinement", "Shape",
+           "StateKey", "exact_key", "explore", "fresh_pair", "misuse", "model_watcher", "queries", "replay",
+           "requests_for", "show_call"]
