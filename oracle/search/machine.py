@@ -27,30 +27,10 @@ scenario.  The bookkeeping that does not involve choices is reused from
 ``Workload`` (its documents, block hasher, lookup, hash resolution, growing a
 block table, releasing a request) and from ``Running`` / ``RunConfig``.
 
-Realistic inputs: prompts take prefixes of two fixed documents, requests
-are served and finished between steps, finished conversations go on with a
-follow-up turn and live ones are sampled again (parallel sampling), so
-lookups hit (idle blocks and blocks in use); one or two KV-cache groups
-whose block size is a multiple of ``hash_block_size``; LoRA, cache-salt, session and multimodal extra keys
-(several items, short or adjacent, several in one chunk); partial-block
-entries at every chunk boundary (and, under vLLM 0.33, at a block's end),
-their promotion when the block fills, their re-registration with
-``replace_existing_hashes`` by a block's sole owner; block masks;
-``cache_full_blocks`` asked for fewer blocks than are cached;
-sliding-window placeholders (the null block) in block tables and as the
-block of a partial entry; copy-on-write hash moves, of unhashed blocks too;
-one block listed several times in one ``touch``, ``free_blocks`` or
-``unpin_blocks``; unpinned blocks with named reuse watchers; evictions;
-resets with and without blocks in use; events on or off; blocks of a second
-pool of the same implementation (ids overlapping the first's), freed through
-the first pool alone or mixed with its own blocks, as vLLM's ``free_blocks``
-allows: each pool takes back its own.  Every call keeps to the model's caller
-contracts, so a correct pool never diverges.  Misuse rules (only when the
-adapter refuses misuse) make wrong calls the model refuses, one per refusal,
-and compare error types, among them double frees of a second pool's blocks
-through the first and the first pool's other operations on them (refused
-like any block not of the pool: the model sees an id outside the pool, as
-:class:`Lockstep`'s ``foreign`` block).
+The inputs are realistic (prompts share prefixes of two fixed documents, so
+lookups hit; each rule module's docstring says what its rules cover).  Every
+call but the misuse rules' keeps to the model's caller contracts, so a correct
+pool never diverges; misuse rules run only when the adapter refuses misuse.
 
 Use it from pytest as ``TestMyPool = machine_for(my_adapter).TestCase``, or
 through ``kvpool conform`` (:mod:`kvpool.oracle.search.conform`).
@@ -83,14 +63,8 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
 
     @rule(kind=st.sampled_from([name for name, _weight in Workload.STEPS]), dice=st.integers(0, 2**16))
     def workload_step(self, kind: str, dice: int) -> None:
-        """One step of the campaign's workload, by name, its dice seeded by ``dice``.
-
-        Every kind of campaign step exists here (admit, decode, finish,
-        slide, move, share, offload, other_pool, misuse, ...), on requests
-        and blocks of its own beside the other rules' (the calls go to the
-        same pools), so a bug the campaign finds the machine finds too, and
-        shrinks to the steps it needs.
-        """
+        """One step of the campaign's workload, by name, its dice seeded by ``dice``: a bug the
+        campaign finds the machine finds too, and shrinks to the steps it needs."""
         if kind == "misuse" and not self.MISUSE:
             return
         self.work.rng = random.Random(dice)
@@ -100,12 +74,8 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
                        unique=True),
           leave_out=st.lists(st.sampled_from(sorted(FEATURE_NAMES)), max_size=3, unique=True))
     def directed(self, ops: list[str], leave_out: list[str]) -> None:
-        """Calls of ``ops`` with many features at once, each on fresh pools (:mod:`.directed`).
-
-        For each operation, one call per largest set of its features that can
-        meet, less ``leave_out``: a failure shrinks to the operation and the
-        features it needs.
-        """
+        """Calls of ``ops`` with many features at once (less ``leave_out``), each on fresh pools
+        (:mod:`.directed`): a failure shrinks to the operation and the features it needs."""
         scratch = getattr(self.ADAPTER, "scratch", None)  # a process-backed pool: its own processes
         maker = Directed(adapter_factory(scratch() if scratch else self.ADAPTER), self.REFERENCE,
                          self.ADAPTER.errors_match,
@@ -157,12 +127,7 @@ class PoolMachine(RequestRules, BlockRules, MisuseRules):
 
     @invariant()
     def pool_agrees_with_model(self) -> None:
-        """Compare the observations and check the model's invariants.
-
-        Every lockstep call already checks after itself and state changes
-        only through calls, so this checks only when no call has been
-        checked yet (the fresh pool); the rest would repeat the same work.
-        """
+        """Compare the fresh pool with the model (every call checks after itself)."""
         if self.pair is not None and self.pair.steps == 0:
             self.pair.check()
 
@@ -183,12 +148,9 @@ def _default_rule(ops: list[str]) -> Any:
 
 def machine_for(adapter: Adapter, *, misuse: bool | None = None,
                 reference: str = "0.31", lacks: frozenset[str] = frozenset()) -> type[PoolMachine]:
-    """A state machine class driving ``adapter``'s pool against the model.
+    """A state machine class driving ``adapter``'s pool against the model, for vLLM ``reference``.
 
-    ``misuse`` defaults to what the adapter supports and is never turned on
-    for an adapter that does not refuse misuse.  ``reference`` names the vLLM
-    version whose behaviour the model reproduces.  ``lacks``: what the pool
-    lacks (:mod:`..generate.capabilities`), never made.
+    ``misuse`` is never on for an adapter that does not refuse misuse; ``lacks`` is never made.
     """
     gone = closed(lacks)
     misuse_on = adapter.supports_misuse if misuse is None else misuse and adapter.supports_misuse

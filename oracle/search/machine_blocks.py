@@ -44,10 +44,7 @@ class BlockRules(MachineState):
 
     @rule(target=tables, run=runs, group=st.integers(0, 1))
     def copy_last_block(self, run: Running, group: int) -> Any:
-        """Copy-on-write: the hashes of a request's last block move to a fresh copy.
-
-        A last block without hashes has nothing to move: the copy stays unhashed.
-        """
+        """Copy-on-write: the hashes of a request's last block (if any) move to a fresh copy."""
         if not self._alive(run) or group not in run.tables or not run.tables[group]:
             return multiple()
         table = self._new_table(1)
@@ -59,11 +56,8 @@ class BlockRules(MachineState):
     @rule(target=tables, run=runs, group=st.integers(0, 1), upto=st.integers(1, 16),
           shorter=st.none() | st.integers(1, 16))
     def offload_copy(self, run: Running, group: int, upto: int, shorter: int | None) -> Any:
-        """vLLM's CPU offload pool: a fresh block receives KV another pool cached, under its keys.
-
-        The key of one of the request's prefixes becomes the copy's primary
-        key; a shorter (or the same) prefix's key may follow as a secondary.
-        """
+        """vLLM's CPU offload pool: a fresh block receives KV another pool cached, under its keys
+        (a prefix's as primary, maybe a shorter one's as secondary)."""
         hbs = self.cfg.hash_block_size
         chunks = len(run.request.block_hashes)
         if (not self._alive(run) or not chunks or group not in self.cfg.block_sizes
@@ -88,11 +82,7 @@ class BlockRules(MachineState):
 
     @rule(table=consumes(tables), reader=st.sampled_from(["reader1", "reader2"]))
     def unpin_held(self, table: Table, reader: str) -> None:
-        """Held blocks handed to a ``reader`` in one ``unpin_blocks``, each listing one reference.
-
-        A block held several times (see ``share``) is listed as often; if a
-        request still holds it too, it stays in use with the watcher set.
-        """
+        """Held blocks handed to a ``reader`` in one ``unpin_blocks``, each listing one reference."""
         if table.live:
             table.live = False
             watcher = self.lock.watcher(reader)
@@ -105,11 +95,8 @@ class BlockRules(MachineState):
     def share(self, pick: int, times: int) -> Any:
         """One holder takes ``times`` references on one block in a single ``touch``.
 
-        A sliding-window table with offloading lists a block twice; the block
-        (in use, or cached and idle) is later released by listing it as many
-        times in one ``free_blocks`` (``release``, ``release_mixed``) or
-        ``unpin_blocks`` (``unpin_held``): the shape in which a pool that
-        queues a block once per listing corrupts its free queue.
+        Released by listing it as often in one call: a pool that queues a block once per
+        listing corrupts its free queue.
         """
         m = self.lock.model
         candidates = [b for b in range(1, m.num_blocks) if m.ref[b] > 0 or m.primary[b] is not None]
@@ -123,11 +110,8 @@ class BlockRules(MachineState):
 
     @rule(target=others, n=st.integers(1, 3), prompt=st.none() | prompts)
     def allocate_other(self, n: int, prompt: Prompt | None) -> Any:
-        """Blocks of a second pool (an engine with several pools), cached there if ``prompt``.
-
-        Freed through the first pool (``release_other``, ``release_mixed``):
-        cached ones must go to the tail of the second pool's queue.
-        """
+        """Blocks of a second pool (an engine with several pools), cached there if ``prompt``; freed
+        through the first pool, cached ones must go to the tail of the second pool's queue."""
         if "second_pool" in self.LACKS:
             return multiple()
         second = self._second()
@@ -157,11 +141,8 @@ class BlockRules(MachineState):
 
     @rule(prompt=prompts, placeholders=st.integers(1, 3), partial=st.booleans())
     def cache_placeholders(self, prompt: Prompt, placeholders: int, partial: bool) -> None:
-        """Null placeholders in the range to cache are skipped, never hashed.
-
-        With ``partial``, the null block is offered as the block of a partial
-        entry: nothing is registered and the call returns ``None``.
-        """
+        """Null placeholders in the range to cache are skipped, never hashed; with ``partial``, the
+        null block offered for a partial entry registers nothing."""
         bs = self.cfg.block_sizes[0]
         req = self._request(prompt)
         if partial and req.block_hashes:

@@ -101,12 +101,8 @@ class MisuseRules(MachineState):
     def misuse_argument(self, kind: str, pick: int) -> None:
         """A call with one bad argument, or a cache entry the model refuses; refused alike, no change.
 
-        A group id beyond 32 bits, a block size that is no multiple of the
-        hash chunk, a watcher that cannot be called, more full blocks than
-        listed, a request without the hashes asked for, a block cached again
-        at the prefix it is cached at, a partial entry at a block's end
-        (vLLM 0.31), announcing more hits than the request has blocks.  Each call has one fault, so the
-        refusal it must get is not a matter of which check a pool makes first.
+        Each call has one fault, so the refusal it must get is not a matter of which check a pool
+        makes first.
         """
         m = self.lock.model
         hbs, bs = self.cfg.hash_block_size, self.cfg.block_sizes[0]
@@ -143,22 +139,19 @@ class MisuseRules(MachineState):
     def misuse_other(self, kind: str, theirs: Table, pick: int) -> None:
         """A wrong call on the first pool with a block of the second; both refuse, neither changes.
 
-        Freeing it more often than it is referenced is a double free (the
-        second model says so); every other operation refuses it as a block
-        not of this pool, which the first model sees as an id outside the
-        pool, handed to the pool as this block (``Lockstep.foreign``).
+        Freeing it too often is a double free (the second model says so); any other operation
+        refuses it as a block not of this pool (the first model's id outside the pool, handed to
+        the pool as this block: ``Lockstep.foreign``).
         """
         if not theirs.live:
             return
-        second = self._second()
+        second, m = self._second(), self.lock.model
         b = theirs.ids[pick % len(theirs.ids)]
+        used = [a for a in range(1, m.num_blocks) if m.ref[a] > 0]
         if kind == "other_over_free":
-            used = [a for a in range(1, self.cfg.num_blocks) if self.lock.model.ref[a] > 0]
             self._free_across(used[:1], [b] * (second.model.ref[b] + 1), pick % 2 == 1)
             return
-        m = self.lock.model
         stand_in = m.num_blocks + pick  # an id the first model does not know
-        used = [a for a in range(1, m.num_blocks) if m.ref[a] > 0]
         saved, self.lock.foreign = self.lock.foreign, second.pool.blocks[b]
         try:
             if kind == "other_touch":

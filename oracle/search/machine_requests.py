@@ -33,11 +33,8 @@ class RequestRules(MachineState):
 
     @rule(target=finished, prompt=prompts)
     def served(self, prompt: Prompt) -> Any:
-        """A short request admitted and finished at once: its prefix stays cached and idle.
-
-        Later requests hit it (touching idle blocks, announcing hits) and
-        ``follow_up`` continues the conversation.
-        """
+        """A short request admitted and finished at once: its prefix stays cached and idle, for
+        later requests to hit and ``follow_up`` to continue."""
         run = self._admit(self._request(self._fitted(prompt)), False, False, False, None, 0)
         if not isinstance(run, Running):
             return multiple()
@@ -50,17 +47,15 @@ class RequestRules(MachineState):
               mask: tuple[bool, ...] | None, window: int) -> Any:
         """Schedule a new request: look up its prefix, touch the hits, allocate, cache.
 
-        ``window`` leading hits become the null block, as a sliding-window
-        manager does for blocks that left the window; ``emit`` announces the
-        hits to event consumers.  A prompt is cut to half of what the pool
-        holds, as a scheduler admits no request the pool cannot hold (a
-        small pool still runs dry, with several requests).
+        ``window`` leading hits become the null block (sliding window); ``emit`` announces the
+        hits.  A prompt is cut to half the pool, as a scheduler admits no request it cannot hold.
         """
         return self._admit(self._request(self._fitted(prompt)), skip_lookup, emit, skip_partial, mask,
                            window)
 
     def _fitted(self, prompt: Prompt) -> Prompt:
-        """``prompt`` cut to half the tokens the pool's real blocks hold in every group."""
+        """``prompt`` cut to half the tokens the pool's real blocks hold in every group (a small pool
+        still runs dry, with several requests)."""
         cfg = self.cfg
         per_group = (cfg.num_blocks - 1) // len(cfg.block_sizes)
         half = max(1, per_group * min(cfg.block_sizes.values()) // 2)
@@ -71,24 +66,15 @@ class RequestRules(MachineState):
           window=st.integers(0, 2))
     def follow_up(self, run: Running, more: list[int], skip_lookup: bool, emit: bool,
                   skip_partial: bool, mask: tuple[bool, ...] | None, window: int) -> Any:
-        """The next turn of a finished conversation: its whole text plus ``more`` tokens.
-
-        It hits what the finished request cached and what is still cached
-        (decoded blocks and partial entries included), touching idle blocks;
-        ``window`` leading hits are null placeholders (sliding window).
-        """
+        """The next turn of a finished conversation: its whole text plus ``more`` tokens, hitting
+        what is still cached (idle blocks); ``window`` leading hits are null placeholders."""
         return self._admit(self._continued(run, more), skip_lookup, emit, skip_partial, mask, window)
 
     @rule(target=runs, run=runs, more=st.lists(st.integers(0, 49), max_size=2), emit=st.booleans(),
           skip_partial=skips, window=st.integers(0, 2))
     def fork(self, run: Running, more: list[int], emit: bool, skip_partial: bool, window: int) -> Any:
-        """Another sample of a live request's prompt (parallel sampling, n > 1).
-
-        It reads the same text with the same extra keys, so it hits the
-        blocks the first one cached while they are in use: both hold them.
-        ``window`` leading hits are null placeholders (sliding window), so
-        the null block is touched.
-        """
+        """Another sample of a live request's prompt (parallel sampling, n > 1): it hits the blocks
+        the first one cached while they are in use; ``window`` leading hits are null placeholders."""
         if not self._alive(run):
             return multiple()
         return self._admit(self._continued(run, more), False, emit, skip_partial, None, window)
@@ -130,10 +116,8 @@ class RequestRules(MachineState):
                mask: tuple[bool, ...] | None, slide: int) -> None:
         """Engine steps: slide the window, then ``per_step`` tokens a step (append, grow, cache).
 
-        ``slide`` above 2 frees ``slide - 2`` leading blocks (sliding window).
-        Several tokens a step are speculative decoding; several steps in a
-        row grow the partial entry of the last block until it fills and is
-        promoted.  A step the pool cannot grow preempts the request.
+        ``slide`` above 2 frees ``slide - 2`` leading blocks; several tokens a step are speculative
+        decoding.  A step the pool cannot grow preempts the request.
         """
         if not self._alive(run):
             return
@@ -151,10 +135,8 @@ class RequestRules(MachineState):
     @rule(target=finished, run=consumes(runs),
           reader=st.sampled_from([None, "reader1", "reader2"]))
     def finish(self, run: Running, reader: str | None) -> Any:
-        """Free a finished request's blocks, tail first; or unpin them for a ``reader``.
-
-        Unpinned blocks stay readable until reused; the reader's watcher fires then.
-        """
+        """Free a finished request's blocks, tail first; or unpin them for a ``reader``, whose
+        watcher fires when they are reused."""
         if not self._alive(run):
             return multiple()
         watcher = self.lock.watcher(reader or "")
@@ -171,13 +153,8 @@ class RequestRules(MachineState):
     def partial_inside(self, run: Running, group: int, pick: int, again: bool) -> None:
         """A partial entry at a chunk boundary of one of a request's blocks, up to what it wrote.
 
-        A block cached further keeps its primary key and gains a secondary
-        one (the shape eviction, promotion and moves must treat as a
-        whole); the last, partly written block gains an entry shorter than
-        its own, or its first, which the next step's entry replaces; at the
-        boundary a block is cached at (its end, under vLLM 0.33), nothing
-        changes.  With ``again`` it is registered twice: no change, no
-        second event.
+        A block cached further gains a secondary key; the last, partly written block an entry
+        the next step's replaces.  With ``again`` it is registered twice: no change, no event.
         """
         if not self.cfg.caching or not self._alive(run) or group not in run.tables:
             return
@@ -191,13 +168,8 @@ class RequestRules(MachineState):
 
     @rule(run=runs, group=st.integers(0, 1), pick=st.integers(0, 15), position=st.integers(0, 15))
     def rewrite(self, run: Running, group: int, pick: int, position: int) -> None:
-        """A request rewrote a block it alone holds (a state checkpoint) and re-keys it.
-
-        The entries the block had are evicted first, which makes it writable
-        (the model's ``is_block_writable``), then ``replace_existing_hashes``
-        registers it at a chunk boundary of what the request has written
-        into it, its end included.
-        """
+        """A request rewrote a block it alone holds (a state checkpoint) and re-keys it: its entries
+        evicted, then ``replace_existing_hashes`` at a chunk boundary of what it wrote."""
         if not self.cfg.caching or not self._alive(run) or group not in run.tables:
             return
         options = rewritable(self.lock, run, group, self.cfg)
@@ -217,13 +189,8 @@ class RequestRules(MachineState):
 
     def _cache(self, run: Running, group: int, skip_partial: bool,
                mask: tuple[bool, ...] | None) -> None:
-        """Index what filled up, and (unless skipped) the partial last block.
-
-        Like the engine after each step: when ``hash_block_size`` is smaller
-        than the block size, the prefix that ends inside the last block is
-        made reachable too, and promoted when the block fills; under vLLM
-        0.33 also a prefix that ends at a block's end.
-        """
+        """Index what filled up, and (unless skipped) the prefix ending inside the last block (at
+        its end too under vLLM 0.33), as the engine does after each step."""
         cfg, req = self.cfg, run.request
         bs = cfg.block_sizes[group]
         full = req.num_tokens // bs
