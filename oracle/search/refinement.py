@@ -528,7 +528,8 @@ def explore(
 
     invariants = Memo()
     seen.add(key(root.model))
-    levels = breadth_first([(root.model, carry(root), ())], depth, expand, over_budget=watch.past(seconds))
+    first: _Node = (root.model, carry(root), ())
+    levels = breadth_first([first], depth, expand, over_budget=watch.past(seconds))
     out.depth, out.complete = levels.depth, levels.complete
     return finish()
 
