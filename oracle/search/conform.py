@@ -66,13 +66,9 @@ def load_adapter(impl: str | None, adapter: str | None, strict_messages: bool = 
                  lacks: frozenset[str] = frozenset()) -> Adapter:
     """The adapter for a pool class (``impl``) or from a factory (``adapter``), as ``module:name``.
 
-    A class other than kvpool's may refuse for lack of blocks with any
-    ``ValueError`` unless ``strict_messages`` (:func:`~.adapter.adapter_for_class`).
-
-    Checked enough to fail early and clearly: a bad spec, a class without the
-    pool API, a factory that returns no adapter or a pool that cannot be built
-    raise :class:`~kvpool.oracle.core.adapter.LoadError`, whose message starts with
-    the spec (a command line puts its flag in front).
+    ``strict_messages``: see :func:`~.adapter.adapter_for_class`.  A bad spec, a class without the
+    pool API, a factory that returns no adapter or a pool that cannot be built raise
+    :class:`~kvpool.oracle.core.adapter.LoadError`, whose message starts with the spec.
     """
     if impl is not None:
         pool_class = load_object(impl)
@@ -173,11 +169,9 @@ class Options:
 
     def settings_json(self) -> dict[str, Any]:
         """The options as a result document shows them (the database without its password)."""
-        return {"steps": self.steps, "runs": self.runs, "examples": self.examples,
-                "machine_steps": self.machine_steps, "seed": self.seed, "misuse": self.misuse,
-                "reference": self.reference, "shard": [self.shard[0] + 1, self.shard[1]],
-                "database": None if self.database is None else describe(self.database),
-                "blocks": self.blocks, "long_lived": self.long_lived, "lacks": sorted(self.lacks)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shrink"}
+        return {**out, "shard": [self.shard[0] + 1, self.shard[1]], "lacks": sorted(self.lacks),
+                "database": None if self.database is None else describe(self.database)}
 
     def machine_examples(self) -> int:
         """This shard's share of the state machine's examples."""
@@ -232,12 +226,9 @@ def _shrunk_failure(exc: BaseException, seed: int, made: int) -> Failure:
         return _failure(exc, None, seed)
     shrunk = shrink_log(log)
     if shrunk.divergence is None or not shrunk.lines:
-        failure = _failure(exc, None, seed)
-        failure.shrink_note = shrunk.note
-        return failure
-    failure = _failure(shrunk.divergence, shrunk.lines, seed)
-    failure.shrunk_from, failure.requests = made, shrunk.requests
-    return failure
+        return dataclasses.replace(_failure(exc, None, seed), shrink_note=shrunk.note)
+    return dataclasses.replace(_failure(shrunk.divergence, shrunk.lines, seed), shrunk_from=made,
+                               requests=shrunk.requests)
 
 
 def observation_level(adapter: Adapter, reference: str = "0.31") -> dict[str, Any]:
@@ -256,9 +247,7 @@ def run_campaign_phase(adapter: Adapter, opts: Options) -> PhaseResult:
     refusals: Counter[str] = Counter()
     met = FeatureLog()
     index, count = opts.shard
-    for run in range(opts.runs):
-        if run % count != index:
-            continue
+    for run in range(index, opts.runs, count):
         seed = opts.seed + run
         features = FeatureLog()
         one = functools.partial(run_one, factory, seed, opts.steps, misuse=misuse,

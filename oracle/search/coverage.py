@@ -99,14 +99,11 @@ class Branch:
         return f"{self.file}:{self.line} -> {self.to or 'exit'}: {self.source}  =>  {then}"
 
 
-@dataclass(frozen=True)
-class SourceCoverage:
-    """The branches of the pool under test's own source that one phase reached."""
+class _Percent:
+    """``covered`` of ``total`` branches, as a percentage (100 of none)."""
 
     covered: int
     total: int
-    files: tuple[tuple[str, int, int], ...]
-    """Each measured file: its path, branches taken, branches in all."""
 
     @property
     def percent(self) -> float:
@@ -114,7 +111,17 @@ class SourceCoverage:
 
 
 @dataclass(frozen=True)
-class PhaseCoverage:
+class SourceCoverage(_Percent):
+    """The branches of the pool under test's own source that one phase reached."""
+
+    covered: int
+    total: int
+    files: tuple[tuple[str, int, int], ...]
+    """Each measured file: its path, branches taken, branches in all."""
+
+
+@dataclass(frozen=True)
+class PhaseCoverage(_Percent):
     """The branches of the model's actions that one phase reached."""
 
     phase: str
@@ -127,10 +134,6 @@ class PhaseCoverage:
     """The legal pairs of call features the phase made meet in one call (:mod:`.features`)."""
     pool: SourceCoverage | None = None
     """The branches of the pool's own source the phase took (None: its source is unknown)."""
-
-    @property
-    def percent(self) -> float:
-        return 100.0 * self.covered / self.total if self.total else 100.0
 
     @property
     def gaps(self) -> tuple[Branch, ...]:
