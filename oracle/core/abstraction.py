@@ -22,7 +22,7 @@ checker is code the check cannot see.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -98,17 +98,12 @@ def pool_event(event: Any) -> dict[str, Any]:
     kind = event_type(event)
     if kind is None:
         return {"type": type(event).__name__}
-    out: dict[str, Any] = {"type": kind}
-    for name in EVENT_FIELDS[kind]:
-        out[name] = _plain(getattr(event, name, None))
-    return out
+    return {"type": kind, **{name: _plain(getattr(event, name, None)) for name in EVENT_FIELDS[kind]}}
 
 
 def model_event(event: Event) -> dict[str, Any]:
-    """The model's event as a reference pool must emit it, in :func:`pool_event`'s form.
-
-    Sequences are lists, as in :func:`pool_event`, so the two compare field by field.
-    """
+    """The model's event as a reference pool must emit it, in :func:`pool_event`'s form (sequences
+    as lists), so the two compare field by field."""
     if isinstance(event, Cleared):
         return {"type": "AllBlocksCleared"}
     if isinstance(event, Removed):
@@ -139,10 +134,7 @@ _SCALARS = frozenset((int, str, bytes, bool, float, type(None)))
 
 def _plain(value: Any) -> Any:
     """Sequences as lists, recursively, so that tuples and lists compare equal."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return value
-    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+    if type(value) not in _SCALARS and isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
 
@@ -170,12 +162,8 @@ def removals_in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def event_differences(model: Sequence[Event], pool: Sequence[Any]) -> list[str]:
-    """Where a pool's events differ from the model's: only the differing fields, both sides.
-
-    Empty when they agree.  Fields are compared by name and value (sequences
-    as lists), whatever classes the pool's events are; a run of removals in
-    any order (:func:`removals_in_order`).
-    """
+    """Where a pool's events differ from the model's (empty when they agree): only the differing
+    fields, by name and value, whatever classes the pool's events are (:func:`removals_in_order`)."""
     out = []
     wants = removals_in_order([model_event(m) for m in model])
     gots = removals_in_order([pool_event(p) for p in pool])
@@ -200,13 +188,7 @@ def event_differences(model: Sequence[Event], pool: Sequence[Any]) -> list[str]:
 
 def refusal_kind(error: BaseException | None) -> RefusalKind | None:
     """The kind of a typed refusal, by the class name of the error or of a base class."""
-    if error is None:
-        return None
-    for cls in type(error).__mro__:
-        kind = _KIND_OF_NAME.get(cls.__name__)
-        if kind is not None:
-            return kind
-    return None
+    return next((_KIND_OF_NAME[c.__name__] for c in type(error).__mro__ if c.__name__ in _KIND_OF_NAME), None)
 
 
 def refusal_name(error: BaseException) -> str:
@@ -282,7 +264,3 @@ def short(value: Any) -> str:
         return "{" + ", ".join(f"{k!r}: {short(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
-
-def keys_of(concrete: Iterable[bytes]) -> tuple[Key, ...]:
-    """Several concrete keys, in order."""
-    return tuple(key_of(k) for k in concrete)

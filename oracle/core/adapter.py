@@ -85,14 +85,10 @@ def optional_api() -> tuple[str, ...]:
 class ReferencePool(Protocol):
     """A pool with the reference API; blocks are objects with a ``block_id``.
 
-    Its operations are the model's public ones (vLLM's, :func:`required_api`, and any declared since
-    that it has), each
-    taking its declared arguments in declared order under vLLM's parameter
-    names; :func:`missing_api` checks them.  Besides them the observation reads
-    ``blocks`` (each with ``block_id``, ``ref_cnt``, ``block_hash``) and
-    ``free_block_queue`` (with ``get_all_free_blocks()`` and
-    ``num_free_blocks``); vLLM's internals are read where present
-    (:class:`~kvpool.oracle.core.observe.Observer`).
+    Its operations (the model's public ones, checked by :func:`missing_api`) take their declared
+    arguments in declared order under vLLM's names.  The observation reads ``blocks`` (each with
+    ``block_id``, ``ref_cnt``, ``block_hash``) and ``free_block_queue`` (``get_all_free_blocks()``,
+    ``num_free_blocks``), and vLLM's internals where present (:class:`~.observe.Observer`).
     """
 
     blocks: list[Any]
@@ -114,10 +110,7 @@ class Adapter(Protocol):
 
     def construct(self, num_blocks: int, caching: bool, hash_block_size: int,
                   events: bool) -> ReferencePool:
-        """A fresh pool; block 0 is the null block.
-
-        May also take ``metrics_collector`` (a collector the pool must tell).
-        """
+        """A fresh pool; block 0 is the null block (may also take ``metrics_collector``, to tell)."""
         ...
 
     def errors_match(self, model_error: Exception, pool_error: Exception | None) -> bool:
@@ -156,10 +149,8 @@ class ClassAdapter:
 
 
 def adapter_factory(adapter: Adapter) -> Callable[..., Any]:
-    """Turn an adapter into the ``pool_factory(n, caching, hbs, enable_kv_cache_events=)``.
-
-    The factory takes a ``metrics_collector`` too when the adapter's ``construct`` does.
-    """
+    """Turn an adapter into the ``pool_factory(n, caching, hbs, enable_kv_cache_events=)``, taking a
+    ``metrics_collector`` too when the adapter's ``construct`` does."""
     if _takes(adapter.construct, "metrics_collector"):
         def with_metrics(num_blocks: int, caching: bool, hash_block_size: int,
                          enable_kv_cache_events: bool = False, metrics_collector: Any = None) -> Any:
@@ -193,11 +184,8 @@ def kvpool_adapter(pool_class: type[Any] | None = None) -> ClassAdapter:
 
 
 def vllm_adapter(strict_messages: bool = True) -> ClassAdapter:
-    """vLLM's own ``BlockPool``, imported only when asked for (the import takes seconds).
-
-    It raises ``ValueError`` when out of blocks (with vLLM's message, unless
-    not ``strict_messages``) and does not refuse misuse.
-    """
+    """vLLM's own ``BlockPool``, imported only when asked for (the import takes seconds): out of
+    blocks a ``ValueError`` (with vLLM's message if ``strict_messages``), misuse not refused."""
     module = importlib.import_module("vllm.v1.core.block_pool")
     # Every refused reset logs a warning; thousands of them would bury the report.
     logging.getLogger(module.__name__).setLevel(logging.ERROR)
@@ -211,9 +199,8 @@ def vllm_adapter(strict_messages: bool = True) -> ClassAdapter:
 def adapter_for_class(pool_class: Any, strict_messages: bool = True) -> ClassAdapter:
     """The right adapter for a pool class: strict for kvpool's, lenient for others.
 
-    Another pool's refusal for lack of blocks is a ``ValueError``: with vLLM's
-    exact message when ``strict_messages``, any message otherwise (``kvpool
-    conform`` asks for that unless ``--strict-messages``).
+    Another pool's refusal for lack of blocks is a ``ValueError``: with vLLM's exact message when
+    ``strict_messages`` (``kvpool conform --strict-messages``), any message otherwise.
     """
     # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
     from kvpool.impl import BlockPool
@@ -242,11 +229,9 @@ def missing_api(pool_class: Any, lacks: Iterable[str] = ()) -> list[str]:
     """The required operations ``pool_class`` lacks, or the calls of any it has that it cannot take,
     but those declared lacking (``lacks``, and the class's ``kvpool_lacks``).
 
-    Read off the declarations when asked: a method must take the declared
-    arguments positionally (``touch(block_ids)``), and the required ones alone
-    (``cache_full_blocks(...) without block_mask``); the names are vLLM's, not
-    the model's, so they are not compared.  A method whose signature cannot be
-    read (a compiled one) is taken as it is.
+    A method must take the declared arguments positionally (``touch(block_ids)``), and the required
+    ones alone (``cache_full_blocks(...) without block_mask``); their names (vLLM's) are not
+    compared, and a signature that cannot be read (a compiled method) is taken as it is.
     """
     out, required = [], required_api()
     declared = {*lacks, *(getattr(pool_class, "kvpool_lacks", ()) or ())}
@@ -285,21 +270,14 @@ def _untaken_call(method: Callable[..., Any], op: Operation) -> str | None:
 
 
 class Mispredicted(BaseException):
-    """A pool that answers ahead of its process (a pool in another process, driven at speed) found
-    that the process answered a call otherwise than it had said: the run is to be made again, each
-    call waiting for its answer, to find exactly where and how.
-
-    A ``BaseException`` so that it passes the lockstep's comparison of refusals untouched; the
-    message says which call and what differed, ``__cause__`` the process's failure, if it failed.
-    """
+    """A pool answering ahead of its process found that the process answered a call otherwise: the
+    run is to be made again, each call waiting for its answer (a ``BaseException``, so that it
+    passes the lockstep's comparison of refusals untouched; ``__cause__``: the process's failure)."""
 
 
 class LoadError(ValueError):
-    """A ``module:name`` that names no usable pool or adapter.
-
-    The message starts with the spec (``'pkg.mod:Pool': cannot import pkg.mod: ...``);
-    a command line puts its flag in front of it (``--impl 'pkg.mod:Pool': ...``).
-    """
+    """A ``module:name`` that names no usable pool or adapter; the message starts with the spec
+    (``'pkg.mod:Pool': cannot import pkg.mod: ...``), for a command line to put its flag in front."""
 
 
 def load_object(spec: str) -> Any:
@@ -323,8 +301,6 @@ def load_object(spec: str) -> Any:
     return obj
 
 
-__all__ = [
-    "REFERENCE_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted",
-    "ReferencePool", "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking", "load_object",
-    "missing_api", "optional_api", "required_api", "vllm_adapter",
-]
+__all__ = ["REFERENCE_API", "Adapter", "ClassAdapter", "ErrorMatcher", "LoadError", "Mispredicted",
+           "ReferencePool", "adapter_factory", "adapter_for_class", "kvpool_adapter", "lacking",
+           "load_object", "missing_api", "optional_api", "required_api", "vllm_adapter"]

@@ -29,6 +29,7 @@ block queued twice, is reported with the block it loops at.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -99,9 +100,7 @@ class BlockView:
 
     def agrees(self, other: BlockView) -> bool:
         """Whether every part both sides show is equal (cheap: no message is made)."""
-        if self == other:
-            return True
-        return not self.diff(other)
+        return self == other or not self.diff(other)
 
     def diff(self, other: BlockView) -> list[str]:
         """The parts both sides show that differ, model side first."""
@@ -128,9 +127,7 @@ def model_block_view(s: PoolState, b: int) -> BlockView:
 def model_entries(s: PoolState, key: Key, whole: bool) -> tuple[int, ...] | int | None:
     """The model's index entries of ``key`` (``whole``), or the block a lookup returns."""
     blocks = s.index.get(key, ())
-    if whole:
-        return blocks
-    return blocks[0] if blocks else None
+    return blocks if whole else blocks[0] if blocks else None
 
 
 def observe_model(s: PoolState, probes: Iterable[Key] = ()) -> Observation:
@@ -387,8 +384,7 @@ def free_queue_link_errors(queue: Any, limit: int | None = None,
                           f"walked {limit} blocks")
     if backward[::-1] != forward:
         errors.append(f"forward {forward} != reversed backward {backward[::-1]}")
-    seen: set[int] = set()
-    twice = sorted({b for b in forward if b in seen or seen.add(b)})  # type: ignore[func-returns-value]
+    twice = sorted(b for b, n in Counter(forward).items() if n > 1)
     if twice:
         errors.append(f"blocks {twice} are queued twice: {forward}")
     if queue.num_free_blocks != len(forward):

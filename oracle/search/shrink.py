@@ -257,11 +257,9 @@ def _replayed(value: Any, tokens: int | None, requests: dict[int, Any], pair: Lo
 
 def _line(entry: dict[str, Any], pair: Lockstep) -> str:
     """The call as the shrunk trace shows it: the lockstep's own record of it."""
-    record = pair.trace[-1] if pair.trace else None
     where = "second pool: " if entry["pool"] == 1 else ""
-    if record is None:
-        return f"{where}{entry['op']}{short_args(entry['args'].values())}"
-    return f"{where}{record.shown}"
+    shown = pair.trace[-1].shown if pair.trace else f"{entry['op']}{short_args(entry['args'].values())}"
+    return where + shown
 
 
 @dataclass
@@ -276,6 +274,11 @@ class Shrunk:
     note: str = ""
     requests: list[str] = field(default_factory=list)
     """The requests the kept calls name, each with what it reads (tokens and extra keys)."""
+
+    @classmethod
+    def unshrunk(cls, log: CallLog, replays: int, note: str) -> Shrunk:
+        """The run's calls left as they were, and why."""
+        return cls([], len(log.entries), len(log.entries), None, replays, note=f"not shrunk: {note}")
 
 
 def signature(exc: Divergence) -> tuple[str, tuple[str, ...]]:
@@ -292,21 +295,18 @@ def shrink_log(log: CallLog, on_kept: Callable[[Lines], object] | None = None) -
     try:
         return _shrink(log, on_kept)
     except Exception as exc:  # the pool failing while the shrink makes pools (a process at its end)
-        return Shrunk([], len(log.entries), len(log.entries), None, 0,
-                      note=f"not shrunk: a replay failed before its calls ({str(exc).splitlines()[0]})")
+        return Shrunk.unshrunk(log, 0, f"a replay failed before its calls ({str(exc).splitlines()[0]})")
 
 
 def _shrink(log: CallLog, on_kept: Callable[[Lines], object] | None) -> Shrunk:
     blocks = log.blocks
     if len(log.entries) * blocks > MAX_COMPARED:
-        return Shrunk([], len(log.entries), len(log.entries), None, 0,
-                      note=f"not shrunk: replaying the run's {len(log.entries):,} calls on {blocks:,} "
-                           f"blocks, the whole pool compared after each, is over the shrink's budget "
-                           f"({MAX_COMPARED:,} blocks compared)")
+        return Shrunk.unshrunk(log, 0, f"replaying the run's {len(log.entries):,} calls on {blocks:,} "
+                               f"blocks, the whole pool compared after each, is over the shrink's budget "
+                               f"({MAX_COMPARED:,} blocks compared)")
     whole = replay(log, log.entries)
     if whole.divergence is None:
-        return Shrunk([], len(log.entries), len(log.entries), None, 1,
-                      note="not shrunk: the run's calls replayed on fresh pools do not diverge")
+        return Shrunk.unshrunk(log, 1, "the run's calls replayed on fresh pools do not diverge")
     target = signature(whole.divergence)
     budget = {"replays": 1, "compared": len(log.entries) * blocks}
 
@@ -369,8 +369,8 @@ def _requests(entries: Lines) -> list[str]:
                 continue
             longest[value.request_id] = n
             extras = [f"lora {value.lora_request.name!r}"] if getattr(value, "lora_request", None) else []
-            extras += [f"salt {value.cache_salt!r}"] if getattr(value, "cache_salt", None) else []
-            extras += [f"session {value.session_id!r}"] if getattr(value, "session_id", None) else []
+            extras += [f"{label} {v!r}" for label, name in (("salt", "cache_salt"), ("session", "session_id"))
+                       if (v := getattr(value, name, None))]
             items = [(f.mm_position.offset, f.mm_position.length) for f in getattr(value, "mm_features", ())]
             extras += [f"items (offset, length) {items}"] if items else []
             seen[value.request_id] = (f"{value.request_id}: tokens {value.all_token_ids[:n]}"
