@@ -31,30 +31,27 @@ def run_one(
 ) -> Lockstep:
     """One run of ``steps`` workload steps; raises :class:`Divergence` on a difference.
 
-    ``misuse=False`` leaves out deliberately wrong calls (for pools, like
-    vLLM's, that do not refuse them); ``errors_match`` pairs refusals;
-    ``observe`` is an adapter's own observation, if it has one; ``blocks``
-    is the pool's size (None: drawn, or for a long-lived run one of
-    :data:`~.long_lived.LONG_LIVED_BLOCKS`); ``long_lived`` plays the run
-    with :class:`~.long_lived.LongLived`'s churn.  With ``keep_log``, every
-    call is kept and a divergence carries them as its ``log``
-    (:class:`~.shrink.CallLog`, what :func:`~.shrink.shrink_log` cuts).
-    ``features`` collects each call's shape features (:mod:`.features`); with
-    ``share`` (``(run, runs)``) the run then makes the legal pairs of its share
-    it missed (:mod:`.directed`), and ``pair.directed`` counts those calls.  ``lacks``: what the
-    pool declares it lacks (:mod:`.capabilities`): the run's shape and calls leave it out, and a
-    workload step that would make such a call stops before it.
+    ``misuse=False`` leaves out deliberately wrong calls (for pools, like vLLM's, that do not
+    refuse them); ``observe`` is an adapter's own observation; ``blocks`` the pool's size (None:
+    drawn, or :data:`~.long_lived.LONG_LIVED_BLOCKS`); ``long_lived`` plays
+    :class:`~.long_lived.LongLived`'s churn.  With ``keep_log`` a divergence carries every call as
+    its ``log`` (:class:`~.shrink.CallLog`).  ``features`` collects each call's shape features; with
+    ``share`` (``(run, runs)``) the run then makes the pairs of its share it missed (:mod:`.directed`,
+    counted in ``pair.directed``).  ``lacks`` (:mod:`.capabilities`) is left out of the run's shape
+    and calls, and a workload step that would make such a call stops before it.
     """
     rng = random.Random(seed)
     caps = Capabilities.of(lacks)
     cfg = caps.fit(RunConfig.draw(rng, seed, pool_blocks(seed, blocks, long_lived)))
 
-    def first() -> Lockstep:
-        made = Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
-                              cfg.events, reference, metrics=cfg.metrics, errors_match=errors_match,
-                              observe=observe)
+    def lacking(made: Lockstep) -> Lockstep:
         made.lacks = caps.lacks | (made.lacks or frozenset())  # and what the pool itself declares
         return made
+
+    def first() -> Lockstep:
+        return lacking(Lockstep.fresh(pool_factory, cfg.num_blocks, cfg.caching, cfg.hash_block_size,
+                                      cfg.events, reference, metrics=cfg.metrics, errors_match=errors_match,
+                                      observe=observe))
 
     second = second_pool(pool_factory, cfg, reference, errors_match)
     pair = first()
@@ -64,8 +61,7 @@ def run_one(
     def logged_second() -> Lockstep:
         made = second()
         made.log, made.features = log, features
-        made.lacks = caps.lacks | (made.lacks or frozenset())
-        return made
+        return lacking(made)
 
     work = workload_class(long_lived)(rng, cfg, pair, misuse_on=misuse and caps.has("misuse"),
                                       second=logged_second if caps.has("second_pool") else None)

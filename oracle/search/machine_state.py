@@ -11,7 +11,7 @@ joined class, so each set can live in its own module.
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize
 
@@ -92,15 +92,13 @@ class MachineState(RuleBasedStateMachine):
     def _request(self, prompt: Prompt) -> Request:
         self.counter += 1
         tokens = self.work.documents[prompt.doc][: prompt.length] + list(prompt.tail)
-        kw: dict[str, Any] = {}
         lacks = self.LACKS
-        if prompt.lora and "lora" not in lacks:
-            kw["lora_request"] = LoRARequest(prompt.lora, LORA_IDS[prompt.lora], "/a")
-        if prompt.salt and "salt" not in lacks:
-            kw["cache_salt"] = prompt.salt
-        return Request(f"r{self.counter}", tokens, block_hasher=self.work.hasher,
+        lora = (LoRARequest(prompt.lora, LORA_IDS[prompt.lora], "/a") if prompt.lora and "lora" not in lacks
+                else None)
+        return Request(f"r{self.counter}", tokens, block_hasher=self.work.hasher, lora_request=lora,
+                       cache_salt=None if "salt" in lacks else prompt.salt,
                        mm_features=[] if "mm" in lacks else prompt.features(len(tokens)),
-                       session_id=None if "session" in lacks else prompt.session, **kw)
+                       session_id=None if "session" in lacks else prompt.session)
 
     def _alive(self, run: Running) -> bool:
         return self.live.get(run.request.request_id) is run

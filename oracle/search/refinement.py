@@ -37,6 +37,7 @@ shortest sequence found, as the lockstep prints it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 from collections import Counter
@@ -224,10 +225,8 @@ class Carried:
     @classmethod
     def of(cls, pair: Pair) -> Carried:
         parts = tuple(getattr(pair, name) for name in _CARRIED)
-        try:
+        with contextlib.suppress(Exception):
             return cls("pickle", pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception:
-            pass
         try:
             copy.deepcopy(parts)
             return cls("deepcopy", parts)
@@ -446,17 +445,15 @@ class Refinement:
 def show_call(call: Call) -> str:
     """One call as a line (hashes and requests shortened)."""
     op, args = call
-    shown = []
-    for a in args:
-        if hasattr(a, "request_id"):
-            shown.append(f"<request {a.request_id}>")
-        elif isinstance(a, bytes):
-            shown.append("…" + a[-3:].hex())
-        elif callable(a):
-            shown.append(getattr(a, "__name__", repr(a)))
-        else:
-            shown.append(repr(a))
-    return f"{op}({', '.join(shown)})"
+    return f"{op}({', '.join(_shown(a) for a in args)})"
+
+
+def _shown(arg: Any) -> str:
+    if hasattr(arg, "request_id"):
+        return f"<request {arg.request_id}>"
+    if isinstance(arg, bytes):
+        return "…" + arg[-3:].hex()
+    return getattr(arg, "__name__", repr(arg)) if callable(arg) else repr(arg)
 
 
 _Node = tuple[PoolState, Carried, tuple[Call, ...]]
