@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
+from itertools import groupby
 from typing import Any
 
 from kvpool.model.events import Cleared, Event, Removed
@@ -149,15 +150,9 @@ def removals_in_order(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     if sum(1 for e in events if e.get("type") == "BlockRemoved") < 2:
         return list(events)  # no run to put in order
     out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for e in [*events, {"type": None}]:
-        if e.get("type") == "BlockRemoved":
-            run.append(e)
-            continue
-        out += sorted(run, key=repr) if len(run) > 1 else run
-        run = []
-        if e.get("type") is not None:
-            out.append(e)
+    for removed, run in groupby(events, key=lambda e: e.get("type") == "BlockRemoved"):
+        group = list(run)
+        out += sorted(group, key=repr) if removed else group
     return out
 
 

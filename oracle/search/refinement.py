@@ -11,10 +11,7 @@ collector's calls, and checks every invariant of the model.
 The domain is the caller's contract-respecting calls (passed in: the bounded
 model checker's, :func:`kvpool.proofs.bmc.calls`, whose layer the oracle may
 not import; ``kvpool verify`` joins the two) plus this module's own
-:func:`queries` and :func:`misuse`: ids out of range, a block of no pool and
-a block of another pool, double and triple listings, the null block where it
-is refused, negative counts, bad group ids, ``num_full_blocks`` beyond the
-list, masks of the wrong length, a watcher that is not callable.
+:func:`queries` and :func:`misuse`.
 
 How a model id reaches the pool: ids in ``[0, N)`` are the pool's blocks; in
 an argument that names a block object, any other id stands for a block of no
