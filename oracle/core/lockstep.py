@@ -86,21 +86,19 @@ class Divergence(AssertionError):
     """What differs, in a word each: ``refusal``, ``result``, ``events``, ``watchers``, an
     observed field (``ref``, ``free``, ``index``, ``pending event 0``, ...) or a broken invariant."""
     record: list[CallRecord]
-    first: int
-    before: PoolState | None
-    model: PoolState | None
-    pool: Observation | None
-    pool_events: list[dict[str, Any]] | None
-    unobservable: str | None
-    window: tuple[int, int] | None
-    log: Any
+    first: int = 0
+    before: PoolState | None = None
+    model: PoolState | None = None
+    pool: Observation | None = None
+    pool_events: list[dict[str, Any]] | None = None
+    unobservable: str | None = None
+    window: tuple[int, int] | None = None
+    log: Any = None
     """The run's calls (a :class:`~kvpool.oracle.search.shrink.CallLog`), when the run kept them."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        self.parts, self.record, self.first, self.before, self.model = [], [], 0, None, None
-        self.pool, self.pool_events, self.unobservable, self.window = None, None, None, None
-        self.log = None
+        self.parts, self.record = [], []
 
 
 class CallerBrokeContract(Divergence):
@@ -576,10 +574,8 @@ class Lockstep(Translate):
         if not observer.black_box:
             return []
         keys = set(self.model.index) | self.probed
-        for b in self.pool.blocks:
-            block_hash = getattr(b, "block_hash", None)  # hidden by a pool seen only through calls
-            if block_hash is not None:
-                keys.add(key_of(block_hash))
+        # a block's hash is hidden by a pool seen only through calls
+        keys |= {key_of(h) for b in self.pool.blocks if (h := getattr(b, "block_hash", None)) is not None}
         for event in observer.pending_events() or ():
             fields_ = pool_event(event)
             for h in fields_.get("block_hashes") or ():

@@ -146,7 +146,6 @@ class PhaseCoverage(_Percent):
         out["missed"] = [{**asdict(b), "refusal": b.refusal, "contract": b.contract, "why": b.why}
                          for b in self.missed]
         out["pairs"] = None if self.pairs is None else self.pairs.to_json()
-        out["pool"] = None if self.pool is None else asdict(self.pool)
         return out
 
 
