@@ -104,30 +104,21 @@ def pool_event(event: Any) -> dict[str, Any]:
 
 def model_event(event: Event) -> dict[str, Any]:
     """The model's event as a reference pool must emit it, in :func:`pool_event`'s form (sequences
-    as lists), so the two compare field by field."""
+    as lists, every field the model does not state ``None``), so the two compare field by field."""
     if isinstance(event, Cleared):
         return {"type": "AllBlocksCleared"}
+    stated: dict[str, Any]
     if isinstance(event, Removed):
-        return {"type": "BlockRemoved", "block_hashes": [published(event.hash)],
-                "medium": event.medium, "group_idx": event.group, "locality": None,
-                "ownership": None}
-    return {
-        "type": "BlockStored",
-        "block_hashes": [published(h) for h in event.hashes],
-        "parent_block_hash": None if event.parent is None else published(event.parent),
-        "token_ids": list(event.token_ids),
-        "block_size": event.block_size,
-        "lora_id": event.lora_id,
-        "medium": event.medium,
-        "lora_name": event.lora_name,
-        "extra_keys": _plain(event.extra_keys),
-        "group_idx": event.group,
-        "kv_cache_spec_kind": None,
-        "kv_cache_spec_sliding_window": None,
-        "locality": None,
-        "ownership": None,
-        "session_id": event.session_id,
-    }
+        kind, stated = "BlockRemoved", {"block_hashes": [published(event.hash)]}
+    else:
+        kind, stated = "BlockStored", {
+            "block_hashes": [published(h) for h in event.hashes],
+            "parent_block_hash": None if event.parent is None else published(event.parent),
+            "token_ids": list(event.token_ids), "block_size": event.block_size, "lora_id": event.lora_id,
+            "lora_name": event.lora_name, "extra_keys": _plain(event.extra_keys),
+            "session_id": event.session_id}
+    return {"type": kind, **dict.fromkeys(EVENT_FIELDS[kind]), **stated, "medium": event.medium,
+            "group_idx": event.group}
 
 
 _SCALARS = frozenset((int, str, bytes, bool, float, type(None)))

@@ -177,9 +177,7 @@ class Replay:
 def replay(log: CallLog, entries: Lines) -> Replay:
     """``entries`` (some of ``log``'s, in order) on fresh pools, the whole pool compared after
     every call; each block id followed to the call of the run that handed it out (:func:`renamed`)."""
-    first = log.fresh()
-    first.full_every = 1
-    pairs: dict[int, Lockstep] = {0: first}
+    pairs: dict[int, Lockstep] = {}
     at = {id(e): i for i, e in enumerate(log.entries)}
     srcs = log.sources()
     handed: dict[int, list[int]] = {}
@@ -189,12 +187,14 @@ def replay(log: CallLog, entries: Lines) -> Replay:
 
     def pair_of(pool: int) -> Lockstep:
         if pool not in pairs:
-            if log.second is None:
+            make = log.second if pool else log.fresh
+            if make is None:
                 raise ValueError("the run had no second pool")
-            pairs[pool] = log.second()
+            pairs[pool] = make()
             pairs[pool].full_every = 1
         return pairs[pool]
 
+    first = pair_of(0)
     for i, entry in enumerate(entries):
         pair = pair_of(entry["pool"])
         args = renamed(dict(entry["args"]), srcs[at[id(entry)]], handed,
