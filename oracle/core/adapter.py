@@ -70,9 +70,8 @@ generators call only what a pool has), so a new operation breaks no pool written
 
 
 def required_api() -> tuple[str, ...]:
-    """The operations every pool must have: the model's public ones of vLLM's API (its private
-    members ``_insert_block_hash`` and ``_maybe_evict_cached_block`` are called only where a pool
-    has them, as is every operation declared beyond it)."""
+    """The operations every pool must have: the model's public ones of vLLM's API (the others are
+    called only where a pool has them: :func:`optional_api`)."""
     return tuple(n for n in PUBLIC_OPERATIONS if n in REFERENCE_API)
 
 

@@ -246,12 +246,8 @@ class Lockstep(Translate):
         hash_block_size: int, events: bool, reference: str = "0.31", metrics: bool = False,
         **settings: Any,
     ) -> Lockstep:
-        """A new pool and the model configured alike, for vLLM ``reference``'s behaviour.
-
-        With ``metrics``, the pool is built with a :class:`MetricsRecorder` if
-        its factory takes a ``metrics_collector``; ``settings`` are the lockstep's other fields
-        (``errors_match``, ``observe``, ...).
-        """
+        """A new pool and the model configured alike, for vLLM ``reference``'s behaviour; with
+        ``metrics`` a :class:`MetricsRecorder` if the factory takes one; ``settings``: other fields."""
         recorder = MetricsRecorder() if metrics and accepts(pool_factory, "metrics_collector") else None
         extra = {} if recorder is None else {"metrics_collector": recorder}
         pool = pool_factory(num_blocks, caching, hash_block_size, enable_kv_cache_events=events,
@@ -564,12 +560,8 @@ class Lockstep(Translate):
     # ------------------------------------------------------------ the whole pool
 
     def _probes(self) -> list[Key]:
-        """Keys to look up in a pool whose index cannot be seen whole.
-
-        Every key the model indexes, every key it indexed at the last check,
-        every key a block of the pool names as its primary, and every key of
-        the pending events the pool shows (named through the requests seen).
-        """
+        """Keys to look up in a pool whose index cannot be seen whole: those the model indexes or
+        indexed at the last check, the pool's blocks' primaries, and its pending events' keys."""
         observer = self.observer
         if not observer.black_box:
             return []

@@ -66,10 +66,7 @@ class Branch:
 
     @property
     def why(self) -> str:
-        """Why a phase may miss it: ``needs misuse`` (a refusal), ``caller contract``, ``caller
-        action``, ``the pool lacks it`` (an operation it declares lacking), ``another --reference``
-        (a decision on a flag another vLLM release sets), or ``reachable without misuse`` (a legal
-        call takes it: a gap)."""
+        """Why a phase may miss it; ``reachable without misuse`` (a legal call takes it) is a gap."""
         if self.caller:
             return "caller action"
         if self.lacked:
