@@ -367,8 +367,9 @@ class Lockstep(Translate):
             m_error = exc
             model.out = Output()
             fp = self._refused_footprint(decl, bound)
+        whole = self.steps - self.last_full >= (self.full_every or 1)
         if self._expect is not None:  # the pool may send what it will be asked after the call with it
-            self._expect(model, m_result, m_error, fp, self.steps - self.last_full >= (self.full_every or 1))
+            self._expect(model, m_result, m_error, fp, whole)
         try:
             p_result = getattr(self.pool, op)(*self._pool_args(decl, args), **kwargs)
             p_error = None
@@ -397,14 +398,11 @@ class Lockstep(Translate):
             if m_error is None:
                 self._compare_result(decl, m_result, p_result)
             self._compare_notices(op)
-        if snapshot is not None:
-            outside = changed_outside(snapshot, model, fp)
-            if outside:
-                raise self._diverged("footprint", f"the model's {op} changed what its declaration "
-                                     f"says it does not: {', '.join(outside)}", ["footprint"])
+        if snapshot is not None and (outside := changed_outside(snapshot, model, fp)):
+            raise self._diverged("footprint", f"the model's {op} changed what its declaration "
+                                 f"says it does not: {', '.join(outside)}", ["footprint"])
         if shape is not None and self.features is not None:
             self.features.add(kept(shape, op, m_error))
-        whole = self.steps - self.last_full >= (self.full_every or 1)
         # a query touches nothing (one that did is seen by the next whole check), a pool seen only
         # through calls shows no footprint; the footprint comes first even before a whole check, so
         # that a call damaging what it touched is named

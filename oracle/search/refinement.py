@@ -356,13 +356,9 @@ def misuse(s: PoolState, requests: Sequence[Any]) -> Iterator[Call]:
             yield "move_block_hashes", (a, x)
     # cache_full_blocks: bad counts, sizes, groups, masks, lists
     few = hbs * (len(r.block_hashes) // 2 + 1)  # a block size at which ``r`` has one hash
-    yield "cache_full_blocks", (r, [1], -1, 1, hbs, 0)
-    yield "cache_full_blocks", (r, [1], 0, -1, hbs, 0)
-    yield "cache_full_blocks", (r, [1], 0, 1, 0, 0)
-    if hbs > 1:
-        yield "cache_full_blocks", (r, [1], 0, 1, hbs + 1, 0)
-    for g in (-1, 2**32):
-        yield "cache_full_blocks", (r, [1], 0, 1, hbs, g)
+    bad = [(-1, 1, hbs, 0), (0, -1, hbs, 0), (0, 1, 0, 0), *[(0, 1, hbs + 1, 0)] * (hbs > 1),
+           (0, 1, hbs, -1), (0, 1, hbs, 2**32)]  # (num_cached, num_full, block size, group)
+    yield from (("cache_full_blocks", (r, [1], *tail)) for tail in bad)
     for a in real:
         yield "cache_full_blocks", (r, [a], 0, 2, hbs, 0)  # num_full beyond the list
         yield "cache_full_blocks", (r, [a], 0, 1, hbs, 0, [True, False])  # a mask too long
@@ -380,13 +376,9 @@ def misuse(s: PoolState, requests: Sequence[Any]) -> Iterator[Call]:
     yield "cache_partial_block", (r, 1, hbs, 0, 0)
     for x in outside:
         yield "cache_partial_block", (r, x, hbs, 0, 2 * hbs)
-    # emit_cached_block_events
-    yield "emit_cached_block_events", (r, -1, hbs, 0)
-    yield "emit_cached_block_events", (r, 1, hbs, -1)
-    yield "emit_cached_block_events", (r, 1, 0, 0)
-    yield "emit_cached_block_events", (r, len(r.block_hashes) + 1, hbs, 0)
-    yield "get_cached_block", (r.block_hashes[0], [-1])
-    yield "get_cached_block", (r.block_hashes[0], [0, 2**32])
+    for tail in ((-1, hbs, 0), (1, hbs, -1), (1, 0, 0), (len(r.block_hashes) + 1, hbs, 0)):
+        yield "emit_cached_block_events", (r, *tail)
+    yield from (("get_cached_block", (r.block_hashes[0], groups)) for groups in ([-1], [0, 2**32]))
 
 
 # ---------------------------------------------------------------- the search
