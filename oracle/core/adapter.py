@@ -201,8 +201,7 @@ def adapter_for_class(pool_class: Any, strict_messages: bool = True) -> ClassAda
     Another pool's refusal for lack of blocks is a ``ValueError``: with vLLM's exact message when
     ``strict_messages`` (``kvpool conform --strict-messages``), any message otherwise.
     """
-    # lazy: kvpool's own pool, only as the default target (the oracle never needs impl)
-    from kvpool.impl import BlockPool
+    from kvpool.impl import BlockPool  # lazy, as in kvpool_adapter
 
     if isinstance(pool_class, type) and issubclass(pool_class, BlockPool):
         return kvpool_adapter(pool_class)

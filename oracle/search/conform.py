@@ -161,9 +161,7 @@ class Options:
     blocks: int | None = None
     """The campaign's pool size (``None``: drawn; the state machine keeps its own shapes)."""
     long_lived: bool = False
-    """Whether the campaign's runs are long-lived (:mod:`.long_lived`)."""
     shrink: bool = True
-    """Whether a campaign divergence is shrunk (:mod:`.shrink`)."""
     lacks: frozenset[str] = frozenset()
     """What the pool declares it lacks (:mod:`..generate.capabilities`): never made, not checked."""
 
