@@ -328,7 +328,10 @@ impl Server {
             .collect();
         let (result, error, message) = match outcome {
             Ok(result) => (result, Json::Null, None),
-            Err(refusal) => (Json::Null, Json::Str(refusal.name().into()), Some(refusal.describe())),
+            Err(refusal) => {
+                let (name, message) = refusal.name_and_message();
+                (Json::Null, Json::Str(name.into()), Some(message))
+            }
         };
         let mut fields = vec![("result", result), ("error", error), ("events", Json::Arr(events)),
                               ("fired", Json::Arr(fired))];

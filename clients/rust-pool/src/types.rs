@@ -2,6 +2,8 @@
 //!
 //! Kept apart from `pool.rs` so that the pool there is only its state and operations.
 
+use std::fmt::Write;
+
 use crate::json::Json;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -13,29 +15,17 @@ pub struct Key {
 impl Key {
     /// The index key as vLLM spells it: the hash, then the group id in four big-endian bytes.
     pub fn concrete_hex(&self) -> String {
-        let mut out = hex(&self.hash);
-        out.push_str(&hex(&self.group.to_be_bytes()));
+        let mut out = String::with_capacity(2 * self.hash.len() + 8);
+        for b in self.hash.iter().chain(&self.group.to_be_bytes()) {
+            let _ = write!(out, "{:02x}", b);
+        }
         out
     }
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-    out
-}
-
 /// A hash as vLLM's events publish it by default: the low 64 bits of its big-endian value.
 pub fn published(hash: &[u8]) -> Json {
-    let mut value: u64 = 0;
-    for b in &hash[hash.len().saturating_sub(8)..] {
-        value = (value << 8) | *b as u64;
-    }
-    Json::Int(value as i128)
+    Json::Int(hash[hash.len().saturating_sub(8)..].iter().fold(0u64, |v, &b| (v << 8) | b as u64) as i128)
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -50,29 +40,24 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// What was wrong, for the answer's `message`.
-    pub fn describe(&self) -> &'static str {
+    /// The error class name the trace format uses, and what was wrong (the answer's `message`).
+    pub fn name_and_message(&self) -> (&'static str, &'static str) {
         match self {
-            Refusal::NotEnoughFreeBlocks => "fewer free blocks than asked for",
-            Refusal::InvalidArgument => "an argument out of its range (a count, size, group, mask, hash or prefix)",
-            Refusal::UnknownBlock => "a block id not in [0, num_blocks)",
-            Refusal::NullBlock => "the null block where it cannot be",
-            Refusal::NotInUse => "a block released more often than it is held",
-            Refusal::HashConflict => "a block already cached at that prefix, or one with hashes as the target",
-            Refusal::CachingDisabled => "a cache entry in a pool without prefix caching",
-        }
-    }
-
-    /// The error class name the trace format uses for this kind.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Refusal::NotEnoughFreeBlocks => "NotEnoughFreeBlocksError",
-            Refusal::InvalidArgument => "InvalidArgumentError",
-            Refusal::UnknownBlock => "UnknownBlockError",
-            Refusal::NullBlock => "NullBlockError",
-            Refusal::NotInUse => "BlockNotInUseError",
-            Refusal::HashConflict => "BlockHashConflictError",
-            Refusal::CachingDisabled => "CachingDisabledError",
+            Refusal::NotEnoughFreeBlocks => ("NotEnoughFreeBlocksError", "fewer free blocks than asked for"),
+            Refusal::InvalidArgument => (
+                "InvalidArgumentError",
+                "an argument out of its range (a count, size, group, mask, hash or prefix)",
+            ),
+            Refusal::UnknownBlock => ("UnknownBlockError", "a block id not in [0, num_blocks)"),
+            Refusal::NullBlock => ("NullBlockError", "the null block where it cannot be"),
+            Refusal::NotInUse => ("BlockNotInUseError", "a block released more often than it is held"),
+            Refusal::HashConflict => (
+                "BlockHashConflictError",
+                "a block already cached at that prefix, or one with hashes as the target",
+            ),
+            Refusal::CachingDisabled => {
+                ("CachingDisabledError", "a cache entry in a pool without prefix caching")
+            }
         }
     }
 }
@@ -130,18 +115,9 @@ impl Bugs {
     ];
 
     pub fn plant(&mut self, name: &str) -> bool {
-        let flag = match name {
-            "cached-to-head" => &mut self.cached_to_head,
-            "dup-listing-once" => &mut self.dup_listing_once,
-            "mask-ignored" => &mut self.mask_ignored,
-            "mm-absolute-offset" => &mut self.mm_absolute_offset,
-            "promote-keeps-partial" => &mut self.promote_keeps_partial,
-            "null-hashed" => &mut self.null_hashed,
-            "group-blind" => &mut self.group_blind,
-            "reset-forgets-watchers" => &mut self.reset_forgets_watchers,
-            _ => return false,
-        };
-        *flag = true;
-        true
+        let flags = [&mut self.cached_to_head, &mut self.dup_listing_once, &mut self.mask_ignored,
+                     &mut self.mm_absolute_offset, &mut self.promote_keeps_partial, &mut self.group_blind,
+                     &mut self.reset_forgets_watchers, &mut self.null_hashed];  // in the order of NAMES
+        Self::NAMES.iter().zip(flags).find(|(n, _)| **n == name).map(|(_, flag)| *flag = true).is_some()
     }
 }
