@@ -71,12 +71,7 @@ impl FreeQueue {
     }
 
     pub fn ids(&self) -> Vec<usize> {
-        let mut out = Vec::with_capacity(self.len);
-        let mut b = self.head();
-        while b != self.sentinel {
-            out.push(b);
-            b = self.next[b];
-        }
-        out
+        let after = |&b: &usize| Some(self.next[b]);
+        std::iter::successors(Some(self.head()), after).take_while(|&b| b != self.sentinel).collect()
     }
 }

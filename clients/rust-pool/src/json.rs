@@ -30,31 +30,19 @@ impl Json {
     }
 
     pub fn as_int(&self) -> Option<i128> {
-        match self {
-            Json::Int(n) => Some(*n),
-            _ => None,
-        }
+        if let Json::Int(n) = self { Some(*n) } else { None }
     }
 
     pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
+        if let Json::Str(s) = self { Some(s) } else { None }
     }
 
     pub fn as_bool(&self) -> Option<bool> {
-        match self {
-            Json::Bool(b) => Some(*b),
-            _ => None,
-        }
+        if let Json::Bool(b) = self { Some(*b) } else { None }
     }
 
     pub fn as_arr(&self) -> Option<&Vec<Json>> {
-        match self {
-            Json::Arr(items) => Some(items),
-            _ => None,
-        }
+        if let Json::Arr(items) = self { Some(items) } else { None }
     }
 
     /// Compact JSON text.
@@ -74,29 +62,25 @@ pub fn write_json(value: &Json, out: &mut String) {
         }
         Json::Float(f) => write_float(*f, out),
         Json::Str(s) => write_str(s, out),
-        Json::Arr(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_json(item, out);
-            }
-            out.push(']');
-        }
-        Json::Obj(fields) => {
-            out.push('{');
-            for (i, (k, v)) in fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_str(k, out);
-                out.push(':');
-                write_json(v, out);
-            }
-            out.push('}');
-        }
+        Json::Arr(items) => write_seq(items, '[', ']', out, write_json),
+        Json::Obj(fields) => write_seq(fields, '{', '}', out, |(k, v), out| {
+            write_str(k, out);
+            out.push(':');
+            write_json(v, out);
+        }),
     }
+}
+
+/// `items` between `open` and `close`, separated by commas, each written by `write`.
+fn write_seq<T>(items: &[T], open: char, close: char, out: &mut String, write: impl Fn(&T, &mut String)) {
+    out.push(open);
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write(item, out);
+    }
+    out.push(close);
 }
 
 /// A finite float in its shortest round-trip form, always with a fraction or exponent.
@@ -186,39 +170,37 @@ impl<'a> Parser<'a> {
 
     fn number(&mut self) -> Result<Json, String> {
         let start = self.i;
-        if self.s[self.i] == b'-' {
-            self.i += 1;
-        }
+        self.eat(b"-");
         let first = self.i;
         let digits = self.digits();
         if digits == 0 || (self.s[first] == b'0' && digits > 1) {
             return self.err("bad number");
         }
-        let mut float = false;
-        if self.s.get(self.i) == Some(&b'.') {
-            float = true;
-            self.i += 1;
-            if self.digits() == 0 {
-                return self.err("bad fraction");
-            }
+        let fraction = self.eat(b".");
+        if fraction && self.digits() == 0 {
+            return self.err("bad fraction");
         }
-        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
-            float = true;
-            self.i += 1;
-            if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
+        let exponent = self.eat(b"eE");
+        if exponent {
+            self.eat(b"+-");
             if self.digits() == 0 {
                 return self.err("bad exponent");
             }
         }
         let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
-        if float {
+        if fraction || exponent {
             text.parse::<f64>().map(Json::Float).map_err(|e| e.to_string())
         } else {
             // Beyond i128 an integer cannot be a trace value: say so rather than wrap.
             text.parse::<i128>().map(Json::Int).map_err(|_| format!("integer {} out of range", text))
         }
+    }
+
+    /// Skips one byte if it is one of `any`; whether it did.
+    fn eat(&mut self, any: &[u8]) -> bool {
+        let hit = self.s.get(self.i).is_some_and(|c| any.contains(c));
+        self.i += hit as usize;
+        hit
     }
 
     /// Skips a run of ASCII digits; how many there were.
@@ -260,9 +242,7 @@ impl<'a> Parser<'a> {
                     let c = *self.s.get(self.i).ok_or("unterminated escape")?;
                     self.i += 1;
                     match c {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
+                        b'"' | b'\\' | b'/' => out.push(c as char),
                         b'b' => out.push('\u{8}'),
                         b'f' => out.push('\u{c}'),
                         b'n' => out.push('\n'),
@@ -300,10 +280,9 @@ impl<'a> Parser<'a> {
             }
             let key = p.string()?;
             p.ws();
-            if p.s.get(p.i) != Some(&b':') {
+            if !p.eat(b":") {
                 return p.err("expected :");
             }
-            p.i += 1;
             Ok((key, p.value(depth + 1)?))
         };
         self.items(b'}', "expected , or }", field).map(Json::Obj)
@@ -319,20 +298,14 @@ impl<'a> Parser<'a> {
         self.i += 1; // the opening bracket
         let mut items = Vec::new();
         self.ws();
-        if self.s.get(self.i) == Some(&close) {
-            self.i += 1;
+        if self.eat(&[close]) {
             return Ok(items);
         }
         loop {
             items.push(item(self)?);
             self.ws();
-            match self.s.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(&c) if c == close => {
-                    self.i += 1;
-                    return Ok(items);
-                }
-                _ => return self.err(expected),
+            if !self.eat(b",") {
+                return if self.eat(&[close]) { Ok(items) } else { self.err(expected) };
             }
         }
     }
