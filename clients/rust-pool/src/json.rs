@@ -53,6 +53,16 @@ impl Json {
     }
 }
 
+/// An object of `fields`, in their order.
+pub fn obj(fields: Vec<(&str, Json)>) -> Json {
+    Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+/// Block ids as a JSON array.
+pub fn ids(ids: impl IntoIterator<Item = usize>) -> Json {
+    Json::Arr(ids.into_iter().map(|b| Json::Int(b as i128)).collect())
+}
+
 pub fn write_json(value: &Json, out: &mut String) {
     match value {
         Json::Null => out.push_str("null"),

@@ -22,7 +22,7 @@ mod types;
 
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 
-use json::Json;
+use json::{obj, Json};
 use pool::{Bugs, Pool, Refusal, Request};
 
 const VERSION: i128 = 1;
@@ -150,15 +150,11 @@ fn request(args: Args) -> Result<Request, Malformed> {
                  session_id: opt_str(r.get("session_id")) })
 }
 
-fn ids_json(ids: Vec<usize>) -> Json {
-    Json::Arr(ids.into_iter().map(|b| Json::Int(b as i128)).collect())
-}
-
 /// Run one call; Ok(Ok(result)) or Ok(Err(refusal)), or Err for a line that cannot be read.
 fn call(pool: &mut Pool, op: &str, a: Args) -> Result<Result<Json, Refusal>, Malformed> {
     let unit = |r: Result<(), Refusal>| r.map(|()| Json::Null);
     Ok(match op {
-        "get_new_blocks" => pool.get_new_blocks(int(a, "num_blocks")?).map(ids_json),
+        "get_new_blocks" => pool.get_new_blocks(int(a, "num_blocks")?).map(json::ids),
         "free_blocks" => unit(pool.free_blocks(&ints(a, "block_ids")?)),
         "touch" => unit(pool.touch(&ints(a, "block_ids")?)),
         "unpin_blocks" => {
@@ -200,7 +196,7 @@ fn call(pool: &mut Pool, op: &str, a: Args) -> Result<Result<Json, Refusal>, Mal
             let hash = field(a, "block_hash")?.as_str().and_then(unhex)
                 .ok_or_else(|| Malformed("args.block_hash: expected hex".into()))?;
             pool.get_cached_block(&hash, &ints(a, "kv_cache_group_ids")?)
-                .map(|found| found.map_or(Json::Null, ids_json))
+                .map(|found| found.map_or(Json::Null, json::ids))
         }
         "is_block_writable" => pool.is_block_writable(int(a, "block_id")?).map(Json::Bool),
         "get_num_free_blocks" => Ok(Json::Int(pool.get_num_free_blocks() as i128)),
@@ -235,10 +231,6 @@ fn new_pool(spec: &Json, bugs: Bugs, lacks: &Lacks) -> Result<Pool, String> {
         other => return Err(format!("pool.reference: this pool reproduces 0.31 and 0.33, not {}", other)),
     };
     Ok(Pool::new(num_blocks as usize, caching, hbs, events, medium, null_counted, boundary_partials, bugs))
-}
-
-fn obj(fields: Vec<(&str, Json)>) -> Json {
-    Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 struct Server {

@@ -11,11 +11,10 @@
 use std::collections::HashMap;
 
 use crate::free_queue::FreeQueue;
-use crate::json::Json;
+use crate::json::{self, obj, Json};
 pub use crate::types::{published, Bugs, Item, Key, Lora, Outcome, Refusal, Request};
 
 pub const NULL: usize = 0;
-const MAX_GROUP: i128 = u32::MAX as i128;
 
 pub struct Pool {
     pub num_blocks: usize,
@@ -44,17 +43,11 @@ pub struct Pool {
 }
 
 fn count(value: i128) -> Outcome<usize> {
-    if value < 0 {
-        return Err(Refusal::InvalidArgument);
-    }
-    Ok(value as usize)
+    (value >= 0).then_some(value as usize).ok_or(Refusal::InvalidArgument)
 }
 
 fn check_group(group: i128) -> Outcome<u32> {
-    if !(0..=MAX_GROUP).contains(&group) {
-        return Err(Refusal::InvalidArgument);
-    }
-    Ok(group as u32)
+    u32::try_from(group).map_err(|_| Refusal::InvalidArgument)
 }
 
 impl Pool {
@@ -107,10 +100,7 @@ impl Pool {
     }
 
     fn check_block_size(&self, block_size: i128) -> Outcome<i128> {
-        if block_size <= 0 || block_size % self.hbs != 0 {
-            return Err(Refusal::InvalidArgument);
-        }
-        Ok(block_size)
+        (block_size > 0 && block_size % self.hbs == 0).then_some(block_size).ok_or(Refusal::InvalidArgument)
     }
 
     // ------------------------------------------------------------ entries
@@ -126,13 +116,13 @@ impl Pool {
                 }
             }
             if emit && self.events_on {
-                self.events.push(Json::Obj(vec![
-                    ("type".into(), Json::Str("BlockRemoved".into())),
-                    ("block_hashes".into(), Json::Arr(vec![published(&key.hash)])),
-                    ("medium".into(), Json::Str(self.medium.clone())),
-                    ("group_idx".into(), Json::Int(key.group as i128)),
-                    ("locality".into(), Json::Null),
-                    ("ownership".into(), Json::Null),
+                self.events.push(obj(vec![
+                    ("type", Json::Str("BlockRemoved".into())),
+                    ("block_hashes", Json::Arr(vec![published(&key.hash)])),
+                    ("medium", Json::Str(self.medium.clone())),
+                    ("group_idx", Json::Int(key.group as i128)),
+                    ("locality", Json::Null),
+                    ("ownership", Json::Null),
                 ]));
             }
         }
@@ -186,23 +176,22 @@ impl Pool {
         } else {
             Json::Arr(chunks.iter().map(|&(a, b)| self.extra_keys(req, a, b)).collect())
         };
-        let opt = |s: &Option<String>| s.as_ref().map_or(Json::Null, |s| Json::Str(s.clone()));
-        self.events.push(Json::Obj(vec![
-            ("type".into(), Json::Str("BlockStored".into())),
-            ("block_hashes".into(), Json::Arr(hashes.iter().map(|h| published(h)).collect())),
-            ("parent_block_hash".into(), parent.map_or(Json::Null, |h| published(h))),
-            ("token_ids".into(), Json::Arr(tokens.iter().map(|&t| Json::Int(t)).collect())),
-            ("block_size".into(), Json::Int(block_size)),
-            ("lora_id".into(), req.lora.as_ref().map_or(Json::Null, |l| Json::Int(l.id))),
-            ("medium".into(), Json::Str(self.medium.clone())),
-            ("lora_name".into(), req.lora.as_ref().map_or(Json::Null, |l| Json::Str(l.name.clone()))),
-            ("extra_keys".into(), extra),
-            ("group_idx".into(), Json::Int(group as i128)),
-            ("kv_cache_spec_kind".into(), Json::Null),
-            ("kv_cache_spec_sliding_window".into(), Json::Null),
-            ("locality".into(), Json::Null),
-            ("ownership".into(), Json::Null),
-            ("session_id".into(), opt(&req.session_id)),
+        self.events.push(obj(vec![
+            ("type", Json::Str("BlockStored".into())),
+            ("block_hashes", Json::Arr(hashes.iter().map(|h| published(h)).collect())),
+            ("parent_block_hash", parent.map_or(Json::Null, |h| published(h))),
+            ("token_ids", Json::Arr(tokens.iter().map(|&t| Json::Int(t)).collect())),
+            ("block_size", Json::Int(block_size)),
+            ("lora_id", req.lora.as_ref().map_or(Json::Null, |l| Json::Int(l.id))),
+            ("medium", Json::Str(self.medium.clone())),
+            ("lora_name", req.lora.as_ref().map_or(Json::Null, |l| Json::Str(l.name.clone()))),
+            ("extra_keys", extra),
+            ("group_idx", Json::Int(group as i128)),
+            ("kv_cache_spec_kind", Json::Null),
+            ("kv_cache_spec_sliding_window", Json::Null),
+            ("locality", Json::Null),
+            ("ownership", Json::Null),
+            ("session_id", req.session_id.as_ref().map_or(Json::Null, |s| Json::Str(s.clone()))),
         ]));
     }
 
@@ -225,8 +214,6 @@ impl Pool {
                 let (_, name) = self.watchers.remove(at);
                 self.fired.push((name, b));
             }
-        }
-        for &b in &taken {
             if self.caching {
                 self.drop_hashes(b, true);
                 self.told.push(("evicted", Some(b)));
@@ -326,7 +313,7 @@ impl Pool {
         self.primary.iter_mut().for_each(|p| *p = None);
         self.secondary.iter_mut().for_each(|s| s.clear());
         if self.events_on {
-            self.events.push(Json::Obj(vec![("type".into(), Json::Str("AllBlocksCleared".into()))]));
+            self.events.push(obj(vec![("type", Json::Str("AllBlocksCleared".into()))]));
         }
         self.told.push(("reset", None));
         true
@@ -501,14 +488,8 @@ impl Pool {
 
     pub fn get_cached_block(&self, hash: &[u8], groups: &[i128]) -> Outcome<Option<Vec<usize>>> {
         let groups: Vec<u32> = groups.iter().map(|&g| check_group(g)).collect::<Outcome<_>>()?;
-        let mut found = Vec::new();
-        for g in groups {
-            match self.index.get(&self.key(hash, g)) {
-                Some(blocks) if !blocks.is_empty() => found.push(blocks[0]),
-                _ => return Ok(None),
-            }
-        }
-        Ok(Some(found))
+        let first = |g| self.index.get(&self.key(hash, g)).and_then(|blocks| blocks.first().copied());
+        Ok(groups.into_iter().map(first).collect())
     }
 
     pub fn is_block_writable(&self, b: i128) -> Outcome<bool> {
@@ -525,58 +506,51 @@ impl Pool {
         if real == 0 { 0.0 } else { 1.0 - self.free.len as f64 / real as f64 }
     }
 
-    /// What the whole pool's observation says of `blocks` and `keys` (`shown` of an observe answer).
-    pub fn shown(&self, blocks: &[usize], keys: &[(Vec<u8>, i128)]) -> Json {
-        let key_of = |b: &usize| match &self.primary[*b] {
+    /// Block `b`'s primary key and its token count, as an observation shows it.
+    fn primary_shown(&self, b: usize) -> Json {
+        match &self.primary[b] {
             None => Json::Null,
             Some((k, n)) => Json::Arr(vec![Json::Str(k.concrete_hex()), Json::Int(*n)]),
-        };
-        let secondary = |b: &usize| {
-            let mut keys: Vec<&Key> = self.secondary[*b].iter().collect();
-            keys.sort();
-            Json::Arr(keys.into_iter().map(|k| Json::Str(k.concrete_hex())).collect())
-        };
+        }
+    }
+
+    /// Block `b`'s secondary keys, sorted, as the model shows them.
+    fn secondary_shown(&self, b: usize) -> Json {
+        let mut keys: Vec<&Key> = self.secondary[b].iter().collect();
+        keys.sort();
+        Json::Arr(keys.into_iter().map(|k| Json::Str(k.concrete_hex())).collect())
+    }
+
+    /// What the whole pool's observation says of `blocks` and `keys` (`shown` of an observe answer).
+    pub fn shown(&self, blocks: &[usize], keys: &[(Vec<u8>, i128)]) -> Json {
         let index = keys.iter().map(|(hash, group)| {
-            let ids = (0..=MAX_GROUP).contains(group)
-                .then(|| self.index.get(&self.key(hash, *group as u32)))
-                .flatten()
-                .map_or(Vec::new(), |blocks| blocks.iter().map(|&b| Json::Int(b as i128)).collect());
-            Json::Arr(ids)
+            let found = u32::try_from(*group).ok().and_then(|g| self.index.get(&self.key(hash, g)));
+            json::ids(found.into_iter().flatten().copied())
         }).collect();
-        Json::Obj(vec![
-            ("ref".into(), Json::Arr(blocks.iter().map(|b| Json::Int(self.ref_cnt[*b])).collect())),
-            ("primary".into(), Json::Arr(blocks.iter().map(key_of).collect())),
-            ("secondary".into(), Json::Arr(blocks.iter().map(secondary).collect())),
-            ("watched".into(), Json::Arr(blocks.iter()
+        obj(vec![
+            ("ref", Json::Arr(blocks.iter().map(|&b| Json::Int(self.ref_cnt[b])).collect())),
+            ("primary", Json::Arr(blocks.iter().map(|&b| self.primary_shown(b)).collect())),
+            ("secondary", Json::Arr(blocks.iter().map(|&b| self.secondary_shown(b)).collect())),
+            ("watched", Json::Arr(blocks.iter()
                 .map(|b| Json::Bool(self.watchers.iter().any(|(w, _)| w == b))).collect())),
-            ("index".into(), Json::Arr(index)),
+            ("index", Json::Arr(index)),
         ])
     }
 
-    /// The whole pool, as a trace's `observation` (secondary keys sorted, as the model shows them).
+    /// The whole pool, as a trace's `observation`.
     pub fn observation(&self) -> Json {
-        let ints = |v: Vec<usize>| Json::Arr(v.into_iter().map(|b| Json::Int(b as i128)).collect());
-        let primary = self.primary.iter().map(|p| match p {
-            None => Json::Null,
-            Some((k, n)) => Json::Arr(vec![Json::Str(k.concrete_hex()), Json::Int(*n)]),
-        }).collect();
-        let secondary = self.secondary.iter().map(|keys| {
-            let mut keys: Vec<&Key> = keys.iter().collect();
-            keys.sort();
-            Json::Arr(keys.into_iter().map(|k| Json::Str(k.concrete_hex())).collect())
-        }).collect();
         let mut index: Vec<(&Key, &Vec<usize>)> = self.index.iter().collect();
         index.sort();
-        Json::Obj(vec![
-            ("ref".into(), Json::Arr(self.ref_cnt.iter().map(|&r| Json::Int(r)).collect())),
-            ("free".into(), ints(self.free.ids())),
-            ("primary".into(), Json::Arr(primary)),
-            ("secondary".into(), Json::Arr(secondary)),
-            ("index".into(), Json::Arr(index.into_iter().map(|(k, blocks)| {
-                Json::Arr(vec![Json::Str(k.concrete_hex()), ints(blocks.clone())])
+        obj(vec![
+            ("ref", Json::Arr(self.ref_cnt.iter().map(|&r| Json::Int(r)).collect())),
+            ("free", json::ids(self.free.ids())),
+            ("primary", Json::Arr((0..self.num_blocks).map(|b| self.primary_shown(b)).collect())),
+            ("secondary", Json::Arr((0..self.num_blocks).map(|b| self.secondary_shown(b)).collect())),
+            ("index", Json::Arr(index.into_iter().map(|(k, blocks)| {
+                Json::Arr(vec![Json::Str(k.concrete_hex()), json::ids(blocks.iter().copied())])
             }).collect())),
-            ("watched".into(), ints(self.watchers.iter().map(|(b, _)| *b).collect())),
-            ("num_free".into(), Json::Int(self.free.len as i128)),
+            ("watched", json::ids(self.watchers.iter().map(|(b, _)| *b))),
+            ("num_free", Json::Int(self.free.len as i128)),
         ])
     }
 }
