@@ -252,82 +252,70 @@ struct Server {
 impl Server {
     fn answer(&mut self, text: &str) -> Json {
         self.line += 1;
-        let value = match json::parse(text) {
-            Ok(v) => v,
-            Err(e) => return self.violation(&format!("not JSON: {}", e)),
+        let answered = match json::parse(text) {
+            Ok(value) => match value.get("kvpool_drive") {
+                Some(version) => Ok(self.header(&value, version)),
+                None => self.call_line(&value),
+            },
+            Err(e) => Err(Malformed(format!("not JSON: {}", e))),
         };
-        if let Some(version) = value.get("kvpool_drive") {
-            if version.as_int() != Some(VERSION) {
-                return obj(vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(false)),
-                                ("error", Json::Str(format!("unsupported protocol version {}", version.dump())))]);
-            }
-            return match new_pool(&value, self.bugs, &self.lacks) {
-                Ok(pool) => {
-                    let asked = value.get("pool").and_then(|p| p.get("metrics_collector")) == Some(&Json::Bool(true));
-                    self.metrics = asked && !self.lacks.has("metrics");
-                    self.when_asked = self.observe && self.observe_lines
-                        && value.get("pool").and_then(|p| p.get("show_when_asked")) == Some(&Json::Bool(true));
-                    let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
-                    if self.observe_lines {
-                        fields.push(("observe", Json::Bool(true)));
-                    }
-                    if self.metrics {
-                        fields.push(("metrics", Json::Bool(true)));
-                    }
-                    if self.when_asked {
-                        fields.push(("show_when_asked", Json::Bool(true)));
-                    }
-                    if !self.lacks.names.is_empty() {
-                        fields.push(("lacks", Json::Arr(self.lacks.names.iter().map(|n| Json::Str(n.clone())).collect())));
-                    }
-                    if self.observe {
-                        fields.push(("observation", pool.observation()));
-                    }
-                    self.pool = Some(pool);
-                    obj(fields)
-                }
-                Err(e) => obj(vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(false)),
-                                   ("error", Json::Str(e))]),
-            };
+        answered.unwrap_or_else(|Malformed(what)| self.violation(&what))
+    }
+
+    /// A header's answer: a new pool, or why not (the current pool stays).
+    fn header(&mut self, value: &Json, version: &Json) -> Json {
+        let refused = |error| obj(vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(false)),
+                                       ("error", Json::Str(error))]);
+        if version.as_int() != Some(VERSION) {
+            return refused(format!("unsupported protocol version {}", version.dump()));
         }
+        let pool = match new_pool(value, self.bugs, &self.lacks) {
+            Ok(pool) => pool,
+            Err(e) => return refused(e),
+        };
+        let asked = |name: &str| value.get("pool").and_then(|p| p.get(name)) == Some(&Json::Bool(true));
+        self.metrics = asked("metrics_collector") && !self.lacks.has("metrics");
+        self.when_asked = self.observe && self.observe_lines && asked("show_when_asked");
+        let offered = [("observe", self.observe_lines), ("metrics", self.metrics),
+                       ("show_when_asked", self.when_asked)];
+        let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
+        fields.extend(offered.into_iter().filter(|&(_, on)| on).map(|(name, _)| (name, Json::Bool(true))));
+        if !self.lacks.names.is_empty() {
+            fields.push(("lacks", Json::Arr(self.lacks.names.iter().map(|n| Json::Str(n.clone())).collect())));
+        }
+        if self.observe {
+            fields.push(("observation", pool.observation()));
+        }
+        self.pool = Some(pool);
+        obj(fields)
+    }
+
+    /// A call line's answer, or an `observe` line's.
+    fn call_line(&mut self, value: &Json) -> Result<Json, Malformed> {
         let (Some(op), Some(args)) = (value.get("op").and_then(Json::as_str), value.get("args")) else {
-            return self.violation("expected {\"op\": ..., \"args\": {...}}");
+            return Err(Malformed("expected {\"op\": ..., \"args\": {...}}".into()));
         };
-        let Some(pool) = self.pool.as_mut() else {
-            return self.violation("a call before any header");
-        };
+        let pool = self.pool.as_mut().ok_or_else(|| Malformed("a call before any header".into()))?;
         if let Some(why) = self.lacks.refuses(op, args, pool.hbs) {
-            return self.violation(&why);
+            return Err(Malformed(why));
         }
-        let when_asked = self.when_asked;
         if op == "observe" {
-            return match observe(pool, args, when_asked) {
-                Ok(result) => obj(vec![("result", result), ("error", Json::Null), ("events", Json::Arr(Vec::new()))]),
-                Err(Malformed(what)) => self.violation(&what),
-            };
+            let result = observe(pool, args, self.when_asked)?;
+            return Ok(obj(vec![("result", result), ("error", Json::Null), ("events", Json::Arr(Vec::new()))]));
         }
         pool.fired.clear();
         pool.told.clear();
         let before = pool.events.len();
-        let outcome = match call(pool, op, args) {
-            Ok(outcome) => outcome,
-            Err(Malformed(what)) => return self.violation(&what),
-        };
-        let pool = self.pool.as_mut().expect("checked above");
+        let outcome = call(pool, op, args)?;
         let events = if op == "take_events" { Vec::new() } else { pool.events[before..].to_vec() };
         let fired = pool.fired.drain(..)
             .map(|(name, b)| Json::Arr(vec![Json::Str(name), Json::Int(b as i128)]))
             .collect();
-        let (result, error, message) = match outcome {
-            Ok(result) => (result, Json::Null, None),
-            Err(refusal) => {
-                let (name, message) = refusal.name_and_message();
-                (Json::Null, Json::Str(name.into()), Some(message))
-            }
-        };
-        let mut fields = vec![("result", result), ("error", error), ("events", Json::Arr(events)),
-                              ("fired", Json::Arr(fired))];
-        if let Some(message) = message {
+        let error = outcome.as_ref().err().map(Refusal::name_and_message);
+        let mut fields = vec![("result", outcome.unwrap_or(Json::Null)),
+                              ("error", error.map_or(Json::Null, |(name, _)| Json::Str(name.into()))),
+                              ("events", Json::Arr(events)), ("fired", Json::Arr(fired))];
+        if let Some((_, message)) = error {
             fields.push(("message", Json::Str(message.into())));
         }
         if self.metrics {
@@ -336,16 +324,13 @@ impl Server {
                 .collect();
             fields.push(("told", Json::Arr(told)));
         }
-        if self.observe && (!when_asked || value.get("show") == Some(&Json::Bool(true))) {
+        if self.observe && (!self.when_asked || value.get("show") == Some(&Json::Bool(true))) {
             fields.push(("observation", pool.observation()));
         }
         if let Some(asked) = value.get("observe") {  // questions asked with the call, after it
-            match observe(pool, asked, when_asked) {
-                Ok(observed) => fields.push(("observed", observed)),
-                Err(Malformed(what)) => return self.violation(&what),
-            }
+            fields.push(("observed", observe(pool, asked, self.when_asked)?));
         }
-        obj(fields)
+        Ok(obj(fields))
     }
 
     fn violation(&self, what: &str) -> Json {
