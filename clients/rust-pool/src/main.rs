@@ -51,10 +51,8 @@ impl Lacks {
         }
         let group_ok = |g: i128| g == 0 || !(0..=u32::MAX as i128).contains(&g);
         if self.has("several_groups") {
-            if let Some(g) = a.get("kv_cache_group_id").and_then(Json::as_int) {
-                if !group_ok(g) {
-                    return Some(format!("this pool has one KV-cache group, not group {}", g));
-                }
+            if let Some(g) = a.get("kv_cache_group_id").and_then(Json::as_int).filter(|&g| !group_ok(g)) {
+                return Some(format!("this pool has one KV-cache group, not group {}", g));
             }
             if let Some(gs) = a.get("kv_cache_group_ids").and_then(Json::as_arr) {
                 if gs.iter().filter_map(Json::as_int).any(|g| !group_ok(g)) {
@@ -63,10 +61,9 @@ impl Lacks {
             }
         }
         if self.has("big_block") {
-            if let Some(bs) = a.get("block_size").and_then(Json::as_int) {
-                if bs > hbs && bs % hbs == 0 {
-                    return Some(format!("this pool's blocks are one hash chunk ({} tokens), not {}", hbs, bs));
-                }
+            let big = a.get("block_size").and_then(Json::as_int).filter(|&bs| bs > hbs && bs % hbs == 0);
+            if let Some(bs) = big {
+                return Some(format!("this pool's blocks are one hash chunk ({} tokens), not {}", hbs, bs));
             }
         }
         if self.has("mask") && a.get("block_mask").is_some_and(|m| *m != Json::Null) {
@@ -136,16 +133,12 @@ fn request(args: Args) -> Result<Request, Malformed> {
             id: l.get("id").and_then(Json::as_int).ok_or_else(|| bad("lora.id"))?,
         }),
     };
-    let mut mm = Vec::new();
-    if let Some(items) = r.get("mm").and_then(Json::as_arr) {
-        for item in items {
-            mm.push(pool::Item {
-                identifier: opt_str(item.get("identifier")).ok_or_else(|| bad("mm.identifier"))?,
-                offset: item.get("offset").and_then(Json::as_int).ok_or_else(|| bad("mm.offset"))?,
-                length: item.get("length").and_then(Json::as_int).ok_or_else(|| bad("mm.length"))?,
-            });
-        }
-    }
+    let items = r.get("mm").and_then(Json::as_arr).map_or(&[][..], Vec::as_slice);
+    let mm = items.iter().map(|item| Ok(pool::Item {
+        identifier: opt_str(item.get("identifier")).ok_or_else(|| bad("mm.identifier"))?,
+        offset: item.get("offset").and_then(Json::as_int).ok_or_else(|| bad("mm.offset"))?,
+        length: item.get("length").and_then(Json::as_int).ok_or_else(|| bad("mm.length"))?,
+    })).collect::<Result<_, Malformed>>()?;
     Ok(Request { tokens, hashes, lora, mm, cache_salt: opt_str(r.get("cache_salt")),
                  session_id: opt_str(r.get("session_id")) })
 }
@@ -345,11 +338,9 @@ impl Server {
 fn observe(pool: &Pool, a: Args, shown: bool) -> Result<Json, Malformed> {
     let blocks = ints(a, "blocks")?;
     let keys = field(a, "keys")?.as_arr().ok_or_else(|| Malformed("args.keys: expected a list".into()))?;
-    let mut writable = Vec::with_capacity(blocks.len());
-    for b in blocks {
-        let w = pool.is_block_writable(b).map_err(|_| Malformed(format!("args.blocks: no block {}", b)))?;
-        writable.push(Json::Bool(w));
-    }
+    let no_block = |b| Malformed(format!("args.blocks: no block {}", b));
+    let writable = blocks.iter().map(|&b| pool.is_block_writable(b).map(Json::Bool).map_err(|_| no_block(b)))
+        .collect::<Result<_, _>>()?;
     let mut cached = Vec::with_capacity(keys.len());
     let mut named = Vec::with_capacity(keys.len());
     for k in keys {
@@ -364,7 +355,7 @@ fn observe(pool: &Pool, a: Args, shown: bool) -> Result<Json, Malformed> {
     let mut fields = vec![("num_free", Json::Int(pool.get_num_free_blocks() as i128)),
                           ("writable", Json::Arr(writable)), ("cached", Json::Arr(cached))];
     if shown {
-        let blocks = ints(a, "blocks")?.into_iter().map(|b| b as usize).collect::<Vec<_>>();
+        let blocks: Vec<usize> = blocks.into_iter().map(|b| b as usize).collect();
         fields.push(("shown", pool.shown(&blocks, &named)));
     }
     Ok(obj(fields))
@@ -412,13 +403,12 @@ fn main() {
     let mut text = String::new();
     loop {
         raw.clear();
-        match input.read_until(b'\n', &mut raw) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                eprintln!("rust-pool: cannot read stdin: {}", e);
-                std::process::exit(1);
-            }
+        let read = input.read_until(b'\n', &mut raw).unwrap_or_else(|e| {
+            eprintln!("rust-pool: cannot read stdin: {}", e);
+            std::process::exit(1)
+        });
+        if read == 0 {
+            break;
         }
         if raw.iter().all(u8::is_ascii_whitespace) {
             continue;
