@@ -74,25 +74,19 @@ impl Pool {
     // ------------------------------------------------------------ checks
 
     fn ids(&self, ids: &[i128]) -> Outcome<Vec<usize>> {
-        ids.iter()
-            .map(|&b| if (0..self.num_blocks as i128).contains(&b) { Ok(b as usize) } else { Err(Refusal::UnknownBlock) })
-            .collect()
+        ids.iter().map(|&b| self.id(b)).collect()
     }
 
     fn id(&self, b: i128) -> Outcome<usize> {
-        Ok(self.ids(&[b])?[0])
+        usize::try_from(b).ok().filter(|&b| b < self.num_blocks).ok_or(Refusal::UnknownBlock)
     }
 
     /// Every non-null block holds at least as many references as it is listed.
     fn check_releasable(&self, ids: &[usize]) -> Outcome<()> {
         let mut listed: HashMap<usize, i128> = HashMap::new();
-        for &b in ids {
-            if b == NULL {
-                continue;
-            }
-            let n = listed.entry(b).or_insert(0);
-            *n += 1;
-            if *n > self.ref_cnt[b] {
+        for &b in ids.iter().filter(|&&b| b != NULL) {
+            *listed.entry(b).or_insert(0) += 1;
+            if listed[&b] > self.ref_cnt[b] {
                 return Err(Refusal::NotInUse);
             }
         }
@@ -228,8 +222,8 @@ impl Pool {
         let mut ids = self.ids(ids)?;
         self.check_releasable(&ids)?;
         if self.bugs.dup_listing_once {
-            let mut seen = Vec::new();
-            ids.retain(|b| if seen.contains(b) { false } else { seen.push(*b); true });
+            let mut seen = std::collections::HashSet::new();
+            ids.retain(|&b| seen.insert(b));
         }
         let (mut first, mut last) = (Vec::new(), Vec::new());
         for &b in &ids {
@@ -345,10 +339,8 @@ impl Pool {
                 && (self.bugs.mask_ignored || mask.is_none_or(|m| m[i])))
             .map(|(i, &b)| (num_cached + i, b))
             .collect();
-        let needed = chosen.iter().map(|&(i, _)| i + 1)
-            .chain(std::iter::once(if self.events_on { num_cached } else { 0 }))
-            .max()
-            .unwrap_or(0);
+        let parent_needed = if self.events_on { num_cached } else { 0 };
+        let needed = chosen.iter().map(|&(i, _)| i + 1).max().unwrap_or(0).max(parent_needed);
         if hashes.len() < needed {
             return Err(Refusal::InvalidArgument);
         }
@@ -405,11 +397,8 @@ impl Pool {
             return Err(Refusal::CachingDisabled);
         }
         let key = self.key(&req.hashes[chunks - 1], group);
-        let mut already = self.indexed(&key, b);
-        if replace {
-            self.drop_hashes(b, true);
-            already = false;
-        } else if !already && self.primary[b].as_ref().is_some_and(|(_, n)| *n < num_tokens) {
+        let already = !replace && self.indexed(&key, b);
+        if replace || (!already && self.primary[b].as_ref().is_some_and(|(_, n)| *n < num_tokens)) {
             self.drop_hashes(b, true);
         }
         self.add_key(key.clone(), b, num_tokens);
