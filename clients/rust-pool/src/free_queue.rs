@@ -25,10 +25,6 @@ impl FreeQueue {
         q
     }
 
-    pub fn head(&self) -> usize {
-        self.next[self.sentinel]
-    }
-
     pub fn link_after(&mut self, at: usize, b: usize) {
         let after = self.next[at];
         self.next[at] = b;
@@ -53,7 +49,7 @@ impl FreeQueue {
     }
 
     pub fn pop_front(&mut self) -> usize {
-        let b = self.head();
+        let b = self.next[self.sentinel];
         self.remove(b);
         b
     }
@@ -71,7 +67,7 @@ impl FreeQueue {
     }
 
     pub fn ids(&self) -> Vec<usize> {
-        let after = |&b: &usize| Some(self.next[b]);
-        std::iter::successors(Some(self.head()), after).take_while(|&b| b != self.sentinel).collect()
+        let after = |&b: &usize| Some(self.next[b]).filter(|&n| n != self.sentinel);
+        std::iter::successors(after(&self.sentinel), after).collect()
     }
 }

@@ -100,10 +100,8 @@ fn int(args: Args, name: &str) -> Result<i128, Malformed> {
 }
 
 fn ints(args: Args, name: &str) -> Result<Vec<i128>, Malformed> {
-    field(args, name)?
-        .as_arr()
-        .and_then(|items| items.iter().map(Json::as_int).collect())
-        .ok_or_else(|| Malformed(format!("args.{}: expected a list of integers", name)))
+    let items = field(args, name)?.as_arr().and_then(|items| items.iter().map(Json::as_int).collect());
+    items.ok_or_else(|| Malformed(format!("args.{}: expected a list of integers", name)))
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {

@@ -64,13 +64,11 @@ impl Refusal {
 
 pub type Outcome<T> = Result<T, Refusal>;
 
-#[derive(Clone, Debug)]
 pub struct Lora {
     pub name: String,
     pub id: i128,
 }
 
-#[derive(Clone, Debug)]
 pub struct Item {
     pub identifier: String,
     pub offset: i128,
@@ -78,7 +76,6 @@ pub struct Item {
 }
 
 /// What the pool reads of a request.
-#[derive(Clone, Debug)]
 pub struct Request {
     pub tokens: Vec<i128>,
     pub hashes: Vec<Vec<u8>>,
