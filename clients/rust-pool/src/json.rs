@@ -23,10 +23,8 @@ pub enum Json {
 impl Json {
     /// The field `name` of an object (None for a missing field or a non-object).
     pub fn get(&self, name: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(fields) => fields.iter().find(|(k, _)| k == name).map(|(_, v)| v),
-            _ => None,
-        }
+        let Json::Obj(fields) = self else { return None };
+        fields.iter().find(|(k, _)| k == name).map(|(_, v)| v)
     }
 
     pub fn as_int(&self) -> Option<i128> {

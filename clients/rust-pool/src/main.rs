@@ -27,8 +27,7 @@ use pool::{Bugs, Pool, Refusal, Request};
 
 const VERSION: i128 = 1;
 const MAX_BLOCKS: i128 = 1 << 20;
-/// What `--minimal` declares lacking: one group, blocks of one hash chunk, no partial entries,
-/// no reuse watchers, no masks, no keys copied from another pool.
+/// What `--minimal` declares lacking (the module's doc says what that pool is).
 const MINIMAL: [&str; 6] = ["several_groups", "big_block", "cache_partial_block", "unpin_blocks", "mask",
                             "_insert_block_hash"];
 

@@ -142,21 +142,14 @@ impl Pool {
     // ------------------------------------------------------------ events
 
     fn extra_keys(&self, req: &Request, start: i128, end: i128) -> Json {
-        let mut keys = Vec::new();
-        if let Some(lora) = &req.lora {
-            keys.push(Json::Str(lora.name.clone()));
-        }
-        for item in &req.mm {
-            if item.offset < end && start < item.offset + item.length {
-                let offset = if self.bugs.mm_absolute_offset { item.offset } else { item.offset - start };
-                keys.push(Json::Arr(vec![Json::Str(item.identifier.clone()), Json::Int(offset)]));
-            }
-        }
-        if start == 0 {
-            if let Some(salt) = req.cache_salt.as_ref().filter(|s| !s.is_empty()) {
-                keys.push(Json::Str(salt.clone()));
-            }
-        }
+        let lora = req.lora.iter().map(|l| Json::Str(l.name.clone()));
+        let overlaps = |item: &&Item| item.offset < end && start < item.offset + item.length;
+        let mm = req.mm.iter().filter(overlaps).map(|item| {
+            let offset = if self.bugs.mm_absolute_offset { item.offset } else { item.offset - start };
+            Json::Arr(vec![Json::Str(item.identifier.clone()), Json::Int(offset)])
+        });
+        let salt = req.cache_salt.iter().filter(|s| start == 0 && !s.is_empty());
+        let keys: Vec<Json> = lora.chain(mm).chain(salt.map(|s| Json::Str(s.clone()))).collect();
         if keys.is_empty() { Json::Null } else { Json::Arr(keys) }
     }
 
@@ -226,10 +219,8 @@ impl Pool {
             ids.retain(|&b| seen.insert(b));
         }
         let (mut first, mut last) = (Vec::new(), Vec::new());
+        ids.retain(|&b| b != NULL || self.null_counted);
         for &b in &ids {
-            if b == NULL && !self.null_counted {
-                continue;
-            }
             self.ref_cnt[b] -= 1;
             if self.ref_cnt[b] == 0 && b != NULL {
                 if self.caching && self.primary[b].is_some() && !self.bugs.cached_to_head {
@@ -244,11 +235,9 @@ impl Pool {
     }
 
     pub fn touch(&mut self, ids: &[i128]) -> Outcome<()> {
-        let ids = self.ids(ids)?;
+        let mut ids = self.ids(ids)?;
+        ids.retain(|&b| b != NULL || self.null_counted);
         for b in ids {
-            if b == NULL && !self.null_counted {
-                continue;
-            }
             if self.ref_cnt[b] == 0 && self.free.queued[b] {
                 self.free.remove(b);
             }
