@@ -42,6 +42,11 @@ pub struct Pool {
     pub told: Vec<(&'static str, Option<usize>)>,
 }
 
+/// Err(`refusal`) where `cond` holds: a call's argument checks, each one line.
+fn refuse_if(cond: bool, refusal: Refusal) -> Outcome<()> {
+    if cond { Err(refusal) } else { Ok(()) }
+}
+
 fn count(value: i128) -> Outcome<usize> {
     (value >= 0).then_some(value as usize).ok_or(Refusal::InvalidArgument)
 }
@@ -86,9 +91,7 @@ impl Pool {
         let mut listed: HashMap<usize, i128> = HashMap::new();
         for &b in ids.iter().filter(|&&b| b != NULL) {
             *listed.entry(b).or_insert(0) += 1;
-            if listed[&b] > self.ref_cnt[b] {
-                return Err(Refusal::NotInUse);
-            }
+            refuse_if(listed[&b] > self.ref_cnt[b], Refusal::NotInUse)?;
         }
         Ok(())
     }
@@ -192,9 +195,7 @@ impl Pool {
 
     pub fn get_new_blocks(&mut self, num_blocks: i128) -> Outcome<Vec<usize>> {
         let n = count(num_blocks)?;
-        if n > self.free.len {
-            return Err(Refusal::NotEnoughFreeBlocks);
-        }
+        refuse_if(n > self.free.len, Refusal::NotEnoughFreeBlocks)?;
         let taken: Vec<usize> = (0..n).map(|_| self.free.pop_front()).collect();
         for &b in &taken {
             if let Some(at) = self.watchers.iter().position(|(w, _)| *w == b) {
@@ -249,9 +250,7 @@ impl Pool {
 
     pub fn unpin_blocks(&mut self, ids: &[i128], watcher: &str) -> Outcome<()> {
         let ids = self.ids(ids)?;
-        if ids.contains(&NULL) {
-            return Err(Refusal::NullBlock);
-        }
+        refuse_if(ids.contains(&NULL), Refusal::NullBlock)?;
         self.check_releasable(&ids)?;
         let mut released = Vec::new();
         for b in ids {
@@ -312,16 +311,10 @@ impl Pool {
         if num_cached >= num_full {
             return Ok(());
         }
-        if !self.caching {
-            return Err(Refusal::CachingDisabled);
-        }
-        if num_full > ids.len() {
-            return Err(Refusal::InvalidArgument);
-        }
+        refuse_if(!self.caching, Refusal::CachingDisabled)?;
+        refuse_if(num_full > ids.len(), Refusal::InvalidArgument)?;
         let new_ids = self.ids(&ids[num_cached..num_full])?;
-        if mask.is_some_and(|m| m.len() != new_ids.len()) {
-            return Err(Refusal::InvalidArgument);
-        }
+        refuse_if(mask.is_some_and(|m| m.len() != new_ids.len()), Refusal::InvalidArgument)?;
         let hashes = self.hashes_at(req, bs);
         let chosen: Vec<(usize, usize)> = new_ids.iter().enumerate()
             .filter(|&(i, &b)| (b != NULL || self.bugs.null_hashed)
@@ -330,18 +323,14 @@ impl Pool {
             .collect();
         let parent_needed = if self.events_on { num_cached } else { 0 };
         let needed = chosen.iter().map(|&(i, _)| i + 1).max().unwrap_or(0).max(parent_needed);
-        if hashes.len() < needed {
-            return Err(Refusal::InvalidArgument);
-        }
+        refuse_if(hashes.len() < needed, Refusal::InvalidArgument)?;
         // A chosen block may only be hashed at a shorter prefix (a partial entry promoted).
         let mut covered: HashMap<usize, i128> = new_ids.iter()
             .filter_map(|&b| self.primary[b].as_ref().map(|(_, n)| (b, *n)))
             .collect();
         for &(i, b) in &chosen {
             let tokens = (i as i128 + 1) * bs;
-            if covered.get(&b).is_some_and(|&n| n >= tokens) {
-                return Err(Refusal::HashConflict);
-            }
+            refuse_if(covered.get(&b).is_some_and(|&n| n >= tokens), Refusal::HashConflict)?;
             covered.insert(b, tokens);
         }
         for &(i, b) in &chosen {
@@ -372,19 +361,12 @@ impl Pool {
         let hbs = self.hbs;
         let bs = self.check_block_size(block_size)?;
         let group = check_group(group)?;
-        if num_tokens <= 0 || num_tokens % hbs != 0 {
-            return Err(Refusal::InvalidArgument);
-        }
-        if !(replace || self.boundary_partials || (bs > hbs && num_tokens % bs != 0)) {
-            return Err(Refusal::InvalidArgument);
-        }
+        refuse_if(num_tokens <= 0 || num_tokens % hbs != 0, Refusal::InvalidArgument)?;
+        let partial = replace || self.boundary_partials || (bs > hbs && num_tokens % bs != 0);
+        refuse_if(!partial, Refusal::InvalidArgument)?;
         let chunks = (num_tokens / hbs) as usize;
-        if chunks > req.hashes.len() {
-            return Err(Refusal::InvalidArgument);
-        }
-        if !self.caching {
-            return Err(Refusal::CachingDisabled);
-        }
+        refuse_if(chunks > req.hashes.len(), Refusal::InvalidArgument)?;
+        refuse_if(!self.caching, Refusal::CachingDisabled)?;
         let key = self.key(&req.hashes[chunks - 1], group);
         let already = !replace && self.indexed(&key, b);
         if replace || (!already && self.primary[b].as_ref().is_some_and(|(_, n)| *n < num_tokens)) {
@@ -402,12 +384,8 @@ impl Pool {
 
     pub fn move_block_hashes(&mut self, src: i128, dst: i128) -> Outcome<()> {
         let (src, dst) = (self.id(src)?, self.id(dst)?);
-        if self.primary[dst].is_some() || !self.secondary[dst].is_empty() {
-            return Err(Refusal::HashConflict);
-        }
-        if dst == NULL && self.primary[src].is_some() {
-            return Err(Refusal::NullBlock);
-        }
+        refuse_if(self.primary[dst].is_some() || !self.secondary[dst].is_empty(), Refusal::HashConflict)?;
+        refuse_if(dst == NULL && self.primary[src].is_some(), Refusal::NullBlock)?;
         let Some((key, num_tokens)) = self.primary[src].clone() else {
             return Ok(());
         };
@@ -424,19 +402,13 @@ impl Pool {
                              num_tokens: Option<i128>) -> Outcome<()> {
         let b = self.id(b)?;
         let hbs = self.hbs;
-        if prefix_tokens <= 0 || prefix_tokens % hbs != 0 || (prefix_tokens / hbs) as usize > req.hashes.len() {
-            return Err(Refusal::InvalidArgument);
-        }
+        let bad_prefix = prefix_tokens <= 0 || prefix_tokens % hbs != 0;
+        refuse_if(bad_prefix || (prefix_tokens / hbs) as usize > req.hashes.len(), Refusal::InvalidArgument)?;
         let group = check_group(group)?;
-        if b == NULL {
-            return Err(Refusal::NullBlock);
-        }
-        if !self.caching {
-            return Err(Refusal::CachingDisabled);
-        }
-        if self.primary[b].is_none() && !num_tokens.is_some_and(|n| n > 0 && n % hbs == 0) {
-            return Err(Refusal::InvalidArgument);
-        }
+        refuse_if(b == NULL, Refusal::NullBlock)?;
+        refuse_if(!self.caching, Refusal::CachingDisabled)?;
+        let sized = num_tokens.is_some_and(|n| n > 0 && n % hbs == 0);
+        refuse_if(self.primary[b].is_none() && !sized, Refusal::InvalidArgument)?;
         let key = self.key(&req.hashes[(prefix_tokens / hbs) as usize - 1], group);
         self.add_key(key, b, num_tokens.unwrap_or(0));
         Ok(())
@@ -451,9 +423,7 @@ impl Pool {
             return Ok(());
         }
         let hashes = self.hashes_at(req, bs);
-        if num_cached > hashes.len() {
-            return Err(Refusal::InvalidArgument);
-        }
+        refuse_if(num_cached > hashes.len(), Refusal::InvalidArgument)?;
         let chunks: Vec<(i128, i128)> = (0..num_cached as i128).map(|i| (i * bs, (i + 1) * bs)).collect();
         self.stored(req, hashes[..num_cached].to_vec(), None, 0, num_cached as i128 * bs, bs, group,
                     &chunks);
