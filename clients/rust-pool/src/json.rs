@@ -149,10 +149,12 @@ impl<'a> Parser<'a> {
         Err(format!("{} at byte {}", what, self.i))
     }
 
+    fn fail_if(&self, cond: bool, what: &str) -> Result<(), String> {
+        if cond { self.err(what) } else { Ok(()) }
+    }
+
     fn value(&mut self, depth: usize) -> Result<Json, String> {
-        if depth > MAX_DEPTH {
-            return self.err("nested too deeply");
-        }
+        self.fail_if(depth > MAX_DEPTH, "nested too deeply")?;
         self.ws();
         match self.s.get(self.i) {
             None => self.err("unexpected end"),
@@ -181,9 +183,7 @@ impl<'a> Parser<'a> {
         self.eat(b"-");
         let first = self.i;
         let digits = self.digits();
-        if digits == 0 || (self.s[first] == b'0' && digits > 1) {
-            return self.err("bad number");
-        }
+        self.fail_if(digits == 0 || (self.s[first] == b'0' && digits > 1), "bad number")?;
         let fraction = self.eat(b".");
         if fraction && self.digits() == 0 {
             return self.err("bad fraction");
@@ -191,9 +191,8 @@ impl<'a> Parser<'a> {
         let exponent = self.eat(b"eE");
         if exponent {
             self.eat(b"+-");
-            if self.digits() == 0 {
-                return self.err("bad exponent");
-            }
+            let exponent_digits = self.digits();
+            self.fail_if(exponent_digits == 0, "bad exponent")?;
         }
         let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
         if fraction || exponent {
@@ -221,9 +220,7 @@ impl<'a> Parser<'a> {
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
-        if self.i + 4 > self.s.len() {
-            return self.err("short \\u escape");
-        }
+        self.fail_if(self.i + 4 > self.s.len(), "short \\u escape")?;
         let text = std::str::from_utf8(&self.s[self.i..self.i + 4]).map_err(|e| e.to_string())?;
         let code = u32::from_str_radix(text, 16).map_err(|_| "bad \\u escape".to_string())?;
         self.i += 4;
@@ -261,9 +258,7 @@ impl<'a> Parser<'a> {
                             if (0xD800..0xDC00).contains(&code) && self.s[self.i..].starts_with(b"\\u") {
                                 self.i += 2;
                                 let low = self.hex4()?;
-                                if !(0xDC00..0xE000).contains(&low) {
-                                    return self.err("bad surrogate pair");
-                                }
+                                self.fail_if(!(0xDC00..0xE000).contains(&low), "bad surrogate pair")?;
                                 code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
                             }
                             out.push(char::from_u32(code).ok_or("bad code point")?);
@@ -283,14 +278,11 @@ impl<'a> Parser<'a> {
     fn object(&mut self, depth: usize) -> Result<Json, String> {
         let field = |p: &mut Self| {
             p.ws();
-            if p.s.get(p.i) != Some(&b'"') {
-                return p.err("expected a field name");
-            }
+            p.fail_if(p.s.get(p.i) != Some(&b'"'), "expected a field name")?;
             let key = p.string()?;
             p.ws();
-            if !p.eat(b":") {
-                return p.err("expected :");
-            }
+            let colon = p.eat(b":");
+            p.fail_if(!colon, "expected :")?;
             Ok((key, p.value(depth + 1)?))
         };
         self.items(b'}', "expected , or }", field).map(Json::Obj)
