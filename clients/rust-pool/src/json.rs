@@ -127,9 +127,7 @@ pub fn parse(text: &str) -> Result<Json, String> {
     let mut p = Parser { s: text.as_bytes(), i: 0 };
     let value = p.value(0)?;
     p.ws();
-    if p.i != p.s.len() {
-        return Err(format!("unexpected text after the value at byte {}", p.i));
-    }
+    p.fail_if(p.i != p.s.len(), "unexpected text after the value")?;
     Ok(value)
 }
 

@@ -23,7 +23,7 @@ mod types;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 
 use json::{obj, Json};
-use pool::{Bugs, Pool, Refusal, Request};
+use pool::{refuse_if, Bugs, Pool, Refusal, Request};
 
 const VERSION: i128 = 1;
 const MAX_BLOCKS: i128 = 1 << 20;
@@ -53,10 +53,9 @@ impl Lacks {
             if let Some(g) = a.get("kv_cache_group_id").and_then(Json::as_int).filter(|&g| !group_ok(g)) {
                 return Some(format!("this pool has one KV-cache group, not group {}", g));
             }
-            if let Some(gs) = a.get("kv_cache_group_ids").and_then(Json::as_arr) {
-                if gs.iter().filter_map(Json::as_int).any(|g| !group_ok(g)) {
-                    return Some("this pool has one KV-cache group".into());
-                }
+            let groups = a.get("kv_cache_group_ids").and_then(Json::as_arr);
+            if groups.is_some_and(|gs| gs.iter().filter_map(Json::as_int).any(|g| !group_ok(g))) {
+                return Some("this pool has one KV-cache group".into());
             }
         }
         if self.has("big_block") {
@@ -198,23 +197,17 @@ fn call(pool: &mut Pool, op: &str, a: Args) -> Result<Result<Json, Refusal>, Mal
 fn new_pool(spec: &Json, bugs: Bugs, lacks: &Lacks) -> Result<Pool, String> {
     let p = spec.get("pool").ok_or("pool: missing")?;
     let num_blocks = p.get("num_blocks").and_then(Json::as_int).ok_or("pool.num_blocks: expected an integer")?;
-    if !(1..=MAX_BLOCKS).contains(&num_blocks) {
-        return Err(format!("pool.num_blocks: {} is not in [1, {}]", num_blocks, MAX_BLOCKS));
-    }
+    refuse_if(!(1..=MAX_BLOCKS).contains(&num_blocks),
+              format!("pool.num_blocks: {} is not in [1, {}]", num_blocks, MAX_BLOCKS))?;
     let hbs = p.get("hash_block_size").and_then(Json::as_int).ok_or("pool.hash_block_size: expected an integer")?;
-    if !(1..=(1i128 << 31)).contains(&hbs) {
-        return Err(format!("pool.hash_block_size: {} is not in [1, 2**31]", hbs));
-    }
+    refuse_if(!(1..=(1i128 << 31)).contains(&hbs),
+              format!("pool.hash_block_size: {} is not in [1, 2**31]", hbs))?;
     let caching = p.get("enable_caching").and_then(Json::as_bool).ok_or("pool.enable_caching: expected a bool")?;
     let events = p.get("enable_kv_cache_events").and_then(Json::as_bool)
         .ok_or("pool.enable_kv_cache_events: expected a bool")?;
     let medium = opt_str(p.get("medium")).ok_or("pool.medium: expected a string")?;
-    if events && lacks.has("events") {
-        return Err("this pool emits no KV events".into());
-    }
-    if !caching && lacks.has("caching_off") {
-        return Err("this pool always caches prefixes".into());
-    }
+    refuse_if(events && lacks.has("events"), "this pool emits no KV events".to_string())?;
+    refuse_if(!caching && lacks.has("caching_off"), "this pool always caches prefixes".to_string())?;
     let (null_counted, boundary_partials) = match p.get("reference").and_then(Json::as_str).unwrap_or("0.31") {
         "0.31" => (true, false),
         "0.33" => (false, true),

@@ -43,7 +43,7 @@ pub struct Pool {
 }
 
 /// Err(`refusal`) where `cond` holds: a call's argument checks, each one line.
-fn refuse_if(cond: bool, refusal: Refusal) -> Outcome<()> {
+pub fn refuse_if<E>(cond: bool, refusal: E) -> Result<(), E> {
     if cond { Err(refusal) } else { Ok(()) }
 }
 
@@ -389,8 +389,7 @@ impl Pool {
         let Some((key, num_tokens)) = self.primary[src].clone() else {
             return Ok(());
         };
-        let mut keys = vec![key];
-        keys.extend(self.secondary[src].iter().cloned());
+        let keys: Vec<Key> = std::iter::once(key).chain(self.secondary[src].iter().cloned()).collect();
         self.drop_hashes(src, false);
         for key in keys {
             self.add_key(key, dst, num_tokens);
