@@ -168,12 +168,9 @@ impl<'a> Parser<'a> {
     }
 
     fn word(&mut self, word: &str, value: Json) -> Result<Json, String> {
-        if self.s[self.i..].starts_with(word.as_bytes()) {
-            self.i += word.len();
-            Ok(value)
-        } else {
-            self.err("unexpected word")
-        }
+        self.fail_if(!self.s[self.i..].starts_with(word.as_bytes()), "unexpected word")?;
+        self.i += word.len();
+        Ok(value)
     }
 
     fn number(&mut self) -> Result<Json, String> {
