@@ -157,18 +157,19 @@ impl Pool {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn stored(&mut self, req: &Request, hashes: Vec<&Vec<u8>>, parent: Option<&Vec<u8>>, start: i128,
-              end: i128, block_size: i128, group: u32, chunks: &[(i128, i128)]) {
+    /// A `BlockStored` event of `blocks`: each one's hash and its chunk's first and end token.
+    fn stored(&mut self, req: &Request, blocks: &[(&Vec<u8>, i128, i128)], parent: Option<&Vec<u8>>,
+              start: i128, end: i128, block_size: i128, group: u32) {
         let clamp = |i: i128| (i.max(0) as usize).min(req.tokens.len());
         let tokens = &req.tokens[clamp(start)..clamp(end).max(clamp(start))];
-        let extra = if chunks.is_empty() {
+        let extra = if blocks.is_empty() {
             Json::Null
         } else {
-            Json::Arr(chunks.iter().map(|&(a, b)| self.extra_keys(req, a, b)).collect())
+            Json::Arr(blocks.iter().map(|&(_, a, b)| self.extra_keys(req, a, b)).collect())
         };
         self.events.push(obj(vec![
             ("type", Json::Str("BlockStored".into())),
-            ("block_hashes", Json::Arr(hashes.iter().map(|h| published(h)).collect())),
+            ("block_hashes", Json::Arr(blocks.iter().map(|(h, _, _)| published(h)).collect())),
             ("parent_block_hash", parent.map_or(Json::Null, |h| published(h))),
             ("token_ids", Json::Arr(tokens.iter().map(|&t| Json::Int(t)).collect())),
             ("block_size", Json::Int(block_size)),
@@ -342,11 +343,9 @@ impl Pool {
         }
         if self.events_on {
             let parent = if num_cached > 0 { Some(hashes[num_cached - 1]) } else { None };
-            let stored: Vec<&Vec<u8>> = chosen.iter().map(|&(i, _)| hashes[i]).collect();
-            let chunks: Vec<(i128, i128)> = chosen.iter()
-                .map(|&(i, _)| (i as i128 * bs, (i as i128 + 1) * bs)).collect();
-            self.stored(req, stored, parent, num_cached as i128 * bs, num_full as i128 * bs, bs, group,
-                        &chunks);
+            let blocks: Vec<_> = chosen.iter()
+                .map(|&(i, _)| (hashes[i], i as i128 * bs, (i as i128 + 1) * bs)).collect();
+            self.stored(req, &blocks, parent, num_cached as i128 * bs, num_full as i128 * bs, bs, group);
         }
         Ok(())
     }
@@ -376,8 +375,8 @@ impl Pool {
         if self.events_on && !already {
             let start = (chunks as i128 - 1) * hbs;
             let parent = if chunks > 1 { Some(&req.hashes[chunks - 2]) } else { None };
-            self.stored(req, vec![&req.hashes[chunks - 1]], parent, start, num_tokens, num_tokens - start,
-                        group, &[(start, num_tokens)]);
+            self.stored(req, &[(&req.hashes[chunks - 1], start, num_tokens)], parent, start, num_tokens,
+                        num_tokens - start, group);
         }
         Ok(Some(key))
     }
@@ -423,9 +422,9 @@ impl Pool {
         }
         let hashes = self.hashes_at(req, bs);
         refuse_if(num_cached > hashes.len(), Refusal::InvalidArgument)?;
-        let chunks: Vec<(i128, i128)> = (0..num_cached as i128).map(|i| (i * bs, (i + 1) * bs)).collect();
-        self.stored(req, hashes[..num_cached].to_vec(), None, 0, num_cached as i128 * bs, bs, group,
-                    &chunks);
+        let blocks: Vec<_> = (0..num_cached)
+            .map(|i| (hashes[i], i as i128 * bs, (i as i128 + 1) * bs)).collect();
+        self.stored(req, &blocks, None, 0, num_cached as i128 * bs, bs, group);
         Ok(())
     }
 
