@@ -253,7 +253,6 @@ impl Pool {
         let ids = self.ids(ids)?;
         refuse_if(ids.contains(&NULL), Refusal::NullBlock)?;
         self.check_releasable(&ids)?;
-        let mut released = Vec::new();
         for b in ids {
             self.ref_cnt[b] -= 1;
             match self.watchers.iter_mut().find(|(w, _)| *w == b) {
@@ -261,10 +260,9 @@ impl Pool {
                 None => self.watchers.push((b, watcher.to_string())),
             }
             if self.ref_cnt[b] == 0 {
-                released.push(b);
+                self.free.push_back(b);
             }
         }
-        self.free.requeue(&[], &released);
         Ok(())
     }
 
