@@ -2,8 +2,6 @@
 //!
 //! Kept apart from `pool.rs` so that the pool there is only its state and operations.
 
-use std::fmt::Write;
-
 use crate::json::Json;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -15,11 +13,10 @@ pub struct Key {
 impl Key {
     /// The index key as vLLM spells it: the hash, then the group id in four big-endian bytes.
     pub fn concrete_hex(&self) -> String {
-        let mut out = String::with_capacity(2 * self.hash.len() + 8);
-        for b in self.hash.iter().chain(&self.group.to_be_bytes()) {
-            let _ = write!(out, "{:02x}", b);
-        }
-        out
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let group = self.group.to_be_bytes();
+        let digits = |b: &u8| [DIGITS[(b >> 4) as usize] as char, DIGITS[(b & 15) as usize] as char];
+        self.hash.iter().chain(&group).flat_map(digits).collect()
     }
 }
 
