@@ -138,9 +138,7 @@ struct Parser<'a> {
 
 impl<'a> Parser<'a> {
     fn ws(&mut self) {
-        while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\n' | b'\r') {
-            self.i += 1;
-        }
+        self.i += self.s[self.i..].iter().take_while(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r')).count();
     }
 
     fn err<T>(&self, what: &str) -> Result<T, String> {
@@ -207,11 +205,9 @@ impl<'a> Parser<'a> {
 
     /// Skips a run of ASCII digits; how many there were.
     fn digits(&mut self) -> usize {
-        let start = self.i;
-        while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
-            self.i += 1;
-        }
-        self.i - start
+        let n = self.s[self.i..].iter().take_while(|c| c.is_ascii_digit()).count();
+        self.i += n;
+        n
     }
 
     fn hex4(&mut self) -> Result<u32, String> {

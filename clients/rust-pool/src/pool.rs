@@ -162,11 +162,7 @@ impl Pool {
               start: i128, end: i128, block_size: i128, group: u32) {
         let clamp = |i: i128| (i.max(0) as usize).min(req.tokens.len());
         let tokens = &req.tokens[clamp(start)..clamp(end).max(clamp(start))];
-        let extra = if blocks.is_empty() {
-            Json::Null
-        } else {
-            Json::Arr(blocks.iter().map(|&(_, a, b)| self.extra_keys(req, a, b)).collect())
-        };
+        let extra: Vec<Json> = blocks.iter().map(|&(_, a, b)| self.extra_keys(req, a, b)).collect();
         self.events.push(obj(vec![
             ("type", Json::Str("BlockStored".into())),
             ("block_hashes", Json::Arr(blocks.iter().map(|(h, _, _)| published(h)).collect())),
@@ -176,7 +172,7 @@ impl Pool {
             ("lora_id", req.lora.as_ref().map_or(Json::Null, |l| Json::Int(l.id))),
             ("medium", Json::Str(self.medium.clone())),
             ("lora_name", req.lora.as_ref().map_or(Json::Null, |l| Json::Str(l.name.clone()))),
-            ("extra_keys", extra),
+            ("extra_keys", if extra.is_empty() { Json::Null } else { Json::Arr(extra) }),
             ("group_idx", Json::Int(group as i128)),
             ("kv_cache_spec_kind", Json::Null),
             ("kv_cache_spec_sliding_window", Json::Null),
