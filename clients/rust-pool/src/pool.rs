@@ -156,8 +156,8 @@ impl Pool {
         if keys.is_empty() { Json::Null } else { Json::Arr(keys) }
     }
 
-    #[allow(clippy::too_many_arguments)]
     /// A `BlockStored` event of `blocks`: each one's hash and its chunk's first and end token.
+    #[allow(clippy::too_many_arguments)]
     fn stored(&mut self, req: &Request, blocks: &[(&Vec<u8>, i128, i128)], parent: Option<&Vec<u8>>,
               start: i128, end: i128, block_size: i128, group: u32) {
         let clamp = |i: i128| (i.max(0) as usize).min(req.tokens.len());
@@ -216,8 +216,8 @@ impl Pool {
             let mut seen = std::collections::HashSet::new();
             ids.retain(|&b| seen.insert(b));
         }
-        let (mut first, mut last) = (Vec::new(), Vec::new());
         ids.retain(|&b| b != NULL || self.null_counted);
+        let (mut first, mut last) = (Vec::new(), Vec::new());
         for &b in &ids {
             self.ref_cnt[b] -= 1;
             if self.ref_cnt[b] == 0 && b != NULL {
