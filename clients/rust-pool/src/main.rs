@@ -264,7 +264,8 @@ impl Server {
         let mut fields = vec![("kvpool_drive", Json::Int(VERSION)), ("ok", Json::Bool(true))];
         fields.extend(offered.into_iter().filter(|&(_, on)| on).map(|(name, _)| (name, Json::Bool(true))));
         if !self.lacks.names.is_empty() {
-            fields.push(("lacks", Json::Arr(self.lacks.names.iter().map(|n| Json::Str(n.clone())).collect())));
+            let names = self.lacks.names.iter().map(|n| Json::Str(n.clone())).collect();
+            fields.push(("lacks", Json::Arr(names)));
         }
         if self.observe {
             fields.push(("observation", pool.observation()));
@@ -284,7 +285,8 @@ impl Server {
         }
         if op == "observe" {
             let result = observe(pool, args, self.when_asked)?;
-            return Ok(obj(vec![("result", result), ("error", Json::Null), ("events", Json::Arr(Vec::new()))]));
+            let events = Json::Arr(Vec::new());
+            return Ok(obj(vec![("result", result), ("error", Json::Null), ("events", events)]));
         }
         pool.fired.clear();
         pool.told.clear();
