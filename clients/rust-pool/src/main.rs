@@ -103,7 +103,8 @@ fn ints(args: Args, name: &str) -> Result<Vec<i128>, Malformed> {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || text.bytes().any(|c| c.is_ascii_uppercase()) {
+    // Non-ASCII first: slicing a multibyte character in two would panic.
+    if !text.is_ascii() || text.len() % 2 != 0 || text.bytes().any(|c| c.is_ascii_uppercase()) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect()
@@ -422,4 +423,17 @@ fn main() {
         }
     }
     let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unhex;
+
+    #[test]
+    fn unhex_refuses_what_is_not_lowercase_hex() {
+        assert_eq!(unhex("0aff"), Some(vec![0x0a, 0xff]));
+        for bad in ["0", "0A", "zz", "aéb", "éa"] {
+            assert_eq!(unhex(bad), None, "{}", bad);
+        }
+    }
 }
