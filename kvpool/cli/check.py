@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
 
-from .usage import add_scale_options, check_blocks, import_or_exit
+from .usage import add_scale_options, check_scale, import_or_exit
 
 HELP = "run kvpool.impl and the model in lockstep on a random workload"
 
@@ -67,17 +67,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the campaign the parsed ``args`` ask for; ``parser`` reports a usage error (exit 2)."""
-    steps = args.steps if args.steps is not None else LONG_LIVED_STEPS if args.long_lived else 5000
-    runs = args.runs if args.runs is not None else LONG_LIVED_RUNS if args.long_lived else 4
-    if steps <= 0 or runs <= 0:
+    check_scale(parser, args, 5000, 4)
+    if args.steps <= 0 or args.runs <= 0:
         parser.error("--steps and --runs must be positive")
-    blocks_error = check_blocks(args.blocks)
-    if blocks_error:
-        parser.error(blocks_error)
     if args.exec is not None:
         from .drive import check_exec  # lazy: the drive protocol only for --exec
 
-        args.steps, args.runs = steps, runs
         return check_exec(args)
     # lazy: a subcommand loads the oracle (Hypothesis) only when it runs
     from kvpool.oracle.core.adapter import adapter_for_class, misuse_setting
@@ -88,7 +83,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     misuse, why = misuse_setting(adapter, not args.no_misuse)
     print(f"kvpool check: {adapter.name}; {why}")
     lacks = frozenset(args.lacks) | frozenset(getattr(pool_class, "kvpool_lacks", ()) or ())
-    return run_campaign(adapter.factory(), steps=steps, runs=runs, seed=args.seed,
+    return run_campaign(adapter.factory(), steps=args.steps, runs=args.runs, seed=args.seed,
                         out=sys.stdout, misuse=misuse, errors_match=adapter.errors_match,
                         reference=args.reference, blocks=args.blocks, long_lived=args.long_lived,
                         lacks=lacks)

@@ -111,7 +111,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from traceback import format_exception, print_exc
@@ -133,18 +133,20 @@ from kvpool.oracle.search.conform import (
 from kvpool.oracle.search.coverage import PhaseCoverage, measure_phase
 from kvpool.oracle.search.database import describe, use_cache_dir
 from kvpool.pictures import pictured_steps
-from kvpool.shard import Shard, ShardError
+from kvpool.shard import Shard
 
 from . import drive
 from .usage import (
     UsageError,
     UsageParser,
     add_scale_options,
-    check_blocks,
+    check_scale,
     check_writable,
+    command_parser,
     example_db_option,
     fail,
     load_adapter,
+    parse_shard,
 )
 
 SCHEMA = "kvpool.conform/1"
@@ -152,17 +154,15 @@ Phase = Callable[[Adapter, Options], PhaseResult]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = UsageParser(
-        prog="kvpool conform",
-        description="Run the lockstep campaign and the Hypothesis state machine against a\n"
-                    "block pool implementation. Exit 0 if it agrees with the model, 1 on a\n"
-                    "divergence (the minimal trace is printed), 2 on a usage error, 3 when\n"
-                    "only a caller contract was broken, 4 when a pool process failed (and\n"
-                    "nothing diverged), 5 on an error of kvpool itself.",
-        epilog="examples:\n  kvpool conform --impl kvpool.impl:BlockPool\n"
-               "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse "
-               "--json out.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(
+        "kvpool conform",
+        "Run the lockstep campaign and the Hypothesis state machine against a\n"
+        "block pool implementation. Exit 0 if it agrees with the model, 1 on a\n"
+        "divergence (the minimal trace is printed), 2 on a usage error, 3 when\n"
+        "only a caller contract was broken, 4 when a pool process failed (and\n"
+        "nothing diverged), 5 on an error of kvpool itself.",
+        "examples:\n  kvpool conform --impl kvpool.impl:BlockPool\n"
+        "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse --json out.json", UsageParser)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--impl", metavar="MODULE:CLASS",
                         help="a pool class with the reference (vLLM BlockPool) API; "
@@ -214,12 +214,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-
 def conform(adapter: Adapter, opts: Options, out: TextIO,
             traceback: bool = False,
             coverage: list[PhaseCoverage] | None = None,
-            phases: Sequence[Callable[[Adapter, Options], PhaseResult]] = (
-                run_campaign_phase, run_machine_phase),
+            phases: Sequence[Phase] = (run_campaign_phase, run_machine_phase),
             fail_fast: bool = False, verbose: bool = False) -> list[PhaseResult]:
     """Run the phases, printing a line each and the details of any failure.
 
@@ -283,11 +281,8 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
 
 def _status(failure: Failure | None) -> str:
     kind = failure.kind if failure is not None else "?"
-    if kind == "process":
-        return "FAILED (the pool process failed)"
-    if kind == "contract":
-        return "STOPPED (the calls broke a caller contract)"
-    return f"DIVERGED ({kind})"
+    return {"process": "FAILED (the pool process failed)",
+            "contract": "STOPPED (the calls broke a caller contract)"}.get(kind, f"DIVERGED ({kind})")
 
 
 def pool_loggers(adapter: Adapter) -> list[str]:
@@ -336,41 +331,39 @@ def _print_coverage(measured: PhaseCoverage, out: TextIO) -> None:
               file=out)
 
 
+def _indented(lines: Iterable[str], out: TextIO) -> None:
+    for line in lines:
+        print(f"    {line}", file=out)
+
+
 def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
     failure = result.failure
     if failure is None:
         return
     if failure.kind == "process":  # the process's verdict (with its stderr), once
-        for line in failure.details.splitlines():
-            print(f"    {line}", file=out)
+        _indented(failure.details.splitlines(), out)
         return
     if result.name == "machine":
         print(f"  minimal trace ({len(failure.trace)} steps, shrunk by Hypothesis):", file=out)
-        for step in failure.trace:
-            print(f"    {step}", file=out)
+        _indented(failure.trace, out)
         print("  lockstep says:", file=out)
     elif failure.shrunk_from is not None:
         print(f"  run with seed {failure.seed}: {failure.shrunk_from:,} workload calls, shrunk to "
               f"{len(failure.trace)} (delta debugging, each cut replayed on fresh pools):", file=out)
-        for request in failure.requests:
-            print(f"    request {request}", file=out)
-        for number, step in enumerate(failure.trace, start=1):
-            print(f"    {number}. {step}", file=out)
+        _indented([f"request {request}" for request in failure.requests], out)
+        _indented([f"{number}. {step}" for number, step in enumerate(failure.trace, start=1)], out)
         print("  lockstep says (on the shrunk calls):", file=out)
     else:
         note = f" ({failure.shrink_note})" if failure.shrink_note else ""
         print(f"  run with seed {failure.seed}{note}:", file=out)
-    for line in failure.details.splitlines():
-        print(f"    {line}", file=out)
+    _indented(failure.details.splitlines(), out)
     if failure.cause is not None and getattr(failure.cause, "verdict", None) is None:
         if traceback:
             print("  the pool's own exception:", file=out)
-            for line in "".join(format_exception(failure.cause)).rstrip().splitlines():
-                print(f"    {line}", file=out)
+            _indented("".join(format_exception(failure.cause)).rstrip().splitlines(), out)
         else:
             print(f"  the pool raised {type(failure.cause).__name__}; --traceback shows where",
                   file=out)
-
 
 
 # ---------------------------------------------------------------- outputs
@@ -379,24 +372,16 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
 def result_document(adapter: Adapter, opts: Options, results: list[PhaseResult],
                     coverage: list[PhaseCoverage] | None = None) -> dict[str, Any]:
     """The JSON document described in the module docstring."""
-    ok = all(r.ok for r in results)
     index, count = opts.shard
+    misuse, why = misuse_setting(adapter, opts.misuse)
     doc = {
-        "schema": SCHEMA,
-        "implementation": adapter.name,
-        "ok": ok,
-        "exit_code": exit_code(results),
-        "shard": None if count == 1 else [index + 1, count],
-        "merged": None,
-        "settings": {**opts.settings_json(), "misuse": misuse_setting(adapter, opts.misuse)[0]},
-        "misuse": misuse_setting(adapter, opts.misuse)[1],
+        "schema": SCHEMA, "implementation": adapter.name, "ok": all(r.ok for r in results),
+        "exit_code": exit_code(results), "shard": None if count == 1 else [index + 1, count], "merged": None,
+        "settings": {**opts.settings_json(), "misuse": misuse}, "misuse": why,
         "observation": observation_level(adapter, opts.reference),
-        "phases": [
-            {"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "executed": r.executed,
-             "replayed": r.replayed,
-             "failure": None if r.failure is None else failure_json(r.failure)}
-            for r in results
-        ],
+        "phases": [{"name": r.name, "ok": r.ok, "seconds": round(r.seconds, 3), "executed": r.executed,
+                    "replayed": r.replayed, "failure": None if r.failure is None else failure_json(r.failure)}
+                   for r in results],
     }
     if coverage is not None:
         doc["coverage"] = [c.to_json() for c in coverage]
@@ -415,14 +400,9 @@ def failure_json(f: Failure) -> dict[str, Any]:
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
-    ns = _parser().parse_args(argv)
-    if ns.steps is None:
-        ns.steps = LONG_LIVED_STEPS if ns.long_lived else Options.steps
-    if ns.runs is None:
-        ns.runs = LONG_LIVED_RUNS if ns.long_lived else Options.runs
-    blocks_error = check_blocks(ns.blocks)
-    if blocks_error:
-        raise UsageError(blocks_error)
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    check_scale(parser, ns, Options.steps, Options.runs)
     for flag in ("steps", "runs", "examples", "machine_steps"):
         if getattr(ns, flag) <= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive")
@@ -432,21 +412,15 @@ def _parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
         lacks = parse_lacks(ns.lacks)
     except ValueError as exc:
         raise UsageError(f"--lacks {exc}") from None
-    opts = Options(steps=ns.steps, runs=ns.runs, examples=ns.examples,
-                   machine_steps=ns.machine_steps, seed=ns.seed, misuse=not ns.no_misuse,
-                   reference=ns.reference, blocks=ns.blocks, long_lived=ns.long_lived,
-                   shrink=not ns.no_shrink, lacks=lacks)
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
-    if ns.shard is not None:
-        try:
-            shard = Shard.parse(ns.shard)
-        except ShardError as exc:
-            raise UsageError(f"--shard {exc}") from None
-        if ns.coverage and not shard.whole:
-            raise UsageError("--coverage measures a whole run: leave out --shard")
-        opts = replace(opts, shard=shard.part)
-    return ns, replace(opts, database=example_db_option())
+    shard = Shard() if ns.shard is None else parse_shard(ns.shard)
+    if ns.coverage and not shard.whole:
+        raise UsageError("--coverage measures a whole run: leave out --shard")
+    return ns, Options(steps=ns.steps, runs=ns.runs, examples=ns.examples, machine_steps=ns.machine_steps,
+                       seed=ns.seed, misuse=not ns.no_misuse, reference=ns.reference, shard=shard.part,
+                       database=example_db_option(), blocks=ns.blocks, long_lived=ns.long_lived,
+                       shrink=not ns.no_shrink, lacks=lacks)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

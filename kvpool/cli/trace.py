@@ -8,7 +8,6 @@ by a pool in another language or process, on the model
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 
@@ -19,17 +18,15 @@ from kvpool.oracle.generate.long_lived import LONG_LIVED_STEPS
 from kvpool.oracle.trace import DEFAULT_REFERENCE, TraceError, check_trace, record_adapter
 
 from .events import router_name
-from .usage import add_scale_options, check_blocks, fail, import_or_exit
+from .usage import add_scale_options, check_scale, command_parser, fail, import_or_exit
 
 
 def record_main(argv: Sequence[str] | None = None) -> int:
     """``kvpool record``: 0 recorded and pool agreed with the model, 1 it diverged, 2 usage."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool record",
-        description="Run the random workload against a pool in lockstep with the model and "
-                    "write every call to a JSONL trace (see oracle/TRACE_FORMAT.md).",
-        epilog="example:\n  kvpool record --pool vllm.v1.core.block_pool:BlockPool --no-misuse run.jsonl",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(
+        "kvpool record", "Run the random workload against a pool in lockstep with the model and "
+                         "write every call to a JSONL trace (see oracle/TRACE_FORMAT.md).",
+        "example:\n  kvpool record --pool vllm.v1.core.block_pool:BlockPool --no-misuse run.jsonl")
     parser.add_argument("out", help="trace file to write")
     parser.add_argument("--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS")
     parser.add_argument("--seed", type=int, default=0)
@@ -42,13 +39,9 @@ def record_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-observe", action="store_true",
                         help="leave the observation out of each line (smaller traces)")
     args = parser.parse_args(argv)
-    if args.steps is None:
-        args.steps = LONG_LIVED_STEPS if args.long_lived else 1000
+    check_scale(parser, args, 1000)
     if args.steps <= 0:
         parser.error("--steps must be positive")
-    blocks_error = check_blocks(args.blocks)
-    if blocks_error:
-        parser.error(blocks_error)
     adapter = adapter_for_class(import_or_exit(parser, "--pool", args.pool))
     misuse, why = misuse_setting(adapter, not args.no_misuse)
     print(f"kvpool record: {adapter.name}; {why}")
@@ -69,16 +62,14 @@ def check_trace_main(argv: Sequence[str] | None = None) -> int:
     """``kvpool check-trace``: 0 agrees, 1 diverges, 2 usage or unreadable file, 3 the trace's
     caller broke a contract of the pool (a verdict about the caller, not the pool), 4 the trace
     agrees but a ``--router`` profile's index differs from what the pool serves."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool check-trace",
-        description="Replay a JSONL trace on the model and report the first call whose "
-                    "result, error class, events, watcher firings or observation differ.",
-        epilog="examples:\n  kvpool check-trace run.jsonl --vllm-errors\n"
-               "  kvpool check-trace run.jsonl --router dynamo --router llm-d:2025\n"
-               "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]\n"
-               "exit codes: 0 agrees, 1 differs from the model, 2 unreadable, 3 the caller broke a "
-               "contract, 4 a router's index differs from the pool",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(
+        "kvpool check-trace", "Replay a JSONL trace on the model and report the first call whose "
+                              "result, error class, events, watcher firings or observation differ.",
+        "examples:\n  kvpool check-trace run.jsonl --vllm-errors\n"
+        "  kvpool check-trace run.jsonl --router dynamo --router llm-d:2025\n"
+        "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]\n"
+        "exit codes: 0 agrees, 1 differs from the model, 2 unreadable, 3 the caller broke a "
+        "contract, 4 a router's index differs from the pool")
     parser.add_argument("trace", help="trace file (oracle/TRACE_FORMAT.md)")
     parser.add_argument("--vllm-errors", action="store_true",
                         help="accept ValueError where the model raises NotEnoughFreeBlocksError")

@@ -9,17 +9,20 @@ that was given in front, so that every subcommand reports them the same way.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvpool.oracle.core.adapter import LoadError, load_object
+from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
+from kvpool.shard import Shard, ShardError
 
 if TYPE_CHECKING:
     from kvpool.oracle.core.adapter import Adapter
 
-__all__ = ["UsageError", "UsageParser", "check_writable", "example_db_option", "fail", "import_or_exit",
-           "load_adapter"]
+__all__ = ["UsageError", "UsageParser", "check_writable", "command_parser", "example_db_option", "fail",
+           "import_or_exit", "load_adapter", "parse_shard", "write_json"]
 
 
 class UsageError(Exception):
@@ -37,6 +40,19 @@ class UsageParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+def command_parser(prog: str, description: str, epilog: str,
+                   cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A subcommand's parser, its description and examples (the epilog) printed as written."""
+    return cls(prog=prog, description=description, epilog=epilog,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def write_json(path: str, doc: Any) -> None:
+    """``--json FILE``: the document, indented."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2)
 
 
 def import_or_exit(parser: argparse.ArgumentParser, flag: str, spec: str) -> Any:
@@ -72,6 +88,14 @@ def check_writable(flag: str, path: str | None) -> None:
         os.remove(path)
 
 
+def parse_shard(text: str) -> Shard:
+    """``--shard I/N``; a bad one raises :class:`UsageError`."""
+    try:
+        return Shard.parse(text)
+    except ShardError as exc:
+        raise UsageError(f"--shard {exc}") from None
+
+
 def example_db_option() -> str | None:
     """``KVPOOL_EXAMPLE_DB``, checked before the run: a directory that can be created or a
     ``redis://`` server that answers; anything else raises :class:`UsageError`."""
@@ -99,10 +123,15 @@ def add_scale_options(parser: argparse.ArgumentParser) -> None:
                              "re-caching of the same blocks, bursts that drain the free queue")
 
 
-def check_blocks(blocks: int | None) -> str | None:
-    """Why ``--blocks`` is wrong, or None."""
+def check_scale(parser: argparse.ArgumentParser, ns: argparse.Namespace, steps: int,
+                runs: int | None = None) -> None:
+    """``--steps`` (and ``--runs``) left out made the long-lived run's or these; a ``--blocks`` out of
+    range reported by ``parser``."""
     from kvpool.oracle.trace.schema import MAX_NUM_BLOCKS  # a trace's limit: record writes them
 
-    if blocks is not None and not 2 <= blocks <= MAX_NUM_BLOCKS:
-        return f"--blocks must be between 2 and {MAX_NUM_BLOCKS}, got {blocks}"
-    return None
+    if ns.steps is None:
+        ns.steps = LONG_LIVED_STEPS if ns.long_lived else steps
+    if runs is not None and ns.runs is None:
+        ns.runs = LONG_LIVED_RUNS if ns.long_lived else runs
+    if ns.blocks is not None and not 2 <= ns.blocks <= MAX_NUM_BLOCKS:
+        parser.error(f"--blocks must be between 2 and {MAX_NUM_BLOCKS}, got {ns.blocks}")
