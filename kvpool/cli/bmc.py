@@ -6,8 +6,6 @@ reached, or the violating trace (exit 1), and writes the outcome as JSON.
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +15,8 @@ from kvpool.model import ACTIONS
 from kvpool.proofs import bmc
 from kvpool.shard import Shard, ShardError
 from kvpool.verify.phases import part_json
+
+from .usage import command_parser, write_json
 
 WITH_ACTION_FORM = sorted(name for name, bug in BUGS.items() if bug.action is not None)
 """The seeded bugs ``--bug`` can explore: those with a broken model action."""
@@ -39,10 +39,9 @@ def outcome_json(out: bmc.Outcome, cfg: bmc.Bounds) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Explore; print depth and states, or the violating trace (exit 1)."""
-    p = argparse.ArgumentParser(
-        prog="kvpool bmc", description="Bounded model checking of the executable model (``kvpool bmc``).",
-        epilog="examples:\n  kvpool bmc --depth 3 --seconds 300\n  kvpool bmc --bug free_same_block_twice",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("kvpool bmc", "Bounded model checking of the executable model (``kvpool bmc``).",
+                       "examples:\n  kvpool bmc --depth 3 --seconds 300\n"
+                       "  kvpool bmc --bug free_same_block_twice")
     p.add_argument("--depth", type=int, default=3, help="maximum number of calls")
     p.add_argument("--seconds", type=float, default=20.0, help="time budget")
     p.add_argument("--blocks", type=int, default=4, help="pool size, null block included")
@@ -57,12 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split-depth", type=int, default=2, metavar="K", help="where --shard splits (2)")
     p.add_argument("--json", metavar="FILE", help="also write the outcome as JSON")
     args = p.parse_args(argv)
-    part = None
-    if args.shard is not None:
-        try:
-            part = Shard.parse(args.shard).part
-        except ShardError as exc:
-            p.error(f"--shard {exc}")
+    try:
+        part = None if args.shard is None else Shard.parse(args.shard).part
+    except ShardError as exc:
+        p.error(f"--shard {exc}")
     cfg = bmc.Bounds(blocks=args.blocks, hash_block_size=args.hash_block_size,
                      events_on=not args.no_events, symmetry=not args.no_symmetry)
     if args.bug:
@@ -83,8 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  part {args.shard}: {out.part.owned:,} of the {out.part.frontier:,} states at depth "
               f"{out.part.split_depth}; {len(out.part.beyond):,} states beyond it")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(outcome_json(out, cfg), fh, indent=2)
+        write_json(args.json, outcome_json(out, cfg))
     return 1 if out.violation else 0
 
 

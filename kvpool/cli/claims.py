@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 
 from kvpool.claims import claims_table, format_table, lemmas
 
-from .usage import fail
+from .usage import command_parser, fail, write_json
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the claims table (0), or a usage error (2)."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool claims",
-        description="Every invariant and step property of the model, and what establishes it:\n"
-                    "z3 for any pool size, bounded model checking on small pools, the lockstep\n"
-                    "of the pool against the model, the seeded bugs it catches, the tests.",
-        epilog="examples:\n  kvpool claims\n  kvpool claims --from verify.json --json claims.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(
+        "kvpool claims",
+        "Every invariant and step property of the model, and what establishes it:\n"
+        "z3 for any pool size, bounded model checking on small pools, the lockstep\n"
+        "of the pool against the model, the seeded bugs it catches, the tests.",
+        "examples:\n  kvpool claims\n  kvpool claims --from verify.json --json claims.json")
     parser.add_argument("--from", dest="source", metavar="FILE",
                         help="a kvpool verify --json result: show what that run established")
     parser.add_argument("--json", metavar="FILE", help="also write the table as JSON")
@@ -38,6 +36,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("lemmas of the proofs (not properties of the model): "
           + "; ".join(f"{k}: {v}" for k, v in lemmas().items()))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"claims": rows, "lemmas": lemmas()}, fh, indent=2)
+        write_json(args.json, {"claims": rows, "lemmas": lemmas()})
     return 0

@@ -133,7 +133,6 @@ from kvpool.oracle.search.conform import (
 from kvpool.oracle.search.coverage import PhaseCoverage, measure_phase
 from kvpool.oracle.search.database import describe, use_cache_dir
 from kvpool.pictures import pictured_steps
-from kvpool.shard import Shard
 
 from . import drive
 from .usage import (
@@ -414,7 +413,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
         raise UsageError(f"--lacks {exc}") from None
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
-    shard = Shard() if ns.shard is None else parse_shard(ns.shard)
+    shard = parse_shard(ns.shard)
     if ns.coverage and not shard.whole:
         raise UsageError("--coverage measures a whole run: leave out --shard")
     return ns, Options(steps=ns.steps, runs=ns.runs, examples=ns.examples, machine_steps=ns.machine_steps,

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvpool.oracle.trace.schema import TraceError
 
-from .usage import fail
+from .usage import command_parser, fail
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="kvpool corpus", description="Grow the legal corpus (bmc/legal-corpus) from traces in the "
+    p = command_parser(
+        "kvpool corpus", "Grow the legal corpus (bmc/legal-corpus) from traces in the "
         "trace format: each legal trace that takes a branch, or a pair of branches in one call, of the "
         "model's guards, contracts and updates that the corpus does not is added, cut after its last "
         "call that does.",
-        epilog="example:\n  kvpool corpus add run1.jsonl run2.jsonl --into oracle/generate/corpus/grown",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "example:\n  kvpool corpus add run1.jsonl run2.jsonl --into oracle/generate/corpus/grown")
     sub = p.add_subparsers(dest="action", required=True)
     add = sub.add_parser("add", help="add the traces that reach something new")
     add.add_argument("traces", nargs="+", type=Path)

@@ -16,7 +16,7 @@ from kvpool.oracle.events.check import EventsReport, load_events, read_stream
 from kvpool.oracle.events.routers import RouterReport, profile_factory
 from kvpool.oracle.trace import TraceError
 
-from .usage import fail
+from .usage import command_parser, fail
 
 
 def block_sizes_arg(text: str) -> dict[int, int]:
@@ -47,16 +47,15 @@ def _json(report: EventsReport, routers: list[RouterReport]) -> str:
 def check_events_main(argv: Sequence[str] | None = None) -> int:
     """``kvpool check-events``: 0 no violation, 1 violations (or warnings with ``--strict``, or
     inputs a ``--router`` profile does not index as meant), 2 usage or unreadable file."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool check-events",
-        description="Read a KV-event stream (JSONL, one event per line; a kvpool trace; or a wire capture "
-                    "written by kvpool watch --record) as a router rebuilding the prefix index would, and "
-                    "report each event that breaks it, with its line (or record).",
-        epilog="examples:\n  kvpool check-events kv-events.jsonl --block-sizes 0=16\n"
-               "  kvpool check-events run.jsonl --json --strict\n"
-               "  kvpool check-events kv-events.jsonl --router dynamo --router llm-d:2025\n"
-               "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(
+        "kvpool check-events",
+        "Read a KV-event stream (JSONL, one event per line; a kvpool trace; or a wire capture "
+        "written by kvpool watch --record) as a router rebuilding the prefix index would, and "
+        "report each event that breaks it, with its line (or record).",
+        "examples:\n  kvpool check-events kv-events.jsonl --block-sizes 0=16\n"
+        "  kvpool check-events run.jsonl --json --strict\n"
+        "  kvpool check-events kv-events.jsonl --router dynamo --router llm-d:2025\n"
+        "routers (docs/routers.md): set, refcount, dynamo, llm-d:2025, llm-d:2026[,option=value]")
     parser.add_argument("file")
     parser.add_argument("--block-sizes", type=block_sizes_arg, default=None, metavar="G=N[,G=N]",
                         help="full block size per KV-cache group, to tell partial entries apart "

@@ -7,8 +7,6 @@ refuted check, and writes them as JSON.
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -20,8 +18,9 @@ from kvpool.proofs.prove import Check, Proofs, prove_all
 from kvpool.proofs.step_properties import NOT_ENCODED_STEPS, SYM_STEP_DOCS
 from kvpool.proofs.transitions import COVERS
 
+from .usage import command_parser, write_json
+
 MARK = {PROVEN: "✓", "counterexample": "✗", "unknown": "?"}
-DESCRIPTION = "``kvpool prove``: print the step x invariant proof matrix; fail on anything unproven."
 
 
 def _cell(r: Result) -> str:
@@ -105,10 +104,8 @@ def proofs_json(p: Proofs) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every proof; exit 1 on any counterexample or unknown."""
-    parser = argparse.ArgumentParser(
-        prog="kvpool prove", description=DESCRIPTION,
-        epilog="example:\n  kvpool prove --json proofs.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("kvpool prove", (__doc__ or "").splitlines()[0],
+                            "example:\n  kvpool prove --json proofs.json")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--timeout-ms", type=int, default=TIMEOUT_MS, help="per-check z3 timeout")
     args = parser.parse_args(argv)
@@ -123,8 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for check, r in refuted:
         print_refuted(check, r, args.timeout_ms)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(proofs_json(proofs), fh, indent=2)
+        write_json(args.json, proofs_json(proofs))
     return 0 if proofs.ok else 1
 
 

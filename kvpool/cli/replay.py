@@ -27,20 +27,19 @@ from kvpool.oracle.replay.vllm_engine import PLUGIN_MODES, environment_mode, run
 
 from .. import vllm_plugin
 from .events import router_name
-from .usage import check_writable, fail, import_or_exit
+from .usage import check_writable, command_parser, fail, import_or_exit
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvpool replay",
-        description="Replay a request trace (Mooncake's format or a plain one) through an engine loop: "
-                    "every pool call checked against the model; hit rates, evictions, preemptions, "
-                    "divergences, and what each --router profile would route wrongly.",
-        epilog="examples:\n  kvpool replay conversation_trace.jsonl --limit 500\n"
-               "  kvpool replay trace.jsonl --engine vllm --report out/ --router dynamo\n"
-               "  KVPOOL_PLUGIN=replace kvpool replay trace.jsonl --engine vllm\n"
-               "exit codes: 0 no divergence, 1 a divergence or broken contract, 2 bad input",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(
+        "kvpool replay",
+        "Replay a request trace (Mooncake's format or a plain one) through an engine loop: "
+        "every pool call checked against the model; hit rates, evictions, preemptions, "
+        "divergences, and what each --router profile would route wrongly.",
+        "examples:\n  kvpool replay conversation_trace.jsonl --limit 500\n"
+        "  kvpool replay trace.jsonl --engine vllm --report out/ --router dynamo\n"
+        "  KVPOOL_PLUGIN=replace kvpool replay trace.jsonl --engine vllm\n"
+        "exit codes: 0 no divergence, 1 a divergence or broken contract, 2 bad input")
     p.add_argument("requests", help="the request trace (JSON lines)")
     p.add_argument("--engine", choices=("kvpool", "vllm"), default="kvpool",
                    help="kvpool's own loop (default) or vLLM's scheduler (needs vLLM 0.31)")

@@ -88,10 +88,10 @@ def check_writable(flag: str, path: str | None) -> None:
         os.remove(path)
 
 
-def parse_shard(text: str) -> Shard:
-    """``--shard I/N``; a bad one raises :class:`UsageError`."""
+def parse_shard(text: str | None) -> Shard:
+    """``--shard I/N`` (None: the whole run); a bad one raises :class:`UsageError`."""
     try:
-        return Shard.parse(text)
+        return Shard() if text is None else Shard.parse(text)
     except ShardError as exc:
         raise UsageError(f"--shard {exc}") from None
 

@@ -24,8 +24,6 @@ from kvpool.verify import (
     PHASES,
     PROFILES,
     Settings,
-    Shard,
-    ShardError,
     Target,
     make_progress,
     run,
@@ -33,7 +31,16 @@ from kvpool.verify import (
     write_outputs,
 )
 
-from .usage import UsageError, UsageParser, check_writable, example_db_option, fail, load_adapter
+from .usage import (
+    UsageError,
+    UsageParser,
+    check_writable,
+    command_parser,
+    example_db_option,
+    fail,
+    load_adapter,
+    parse_shard,
+)
 
 BUDGET_OPTIONS = (("bmc-depth", int, "BMC depth, for every pool"),
                   ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
@@ -51,19 +58,18 @@ BUDGET_OPTIONS = (("bmc-depth", int, "BMC depth, for every pool"),
 
 def parser() -> argparse.ArgumentParser:
     """The ``kvpool verify`` parser (tests/test_recipes.py reads the CI recipes with it)."""
-    p = UsageParser(
-        prog="kvpool verify",
-        description="Run the z3 proofs, their encoding against the model, the seeded bugs, bounded\n"
-                    "model checking, the lockstep campaign and the bounded refinement of kvpool.impl,\n"
-                    "and the conformance of every implementation given, under a profile or an explicit\n"
-                    "budget. Exit 0 if everything passed, 1 on a found violation, 2 on a usage error.",
-        epilog="examples:\n"
-               "  kvpool verify\n"
-               "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
-               "  kvpool verify --impl mypkg.pool:BlockPool --skip proofs --skip seeded-bugs\n"
-               "  kvpool verify --trace run.jsonl --events kv-events.jsonl\n"
-               "  kvpool verify --profile deep --shard 3/32 --json shard-3.json   # then kvpool merge",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(
+        "kvpool verify",
+        "Run the z3 proofs, their encoding against the model, the seeded bugs, bounded\n"
+        "model checking, the lockstep campaign and the bounded refinement of kvpool.impl,\n"
+        "and the conformance of every implementation given, under a profile or an explicit\n"
+        "budget. Exit 0 if everything passed, 1 on a found violation, 2 on a usage error.",
+        "examples:\n"
+        "  kvpool verify\n"
+        "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
+        "  kvpool verify --impl mypkg.pool:BlockPool --skip proofs --skip seeded-bugs\n"
+        "  kvpool verify --trace run.jsonl --events kv-events.jsonl\n"
+        "  kvpool verify --profile deep --shard 3/32 --json shard-3.json   # then kvpool merge", UsageParser)
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
                    help="budget preset: ci (default, minutes), dev, deep, pool")
     p.add_argument("--impl", action="append", default=[], metavar="MODULE:CLASS",
@@ -84,9 +90,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", metavar="I/N",
                    help="run shard I of N (1 <= I <= N) of the work; kvpool merge joins the shards' --json")
     budget = p.add_argument_group("budget (overrides the profile)")
-    for name, kind, what in BUDGET_OPTIONS:
+    for name, kind, what in (*BUDGET_OPTIONS, ("seed", int, "first random seed")):
         budget.add_argument(f"--{name}", type=kind, help=what, metavar="N" if kind is int else "S")
-    budget.add_argument("--seed", type=int, help="first random seed", metavar="N")
     out = p.add_argument_group("outputs")
     out.add_argument("--json", metavar="FILE", help="write the result document (kvpool/VERIFY_SCHEMA.md)")
     out.add_argument("--junit", metavar="FILE", help="write JUnit XML, one testcase per check")
@@ -102,23 +107,19 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
 
     ns = parser().parse_args(argv)
     budget = PROFILES[ns.profile]
-    custom = {}
-    for name in [flag.replace("-", "_") for flag, _kind, _what in BUDGET_OPTIONS] + ["seed"]:
-        value = getattr(ns, name)
-        if value is None:
-            continue
+    names = [flag.replace("-", "_") for flag, _kind, _what in BUDGET_OPTIONS] + ["seed"]
+    custom = {name: value for name in names if (value := getattr(ns, name)) is not None}
+    for name, value in custom.items():
         if name != "seed" and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
-        custom[name] = value
     for depth, pools in (("bmc_depth", "bmc_pools"), ("agreement_depth", "agreement_pools")):
         if depth in custom:  # an explicit depth is every pool's, the profile's own depths dropped
             custom[pools] = tuple(p[:2] for p in getattr(budget, pools))
     profile = ns.profile if not custom else f"{ns.profile}+custom"
     if ns.reference not in REFERENCES:
         raise UsageError(f"--reference {ns.reference!r}: choose from {', '.join(REFERENCES)}")
-    for flag, paths in (("--trace", ns.trace), ("--events", ns.events)):
-        for path in paths:
-            _check_readable(flag, path)
+    for flag, path in [("--trace", p) for p in ns.trace] + [("--events", p) for p in ns.events]:
+        _check_readable(flag, path)
     for flag, path in (("--json", ns.json), ("--junit", ns.junit)):
         if path and os.path.dirname(path):
             _check_directory(flag, os.path.dirname(path))
@@ -130,16 +131,10 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     if budget.skip and not (targets or ns.trace or ns.events):
         raise UsageError(f"--profile {ns.profile} checks the pool you give: "
                          "add --impl MODULE:CLASS, --adapter MODULE:FACTORY, --trace or --events")
-    shard = Shard()
-    if ns.shard is not None:
-        try:
-            shard = Shard.parse(ns.shard)
-        except ShardError as exc:
-            raise UsageError(f"--shard {exc}") from None
-    database = example_db_option() if targets else None
     return Settings(profile, replace(budget, **custom), targets, ns.trace, ns.events,
                     ns.vllm_errors, ns.reference, not ns.no_misuse, set(ns.skip) | set(budget.skip),
-                    ns.json, ns.junit, ns.report, ns.plain, shard, database)
+                    ns.json, ns.junit, ns.report, ns.plain, parse_shard(ns.shard),
+                    example_db_option() if targets else None)
 
 
 def _check_readable(flag: str, path: str) -> None:

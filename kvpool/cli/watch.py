@@ -21,27 +21,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, Any
 
 from .events import block_sizes_arg, router_name
-from .usage import fail
+from .usage import command_parser, fail
 
 LIVE_DEPENDENCIES = ("zmq", "msgspec")
 """The extra ``kvpool[live]``: what the watcher and the wire decoder need."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvpool watch",
-        description="Subscribe to vLLM KV-event publishers (ZmqEventPublisher) and check each engine's "
-                    "stream as it comes, with check-events' rules and router profiles. Findings go out "
-                    "as JSON lines.",
-        epilog="examples:\n  kvpool watch tcp://engine-1:5557 tcp://engine-2:5557 "
-               "--replay tcp://engine-1:5558 --replay tcp://engine-2:5558\n"
-               "  kvpool watch tcp://*:5557 --bind --dp-ranks 4 --router dynamo --router llm-d "
-               "--metrics-port 9400\n"
-               "  kvpool watch tcp://engine:5557 --record incident.kvwire   # then: kvpool check-events "
-               "incident.kvwire\n"
-               "exit: 0 no violation, 1 violations (or, with --strict, warnings or router reactions), "
-               "2 usage",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser(
+        "kvpool watch",
+        "Subscribe to vLLM KV-event publishers (ZmqEventPublisher) and check each engine's "
+        "stream as it comes, with check-events' rules and router profiles. Findings go out as JSON lines.",
+        "examples:\n  kvpool watch tcp://engine-1:5557 tcp://engine-2:5557 "
+        "--replay tcp://engine-1:5558 --replay tcp://engine-2:5558\n"
+        "  kvpool watch tcp://*:5557 --bind --dp-ranks 4 --router dynamo --router llm-d --metrics-port 9400\n"
+        "  kvpool watch tcp://engine:5557 --record incident.kvwire   # then: kvpool check-events "
+        "incident.kvwire\n"
+        "exit: 0 no violation, 1 violations (or, with --strict, warnings or router reactions), 2 usage")
     parser.add_argument("endpoints", nargs="+", metavar="ENDPOINT",
                         help="a publisher's endpoint (tcp://host:port), as vLLM's kv_events_config names it")
     parser.add_argument("--replay", action="append", default=[], metavar="ENDPOINT",
