@@ -75,15 +75,18 @@ def _scope(name: str) -> str:
     return "any pool size" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _tally(cells: list[Mapping[str, Any]]) -> str:
+    proven = sum(c["status"] == "proven" for c in cells)
+    return f"{'proven' if proven == len(cells) else 'NOT PROVEN'}: {proven}/{len(cells)}"
+
+
 def _z3_invariant(name: str, proofs: Mapping[str, Any] | None) -> str:
     if name in NOT_ENCODED:
         return f"not encoded: {NOT_ENCODED[name]}"
     if proofs is None:
         return f"every step preserves it, {_scope(name)}: {len(STEPS)} steps"
     cells = [proofs["initial"][name], *(row[name] for row in proofs["matrix"].values())]
-    proven = sum(c["status"] == "proven" for c in cells)
-    verdict = "proven" if proven == len(cells) else "NOT PROVEN"
-    return f"{verdict}: {proven}/{len(cells)} (initial + {len(cells) - 1} steps), {_scope(name)}"
+    return f"{_tally(cells)} (initial + {len(cells) - 1} steps), {_scope(name)}"
 
 
 def _z3_step_property(name: str, proofs: Mapping[str, Any] | None) -> str:
@@ -91,20 +94,14 @@ def _z3_step_property(name: str, proofs: Mapping[str, Any] | None) -> str:
         order = (proofs or {}).get("order")
         if not order:
             return "the eviction-order proof: every queue step keeps it, any pool size"
-        cells = [row[name] for row in order["matrix"].values()]
-        proven = sum(c["status"] == "proven" for c in cells)
-        verdict = "proven" if proven == len(cells) else "NOT PROVEN"
-        return f"{verdict}: {proven}/{len(cells)} queue steps, any pool size"
+        return f"{_tally([row[name] for row in order['matrix'].values()])} queue steps, any pool size"
     if name in BY_CONSTRUCTION:
         return f"by construction: {BY_CONSTRUCTION[name]}"
     if name in SYM_STEP_PROPERTIES:
         steps = [st for st in STEPS if applies(name, st)]
         if proofs is None or name not in proofs.get("properties", {}):
             return f"every step it speaks of keeps it, any pool size: {len(steps)} step(s)"
-        cells = list(proofs["properties"][name].values())
-        proven = sum(c["status"] == "proven" for c in cells)
-        verdict = "proven" if proven == len(cells) else "NOT PROVEN"
-        return f"{verdict}: {proven}/{len(cells)} steps, any pool size"
+        return f"{_tally(list(proofs['properties'][name].values()))} steps, any pool size"
     return f"not stated: {NOT_ENCODED_STEPS.get(name, 'no symbolic form')}"
 
 
@@ -140,28 +137,19 @@ def _lockstep(phase: Mapping[str, Any] | None) -> str:
 def _tests_naming(names: list[str]) -> dict[str, list[str]]:
     """Test files that name each property (empty outside a source checkout)."""
     root = Path(__file__).resolve().parents[1] / "tests"
-    out: dict[str, list[str]] = {n: [] for n in names}
-    if not root.is_dir():
-        return out
-    for path in sorted(root.glob("test_*.py")):
-        text = path.read_text(encoding="utf-8")
-        for n in names:
-            if n in text:
-                out[n].append(path.name)
-    return out
+    texts = [(p.name, p.read_text(encoding="utf-8")) for p in sorted(root.glob("test_*.py"))]
+    return {n: [file for file, text in texts if n in text] for n in names}
 
 
 def _bugs_by_property(doc: Mapping[str, Any] | None) -> dict[str, list[str]] | None:
     seeded = _phase(doc, "seeded-bugs")
     if seeded is None:
         return None
-    out: dict[str, list[str]] = {}
+    out: dict[str, dict[str, None]] = {}  # a dict per property: the bugs in order, once each
     for bug in seeded.get("bugs", []):
         for prop in bug.get("refuted_by", []):
-            out.setdefault(prop, [])
-            if bug["name"] not in out[prop]:
-                out[prop].append(bug["name"])
-    return out
+            out.setdefault(prop, {})[bug["name"]] = None
+    return {prop: list(bugs) for prop, bugs in out.items()}
 
 
 SYMMETRY = ("within a pool size, every state the search leaves out is a renaming of one it checks "

@@ -26,7 +26,7 @@ import inspect
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,11 +204,15 @@ def _helper(call: ast.Call, scope: _Scope, where: str) -> Iterator[Row]:
     named = names.get("name")
     if isinstance(named, ast.Constant) and isinstance(named.value, str):  # the argument it checks
         rule = f"{named.value}: {rule[0].lower()}{rule[1:]}"
-    seen: set[tuple[str, str]] = set()
-    for row in _rows(node.body, inner, rule.replace("``", "`"), f"{where} > {call.func.id}"):
-        if (row.outcome, row.when) not in seen:
-            seen.add((row.outcome, row.when))
-            yield row
+    yield from _once(_rows(node.body, inner, rule.replace("``", "`"), f"{where} > {call.func.id}"))
+
+
+def _once(rows: Iterable[Row]) -> list[Row]:
+    """The rows in order, a check made again (by a helper) left out: it never decides."""
+    first: dict[tuple[str, str], Row] = {}
+    for row in rows:
+        first.setdefault((row.outcome, row.when), row)
+    return list(first.values())
 
 
 def rows(op: str) -> tuple[list[Row], dict[str, str]]:
@@ -216,11 +220,7 @@ def rows(op: str) -> tuple[list[Row], dict[str, str]]:
     decl = OPERATIONS[op]
     node = _function(decl.guard)
     scope = _Scope({}, {})
-    out, seen = [], set()
-    for row in _rows(node.body, scope, "", decl.guard.__name__):
-        if (row.outcome, row.when) not in seen:  # a check made again (by a helper) never decides
-            seen.add((row.outcome, row.when))
-            out.append(row)
+    out = _once(_rows(node.body, scope, "", decl.guard.__name__))
     said = " ".join([r.when for r in out] + list(scope.where.values()))
     for name, value in vars(guards).items():  # the module's constants and helpers the rows name
         if not re.search(rf"\b{re.escape(name)}\b", said) or name.startswith("_"):

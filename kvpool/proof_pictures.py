@@ -96,8 +96,7 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
 
     def show(a: Any) -> str:
         if a.sort() == Block:
-            return "#" + str(next(i for i, b in enumerate(blocks)
-                                  if z3.is_true(model.eval(a == b, model_completion=True))))
+            return f"#{_index(model, a, blocks)}"
         if a.sort() == KeySort:
             return _key_label(model, a, keys)
         if a.sort() in (z3.IntSort(), z3.BoolSort()):
@@ -114,18 +113,22 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
     ]
 
 
+def _index(model: Any, e: Any, representatives: list[Any]) -> int:
+    """The place of the representative ``e`` equals under ``model``."""
+    return next(i for i, other in enumerate(representatives)
+                if z3.is_true(model.eval(e == other, model_completion=True)))
+
+
 def _key_label(model: Any, k: Any, keys: list[Any]) -> str:
     """``k`` named by the representative it equals: ``k0``, ``k1``, ..."""
-    return next(f"k{i}" for i, other in enumerate(keys)
-                if z3.is_true(model.eval(k == other, model_completion=True)))
+    return f"k{_index(model, k, keys)}"
 
 
 def _ghost(model: Any, s: SymState, blocks: list[Any], keys: list[Any], contents: list[Any]) -> list[str]:
     """What each block holds and each key names (contents ``ε``, ``c1``, ...; ``<`` = prefix of)."""
 
     def name(c: Any) -> str:
-        i = next(i for i, other in enumerate(contents)
-                 if z3.is_true(model.eval(c == other, model_completion=True)))
+        i = _index(model, c, contents)
         return "ε" if i == 0 else f"c{i}"
 
     def val(e: Any) -> Any:

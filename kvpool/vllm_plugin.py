@@ -22,6 +22,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 SUPPORTED = ("0.31.",)
@@ -90,19 +91,29 @@ def _rebind(original: type, replacement: type) -> tuple[list[str], list[type]]:
     subclasses of ``original`` onto it; the names changed, and the classes re-parented."""
     rebound: list[str] = []
     reparented: list[type] = []
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not (name == "vllm" or name.startswith("vllm.")):
-            continue
-        for attr, value in list(vars(mod).items()):
-            if value is original:
-                setattr(mod, attr, replacement)
-                rebound.append(f"{name}.{attr}")
-            elif (isinstance(value, type) and original in value.__bases__ and value is not replacement
-                  and value.__module__ == name and value not in reparented):
-                value.__bases__ = tuple(replacement if b is original else b for b in value.__bases__)
-                reparented.append(value)
-                rebound.append(f"{name}.{attr} (now a subclass of {replacement.__qualname__})")
+    for mod, name, attr, value in _vllm_names():
+        if value is original:
+            setattr(mod, attr, replacement)
+            rebound.append(f"{name}.{attr}")
+        elif (isinstance(value, type) and original in value.__bases__ and value is not replacement
+              and value.__module__ == name and value not in reparented):
+            _reparent([value], original, replacement)
+            reparented.append(value)
+            rebound.append(f"{name}.{attr} (now a subclass of {replacement.__qualname__})")
     return rebound, reparented
+
+
+def _vllm_names() -> Iterator[tuple[Any, str, str, Any]]:
+    """Every name a loaded vLLM module binds: the module, its name, the name, the value."""
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and (name == "vllm" or name.startswith("vllm.")):
+            for attr, value in list(vars(mod).items()):
+                yield mod, name, attr, value
+
+
+def _reparent(classes: Iterable[type], old: type, new: type) -> None:
+    for cls in classes:
+        cls.__bases__ = tuple(new if b is old else b for b in cls.__bases__)
 
 
 def install() -> list[str]:
@@ -173,8 +184,7 @@ def uninstall() -> None:
         shadowed, base = _installed.pop("shadowed"), _installed.pop("shadowed_base")
         _installed.pop("shadow_rebound")
         _rebind(shadowed, base)
-        for cls in _installed.pop("shadow_reparented"):
-            cls.__bases__ = tuple(base if b is shadowed else b for b in cls.__bases__)
+        _reparent(_installed.pop("shadow_reparented"), shadowed, base)
         if "original" not in _installed:
             return
     # lazy: runs inside every vLLM process; loads only what the chosen mode needs
@@ -182,14 +192,10 @@ def uninstall() -> None:
     from kvpool.impl.events import use_event_classes
 
     original = _installed["original"]
-    for name, mod in list(sys.modules.items()):
-        if mod is None or not (name == "vllm" or name.startswith("vllm.")):
-            continue
-        for attr, value in list(vars(mod).items()):
-            if value is BlockPool:
-                setattr(mod, attr, original)
-    for cls in _installed["reparented"]:
-        cls.__bases__ = tuple(original if b is BlockPool else b for b in cls.__bases__)
+    for mod, _name, attr, value in _vllm_names():
+        if value is BlockPool:
+            setattr(mod, attr, original)
+    _reparent(_installed["reparented"], BlockPool, original)
     use_event_classes(*_installed["events"])
     _installed.clear()
 
