@@ -61,20 +61,12 @@ def picture_of_observation(obs: Observation, label: Label = short_label,
         raise ValueError("an observation through calls only (api-only) has no picture")
     position = {b: i for i, b in enumerate(obs.free)}
     watched = None if obs.watched is None else set(obs.watched)
-    blocks = []
-    for block_id, ref in enumerate(obs.ref):
-        primary = obs.primary[block_id]
-        blocks.append({
-            "id": block_id,
-            "ref": ref,
-            "free_pos": position.get(block_id),
-            "key": None if primary is None else label(primary[0]),
-            "tokens": None if primary is None else primary[1],
-            "extra_keys": (None if obs.secondary is None
-                           else [label(k) for k in obs.secondary[block_id]]),
-            "null": block_id == 0,
-            "watched": None if watched is None else block_id in watched,
-        })
+    blocks = [{"id": block_id, "ref": ref, "free_pos": position.get(block_id),
+               "key": None if primary is None else label(primary[0]),
+               "tokens": None if primary is None else primary[1],
+               "extra_keys": None if obs.secondary is None else [label(k) for k in obs.secondary[block_id]],
+               "null": block_id == 0, "watched": None if watched is None else block_id in watched}
+              for block_id, (ref, primary) in enumerate(zip(obs.ref, obs.primary, strict=True))]
     index = (None if obs.index is None else
              [{"key": label(k), "blocks": list(ids)}
               for k, ids in sorted(obs.index, key=lambda entry: label(entry[0]))])

@@ -161,14 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             server = _serve_metrics(fleet, args.metrics_host, args.metrics_port)
         except OSError as exc:
-            print(f"kvpool watch: metrics port {args.metrics_port}: {exc}", file=sys.stderr)
             watcher.close()
-            return 2
-        host, port = str(server.server_address[0]), int(server.server_address[1])
-        print(f"kvpool watch: metrics on http://{host}:{port}/metrics", file=sys.stderr, flush=True)
+            return fail(f"kvpool watch: metrics port {args.metrics_port}: {exc}")
+        host, port = server.server_address[:2]
+        print(f"kvpool watch: metrics on http://{host!s}:{port}/metrics", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: watcher.stop())
-    started = time.monotonic()
-    last = started
+    started = last = time.monotonic()
     try:
         while not watcher.stopped:
             watcher.poll()
