@@ -48,10 +48,6 @@ BY_CONSTRUCTION: dict[str, str] = {
 """Step properties that hold in the z3 encoding by the way the steps are written."""
 
 
-def _doc(fn: Any) -> str:
-    return (inspect.getdoc(fn) or "").splitlines()[0]
-
-
 def _phase(doc: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
     if doc is None:
         return None
@@ -209,8 +205,9 @@ def claims_table(doc: Mapping[str, Any] | None = None) -> list[Row]:
     kinds: list[tuple[str, Mapping[str, Any], Callable[[str, Mapping[str, Any] | None], str]]] = [
         ("invariant", INVARIANTS, _z3_invariant), ("lemma", LEMMAS, _z3_lemma),
         ("step property", STEP_PROPERTIES, _z3_step_property)]
-    return [{"property": name, "kind": kind, "doc": _doc(pred), "z3": z3_of(name, proofs), "bmc": bmc,
-             "lockstep": lockstep, "bugs": None if bugs is None else bugs.get(name, []),
+    return [{"property": name, "kind": kind, "doc": (inspect.getdoc(pred) or "").splitlines()[0],
+             "z3": z3_of(name, proofs), "bmc": bmc, "lockstep": lockstep,
+             "bugs": None if bugs is None else bugs.get(name, []),
              "tests": tests[name], "beyond": beyond(name)}
             for kind, registry, z3_of in kinds for name, pred in registry.items()]
 

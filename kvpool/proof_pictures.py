@@ -50,7 +50,7 @@ def _picture(model: Any, s: SymState, blocks: list[Any], keys: list[Any]) -> Pic
         return bool(z3.is_true(val(e)))
 
     def label(k: Any) -> str:
-        return _key_label(model, k, keys)
+        return f"k{_index(model, k, keys)}"
 
     free = [i for i, b in enumerate(blocks) if true(s.free[b])]
     cells = []
@@ -98,7 +98,7 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
         if a.sort() == Block:
             return f"#{_index(model, a, blocks)}"
         if a.sort() == KeySort:
-            return _key_label(model, a, keys)
+            return f"k{_index(model, a, keys)}"
         if a.sort() in (z3.IntSort(), z3.BoolSort()):
             return str(model.eval(a, model_completion=True))
         return "…"
@@ -114,14 +114,10 @@ def counterexample_steps(step: str | StepSpec, invariant: str, scope: int = SCOP
 
 
 def _index(model: Any, e: Any, representatives: list[Any]) -> int:
-    """The place of the representative ``e`` equals under ``model``."""
+    """The place of the representative ``e`` equals under ``model`` (keys are named ``k0``, ``k1``, ...)."""
     return next(i for i, other in enumerate(representatives)
                 if z3.is_true(model.eval(e == other, model_completion=True)))
 
-
-def _key_label(model: Any, k: Any, keys: list[Any]) -> str:
-    """``k`` named by the representative it equals: ``k0``, ``k1``, ..."""
-    return f"k{_index(model, k, keys)}"
 
 
 def _ghost(model: Any, s: SymState, blocks: list[Any], keys: list[Any], contents: list[Any]) -> list[str]:
@@ -136,9 +132,9 @@ def _ghost(model: Any, s: SymState, blocks: list[Any], keys: list[Any], contents
 
     lines = [f"block {i} holds {name(s.holds[b])}, {val(s.holders[b])} holder(s)"
              for i, b in enumerate(blocks) if i > 0]
-    lines += [f"{_key_label(model, k, keys)} names {name(s.names[k])}" for k in keys]
+    lines += [f"k{_index(model, k, keys)} names {name(s.names[k])}" for k in keys]
     if z3.is_true(val(s.events)):
-        lines += [f"announced {_key_label(model, k, keys)} on block {i}"
+        lines += [f"announced k{_index(model, k, keys)} on block {i}"
                   for k in keys for i, b in enumerate(blocks) if z3.is_true(val(s.live[k, b]))]
     lines += [f"{name(a)} < {name(b)}" for a in contents[1:] for b in contents[1:]
               if a is not b and z3.is_true(model.eval(prefix(a, b), model_completion=True))]

@@ -74,16 +74,12 @@ def register() -> None:
         logger.info("kvpool plugin: kvpool.impl.BlockPool replaces vLLM's BlockPool in %d modules",
                     len(rebound))
     if "shadow" in chosen:
+        # lazy: runs inside every vLLM process; loads only what the chosen mode needs
+        from kvpool.oracle.shadow import shadow_dir
+
         rebound = install_shadow()
         logger.info("kvpool plugin: every block pool vLLM builds is shadowed by the model (%d modules); "
-                    "divergences are logged with a trace in %s", len(rebound), _shadow_dir())
-
-
-def _shadow_dir() -> str:
-    # lazy: runs inside every vLLM process; loads only what the chosen mode needs
-    from kvpool.oracle.shadow import shadow_dir
-
-    return str(shadow_dir())
+                    "divergences are logged with a trace in %s", len(rebound), shadow_dir())
 
 
 def _rebind(original: type, replacement: type) -> tuple[list[str], list[type]]:
