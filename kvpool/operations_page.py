@@ -321,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         path.write_text(new)
     elif new != page:
-        print(f"{path}: its tables differ from the model (rewrite them with --write)",
-              file=sys.stderr)
+        print(f"{path}: its tables differ from the model (rewrite them with --write)", file=sys.stderr)
         return 1
     return 1 if missing else 0
 

@@ -22,17 +22,11 @@ HELP = "run kvpool.impl and the model in lockstep on a random workload"
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``check`` subparser, added to ``sub`` (the ``kvpool`` parser's subparsers)."""
     check: argparse.ArgumentParser = sub.add_parser(
-        "check",
-        help=HELP,
-        description=(
-            "Drive kvpool.impl and kvpool.model with the same random workload, compare\n"
-            "every result, error and observation after each step, and check every model\n"
-            "invariant. Exits 0 when all agree, 1 on the first divergence."
-        ),
-        epilog="examples:\n  kvpool check --steps 20000 --seed 1\n"
-               "  kvpool check --long-lived --blocks 65536",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "check", help=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Drive kvpool.impl and kvpool.model with the same random workload, compare\n"
+                    "every result, error and observation after each step, and check every model\n"
+                    "invariant. Exits 0 when all agree, 1 on the first divergence.",
+        epilog="examples:\n  kvpool check --steps 20000 --seed 1\n  kvpool check --long-lived --blocks 65536")
     check.add_argument("--steps", type=int, default=None,
                        help=f"workload steps per run (default 5000; {LONG_LIVED_STEPS} with --long-lived)")
     check.add_argument("--runs", type=int, default=None,
@@ -41,24 +35,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_scale_options(check)
     check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
     target = check.add_mutually_exclusive_group()
-    target.add_argument(
-        "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
-        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
-             "vllm.v1.core.block_pool:BlockPool")
-    target.add_argument(
-        "--exec", metavar='"CMD ARGS"',
-        help="a pool in another process (any language), over its stdin and stdout in the drive "
-             "protocol (oracle/DRIVE_PROTOCOL.md)")
-    check.add_argument(
-        "--reference", choices=["0.31", "0.33"], default="0.31",
-        help="the vLLM version whose behaviour the model reproduces (default 0.31)")
-    check.add_argument(
-        "--no-misuse", action="store_true",
-        help="leave out deliberately wrong calls (for pools that do not refuse them, like vLLM's)")
-    check.add_argument(
-        "--lacks", metavar="NAMES", type=_lacks, default=frozenset(),
-        help="what the pool lacks, besides what it declares (operations, features, shapes; commas or "
-             "spaces): no call with any is made")
+    target.add_argument("--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
+                        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
+                             "vllm.v1.core.block_pool:BlockPool")
+    target.add_argument("--exec", metavar='"CMD ARGS"',
+                        help="a pool in another process (any language), over its stdin and stdout in the "
+                             "drive protocol (oracle/DRIVE_PROTOCOL.md)")
+    check.add_argument("--reference", choices=["0.31", "0.33"], default="0.31",
+                       help="the vLLM version whose behaviour the model reproduces (default 0.31)")
+    check.add_argument("--no-misuse", action="store_true",
+                       help="leave out deliberately wrong calls (for pools that do not refuse them, "
+                            "like vLLM's)")
+    check.add_argument("--lacks", metavar="NAMES", type=_lacks, default=frozenset(),
+                       help="what the pool lacks, besides what it declares (operations, features, shapes; "
+                            "commas or spaces): no call with any is made")
     from . import drive  # the options of --exec
 
     drive.add_options(check)

@@ -180,8 +180,7 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"campaign runs (4; {LONG_LIVED_RUNS} with --long-lived)")
     add_scale_options(parser)
     parser.add_argument("--examples", type=int, default=200, help="state-machine examples (200)")
-    parser.add_argument("--machine-steps", type=int, default=25,
-                        help="rules per state-machine example (25)")
+    parser.add_argument("--machine-steps", type=int, default=25, help="rules per state-machine example (25)")
     parser.add_argument("--seed", type=int, default=0, help="seed of both phases (0)")
     parser.add_argument("--reference", default="0.31",
                         help="vLLM version whose behaviour the model reproduces (0.31)")
@@ -190,16 +189,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="FILE", help="write the result as JSON")
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML, one testcase per phase")
     parser.add_argument("--no-misuse", action="store_true",
-                        help="leave out deliberately wrong calls (always off for pools that do "
-                             "not refuse misuse, like vLLM's)")
+                        help="leave out deliberately wrong calls (always off for pools that do not refuse "
+                             "misuse, like vLLM's)")
     parser.add_argument("--coverage", action="store_true",
                         help="measure the branches of the model's operations (model/pool.py, guards.py, "
-                             "contracts.py) each "
-                             "phase reaches alone, and list those it misses (needs coverage.py)")
+                             "contracts.py) each phase reaches alone, and list those it misses (needs "
+                             "coverage.py)")
     parser.add_argument("--phase", choices=("campaign", "machine"),
                         help="run one phase only (both by default)")
-    parser.add_argument("--fail-fast", action="store_true",
-                        help="stop at the first phase that diverges")
+    parser.add_argument("--fail-fast", action="store_true", help="stop at the first phase that diverges")
     parser.add_argument("--strict-messages", action="store_true",
                         help="a pool other than kvpool's must refuse for lack of blocks with vLLM's exact "
                              "ValueError message (by default any ValueError counts)")
@@ -361,8 +359,7 @@ def _print_failure(result: PhaseResult, out: TextIO, traceback: bool) -> None:
             print("  the pool's own exception:", file=out)
             _indented("".join(format_exception(failure.cause)).rstrip().splitlines(), out)
         else:
-            print(f"  the pool raised {type(failure.cause).__name__}; --traceback shows where",
-                  file=out)
+            print(f"  the pool raised {type(failure.cause).__name__}; --traceback shows where", file=out)
 
 
 # ---------------------------------------------------------------- outputs
@@ -476,11 +473,9 @@ def _conform_exec(adapter: DriveAdapter, ns: argparse.Namespace, opts: Options, 
     status = 4
     try:
         results = conform(adapter, opts, out, ns.traceback, coverage,
-                          phases=_chosen(ns, [run.phase(run_campaign_phase),
-                                              run.phase(run_machine_phase)]),
+                          phases=_chosen(ns, [run.phase(run_campaign_phase), run.phase(run_machine_phase)]),
                           fail_fast=ns.fail_fast, verbose=True)
-        drive.report(run, out, drive.meta_of(adapter.command, "kvpool conform --exec",
-                                             opts.seed))
+        drive.report(run, out, drive.meta_of(adapter.command, "kvpool conform --exec", opts.seed))
         status = _outputs(adapter, ns, opts, results, coverage)
     except (ProcessFailure, ProcessHung) as exc:  # between the phases (a probe, a shrink's pool)
         print(exc.verdict.format(), file=out)

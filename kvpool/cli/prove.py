@@ -58,8 +58,7 @@ def print_proofs(p: Proofs) -> None:
     _print_matrix("invariant", SYM_INVARIANTS, p.initial.__getitem__, p.matrix, p.enabled)
     for name, why in NOT_ENCODED.items():
         print(f"not encoded: {name}: {why}")
-    print("model actions -> steps: "
-          + "; ".join(f"{a}: {'+'.join(st)}" for a, st in COVERS.items()))
+    print("model actions -> steps: " + "; ".join(f"{a}: {'+'.join(st)}" for a, st in COVERS.items()))
     for name, r in p.lemmas.items():
         print(f"lemma {name} <= {' & '.join(DERIVED_FROM[name])}: {_cell(r)}")
     print("step properties (proofs/step_properties.py), for every step they speak of:")

@@ -84,8 +84,7 @@ def parser() -> argparse.ArgumentParser:
                    help="traces: accept ValueError where the model raises NotEnoughFreeBlocksError")
     p.add_argument("--reference", default="0.31", metavar="VERSION",
                    help="vLLM behaviour the model reproduces: 0.31 (default) or 0.33")
-    p.add_argument("--no-misuse", action="store_true",
-                   help="conformance: leave out deliberately wrong calls")
+    p.add_argument("--no-misuse", action="store_true", help="conformance: leave out deliberately wrong calls")
     p.add_argument("--skip", action="append", default=[], choices=PHASES, help="leave a phase out")
     p.add_argument("--shard", metavar="I/N",
                    help="run shard I of N (1 <= I <= N) of the work; kvpool merge joins the shards' --json")
