@@ -218,11 +218,8 @@ def conform(adapter: Adapter, opts: Options, out: TextIO,
             fail_fast: bool = False, verbose: bool = False) -> list[PhaseResult]:
     """Run the phases, printing a line each and the details of any failure.
 
-    With a ``coverage`` list, each phase runs under coverage.py; its
-    measurement is printed and appended to the list.  ``phases``: the phase
-    functions (``--exec`` wraps each, :mod:`.drive`).  ``fail_fast`` stops at
-    the first phase that diverges; unless ``verbose``, the loggers of the
-    pool's module are silenced while the phases run.
+    With a ``coverage`` list, each phase runs under coverage.py and its measurement is appended;
+    ``phases``: the phase functions (``--exec`` wraps each, :mod:`.drive`).
     """
     _misuse, why = misuse_setting(adapter, opts.misuse)
     index, count = opts.shard
