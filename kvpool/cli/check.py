@@ -35,12 +35,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_scale_options(check)
     check.add_argument("--seed", type=int, default=0, help="first random seed (default 0)")
     target = check.add_mutually_exclusive_group()
-    target.add_argument("--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
-                        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
-                             "vllm.v1.core.block_pool:BlockPool")
-    target.add_argument("--exec", metavar='"CMD ARGS"',
-                        help="a pool in another process (any language), over its stdin and stdout in the "
-                             "drive protocol (oracle/DRIVE_PROTOCOL.md)")
+    target.add_argument(
+        "--pool", default="kvpool.impl:BlockPool", metavar="MODULE:CLASS",
+        help="the pool class to check (default kvpool.impl:BlockPool), e.g. "
+             "vllm.v1.core.block_pool:BlockPool")
+    target.add_argument(
+        "--exec", metavar='"CMD ARGS"',
+        help="a pool in another process (any language), over its stdin and stdout in the drive "
+             "protocol (oracle/DRIVE_PROTOCOL.md)")
     check.add_argument("--reference", choices=["0.31", "0.33"], default="0.31",
                        help="the vLLM version whose behaviour the model reproduces (default 0.31)")
     check.add_argument("--no-misuse", action="store_true",

@@ -133,11 +133,11 @@ from kvpool.oracle.search.conform import (
 from kvpool.oracle.search.coverage import PhaseCoverage, measure_phase
 from kvpool.oracle.search.database import describe, use_cache_dir
 from kvpool.pictures import pictured_steps
+from kvpool.shard import Shard, ShardError
 
 from . import drive
 from .usage import (
     UsageError,
-    UsageParser,
     add_scale_options,
     check_scale,
     check_writable,
@@ -145,7 +145,6 @@ from .usage import (
     example_db_option,
     fail,
     load_adapter,
-    parse_shard,
 )
 
 SCHEMA = "kvpool.conform/1"
@@ -161,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
         "only a caller contract was broken, 4 when a pool process failed (and\n"
         "nothing diverged), 5 on an error of kvpool itself.",
         "examples:\n  kvpool conform --impl kvpool.impl:BlockPool\n"
-        "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse --json out.json", UsageParser)
+        "  kvpool conform --impl vllm.v1.core.block_pool:BlockPool --no-misuse --json out.json", raises=True)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--impl", metavar="MODULE:CLASS",
                         help="a pool class with the reference (vLLM BlockPool) API; "
@@ -407,7 +406,10 @@ def _parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Options]:
         raise UsageError(f"--lacks {exc}") from None
     if ns.coverage and importlib.util.find_spec("coverage") is None:
         raise UsageError("--coverage needs coverage.py: pip install coverage (or kvpool[test])")
-    shard = parse_shard(ns.shard)
+    try:
+        shard = Shard() if ns.shard is None else Shard.parse(ns.shard)
+    except ShardError as exc:
+        raise UsageError(f"--shard {exc}") from None
     if ns.coverage and not shard.whole:
         raise UsageError("--coverage measures a whole run: leave out --shard")
     return ns, Options(steps=ns.steps, runs=ns.runs, examples=ns.examples, machine_steps=ns.machine_steps,

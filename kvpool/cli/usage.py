@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvpool.oracle.core.adapter import LoadError, load_object
 from kvpool.oracle.generate.long_lived import LONG_LIVED_RUNS, LONG_LIVED_STEPS
-from kvpool.shard import Shard, ShardError
 
 if TYPE_CHECKING:
     from kvpool.oracle.core.adapter import Adapter
 
 __all__ = ["UsageError", "UsageParser", "check_writable", "command_parser", "example_db_option", "fail",
-           "import_or_exit", "load_adapter", "parse_shard", "write_json"]
+           "import_or_exit", "load_adapter", "write_json"]
 
 
 class UsageError(Exception):
@@ -42,11 +41,12 @@ class UsageParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def command_parser(prog: str, description: str, epilog: str,
-                   cls: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """A subcommand's parser, its description and examples (the epilog) printed as written."""
-    return cls(prog=prog, description=description, epilog=epilog,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+def command_parser(prog: str, description: str, epilog: str, raises: bool = False) -> argparse.ArgumentParser:
+    """A subcommand's parser, its description and examples (the epilog) printed as written; ``raises``:
+    a :class:`UsageParser`."""
+    return (UsageParser if raises else argparse.ArgumentParser)(
+        prog=prog, description=description, epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def write_json(path: str, doc: Any) -> None:
@@ -86,14 +86,6 @@ def check_writable(flag: str, path: str | None) -> None:
         raise UsageError(f"{flag} {path!r}: cannot write: {exc.strerror or exc}") from None
     if not existed:
         os.remove(path)
-
-
-def parse_shard(text: str | None) -> Shard:
-    """``--shard I/N`` (None: the whole run); a bad one raises :class:`UsageError`."""
-    try:
-        return Shard() if text is None else Shard.parse(text)
-    except ShardError as exc:
-        raise UsageError(f"--shard {exc}") from None
 
 
 def example_db_option() -> str | None:

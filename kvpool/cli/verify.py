@@ -24,6 +24,8 @@ from kvpool.verify import (
     PHASES,
     PROFILES,
     Settings,
+    Shard,
+    ShardError,
     Target,
     make_progress,
     run,
@@ -31,16 +33,7 @@ from kvpool.verify import (
     write_outputs,
 )
 
-from .usage import (
-    UsageError,
-    UsageParser,
-    check_writable,
-    command_parser,
-    example_db_option,
-    fail,
-    load_adapter,
-    parse_shard,
-)
+from .usage import UsageError, check_writable, command_parser, example_db_option, fail, load_adapter
 
 BUDGET_OPTIONS = (("bmc-depth", int, "BMC depth, for every pool"),
                   ("bmc-seconds", float, "BMC time per run (a safety net: a run it cuts fails)"),
@@ -69,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         "  kvpool verify --profile dev --junit verify.xml --json verify.json --report out/\n"
         "  kvpool verify --impl mypkg.pool:BlockPool --skip proofs --skip seeded-bugs\n"
         "  kvpool verify --trace run.jsonl --events kv-events.jsonl\n"
-        "  kvpool verify --profile deep --shard 3/32 --json shard-3.json   # then kvpool merge", UsageParser)
+        "  kvpool verify --profile deep --shard 3/32 --json shard-3.json   # then kvpool merge", raises=True)
     p.add_argument("--profile", choices=sorted(PROFILES), default="ci",
                    help="budget preset: ci (default, minutes), dev, deep, pool")
     p.add_argument("--impl", action="append", default=[], metavar="MODULE:CLASS",
@@ -130,10 +123,13 @@ def settings_from(argv: Sequence[str] | None) -> Settings:
     if budget.skip and not (targets or ns.trace or ns.events):
         raise UsageError(f"--profile {ns.profile} checks the pool you give: "
                          "add --impl MODULE:CLASS, --adapter MODULE:FACTORY, --trace or --events")
+    try:
+        shard = Shard() if ns.shard is None else Shard.parse(ns.shard)
+    except ShardError as exc:
+        raise UsageError(f"--shard {exc}") from None
     return Settings(profile, replace(budget, **custom), targets, ns.trace, ns.events,
                     ns.vllm_errors, ns.reference, not ns.no_misuse, set(ns.skip) | set(budget.skip),
-                    ns.json, ns.junit, ns.report, ns.plain, parse_shard(ns.shard),
-                    example_db_option() if targets else None)
+                    ns.json, ns.junit, ns.report, ns.plain, shard, example_db_option() if targets else None)
 
 
 def _check_readable(flag: str, path: str) -> None:
