@@ -57,11 +57,9 @@ class Prefix:
     def then(self, chunk: Chunk) -> Prefix:
         """This prefix followed by ``chunk``."""
         key = (id(self), chunk)
-        ref = _MADE.get(key)
-        made = None if ref is None else ref()
+        made = _MADE.get(key)
         if made is None:
-            made = Prefix(self, chunk)
-            _MADE[key] = _Made(made, key)
+            made = _MADE[key] = Prefix(self, chunk)
         return made
 
     def __len__(self) -> int:
@@ -87,24 +85,7 @@ class Prefix:
         return repr(tuple(self))
 
 
-class _Made(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to an interned prefix that forgets its entry when the prefix goes."""
-
-    __slots__ = ("key",)
-
-    def __new__(cls, made: Prefix, key: tuple[int, Chunk]) -> _Made:
-        return super().__new__(cls, made, _forget)
-
-    def __init__(self, made: Prefix, key: tuple[int, Chunk]) -> None:  # the referent: set by __new__
-        self.key = key
-
-
-def _forget(ref: weakref.ref) -> None:  # type: ignore[type-arg]
-    if isinstance(ref, _Made) and _MADE.get(ref.key) is ref:
-        del _MADE[ref.key]
-
-
-_MADE: dict[tuple[int, Chunk], _Made] = {}
+_MADE: weakref.WeakValueDictionary[tuple[int, Chunk], Prefix] = weakref.WeakValueDictionary()
 """Every live prefix, by (its parent's identity, its last chunk): how equal prefixes are one object."""
 Content = Prefix
 EMPTY = Prefix(None, None)
@@ -122,14 +103,9 @@ def compatible(held: Content, written: Content) -> bool:
 
 
 def hashes_at(request: Any, hash_block_size: int, block_size: int) -> list[Hash]:
-    """The request's hash of each whole ``block_size`` block.
-
-    Hashes chain over the whole prefix, so the hash of a block is the hash
-    of the last ``hash_block_size`` chunk inside it.
-    """
-    per_block = block_size // hash_block_size
-    fine = request.block_hashes
-    return [fine[(i + 1) * per_block - 1] for i in range(len(fine) // per_block)]
+    """The request's hash of each whole ``block_size`` block (:func:`block_hash`)."""
+    return [block_hash(request, hash_block_size, block_size, i)
+            for i in range(num_blocks_hashed(request, hash_block_size, block_size))]
 
 
 def block_hash(request: Any, hash_block_size: int, block_size: int, i: int) -> Hash:
@@ -173,9 +149,7 @@ def chunk_keys(request: Any, start: int, end: int) -> tuple[TaggedKey, ...] | No
 
 def untagged(keys: tuple[TaggedKey, ...] | None) -> ExtraKeys | None:
     """A chunk's keys as events publish them: names, ``(id, offset)`` pairs, digests."""
-    if keys is None:
-        return None
-    return tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
+    return None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
 
 
 def content(request: Any, num_tokens: int, hash_block_size: int) -> Content:
@@ -204,14 +178,11 @@ def _chain(request: Any, hash_block_size: int) -> list[Content]:
         return kept[2]
     if _last[0] is request and _last[1] == hash_block_size:
         return _last[2]  # type: ignore[no-any-return]
-    chain: list[Content] = [EMPTY]
-    key = id(request)
+    key, chain = id(request), [EMPTY]
     try:
-        ref = weakref.ref(request, lambda _r: _chains.pop(key, None))
+        _chains[key] = (weakref.ref(request, lambda _r: _chains.pop(key, None)), hash_block_size, chain)
     except TypeError:
         _last[:] = [request, hash_block_size, chain]
-        return chain
-    _chains[key] = (ref, hash_block_size, chain)
     return chain
 
 
