@@ -33,7 +33,7 @@ from typing import Any, Literal
 from . import contracts, derived, domains, footprints, guards, pool, split
 from .footprints import Footprint
 from .guards import Noop
-from .kinds import Arg, ArgKind
+from .kinds import Arg
 from .properties import Transition, freed_queue, handed_out_queue, touched_queue, unpinned_queue
 from .state import Output, PoolState
 
@@ -43,7 +43,6 @@ ResultKind = Literal["none", "blocks", "blocks?", "key?", "bool", "count", "frac
 Role = Literal["action", "query", "caller"]
 """``action``: a pool operation that may change the pool; ``query``: one that never does;
 ``caller``: what the caller does outside the pool (ghost only)."""
-UNSPLIT = ("identity",)
 
 
 class Translate:
@@ -72,7 +71,7 @@ class Operation:
     result: ResultKind
     next: Callable[..., Any]
     """Its update (:mod:`.pool`): runs once the guard and the contracts let the call through."""
-    steps: tuple[str, ...] = UNSPLIT
+    steps: tuple[str, ...] = ("identity",)
     """The z3 steps its split uses (names in ``kvpool.proofs.transitions.STEPS``)."""
     guard: Callable[..., guards.Verdict] = _derived
     """Left out: each argument checked by its kind in declared order, then ``refuses``."""
@@ -93,20 +92,16 @@ class Operation:
     def __post_init__(self) -> None:
         if self.refuses and self.guard is not _derived:
             raise ValueError(f"{self.name}: refuses is for a guard derived from the kinds")
+        if self.split is _derived and len(self.steps) != 1:
+            raise ValueError(f"{self.name}: steps {self.steps} need a split written out")
         query = self.role == "query"
-        if self.guard is _derived:
-            self._derive("guard", derived.guard_of(self.name, self.args, self.refuses))
-        if self.footprint is _derived:
-            self._derive("footprint", footprints.nothing if query else derived.footprint_of(self.args))
-        if self.split is _derived:
-            if len(self.steps) != 1:
-                raise ValueError(f"{self.name}: steps {self.steps} need a split written out")
-            self._derive("split", split.unchanged if query else derived.split_of(self.steps[0], self.args))
-        if self.domain is _derived:
-            self._derive("domain", domains.none if query else derived.domain_of(self.args))
-
-    def _derive(self, part: str, value: Callable[..., Any]) -> None:
-        object.__setattr__(self, part, value)
+        parts = {"guard": derived.guard_of(self.name, self.args, self.refuses),
+                 "footprint": footprints.nothing if query else derived.footprint_of(self.args),
+                 "split": split.unchanged if query else derived.split_of(self.steps[0], self.args),
+                 "domain": domains.none if query else derived.domain_of(self.args)}
+        for part, value in parts.items():
+            if getattr(self, part) is _derived:
+                object.__setattr__(self, part, value)
 
     @property
     def private(self) -> bool:
@@ -124,12 +119,9 @@ class Operation:
             raise TypeError(f"{self.name}() takes {len(self.args)} arguments, {len(args)} given")
         out = list(args)
         for a in self.args[len(args):]:
-            if a.name in kwargs:
-                out.append(kwargs.pop(a.name))
-            elif a.optional:
-                out.append(a.default)
-            else:
+            if a.name not in kwargs and not a.optional:
                 raise TypeError(f"{self.name}() missing argument {a.name!r}")
+            out.append(kwargs.pop(a.name, a.default))
         if kwargs:
             raise TypeError(f"{self.name}() got unexpected argument(s) {sorted(kwargs)}")
         return tuple(out)
@@ -184,36 +176,23 @@ class Operation:
 # --------------------------------------------------------------------------
 # The declarations.
 
-COUNT: ArgKind = "count"
-BLOCK: ArgKind = "block"
-BLOCKS: ArgKind = "blocks"
-REQUEST: ArgKind = "request"
-GROUP: ArgKind = "group"
-SIZE: ArgKind = "size"
-TOKENS: ArgKind = "tokens"
-
-
 def _insert_pool_call(a: Mapping[str, Any], to: Translate) -> tuple[Any, ...]:
     """vLLM's offload pool passes the key it copied, not the request that names it."""
     key = to.key(a["request"], a["prefix_tokens"], a["kv_cache_group_id"])
     return key, to.block(a["block_id"]), a["num_tokens"]
 
 
-def _declare(*ops: Operation) -> dict[str, Operation]:
-    return {op.name: op for op in ops}
-
-
-OPERATIONS: dict[str, Operation] = _declare(
-    Operation("get_new_blocks", "action", (Arg("num_blocks", COUNT),), "blocks", pool.get_new_blocks,
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (
+    Operation("get_new_blocks", "action", (Arg("num_blocks", "count"),), "blocks", pool.get_new_blocks,
               steps=("alloc",), guard=guards.get_new_blocks, footprint=footprints.get_new_blocks,
               split=split.get_new_blocks, domain=domains.get_new_blocks, queue=handed_out_queue),
-    Operation("free_blocks", "action", (Arg("block_ids", BLOCKS),), "none", pool.free_blocks,
+    Operation("free_blocks", "action", (Arg("block_ids", "blocks"),), "none", pool.free_blocks,
               steps=("release",), guard=guards.free_blocks, footprint=footprints.listed,
               split=split.free_blocks, domain=domains.free_blocks, queue=freed_queue),
-    Operation("touch", "action", (Arg("block_ids", BLOCKS),), "none", pool.touch,
+    Operation("touch", "action", (Arg("block_ids", "blocks"),), "none", pool.touch,
               steps=("touch",), guard=guards.touch, footprint=footprints.listed,
               split=split.touch, domain=domains.free_blocks, queue=touched_queue),
-    Operation("unpin_blocks", "action", (Arg("block_ids", BLOCKS), Arg("on_reuse", "watcher")), "none",
+    Operation("unpin_blocks", "action", (Arg("block_ids", "blocks"), Arg("on_reuse", "watcher")), "none",
               pool.unpin_blocks, steps=("unpin",), guard=guards.unpin_blocks, footprint=footprints.listed,
               split=split.unpin_blocks, domain=domains.unpin_blocks, queue=unpinned_queue),
     Operation("evict_blocks", "action", (Arg("block_ids", "block_ids"),), "none", pool.evict_blocks,
@@ -223,80 +202,73 @@ OPERATIONS: dict[str, Operation] = _declare(
               steps=("reset",), guard=guards.reset_prefix_cache, footprint=footprints.reset_prefix_cache,
               split=split.reset_prefix_cache),
     Operation("cache_full_blocks", "action",
-              (Arg("request", REQUEST), Arg("block_ids", BLOCKS), Arg("num_cached_blocks", COUNT),
-               Arg("num_full_blocks", COUNT), Arg("block_size", SIZE), Arg("kv_cache_group_id", GROUP),
+              (Arg("request", "request"), Arg("block_ids", "blocks"), Arg("num_cached_blocks", "count"),
+               Arg("num_full_blocks", "count"), Arg("block_size", "size"), Arg("kv_cache_group_id", "group"),
                Arg("block_mask", "mask?", None)), "none", pool.cache_full_blocks,
               steps=("cache_full", "identity"), guard=guards.cache_full_blocks,
               requires=contracts.cache_full_blocks, footprint=footprints.cache_full_blocks,
               split=split.cache_full_blocks, domain=domains.cache_full_blocks),
     Operation("cache_partial_block", "action",
-              (Arg("request", REQUEST), Arg("block_id", BLOCK), Arg("num_tokens", TOKENS),
-               Arg("kv_cache_group_id", GROUP), Arg("block_size", SIZE),
+              (Arg("request", "request"), Arg("block_id", "block"), Arg("num_tokens", "tokens"),
+               Arg("kv_cache_group_id", "group"), Arg("block_size", "size"),
                Arg("replace_existing_hashes", "flag", False)), "key?", pool.cache_partial_block,
               steps=("cache_partial", "identity"), guard=guards.cache_partial_block,
               requires=contracts.cache_partial_block, footprint=footprints.cache_partial_block,
               split=split.cache_partial_block, domain=domains.cache_partial_block),
-    Operation("move_block_hashes", "action", (Arg("src_id", BLOCK), Arg("dst_id", BLOCK)), "none",
+    Operation("move_block_hashes", "action", (Arg("src_id", "block"), Arg("dst_id", "block")), "none",
               pool.move_block_hashes, steps=("move",), guard=guards.move_block_hashes,
               requires=contracts.move_block_hashes, footprint=footprints.move_block_hashes,
               split=split.move_block_hashes, domain=domains.move_block_hashes),
     Operation("emit_cached_block_events", "action",
-              (Arg("request", REQUEST), Arg("num_cached_blocks", COUNT), Arg("block_size", SIZE),
-               Arg("kv_cache_group_id", GROUP)), "none", pool.emit_cached_block_events,
+              (Arg("request", "request"), Arg("num_cached_blocks", "count"), Arg("block_size", "size"),
+               Arg("kv_cache_group_id", "group")), "none", pool.emit_cached_block_events,
               guard=guards.emit_cached_block_events, domain=domains.emit_cached_block_events),
     Operation("take_events", "action", (), "events", pool.take_events, guard=guards.take_events),
     Operation("_insert_block_hash", "action",
-              (Arg("request", REQUEST), Arg("prefix_tokens", TOKENS), Arg("kv_cache_group_id", GROUP),
-               Arg("block_id", BLOCK), Arg("num_tokens", "tokens?")), "none", pool.insert_block_hash,
+              (Arg("request", "request"), Arg("prefix_tokens", "tokens"), Arg("kv_cache_group_id", "group"),
+               Arg("block_id", "block"), Arg("num_tokens", "tokens?")), "none", pool.insert_block_hash,
               steps=("insert",), guard=guards.insert_block_hash, requires=contracts.insert_block_hash,
               footprint=footprints.insert_block_hash, split=split.insert_block_hash,
               domain=domains.insert_block_hash, pool_call=_insert_pool_call),
-    Operation("_maybe_evict_cached_block", "action", (Arg("block_id", BLOCK),), "bool",
+    Operation("_maybe_evict_cached_block", "action", (Arg("block_id", "block"),), "bool",
               pool.maybe_evict_cached_block, steps=("evict",), guard=guards.maybe_evict_cached_block,
               footprint=footprints.one_block, split=split.maybe_evict_cached_block,
               domain=domains.maybe_evict_cached_block),
     Operation("get_cached_block", "query", (Arg("block_hash", "hash"), Arg("kv_cache_group_ids", "groups")),
               "blocks?", pool.get_cached_block, guard=guards.get_cached_block),
-    Operation("is_block_writable", "query", (Arg("block_id", BLOCK),), "bool", pool.is_block_writable,
+    Operation("is_block_writable", "query", (Arg("block_id", "block"),), "bool", pool.is_block_writable,
               guard=guards.is_block_writable),
     Operation("get_num_free_blocks", "query", (), "count", pool.get_num_free_blocks,
               guard=guards.get_num_free_blocks),
     Operation("get_usage", "query", (), "fraction", pool.get_usage, guard=guards.get_usage),
     Operation("write_block", "caller",
-              (Arg("block_id", BLOCK), Arg("request", REQUEST), Arg("num_tokens", TOKENS)), "none",
+              (Arg("block_id", "block"), Arg("request", "request"), Arg("num_tokens", "tokens")), "none",
               pool.write_block, steps=("write",), guard=guards.write_block, requires=contracts.write_block,
               footprint=footprints.write_block, split=split.write_block, domain=domains.write_block),
-)
+)}
 """Every operation, by its name on the pool (``write_block`` is the caller's)."""
 
 
-def _functional(op: Operation) -> Callable[..., tuple[PoolState, Any]]:
-    def action(s: PoolState, *args: Any, **kwargs: Any) -> tuple[PoolState, Any]:
-        return s, op.run(s, op.bind(args, kwargs))
+def _callable(op: Operation) -> Callable[..., Any]:
+    """``op`` as a function of a state and its arguments: ``(state, result)``, a query's result alone."""
+    def call(s: PoolState, *args: Any, **kwargs: Any) -> Any:
+        result = op.run(s, op.bind(args, kwargs))
+        return result if op.role == "query" else (s, result)
 
-    action.__name__ = action.__qualname__ = op.next.__name__
-    action.__doc__ = op.next.__doc__
-    return action
-
-
-def _query(op: Operation) -> Callable[..., Any]:
-    def query(s: PoolState, *args: Any, **kwargs: Any) -> Any:
-        return op.run(s, op.bind(args, kwargs))
-
-    query.__name__ = query.__qualname__ = op.next.__name__
-    query.__doc__ = op.next.__doc__
-    return query
+    call.__name__ = call.__qualname__ = op.next.__name__
+    call.__doc__ = op.next.__doc__
+    return call
 
 
 ACTIONS: dict[str, Callable[..., tuple[PoolState, Any]]] = {
-    name: _functional(op) for name, op in OPERATIONS.items() if op.role == "action"}
+    name: _callable(op) for name, op in OPERATIONS.items() if op.role == "action"}
 """Every state-changing operation as ``(state, *args) -> (state, result)``, by the pool's name.
 The state is updated IN PLACE and returned (copy it first to keep the old one)."""
 CALLER_ACTIONS: dict[str, Callable[..., tuple[PoolState, Any]]] = {
-    name: _functional(op) for name, op in OPERATIONS.items() if op.role == "caller"}
+    name: _callable(op) for name, op in OPERATIONS.items() if op.role == "caller"}
 """What the pool's caller does to its blocks outside the pool (ghost-only transitions)."""
 QUERIES: dict[str, Callable[..., Any]] = {
-    name: _query(op) for name, op in OPERATIONS.items() if op.role == "query"}
+    name: _callable(op) for name, op in OPERATIONS.items() if op.role == "query"}
 """Every read-only operation of the pool, by its public name."""
 POOL_OPERATIONS: tuple[str, ...] = tuple(n for n, op in OPERATIONS.items() if op.role != "caller")
 """Every operation a pool has (public and the private ones vLLM's engine calls)."""
