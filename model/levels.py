@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 N = TypeVar("N")
@@ -43,11 +43,8 @@ class Levels:
 class Stopwatch:
     """Wall-clock and processor seconds since it started (a shared machine makes the first say little)."""
 
-    began: float = 0.0
-    cpu: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.began, self.cpu = time.perf_counter(), time.process_time()
+    began: float = field(default_factory=time.perf_counter)
+    cpu: float = field(default_factory=time.process_time)
 
     def seconds(self) -> float:
         return time.perf_counter() - self.began
@@ -62,14 +59,13 @@ class Stopwatch:
 
 def breadth_first(roots: Sequence[N], depth: int, expand: Callable[[N, int], Iterable[N]], *,
                   over_budget: Callable[[], bool] = lambda: False,
-                  select: Callable[[int, list[N]], list[N]] | None = None,
-                  on_level: Callable[[int], None] | None = None) -> Levels:
+                  select: Callable[[int, list[N]], list[N]] | None = None) -> Levels:
     """Expand ``roots`` level by level up to ``depth``: ``expand(node, level)`` makes a node's calls
     and returns the nodes new to the search (deduplicating is the caller's: it knows its keys).
 
     ``over_budget`` is asked before each node; when it says so the search ends, not complete.
     ``select(level, frontier)``, if given, picks which of a level's nodes are expanded (one part
-    of a sharded search); ``on_level(level)`` is told when a level is done.
+    of a sharded search).
     """
     out = Levels()
     frontier = list(roots)
@@ -87,8 +83,6 @@ def breadth_first(roots: Sequence[N], depth: int, expand: Callable[[N, int], Ite
                 out.stopped = True
                 return out
         out.depth, frontier = level, nxt
-        if on_level is not None:
-            on_level(level)
         if not frontier:
             break
     out.complete, out.expanded, out.frontier = True, 0, len(frontier)
