@@ -44,30 +44,23 @@ def get_new_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 def free_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
     """``free_blocks`` and ``touch``: one block, and two (a block listed twice among them)."""
-    for b in _ids(s):
-        yield ([b],)
-    for a, b in itertools.product(_ids(s), repeat=2):
-        yield ([a, b],)
+    yield from single_lists(s, scope)
+    yield from (([a, b],) for a, b in itertools.product(_ids(s), repeat=2))
 
 
 def single_lists(s: PoolState, scope: Scope) -> Iterator[Args]:
     """``evict_blocks``: one block at a time."""
-    for b in _ids(s):
-        yield ([b],)
+    yield from (([b],) for b in _ids(s))
 
 
 def maybe_evict_cached_block(s: PoolState, scope: Scope) -> Iterator[Args]:
-    for b in _ids(s):
-        yield (b,)
+    yield from ((b,) for b in _ids(s))
 
 
 def unpin_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
     """One block with either watcher; two blocks with the first."""
-    for b in _ids(s):
-        for w in scope.watchers:
-            yield ([b], w)
-    for a, b in itertools.product(_ids(s), repeat=2):
-        yield ([a, b], scope.watchers[0])
+    yield from (([b], w) for b in _ids(s) for w in scope.watchers)
+    yield from (([a, b], scope.watchers[0]) for a, b in itertools.product(_ids(s), repeat=2))
 
 
 def no_arguments(s: PoolState, scope: Scope) -> Iterator[Args]:
@@ -79,18 +72,14 @@ def move_block_hashes(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def write_block(s: PoolState, scope: Scope) -> Iterator[Args]:
-    for r in scope.requests:
-        for b in _ids(s):
-            for nt in _token_counts(s, r):
-                yield (b, r, nt)
+    yield from ((b, r, nt) for r in scope.requests for b in _ids(s) for nt in _token_counts(s, r))
 
 
 def insert_block_hash(s: PoolState, scope: Scope) -> Iterator[Args]:
     """A key of another pool copied into any block: as its primary (covering the prefix) or secondary."""
-    for r, g in itertools.product(scope.requests, scope.groups):
-        for b in _ids(s):
-            for nt in _token_counts(s, r):
-                yield (r, nt, g, b, nt if s.primary[b] is None else None)
+    yield from ((r, nt, g, b, nt if s.primary[b] is None else None)
+                for r, g in itertools.product(scope.requests, scope.groups)
+                for b in _ids(s) for nt in _token_counts(s, r))
 
 
 def _block_sizes(s: PoolState) -> tuple[int, int]:
@@ -99,8 +88,8 @@ def _block_sizes(s: PoolState) -> tuple[int, int]:
 
 def emit_cached_block_events(s: PoolState, scope: Scope) -> Iterator[Args]:
     """No block and one block announced (no hit announces nothing)."""
-    for r, bs, g, n in itertools.product(scope.requests, _block_sizes(s), scope.groups, (0, 1)):
-        yield (r, n, bs, g)
+    yield from ((r, n, bs, g) for r, bs, g, n in
+                itertools.product(scope.requests, _block_sizes(s), scope.groups, (0, 1)))
 
 
 def cache_partial_block(s: PoolState, scope: Scope) -> Iterator[Args]:

@@ -49,7 +49,8 @@ def listed(s: PoolState, block_ids: Sequence[BlockId], *_rest: Any) -> Footprint
     return of_blocks(s, block_ids)
 
 
-def one_block(s: PoolState, block_id: BlockId) -> Footprint:
+def one_block(s: PoolState, block_id: BlockId, *_rest: Any) -> Footprint:
+    """Operations on the one block named first (``_maybe_evict_cached_block``, ``write_block``)."""
     return of_blocks(s, [block_id])
 
 
@@ -88,10 +89,6 @@ def insert_block_hash(
 ) -> Footprint:
     key = prefix_key(request, prefix_tokens, s.hash_block_size, kv_cache_group_id)
     return of_blocks(s, [block_id], [key])
-
-
-def write_block(s: PoolState, block_id: BlockId, request: Any, num_tokens: int) -> Footprint:
-    return of_blocks(s, [block_id])
 
 
 def nothing(s: PoolState, *args: Any) -> Footprint:

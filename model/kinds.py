@@ -51,10 +51,5 @@ def filled(args: Sequence[Arg], values: Sequence[Any]) -> tuple[Any, ...]:
 
 def named_blocks(args: Sequence[Arg], values: Sequence[Any]) -> list[Any]:
     """The block ids a call names: its block arguments' in declared order, a list's in list order."""
-    out: list[Any] = []
-    for a, v in zip(args, filled(args, values), strict=True):
-        if a.kind == "block":
-            out.append(v)
-        elif a.kind in BLOCK_KINDS:
-            out.extend(v)
-    return out
+    pairs = zip(args, filled(args, values), strict=True)
+    return [b for a, v in pairs if a.kind in BLOCK_KINDS for b in ([v] if a.kind == "block" else v)]

@@ -244,7 +244,7 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("write_block", "caller",
               (Arg("block_id", "block"), Arg("request", "request"), Arg("num_tokens", "tokens")), "none",
               pool.write_block, steps=("write",), guard=guards.write_block, requires=contracts.write_block,
-              footprint=footprints.write_block, split=split.write_block, domain=domains.write_block),
+              footprint=footprints.one_block, split=split.write_block, domain=domains.write_block),
 )}
 """Every operation, by its name on the pool (``write_block`` is the caller's)."""
 
