@@ -143,14 +143,8 @@ def split_of(step: str, args: Sequence[Arg]) -> Callable[..., Split]:
 
 
 def values_of(kind: ArgKind, s: PoolState, scope: Scope) -> Sequence[Any]:
-    """A few values of one argument kind on a small pool, each shape the kind has among them.
-
-    Every block id; one-block lists and two-block lists (a block listed twice among them) of
-    ``blocks``, one-block lists of ``block_ids``; counts from one up to every real block; the
-    scope's requests, watchers and groups; each group alone and all of them; every hash of the
-    scope's requests; block sizes ``2 * hbs`` and ``hbs``; whole-chunk token counts up to the
-    longest request; a flag both ways; no mask and a mask; no token count and one chunk.
-    """
+    """A few values of one argument kind on a small pool, each shape the kind has among them
+    (two-block lists list a block twice among them; token counts are whole chunks)."""
     ids, hbs = range(s.num_blocks), s.hash_block_size
     match kind:
         case "block":

@@ -11,11 +11,7 @@ table, the bounded model checker's calls, the lockstep's argument mapping,
 the trace schema, the reference API the oracle requires, the seeded-bug
 wrappers and the fuzzer's operations are all read off :data:`OPERATIONS`;
 ``tests/test_registry.py`` fails when a table anywhere disagrees with it.
-
-A part the declaration leaves out is what the arguments' kinds say
-(:mod:`.derived`): each argument checked by its kind, then the declared
-``refuses``; the blocks the block arguments name as footprint, one z3 step
-per such block as split; a few values per kind as domain; no contracts.
+A part the declaration leaves out is what the arguments' kinds say (:mod:`.derived`).
 
 Adding an operation: its update in :mod:`.pool` and one declaration below
 (with its queue policy, if it moves the free queue); the parts its kinds
@@ -157,8 +153,7 @@ class Operation:
         bound = self.bind(args)
         fp = None if refusal is not None else self.footprint(before, *bound)
         return Transition(self.name, bound, before, after, result, refusal is not None, refusal,
-                          dict(zip((a.name for a in self.args), bound, strict=True)), out or Output(),
-                          self.queue, fp)
+                          self.named(bound), out or Output(), self.queue, fp)
 
     def pool_args(self, args: Sequence[Any], to: Translate) -> tuple[Any, ...]:
         """The arguments as a real pool receives them: block ids as its blocks."""

@@ -9,14 +9,12 @@ steps and compares with the model's own next state.  The step names are
 the keys of ``kvpool.proofs.transitions.STEPS``; each operation's
 declaration (:mod:`.operations`) lists the steps its split may use.
 
-``free_blocks(l)`` is ``release(b)`` per listing in order, ``touch(l)`` is
-``touch(b)`` per listing, ``unpin_blocks(l)`` is ``unpin(b)``,
-``evict_blocks(l)`` is ``evict(b)``; ``get_new_blocks(n)`` is ``alloc(b)``
-for the ``n`` blocks handed out (they are distinct, so the model's "take
-them all, then update each" equals the sequence); ``cache_full_blocks`` is
-``cache_full(b, key, tokens, prefix)`` per chosen block (its conflict check
-against what each block covered is each step's ``ptok < tokens``).
-Calls that change nothing the abstraction sees are the ``identity`` step.
+A batch is its step once per listing, in order; ``get_new_blocks(n)`` is
+``alloc(b)`` for the ``n`` blocks handed out (they are distinct, so the
+model's "take them all, then update each" equals the sequence), and
+``cache_full_blocks``' conflict check against what each chosen block covered
+is each ``cache_full`` step's ``ptok < tokens``.  Calls that change nothing
+the abstraction sees are the ``identity`` step.
 
 Each split takes the state before the call, the model's result (``None``
 when it refused) and the call's arguments.
