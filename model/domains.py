@@ -5,7 +5,9 @@ Every block id (the null block included); one- and two-element lists for
 scope's requests (with overlapping prefixes) and groups; block sizes ``hbs``
 and ``2 * hbs``; masks on two-block ranges; the scope's watchers.  Calls that
 break a caller contract are generated like any other: the model raises
-``ContractBroken`` on them, and a search reports or skips them.
+``ContractBroken`` on them, and a search reports or skips them.  Where every
+combination of a few values per argument kind will do, the domain is derived
+(:mod:`.derived`).
 """
 
 from __future__ import annotations
@@ -38,10 +40,6 @@ def _token_counts(s: PoolState, request: Any) -> range:
     return range(hbs, len(request.all_token_ids) + 1, hbs)
 
 
-def get_new_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
-    yield from ((n,) for n in range(1, s.num_blocks))
-
-
 def free_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
     """``free_blocks`` and ``touch``: one block, and two (a block listed twice among them)."""
     yield from single_lists(s, scope)
@@ -53,10 +51,6 @@ def single_lists(s: PoolState, scope: Scope) -> Iterator[Args]:
     yield from (([b],) for b in _ids(s))
 
 
-def maybe_evict_cached_block(s: PoolState, scope: Scope) -> Iterator[Args]:
-    yield from ((b,) for b in _ids(s))
-
-
 def unpin_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
     """One block with either watcher; two blocks with the first."""
     yield from (([b], w) for b in _ids(s) for w in scope.watchers)
@@ -65,10 +59,6 @@ def unpin_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 def no_arguments(s: PoolState, scope: Scope) -> Iterator[Args]:
     yield ()
-
-
-def move_block_hashes(s: PoolState, scope: Scope) -> Iterator[Args]:
-    yield from itertools.product(_ids(s), repeat=2)
 
 
 def write_block(s: PoolState, scope: Scope) -> Iterator[Args]:

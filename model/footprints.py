@@ -7,7 +7,8 @@ queue relative to the other untouched blocks; every other key keeps its
 index entries, name and announcements.  The bounded model checker checks
 that on every transition, the lockstep in its debug mode; the lockstep
 compares a pool with the model on the footprint after every call, and on
-the whole pool every few calls (``kvpool.oracle.core.lockstep``).
+the whole pool every few calls (``kvpool.oracle.core.lockstep``).  The
+footprint of a call on just the blocks it names is derived (:mod:`.derived`).
 """
 
 from __future__ import annotations
@@ -44,16 +45,6 @@ def get_new_blocks(s: PoolState, num_blocks: int) -> Footprint:
                      else ())
 
 
-def listed(s: PoolState, block_ids: Sequence[BlockId], *_rest: Any) -> Footprint:
-    """Operations on the listed blocks and their keys (free, touch, unpin, evict)."""
-    return of_blocks(s, block_ids)
-
-
-def one_block(s: PoolState, block_id: BlockId, *_rest: Any) -> Footprint:
-    """Operations on the one block named first (``_maybe_evict_cached_block``, ``write_block``)."""
-    return of_blocks(s, [block_id])
-
-
 def reset_prefix_cache(s: PoolState) -> Footprint:
     """Every indexed block and key, and every watched block (amortized: each got there by a call)."""
     return of_blocks(s, {b for blocks in s.index.values() for b in blocks} | set(s.watchers), s.index)
@@ -77,10 +68,6 @@ def cache_partial_block(
     if block_id == NULL:
         return NOTHING
     return of_blocks(s, [block_id], [prefix_key(request, num_tokens, s.hash_block_size, kv_cache_group_id)])
-
-
-def move_block_hashes(s: PoolState, src_id: BlockId, dst_id: BlockId) -> Footprint:
-    return of_blocks(s, [src_id, dst_id])
 
 
 def insert_block_hash(

@@ -3,9 +3,10 @@
 The proofs (``kvpool.proofs.transitions``) prove one step per block: a batch
 operation is the sequence of its blocks' steps, and induction on the length
 of the batch carries each invariant across it.  Each function here is the
-split of one call: the named steps with their arguments as model values
-(blocks, keys, contents), which the agreement check runs through the z3
-steps and compares with the model's own next state.  The step names are
+split of one call (one step per block named is derived, :mod:`.derived`):
+the named steps with their arguments as model values (blocks, keys,
+contents), which the agreement check runs through the z3 steps and
+compares with the model's own next state.  The step names are
 the keys of ``kvpool.proofs.transitions.STEPS``; each operation's
 declaration (:mod:`.operations`) lists the steps its split may use.
 
@@ -63,25 +64,8 @@ def get_new_blocks(s: PoolState, result: Any, num_blocks: int) -> Split:
     return Split(tuple(("alloc", (b,)) for b in s.free), exhaust="alloc")
 
 
-def free_blocks(s: PoolState, result: Any, block_ids: Sequence[BlockId]) -> Split:
-    return per_block("release", block_ids)
-
-
 def touch(s: PoolState, result: Any, block_ids: Sequence[BlockId]) -> Split:
     return per_block("touch", block_ids)
-
-
-def unpin_blocks(s: PoolState, result: Any, block_ids: Sequence[BlockId],
-                 on_reuse: Any) -> Split:
-    return per_block("unpin", block_ids)
-
-
-def evict_blocks(s: PoolState, result: Any, block_ids: Sequence[BlockId]) -> Split:
-    return per_block("evict", block_ids)
-
-
-def maybe_evict_cached_block(s: PoolState, result: Any, block_id: BlockId) -> Split:
-    return per_block("evict", [block_id])
 
 
 def reset_prefix_cache(s: PoolState, result: Any) -> Split:
