@@ -55,16 +55,11 @@ class Universe:
         """Every block, key and content the states (and extra arguments) mention."""
         states = list(states)
         all_keys, all_contents = mentioned(states, keys, contents)
-        all_contents.add(EMPTY_PREFIX)
-        n = states[0].num_blocks
-        order_k = sorted(all_keys)
-        order_c = sorted(all_contents, key=repr)
         return cls(
-            blocks=[NULL, *[z3.Const(f"blk{i}", Block) for i in range(1, n)]],
-            keys={k: z3.Const(f"key{i}", KeySort) for i, k in enumerate(order_k)},
+            blocks=[NULL, *[z3.Const(f"blk{i}", Block) for i in range(1, states[0].num_blocks)]],
+            keys={k: z3.Const(f"key{i}", KeySort) for i, k in enumerate(sorted(all_keys))},
             contents={c: (EMPTY if c is EMPTY_PREFIX else z3.Const(f"cnt{i}", Content))
-                      for i, c in enumerate(order_c)},
-        )
+                      for i, c in enumerate(sorted(all_contents | {EMPTY_PREFIX}, key=repr))})
 
     def domain(self) -> dict[str, list[Expr]]:
         """The carriers by sort name, for :func:`kvpool.proofs.finite.ground`."""
@@ -78,10 +73,8 @@ class Universe:
             out.append(z3.Distinct(*self.keys.values()))
         if len(self.contents) > 1:
             out.append(z3.Distinct(*self.contents.values()))
-        for a, ea in self.contents.items():
-            for b, eb in self.contents.items():
-                out.append(prefix(ea, eb) == extends(b, a))
-        return out
+        return out + [prefix(ea, eb) == extends(b, a)
+                      for a, ea in self.contents.items() for b, eb in self.contents.items()]
 
 
 def encode(u: Universe, m: PoolState, s: SymState) -> list[Expr]:
@@ -145,9 +138,8 @@ def compare_batch(u: Universe, before: PoolState, after: PoolState | None,
     Enabled means every step's precondition holds in the state the earlier
     steps produced: the decomposition the proofs' induction relies on.
     """
-    s = SymState.fresh("c")
+    cur = s = SymState.fresh("c")
     pres = []
-    cur = s
     for step, args in calls:
         st = STEPS[step].fn(cur, *args)
         pres.append(st.pre)
@@ -155,8 +147,7 @@ def compare_batch(u: Universe, before: PoolState, after: PoolState | None,
     dom = u.domain()
     memo: dict[int, tuple[Expr, Expr]] = {}
     base = [*u.axioms(), *encode(u, before, s), *[ground(p, dom, memo) for p in pres]]
-    enabled = _sat(base)
-    if not enabled or after is None:
+    if not (enabled := _sat(base)) or after is None:
         return Verdict(enabled, True)
     expected = [ground(f, dom, memo) for f in encode(u, after, cur)]
     return Verdict(True, not _sat([*base, z3.Not(z3.And(*expected))]))

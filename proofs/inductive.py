@@ -30,7 +30,7 @@ from .finite import scoped
 from .invariants import SYM_INVARIANTS, SYM_LEMMAS, SymInvariant, inv
 from .step_properties import SYM_STEP_PROPERTIES
 from .symbolic import Expr, SymState, config_ok, initial, prefix_axioms
-from .transitions import STEPS, StepSpec, SymStep
+from .transitions import STEPS, StepSpec
 
 TIMEOUT_MS = 20_000
 """Per-check solver timeout."""
@@ -55,10 +55,8 @@ class Result:
         return self.status == PROVEN
 
 
-def _solve(
-    assertions: list[Expr], timeout_ms: int,
-    scope: tuple[int, SymState, list[Expr]] | None = None,
-) -> tuple[str, float, str]:
+def _solve(assertions: list[Expr], timeout_ms: int,
+           scope: tuple[int, SymState, list[Expr]] | None = None) -> tuple[str, float, str]:
     """Check ``assertions`` (plus the prefix axioms), optionally in a finite scope.
 
     Returns (z3 verdict, seconds, model text or reason unknown).
@@ -82,16 +80,21 @@ def run_solver(facts: list[Expr], timeout_ms: int) -> tuple[str, float, str]:
     return "unsat", took, ""
 
 
+def refuted(facts: list[Expr], timeout_ms: int) -> Result:
+    """``proven`` iff ``facts`` (a negated goal, as they are) are unsatisfiable."""
+    verdict, took, detail = run_solver(facts, timeout_ms)
+    return Result({"unsat": PROVEN, "sat": COUNTEREXAMPLE}.get(verdict, UNKNOWN), took, detail)
+
+
 def _refute(assertions: list[Expr], timeout_ms: int) -> Result:
-    """``proven`` iff ``assertions`` (a negated goal) are unsatisfiable."""
-    verdict, took, detail = _solve(assertions, timeout_ms)
-    status = {"unsat": PROVEN, "sat": COUNTEREXAMPLE}.get(verdict, UNKNOWN)
-    return Result(status, took, detail)
+    """``proven`` iff ``assertions`` (a negated goal) and the prefix axioms are unsatisfiable."""
+    return refuted([*prefix_axioms(), *assertions], timeout_ms)
 
 
-def instantiate(spec: StepSpec, s: SymState, tag: str = "") -> SymStep:
-    """Apply a step to fresh arguments."""
-    return spec.fn(s, *spec.fresh_args(tag))
+def in_scope(solved: tuple[str, float, str]) -> Result:
+    """A finite-scope search's solver outcome: a counterexample, or none in scope."""
+    verdict, took, detail = solved
+    return Result({"sat": COUNTEREXAMPLE, "unsat": NONE_IN_SCOPE}.get(verdict, UNKNOWN), took, detail)
 
 
 def broken(step: str | StepSpec, target: str | SymInvariant,
@@ -108,9 +111,8 @@ def broken(step: str | StepSpec, target: str | SymInvariant,
     return [config_ok(s), inv(s), st.pre, z3.Not(pred(st.post))]
 
 
-def check_preservation(
-    step: str | StepSpec, invariant: str | SymInvariant, timeout_ms: int = TIMEOUT_MS,
-) -> Result:
+def check_preservation(step: str | StepSpec, invariant: str | SymInvariant,
+                       timeout_ms: int = TIMEOUT_MS) -> Result:
     """Inv(s) ∧ Pre ∧ Step ⇒ invariant(s'), for one step and one invariant."""
     spec = STEPS[step] if isinstance(step, str) else step
     s = SymState.fresh("s")
@@ -119,9 +121,7 @@ def check_preservation(
 
 def check_step_property(step: str | StepSpec, name: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     """Inv(s) ⇒ the step property ``name`` of one step, for any pool size."""
-    spec = STEPS[step] if isinstance(step, str) else step
-    s = SymState.fresh("s")
-    return _refute(broken(spec, name, s, spec.fresh_args()), timeout_ms)
+    return check_preservation(step, name, timeout_ms)
 
 
 def check_lemma(name: str, timeout_ms: int = TIMEOUT_MS) -> Result:
@@ -131,10 +131,8 @@ def check_lemma(name: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     return _refute([config_ok(s), *premises, z3.Not(SYM_LEMMAS[name](s))], timeout_ms)
 
 
-def find_counterexample(
-    step: str | StepSpec, target: str | SymInvariant, scope: int = SCOPE,
-    timeout_ms: int = TIMEOUT_MS,
-) -> Result:
+def find_counterexample(step: str | StepSpec, target: str | SymInvariant, scope: int = SCOPE,
+                        timeout_ms: int = TIMEOUT_MS) -> Result:
     """Search a pool with at most ``scope`` blocks/keys/contents for a step breaking ``target``.
 
     ``target``: an invariant or a step property.  ``counterexample`` (with the
@@ -143,9 +141,7 @@ def find_counterexample(
     spec = STEPS[step] if isinstance(step, str) else step
     s = SymState.fresh("s")
     args = spec.fresh_args()
-    verdict, took, detail = _solve(broken(spec, target, s, args), timeout_ms, (scope, s, args))
-    status = {"sat": COUNTEREXAMPLE, "unsat": NONE_IN_SCOPE}.get(verdict, UNKNOWN)
-    return Result(status, took, detail)
+    return in_scope(_solve(broken(spec, target, s, args), timeout_ms, (scope, s, args)))
 
 
 def settle(result: Result, step: str | StepSpec, target: str, scope: int = SCOPE,
@@ -179,7 +175,7 @@ def check_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     mean the precondition contradicts the invariant.
     """
     s = SymState.fresh("s")
-    st = instantiate(STEPS[step], s)
+    st = STEPS[step].fn(s, *STEPS[step].fresh_args())
     verdict, took, detail = _solve([config_ok(s), inv(s), st.pre], timeout_ms)
     status = {"sat": PROVEN, "unsat": COUNTEREXAMPLE}.get(verdict, UNKNOWN)
     return Result(status, took, detail if verdict != "sat" else "")
@@ -187,7 +183,5 @@ def check_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
 
 def matrix(timeout_ms: int = TIMEOUT_MS) -> dict[str, dict[str, Result]]:
     """Every (step, invariant) preservation result."""
-    return {
-        step: {name: check_preservation(step, name, timeout_ms) for name in SYM_INVARIANTS}
-        for step in STEPS
-    }
+    return {step: {name: check_preservation(step, name, timeout_ms) for name in SYM_INVARIANTS}
+            for step in STEPS}

@@ -46,8 +46,9 @@ import z3  # type: ignore[import-untyped]
 
 from kvpool.model.state import PoolState
 
+from .concrete import _sat
 from .finite import ground
-from .inductive import COUNTEREXAMPLE, NONE_IN_SCOPE, PROVEN, TIMEOUT_MS, UNKNOWN, Result, run_solver
+from .inductive import COUNTEREXAMPLE, PROVEN, TIMEOUT_MS, UNKNOWN, Result, in_scope, refuted, run_solver
 from .symbolic import NULL, Block, Expr
 
 _x = z3.Const("bound.qx", Block)
@@ -77,14 +78,9 @@ class QState:
 
     @classmethod
     def fresh(cls, name: str) -> QState:
-        return cls(
-            ref=z3.Array(f"{name}.ref", Block, z3.IntSort()),
-            free=z3.Array(f"{name}.free", Block, z3.BoolSort()),
-            cached=z3.Array(f"{name}.cached", Block, z3.BoolSort()),
-            pos=z3.Array(f"{name}.pos", Block, z3.IntSort()),
-            lo=z3.Int(f"{name}.lo"), hi=z3.Int(f"{name}.hi"),
-            head=z3.Int(f"{name}.head"), gap=z3.Int(f"{name}.gap"),
-        )
+        arrays = {"ref": z3.IntSort(), "free": z3.BoolSort(), "cached": z3.BoolSort(), "pos": z3.IntSort()}
+        return cls(**{f: z3.Array(f"{name}.{f}", Block, sort) for f, sort in arrays.items()},
+                   **{f: z3.Int(f"{name}.{f}") for f in ("lo", "hi", "head", "gap")})
 
 
 def well_formed(s: QState) -> Expr:
@@ -281,9 +277,6 @@ LEMMAS: dict[str, str] = {
 # Checks.
 
 
-_check = run_solver
-
-
 QSpec = tuple[str, QStepFn, tuple[tuple[str, z3.SortRef], ...]]
 """A step to check: the name of the queue step it stands for, its function, its argument sorts."""
 
@@ -298,17 +291,13 @@ def _negated_goal(step: str | QSpec, prop: str) -> tuple[list[Expr], list[Expr]]
 
 def check_order(step: str, prop: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     """Well-formed queue ∧ Pre ∧ Step ⇒ property, for one step and one property."""
-    facts, _ = _negated_goal(step, prop)
-    verdict, took, detail = _check(facts, timeout_ms)
-    status = {"unsat": PROVEN, "sat": COUNTEREXAMPLE}.get(verdict, UNKNOWN)
-    return Result(status, took, detail)
+    return refuted(_negated_goal(step, prop)[0], timeout_ms)
 
 
 def check_order_initial(timeout_ms: int = TIMEOUT_MS) -> Result:
     """The initial queue, whatever its size and order, is well formed."""
     s = initial()
-    verdict, took, detail = _check([initial_facts(s), z3.Not(well_formed(s))], timeout_ms)
-    return Result({"unsat": PROVEN, "sat": COUNTEREXAMPLE}.get(verdict, UNKNOWN), took, detail)
+    return refuted([initial_facts(s), z3.Not(well_formed(s))], timeout_ms)
 
 
 def check_order_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
@@ -316,7 +305,7 @@ def check_order_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     fn, sorts = QSTEPS[step]
     s = QState.fresh("q")
     st = fn(s, *[z3.Const(f"{a}.q", sort) for a, sort in sorts])
-    verdict, took, _ = _check([well_formed(s), st.pre], timeout_ms)
+    verdict, took, _ = run_solver([well_formed(s), st.pre], timeout_ms)
     return Result({"sat": PROVEN, "unsat": COUNTEREXAMPLE}.get(verdict, UNKNOWN), took)
 
 
@@ -325,53 +314,38 @@ def order_matrix(timeout_ms: int = TIMEOUT_MS) -> dict[str, dict[str, Result]]:
     return {step: {p: check_order(step, p, timeout_ms) for p in ORDER_PROPERTIES} for step in QSTEPS}
 
 
-def find_order_counterexample(
-    step: QSpec, prop: str, scope: int = 4,
-    timeout_ms: int = TIMEOUT_MS,
-) -> Result:
+def find_order_counterexample(step: QSpec, prop: str, scope: int = 4, timeout_ms: int = TIMEOUT_MS) -> Result:
     """Search a pool of at most ``scope`` blocks for a broken (seeded) step."""
     facts, args = _negated_goal(step, prop)
     blocks = [z3.Const(f"qscope.{i}", Block) for i in range(scope)]
     dom = {str(Block): blocks}
     memo: dict[int, tuple[Expr, Expr]] = {}
     closed = [z3.Or(*[t == e for e in blocks]) for t in [NULL, *args] if t.sort() == Block]
-    verdict, took, detail = _check([*closed, *[ground(f, dom, memo) for f in facts]], timeout_ms)
-    status = {"sat": COUNTEREXAMPLE, "unsat": NONE_IN_SCOPE}.get(verdict, UNKNOWN)
-    return Result(status, took, detail)
+    return in_scope(run_solver([*closed, *[ground(f, dom, memo) for f in facts]], timeout_ms))
 
 
 # --------------------------------------------------------------------------
 # Agreement with the executable model (used by tests/test_proofs.py).
 
 
+def _queued(blocks: list[Expr], m: PoolState, s: QState) -> list[Expr]:
+    """``s`` has ``m``'s counts, queue membership and cachedness."""
+    queued = set(m.free)
+    return [fact for i, b in enumerate(blocks)
+            for fact in (s.ref[b] == m.ref[i], s.free[b] == (i in queued),
+                         s.cached[b] == (m.caching and m.primary[i] is not None))]
+
+
 def _encode(blocks: list[Expr], m: PoolState, s: QState) -> list[Expr]:
     """Pin ``s`` to the model state ``m``: place ``i`` for the i-th queued block."""
-    place = {b: i for i, b in enumerate(m.free)}
-    out = [s.lo == 0, s.hi == len(m.free), s.head == 0, s.gap == 0]
-    for i, b in enumerate(blocks):
-        out += [s.ref[b] == m.ref[i], s.free[b] == (i in place),
-                s.cached[b] == (m.caching and m.primary[i] is not None)]
-        if i in place:
-            out.append(s.pos[b] == place[i])
-    return out
+    return [s.lo == 0, s.hi == len(m.free), s.head == 0, s.gap == 0, *_queued(blocks, m, s),
+            *(s.pos[blocks[b]] == i for i, b in enumerate(m.free))]
 
 
 def _expected(blocks: list[Expr], m: PoolState, s: QState) -> list[Expr]:
     """``s`` is ``m`` as far as the queue goes: counts, membership, cachedness, ORDER."""
-    out = []
-    queued = set(m.free)
-    for i, b in enumerate(blocks):
-        out += [s.ref[b] == m.ref[i], s.free[b] == (i in queued),
-                s.cached[b] == (m.caching and m.primary[i] is not None)]
-    out += [s.pos[blocks[a]] < s.pos[blocks[c]] for a, c in itertools.pairwise(m.free)]
-    return out
-
-
-def _sat(facts: list[Expr]) -> bool:
-    verdict, _took, detail = _check(facts, 10_000)
-    if verdict == "unknown":
-        raise RuntimeError(f"z3 gave up on a finite instance: {detail}")
-    return verdict == "sat"
+    return [*_queued(blocks, m, s),
+            *(s.pos[blocks[a]] < s.pos[blocks[c]] for a, c in itertools.pairwise(m.free))]
 
 
 def compare_queue(before: PoolState, after: PoolState | None,
@@ -383,8 +357,8 @@ def compare_queue(before: PoolState, after: PoolState | None,
     in order, with its counts and cachedness; ``after`` ``None`` = refused).
     """
     blocks = [NULL, *[z3.Const(f"qblk{i}", Block) for i in range(1, before.num_blocks)]]
-    s = QState.fresh("qc")
-    cur, pres = s, []
+    cur = s = QState.fresh("qc")
+    pres = []
     for name, args in calls:
         fn, sorts = QSTEPS[name]
         zargs = [blocks[a] if sort == Block else (z3.BoolVal(a) if sort == z3.BoolSort() else z3.IntVal(a))

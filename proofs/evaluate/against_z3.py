@@ -7,12 +7,11 @@ from typing import Any
 
 import z3  # type: ignore[import-untyped]
 
-from kvpool.model.request import EMPTY as EMPTY_PREFIX
 from kvpool.model.state import PoolState
 
 from ..concrete import Universe, _sat, encode
 from ..finite import ground
-from ..symbolic import EMPTY, Block, Content, Expr, KeySort, SymState
+from ..symbolic import Block, Content, Expr, KeySort, SymState
 from ..transitions import StepSpec
 from .compiled import Compiled, Predicate
 from .interp import Carriers, abstract
@@ -21,7 +20,6 @@ from .runtime import Undetermined
 
 def _z3_value(facts: list[Expr], formula: Expr) -> bool | None:
     """What z3 makes of ``formula`` given ``facts``: True, False, or ``None`` (not determined)."""
-
     if not _sat([*facts, z3.Not(formula)]):
         return True
     if not _sat([*facts, formula]):
@@ -41,12 +39,7 @@ def cross_check(d: Carriers, s: PoolState, spec: StepSpec | None = None, args: S
     :func:`kvpool.proofs.concrete.encode` (grounded over the domain), the
     compiled form through :func:`abstract`: the two encodings are checked too.
     """
-
-    u = Universe(
-        blocks=Universe.of([s]).blocks,
-        keys={k: z3.Const(f"key{i}", KeySort) for i, k in enumerate(d.keys)},
-        contents={c: (EMPTY if c is EMPTY_PREFIX else z3.Const(f"cnt{i}", Content))
-                  for i, c in enumerate(d.contents)})
+    u = Universe.of([s], d.keys, d.contents)  # the same keys and contents, in the same order
     dom = u.domain()
     memo: dict[int, tuple[Expr, Expr]] = {}
     sym = SymState.fresh("x")
@@ -67,19 +60,11 @@ def cross_check(d: Carriers, s: PoolState, spec: StepSpec | None = None, args: S
             out.append(f"predicate: z3 {want}, compiled {got}")
     if spec is None or compiled is None:
         return out
-    zargs = []
-    for (_n, sort), v in zip(spec.args, args, strict=True):
-        if sort.eq(Block):
-            zargs.append(u.blocks[v])
-        elif sort.eq(KeySort):
-            zargs.append(list(u.keys.values())[v])
-        elif sort.eq(Content):
-            zargs.append(list(u.contents.values())[v])
-        elif sort.eq(z3.IntSort()):
-            zargs.append(z3.IntVal(v))
-        else:
-            zargs.append(z3.BoolVal(v))
-    st = spec.fn(sym, *zargs)
+    blocks, keys, cells = u.blocks, list(u.keys.values()), list(u.contents.values())
+    carrier = {str(Block): blocks, str(KeySort): keys, str(Content): cells}
+    st = spec.fn(sym, *[carrier[str(sort)][v] if str(sort) in carrier
+                        else z3.IntVal(v) if sort.eq(z3.IntSort()) else z3.BoolVal(v)
+                        for (_n, sort), v in zip(spec.args, args, strict=True)])
     pre = ground(st.pre, dom, memo)
     want_pre = _z3_value(facts, pre)
     got_pre = ours(lambda: compiled.pre(interp, *args))
@@ -88,8 +73,6 @@ def cross_check(d: Carriers, s: PoolState, spec: StepSpec | None = None, args: S
     if not (want_pre and got_pre):
         return out
     post, removed, stored = compiled.post(interp, *args)
-    blocks, keys = u.blocks, list(u.keys.values())
-    cells = list(u.contents.values())
     expect = []
     for f in ("ref", "free", "prim", "pkey", "ptok", "watched", "holds", "holders"):
         for i, b in enumerate(blocks):
@@ -98,10 +81,7 @@ def cross_check(d: Carriers, s: PoolState, spec: StepSpec | None = None, args: S
                 continue
             z = getattr(st.post, f)[b]
             expect.append(z == (keys[v] if f == "pkey" else cells[v] if f == "holds" else v))
-    for i, k in enumerate(keys):
-        named = post.names[i]
-        if named is not None:
-            expect.append(st.post.names[k] == cells[named])
+    expect += [st.post.names[k] == cells[c] for k, c in zip(keys, post.names, strict=True) if c is not None]
     for f, rel in (("sec", post.sec), ("idx", post.idx), ("live", post.live),
                    ("removed", removed), ("stored", stored)):
         arr = getattr(st.post, f) if f in ("sec", "idx", "live") else getattr(st, f)
@@ -110,9 +90,7 @@ def cross_check(d: Carriers, s: PoolState, spec: StepSpec | None = None, args: S
                 pair = (j, i) if f == "sec" else (i, j)
                 z = arr[b, k] if f == "sec" else arr[k, b]
                 expect.append(z == (pair in rel))
-    for f in ("events", "caching", "hbs"):
-        expect.append(getattr(st.post, f) == getattr(post, f))
-
+    expect += [getattr(st.post, f) == getattr(post, f) for f in ("events", "caching", "hbs")]
     if _sat([*facts, pre, z3.Not(ground(z3.And(*expect), dom, memo))]):
         out.append(f"{spec.name} post: z3 does not give the compiled result")
     return out
