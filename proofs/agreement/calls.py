@@ -11,7 +11,7 @@ from kvpool.model.events import Event, Removed, Stored
 from kvpool.model.state import Key, PoolState
 
 from .. import bmc
-from ..evaluate.interp import Carriers, Interp, abstract
+from ..evaluate.interp import Carriers, Interp, abstract, names_of
 from ..symbolic import Block
 from ..transitions import STEPS, StepSpec
 from .properties import Plan, check_properties, check_queue
@@ -104,21 +104,17 @@ def _run_steps(run: Run, memo: dict[tuple[Any, ...], Outcome], start: Interp,
     """The z3 steps in sequence from ``start`` (memoised per state: calls share prefixes)."""
     if steps in memo:
         return memo[steps]
-    if not steps:
-        out: Outcome = (True, 0, start, [], [])
-    else:
-        ok, done, cur, rem, sto = _run_steps(run, memo, start, steps[:-1])
-        if not ok:
-            out = (ok, done, cur, rem, sto)
+    out: Outcome = _run_steps(run, memo, start, steps[:-1]) if steps else (True, 0, start, [], [])
+    ok, done, cur, rem, sto = out
+    if steps and ok:
+        name, args = steps[-1]
+        step = run.compiled.steps[name]
+        cargs = concrete_args(run.compiled.converters[name], args)
+        if not step.pre(cur, *cargs):
+            out = (False, done, cur, rem, sto)
         else:
-            name, args = steps[-1]
-            step = run.compiled.steps[name]
-            cargs = concrete_args(run.compiled.converters[name], args)
-            if not step.pre(cur, *cargs):
-                out = (False, done, cur, rem, sto)
-            else:
-                nxt, r, s_ = step.post(cur, *cargs)
-                out = (True, done + 1, nxt, [*rem, r], [*sto, s_])
+            nxt, r, s_ = step.post(cur, *cargs)
+            out = (True, done + 1, nxt, [*rem, r], [*sto, s_])
     memo[steps] = out
     return out
 
@@ -127,29 +123,20 @@ def _next_interp(d: Carriers, before: PoolState, base: Interp, after: PoolState)
     """:func:`abstract` of ``after``, reusing ``base`` (the abstraction of ``before``) where unchanged."""
     if after is before:
         return base
-    full = abstract(d, after) if (after.secondary != before.secondary or after.index != before.index
-                                  or after.announced != before.announced) else None
-    if full is not None:
-        return full
+    if (after.secondary != before.secondary or after.index != before.index
+            or after.announced != before.announced):
+        return abstract(d, after)
     kid, cid = d.key_id, d.content_id
     n = after.num_blocks
-    if after.free == before.free:
-        free = base.free
-    else:
-        fs = set(after.free)
-        free = tuple(b in fs for b in range(n))
+    queued = set(after.free)
+    free = base.free if after.free == before.free else tuple(b in queued for b in range(n))
     if after.primary == before.primary:
         prim, pkey, ptok = base.prim, base.pkey, base.ptok
     else:
         prim = tuple(p is not None for p in after.primary)
         pkey = tuple(None if p is None else kid[p.key] for p in after.primary)
         ptok = tuple(None if p is None else p.num_tokens for p in after.primary)
-    names = base.names
-    if after.names != before.names:
-        lst: list[int | None] = [None] * len(d.keys)
-        for k, c in after.names.items():
-            lst[kid[k]] = cid[c]
-        names = tuple(lst)
+    names = base.names if after.names == before.names else names_of(d, after)
     return Interp(
         ref=tuple(after.ref), free=free, prim=prim, pkey=pkey, ptok=ptok, sec=base.sec, idx=base.idx,
         watched=base.watched if after.watchers.keys() == before.watchers.keys()
@@ -194,26 +181,24 @@ def check_call(run: Run, s: PoolState, interp: Interp, memo: dict[tuple[Any, ...
     rep = run.report
     rep.calls += 1
     op = OPERATIONS[name]
-    nxt: PoolState | None = None
+    nxt = s.copy()
     result: Any = None
+    skip = ""
     try:
-        nxt = s.copy()
         result = op.run(nxt, op.bind(args))
-    except ContractBroken as broken:
-        nxt = None
-        if broken.contract in BATCH_CONTRACTS:
-            rep.skipped[f"contract {broken.contract} (on the whole batch)"] += 1
-            return None
-        verdict = f"caller broke {broken.contract}"
-    except Refusal as refusal:
-        nxt = None
-        if refusal.kind in ARGUMENT_REFUSALS:
-            rep.skipped[f"refused {refusal.kind.name} (argument shape)"] += 1
-            return None
-        verdict = f"refused {refusal.kind.name}"
-    else:
         verdict = "accepted"
-    accepted = nxt is not None
+    except ContractBroken as broken:
+        verdict = f"caller broke {broken.contract}"
+        if broken.contract in BATCH_CONTRACTS:
+            skip = f"contract {broken.contract} (on the whole batch)"
+    except Refusal as refusal:
+        verdict = f"refused {refusal.kind.name}"
+        if refusal.kind in ARGUMENT_REFUSALS:
+            skip = f"{verdict} (argument shape)"
+    if skip:
+        rep.skipped[skip] += 1
+        return None
+    accepted = verdict == "accepted"
     p = plan(s, name, args, result)
     if name == "reset_prefix_cache" and result is False:
         verdict, accepted = "refused (blocks in use)", False
@@ -233,7 +218,6 @@ def check_call(run: Run, s: PoolState, interp: Interp, memo: dict[tuple[Any, ...
             rep.add(Disagreement(case, s, described(call, verdict), "z3 enables every step: "
                                  + " ; ".join(show_step(st, a) for st, a in p.steps)))
         return None
-    assert nxt is not None
     if not ok:
         st, a = p.steps[done]
         rep.add(Disagreement(case, s, described(call, verdict), f"z3 precondition of step {done + 1} "

@@ -235,9 +235,8 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
             after = nxt.copy()
             after.holds[x] = other
             yield Altered(
-
                 "content of unheld block changed", "content_changes_only_through_holders", after, result,
-                   nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
+                nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
     shared = [x for x in range(1, s.num_blocks) if s.holders[x] >= 2 and lst.holders[x] >= 2]
     if shared and len(steps) == 1:
         x = shared[run.turn % len(shared)]
@@ -249,9 +248,8 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
         after = nxt.copy()
         after.holds[x] = lost
         yield Altered(
-
             "a shared block's content replaced", "shared_content_only_grows", after, result, nxt.out,
-               (abstract(d, before), abstract(d, after), largs, lrem, lsto), None, before)
+            (abstract(d, before), abstract(d, after), largs, lrem, lsto), None, before)
     if name in EVICTIONS and lname == "evict" and s.primary[largs[0]] is not None:
         b = largs[0]
         p = s.primary[b]
@@ -261,9 +259,8 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
         after.index[p.key] = (*after.index.get(p.key, ()), b)
         after.names.setdefault(p.key, s.names[p.key])
         yield Altered(
-
             "evicted block keeps its primary entry", "evicted_blocks_leave_the_index", after, result,
-               nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
+            nxt.out, (lst, abstract(d, after), largs, lrem, lsto), None)
     if s.events_on and name != "emit_cached_block_events":
         live = sorted((k, b) for k, b in s.announced
                       if (k, b) in nxt.announced and (d.key_id[k], b) in lst.live
@@ -272,10 +269,9 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
             k, b = live[run.turn % len(live)]
             extra = Stored((k[0],), None, (), 1, None, None, None, k[1], s.medium, None)
             yield Altered(
-
                 "a Stored of a live entry", "event_announcements_match_index", nxt, result,
-                   Output([*nxt.out.events, extra], nxt.out.fired, nxt.out.told),
-                   (lst, None, largs, lrem, lsto | {(d.key_id[k], b)}), None)
+                Output([*nxt.out.events, extra], nxt.out.fired, nxt.out.told),
+                (lst, None, largs, lrem, lsto | {(d.key_id[k], b)}), None)
         touched = {(ev.hash, ev.group) for ev in nxt.out.events if isinstance(ev, Removed)}
         touched |= {(h, ev.group) for ev in nxt.out.events if isinstance(ev, Stored) for h in ev.hashes}
         dead = [k for k in d.keys if k not in touched and k not in nxt.index
@@ -283,17 +279,15 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
         if dead:
             k = dead[run.turn % len(dead)]
             yield Altered(
-
                 "a Removed of a key never announced", "event_removals_name_live_keys", nxt, result,
-                   Output([*nxt.out.events, Removed(k[0], k[1], s.medium)], nxt.out.fired, nxt.out.told),
-                   (lst, None, largs, lrem | {(d.key_id[k], 1)}, lsto), None)
+                Output([*nxt.out.events, Removed(k[0], k[1], s.medium)], nxt.out.fired, nxt.out.told),
+                (lst, None, largs, lrem | {(d.key_id[k], 1)}, lsto), None)
     if name == "reset_prefix_cache" and result is True:
         after = nxt.copy()
         after.watchers = {1: bmc.watcher_a}
         yield Altered(
-
             "a watcher kept by the reset", "reset_needs_an_idle_pool", after, result, nxt.out,
-               (lst, abstract(d, after), largs, lrem, lsto), None)
+            (lst, abstract(d, after), largs, lrem, lsto), None)
     yield from _refused_on_purpose(run, s, nxt, result, call, steps)
     if queue:
         q, qp, qname, qargs = queue[-1]
@@ -305,9 +299,8 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
             pos = list(qp.pos)
             pos[x], pos[y] = pos[y], pos[x]
             yield Altered(
-
                 "two queued blocks swapped", "queue_keeps_relative_order", after, result, nxt.out, same,
-                   (q, qp._replace(pos=tuple(pos)), qname, qargs))
+                (q, qp._replace(pos=tuple(pos)), qname, qargs))
         arrived = [b for b in range(s.num_blocks) if qp.free[b] and not q.free[b]]
         if arrived and len(nxt.free) >= 2:
             x = arrived[-1]
@@ -320,16 +313,14 @@ def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call
             pos = list(qp.pos)
             pos[x] = moved
             yield Altered(
-
                 "a freed block at the other end", "queue_follows_eviction_policy", after, result, nxt.out,
-                   same, (q, qp._replace(pos=tuple(pos), lo=min(qp.lo, moved), hi=max(qp.hi, moved + 1)),
-                          qname, qargs))
+                same, (q, qp._replace(pos=tuple(pos), lo=min(qp.lo, moved), hi=max(qp.hi, moved + 1)),
+                       qname, qargs))
         if name == "get_new_blocks" and len(queue) == 1 and len(s.free) >= 2:
             second = s.free.members()[1]
             after = nxt.copy()
             after.free = Queue(b for b in s.free if b != second)
             alloc = run.compiled.queue["alloc"]
             yield Altered(
-
                 "the second queued block handed out", "allocation_takes_queue_head", after, [second],
-                   nxt.out, same, (q, alloc.post(q, second), "alloc", (second,)))
+                nxt.out, same, (q, alloc.post(q, second), "alloc", (second,)))

@@ -48,8 +48,14 @@ def _guarded(plain: Callable[..., Any], kleene: Callable[..., Any], what: str) -
     return run
 
 
-def _function(name: str, params: str, comp: Compiler, body: str) -> list[str]:
-    return [f"def {name}({params}):", *comp.generated(body), f"    return {body}", ""]
+def _scalar(term: Expr) -> Callable[[Compiler], str]:
+    """The body that computes ``term``'s value."""
+    return lambda c: c.scalar(term, []).text
+
+
+def _bind(names: dict[str, str], args: Sequence[Expr], params: Sequence[str]) -> None:
+    """Name each argument constant by its parameter."""
+    names.update({a.decl().name(): p for a, p in zip(args, params, strict=True)})
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,8 @@ def compile_terms(d: Carriers, names: Mapping[str, str], params: Sequence[str],
     for fn, body in bodies.items():
         for mode in ("plain", "kleene"):
             comp = Compiler(names, d, kleene=mode == "kleene")
-            lines += _function(f"{fn}_{mode}", sig, comp, body(comp))
+            text = body(comp)
+            lines += [f"def {fn}_{mode}({sig}):", *comp.generated(text), f"    return {text}", ""]
     src = "\n".join(lines)
     ns = {**namespace(d), **(extra or {})}
     exec(compile(src, f"<{label}>", "exec"), ns)
@@ -91,7 +98,7 @@ def compile_predicate(d: Carriers, pred: Callable[[SymState], Expr], name: str =
     """A state predicate (an invariant of :mod:`.invariants`) as a Python function of an :class:`Interp`."""
     s = SymState.fresh("eval")
     term = pred(s)
-    fns, src = compile_terms(d, _state_names(s), FIELDS, {"pred": lambda c: c.scalar(term, []).text},
+    fns, src = compile_terms(d, _state_names(s), FIELDS, {"pred": _scalar(term)},
                              f"predicate {name or pred.__name__}")
     guarded = fns["pred"]
 
@@ -113,8 +120,7 @@ def compile_step(d: Carriers, spec: StepSpec) -> Compiled:
     names = _state_names(s)
     args = spec.fresh_args("_eval")
     params = [f"a_{n}" for n, _sort in spec.args]
-    for a, p in zip(args, params, strict=True):
-        names[a.decl().name()] = p
+    _bind(names, args, params)
     st = spec.fn(s, *args)
 
     def post(comp: Compiler) -> str:
@@ -122,19 +128,11 @@ def compile_step(d: Carriers, spec: StepSpec) -> Compiled:
         return ("(_Interp(" + ",\n                    ".join(fields) + "),\n"
                 f"            {_built(comp, st.removed)},\n            {_built(comp, st.stored)})")
 
-    fns, src = compile_terms(d, names, [*FIELDS, *params],
-                             {"pre": lambda c: c.scalar(st.pre, []).text, "post": post},
+    fns, src = compile_terms(d, names, [*FIELDS, *params], {"pre": _scalar(st.pre), "post": post},
                              f"step {spec.name}", {"_Interp": Interp})
     pre_fn, post_fn = fns["pre"], fns["post"]
-
-    def run_pre(state: Interp, *a: Any) -> bool:
-        return bool(pre_fn(*state, *a))
-
-    def run_post(state: Interp, *a: Any) -> tuple[Interp, frozenset[tuple[int, int]],
-                                                  frozenset[tuple[int, int]]]:
-        out: tuple[Interp, frozenset[tuple[int, int]], frozenset[tuple[int, int]]] = post_fn(*state, *a)
-        return out
-    return Compiled(spec.name, run_pre, run_post, src)
+    return Compiled(spec.name, lambda state, *a: bool(pre_fn(*state, *a)),
+                    lambda state, *a: post_fn(*state, *a), src)
 
 
 def compile_claim(d: Carriers, spec: StepSpec, claim: Callable[..., Expr], label: str) -> Callable[..., bool]:
@@ -145,8 +143,7 @@ def compile_claim(d: Carriers, spec: StepSpec, claim: Callable[..., Expr], label
     names = {**_state_names(s), **{getattr(p, f).decl().name(): f"p_{f}" for f in FIELDS}}
     args = spec.fresh_args("_evalc")
     params = [f"a_{n}" for n, _sort in spec.args]
-    for a, q in zip(args, params, strict=True):
-        names[a.decl().name()] = q
+    _bind(names, args, params)
     entries = z3.ArraySort(KeySort, Block, z3.BoolSort())
     pre, removed, stored = (z3.Bool("eval.claim.pre"), z3.Const("eval.claim.removed", entries),
                             z3.Const("eval.claim.stored", entries))
@@ -154,12 +151,9 @@ def compile_claim(d: Carriers, spec: StepSpec, claim: Callable[..., Expr], label
                   "eval.claim.stored": "c_stored"})
     term = claim(s, args, SymStep(pre, p, removed, stored))
     fns, _ = compile_terms(d, names, [*FIELDS, *(f"p_{f}" for f in FIELDS), *params, "c_pre", "c_removed",
-                                      "c_stored"], {"claim": lambda c: c.scalar(term, []).text}, label)
+                                      "c_stored"], {"claim": _scalar(term)}, label)
     fn = fns["claim"]
-
-    def run(state: Interp, post: Interp, *a: Any) -> bool:
-        return bool(fn(*state, *post, *a))
-    return run
+    return lambda state, post, *a: bool(fn(*state, *post, *a))
 
 
 def _queue_names(s: QState, prefix: str = "") -> dict[str, str]:
@@ -184,8 +178,7 @@ def compile_queue_step(d: Carriers, name: str, fn: Callable[..., Any],
     names = {**_queue_names(s), **_queue_names(p, "p_")}
     args = [z3.Const(f"{a}_evalq", sort) for a, sort in sorts]
     params = [f"a_{a}" for a, _sort in sorts]
-    for a, q in zip(args, params, strict=True):
-        names[a.decl().name()] = q
+    _bind(names, args, params)
     st = fn(s, *args)
     mine = list(QInterp._fields)
     theirs = [f"p_{f}" for f in mine]
@@ -193,22 +186,15 @@ def compile_queue_step(d: Carriers, name: str, fn: Callable[..., Any],
     def post(comp: Compiler) -> str:
         return "_QInterp(" + ", ".join(_built(comp, getattr(st.post, f)) for f in mine) + ")"
 
-    bodies: dict[str, Callable[[Compiler], str]] = {
-        "pre": lambda c: c.scalar(st.pre, []).text, "post": post}
-    fns, _ = compile_terms(d, names, [*mine, *params], bodies, f"queue step {name}", {"_QInterp": QInterp})
-    terms = {prop: claim(name, s, p, args) for prop, claim in properties.items()}
-    def body(term: Expr) -> Callable[[Compiler], str]:
-        return lambda c: c.scalar(term, []).text
-
+    fns, _ = compile_terms(d, names, [*mine, *params], {"pre": _scalar(st.pre), "post": post},
+                           f"queue step {name}", {"_QInterp": QInterp})
+    terms = [claim(name, s, p, args) for claim in properties.values()]
     claims, _ = compile_terms(d, names, [*mine, *theirs, *params],
-                              {f"c{i}": body(t) for i, t in enumerate(terms.values())},
-                              f"order claims of {name}")
+                              {f"c{i}": _scalar(t) for i, t in enumerate(terms)}, f"order claims of {name}")
     pre_fn, post_fn = fns["pre"], fns["post"]
-    by_name = dict(zip(terms, claims.values(), strict=True))
 
-    def run_claim(prop: str) -> Callable[..., bool]:
-        c = by_name[prop]
+    def run_claim(c: Callable[..., Any]) -> Callable[..., bool]:
         return lambda q, qp, *a: bool(c(*q, *qp, *a))
 
     return CompiledQueue(name, lambda q, *a: bool(pre_fn(*q, *a)), lambda q, *a: post_fn(*q, *a),
-                         {prop: run_claim(prop) for prop in terms})
+                         {prop: run_claim(c) for prop, c in zip(properties, claims.values(), strict=True)})

@@ -36,10 +36,6 @@ class Compiler:
         """Closed subterms, each computed at most once per call: (local name, source)."""
         self.hoisted: dict[int, tuple[Expr, Src]] = {}
 
-    def binders_needed(self, e: Expr) -> int:
-        """How many enclosing binders ``e``'s free variables reach (0: ``e`` is closed)."""
-        return max(self.free_vars(e), default=-1) + 1
-
     def atomic(self, e: Expr) -> bool:
         """Cheap enough to recompute: a constant, or a field read at constant indices."""
         if not z3.is_app(e) or e.num_args() == 0:
@@ -156,7 +152,6 @@ class Compiler:
             return Arr(sel_ite, lambda: f"({a.build()} if {c.text} else {b.build()})")
         raise Unsupported(f"array operation {e.decl()} in {e}")
 
-
     def free_vars(self, e: Expr) -> frozenset[int]:
         """The de Bruijn indices free in ``e``."""
         key = e.get_id()
@@ -173,7 +168,6 @@ class Compiler:
             out = frozenset()
         self.fv[key] = (e, out)
         return out
-
 
     # ---- scalars
 
@@ -203,9 +197,9 @@ class Compiler:
 
     def scalar(self, e: Expr, env: list[Src]) -> Src:
         if z3.is_var(e):
-            found: Src = env[len(env) - 1 - z3.get_var_index(e)]
+            found: Src = env[len(env) - 1 - z3.get_var_index(e)]  # z3's index is untyped
             return found
-        if self.atomic(e) or self.binders_needed(e) > 0:
+        if self.atomic(e) or self.free_vars(e):  # cheap, or reads an enclosing binder
             return self.scalar_here(e, env)
         # A closed subterm means the same wherever it occurs: compute it once per
         # call, when first needed (so short-circuits still skip it).
@@ -243,10 +237,8 @@ class Compiler:
             return Src(f"{'all' if e.is_forall() else 'any'}({body.text} {loops})", True, body.risky)
         if z3.is_int_value(e):
             return Src(str(e.as_long()), True)
-        if z3.is_true(e):
-            return Src("True", True)
-        if z3.is_false(e):
-            return Src("False", True)
+        if z3.is_true(e) or z3.is_false(e):
+            return Src(str(z3.is_true(e)), True)
         if not z3.is_app(e):
             raise Unsupported(f"term {e}")
         kind = e.decl().kind()
@@ -260,9 +252,7 @@ class Compiler:
             if not args:
                 if name not in self.names:
                     raise Unsupported(f"free constant {e}")
-                p = self.names[name]
-                # the scalar fields are always defined; step arguments too
-                return Src(p, True)
+                return Src(self.names[name], True)  # the scalar fields are always defined; step arguments too
             if name == "prefix" and len(args) == 2:
                 a, b = (self.scalar(x, env) for x in args)
                 return Src(f"_PREFIX[{self.strict(a)}][{self.strict(b)}]", True,

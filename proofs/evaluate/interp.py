@@ -92,9 +92,6 @@ def abstract(d: Carriers, s: PoolState) -> Interp:
     kid, cid = d.key_id, d.content_id
     free = set(s.free)
     n = s.num_blocks
-    names: list[int | None] = [None] * len(d.keys)
-    for k, c in s.names.items():
-        names[kid[k]] = cid[c]
     return Interp(
         ref=tuple(s.ref),
         free=tuple(b in free for b in range(n)),
@@ -105,13 +102,21 @@ def abstract(d: Carriers, s: PoolState) -> Interp:
         idx=frozenset((kid[k], b) for k, bs in s.index.items() for b in bs),
         watched=tuple(b in s.watchers for b in range(n)),
         holds=tuple(cid[c] for c in s.holds),
-        names=tuple(names),
+        names=names_of(d, s),
         holders=tuple(s.holders),
         live=frozenset((kid[k], b) for k, b in s.announced),
         events=s.events_on,
         caching=s.caching,
         hbs=s.hash_block_size,
     )
+
+
+def names_of(d: Carriers, s: PoolState) -> tuple[int | None, ...]:
+    """The content each key names (``None``: the model names none)."""
+    names: list[int | None] = [None] * len(d.keys)
+    for k, c in s.names.items():
+        names[d.key_id[k]] = d.content_id[c]
+    return tuple(names)
 
 
 class QInterp(NamedTuple):
