@@ -41,17 +41,10 @@ def closure(dom: dict[str, list[Expr]], s: SymState, terms: list[Expr]) -> list[
     named = [NULL, EMPTY, *terms]
     named += [s.pkey[b] for b in blocks] + [s.holds[b] for b in blocks]
     named += [s.names[k] for k in keys]
-    out = []
-    for t in named:
-        sort = t.sort()
-        if str(sort) in dom:
-            out.append(z3.Or(*[t == e for e in dom[str(sort)]]))
-    return out
+    return [z3.Or(*[t == e for e in dom[str(t.sort())]]) for t in named if str(t.sort()) in dom]
 
 
-def ground(
-    e: Expr, dom: dict[str, list[Expr]], memo: dict[int, tuple[Expr, Expr]] | None = None,
-) -> Expr:
+def ground(e: Expr, dom: dict[str, list[Expr]], memo: dict[int, tuple[Expr, Expr]] | None = None) -> Expr:
     """``e`` with every ForAll/Exists over a finite sort expanded over ``dom``.
 
     Lambdas are left alone: in this package they are closed array terms.
@@ -65,10 +58,8 @@ def ground(
     out = e
     if z3.is_quantifier(e) and not e.is_lambda():
         sorts = [str(e.var_sort(i)) for i in range(e.num_vars())]
-        insts = [
-            ground(z3.substitute_vars(e.body(), *reversed(vals)), dom, memo)
-            for vals in itertools.product(*[dom[s] for s in sorts])
-        ]
+        insts = [ground(z3.substitute_vars(e.body(), *reversed(vals)), dom, memo)
+                 for vals in itertools.product(*[dom[s] for s in sorts])]
         out = z3.And(*insts) if e.is_forall() else z3.Or(*insts)
     elif z3.is_app(e) and e.num_args() > 0:
         kids = [ground(c, dom, memo) for c in e.children()]

@@ -15,8 +15,12 @@ def short(k: Key) -> str:
     return f"{k[0].hex()[:6]}/g{k[1]}"
 
 
+def _tokens(c: Any) -> str:
+    return "".join(str(t) for chunk in c for t in chunk[0])
+
+
 def show_tokens(c: Any) -> str:
-    return "<" + "".join(str(t) for chunk in c for t in chunk[0]) + ">"
+    return f"<{_tokens(c)}>"
 
 
 def show_state(s: PoolState, labels: Mapping[Key, str] | None = None) -> str:
@@ -48,9 +52,7 @@ def show_state(s: PoolState, labels: Mapping[Key, str] | None = None) -> str:
 
 
 def show_content(d: Carriers, c: int | None) -> str:
-    if c is None:
-        return "undefined"
-    return "".join(str(t) for chunk in d.contents[c] for t in chunk[0]) or "()"
+    return "undefined" if c is None else _tokens(d.contents[c]) or "()"
 
 
 def show_pairs(d: Carriers, f: str, pairs: frozenset[tuple[int, int]]) -> str:
@@ -66,15 +68,11 @@ def described(call: bmc.Call, verdict: str) -> str:
 
 
 def show_step(step: str, args: tuple[Any, ...]) -> str:
-    shown = []
-    for v in args:
-        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], bytes):
-            shown.append(short(v))
-        elif isinstance(v, tuple):
-            shown.append("<" + "".join(str(t) for chunk in v for t in chunk[0]) + ">")
-        else:
-            shown.append(repr(v))
-    return f"{step}({', '.join(shown)})"
+    def one(v: Any) -> str:
+        if isinstance(v, tuple):
+            return short(v) if len(v) == 2 and isinstance(v[0], bytes) else show_tokens(v)
+        return repr(v)
+    return f"{step}({', '.join(map(one, args))})"
 
 
 def show_bool(v: bool | None) -> str:

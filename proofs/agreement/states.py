@@ -26,18 +26,12 @@ def unfaithful(s: PoolState) -> list[str]:
     have no order, no duplicates, no empty lists; ``names`` is total; block
     ids are the sort's elements.
     """
-    out = []
-    if not all(s.index.values()):
-        out.append("an index key maps to an empty list")
-    if any(len(set(bs)) != len(bs) for bs in s.index.values()):
-        out.append("an index entry is repeated")
-    if any(len(set(ks)) != len(ks) for ks in s.secondary):
-        out.append("a secondary key is repeated")
-    if any(k not in s.names for k in s.index):
-        out.append("an index key names no prefix")
-    if any(not 0 <= b < s.num_blocks for b in s.watchers):
-        out.append("a watcher sits on no block of the pool")
-    return out
+    reasons = ((not all(s.index.values()), "an index key maps to an empty list"),
+               (any(len(set(bs)) != len(bs) for bs in s.index.values()), "an index entry is repeated"),
+               (any(len(set(ks)) != len(ks) for ks in s.secondary), "a secondary key is repeated"),
+               (any(k not in s.names for k in s.index), "an index key names no prefix"),
+               (any(not 0 <= b < s.num_blocks for b in s.watchers), "a watcher sits on no block of the pool"))
+    return [why for lost, why in reasons if lost]
 
 
 def check_state(run: Run, s: PoolState, interp: Interp, what: str) -> None:
@@ -52,10 +46,9 @@ def check_state(run: Run, s: PoolState, interp: Interp, what: str) -> None:
             got: bool | None = pred(interp)
         except Undetermined:
             got = None
-        if lost:
-            # The encoding forgets what makes s unfaithful: it can only be weaker.
+        if lost:  # the encoding forgets what makes s unfaithful: it can only be weaker
             if want and got is not True:
-                run.report.add(Disagreement(
+                rep.add(Disagreement(
                     f"invariant/{name}", s, what,
                     f"{name}: the model holds it on a state the encoding cannot represent "
                     f"({'; '.join(lost)}), but z3's form is {show_bool(got)} there"))

@@ -18,43 +18,12 @@ states), :mod:`.search` (the search), :mod:`.printing` (a violating trace);
 
 from __future__ import annotations
 
-from .domains import (
-    TOKENS,
-    WATCHERS,
-    Action,
-    Bounds,
-    Call,
-    Request,
-    calls,
-    watcher_a,
-    watcher_b,
-)
+from .domains import TOKENS, WATCHERS, Action, Bounds, Call, Request, calls, watcher_a, watcher_b
 from .printing import describe, format_trace, key_labels, show_arg
 from .search import Outcome, PartFigures, apply_call, explore, merge_parts
 from .symmetry import canonical, orbit_key, renamings_of, state_digest, state_key
 
-__all__ = [
-    "TOKENS",
-    "WATCHERS",
-    "Action",
-    "Bounds",
-    "Call",
-    "Outcome",
-    "PartFigures",
-    "Request",
-    "apply_call",
-    "calls",
-    "canonical",
-    "describe",
-    "explore",
-    "format_trace",
-    "key_labels",
-    "merge_parts",
-    "orbit_key",
-    "renamings_of",
-    "show_arg",
-    "state_digest",
-    "state_key",
-    "watcher_a",
-    "watcher_b",
-]
+__all__ = ["TOKENS", "WATCHERS", "Action", "Bounds", "Call", "Outcome", "PartFigures", "Request",
+           "apply_call", "calls", "canonical", "describe", "explore", "format_trace", "key_labels",
+           "merge_parts", "orbit_key", "renamings_of", "show_arg", "state_digest", "state_key",
+           "watcher_a", "watcher_b"]

@@ -32,19 +32,18 @@ from dataclasses import dataclass, field
 from types import FrameType, ModuleType
 from typing import Any
 
-from kvpool.model import OPERATIONS, ContractBroken, Refusal, RefusalKind
+from kvpool.model import OPERATIONS, ContractBroken, Refusal
 from kvpool.model import contracts as model_contracts
 from kvpool.model import guards as model_guards
 from kvpool.model import pool as model_pool
 from kvpool.model.state import PoolState
 
 from .domains import Bounds, calls, scope_of
+from .misuse import ARGUMENT_SHAPE
 from .printing import show_arg
 
 TRACED: tuple[ModuleType, ...] = (model_guards, model_contracts, model_pool)
 """The modules whose branches count: each operation's guard, its contracts, its update."""
-ARGUMENT_SHAPE = (RefusalKind.INVALID_ARGUMENT, RefusalKind.UNKNOWN_BLOCK)
-
 Branch = tuple[str, int, int]
 """(file name, line that decides, line it went to; 0: the function ended there)."""
 

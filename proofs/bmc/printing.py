@@ -95,5 +95,3 @@ def format_trace(out: Outcome, cfg: Bounds = DEFAULT) -> str:
     if out.trace:
         lines.append(f"   invariants broken in the last state: {violated(out.trace[-1].after) or 'none'}")
     return "\n".join(lines)
-
-

@@ -92,7 +92,7 @@ def apply_call(actions: Mapping[str, Action], s: PoolState, call: Call) -> Trans
         return _apply_declared(op, s, args)
     left = s.copy()
     try:
-        nxt, result = (actions.get(name) or CALLER_ACTIONS[name])(left, *args)
+        nxt, result = act(left, *args)
     except ContractBroken:
         return None  # outside the specification: no successor to check
     except Refusal as e:
@@ -233,5 +233,3 @@ def merge_parts(parts: list[PartFigures]) -> tuple[int, int]:
     first = parts[0]
     return (first.prefix_states + len(beyond),
             first.prefix_transitions + sum(p.owned_transitions for p in parts) + sum(beyond.values()))
-
-

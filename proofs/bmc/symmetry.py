@@ -31,26 +31,20 @@ def canonical(s: PoolState) -> tuple[Any, ...]:
     )
 
 
-_CONTENT_IDS: dict[Content, int] = {}
+def state_digest(key: Any) -> bytes:
+    """Eight bytes naming a state's key (:func:`orbit_key` or :func:`canonical`), the same in
+    every process: how the shards of one search tell which states they share."""
+    return hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
 
 
+@functools.cache
 def _content_id(c: Content) -> int:
     """A number per ghost content, so block signatures sort (contents may hold ``None``).
 
     A digest of the content, not a counter: every process gives a content the same
     number, so a state has the same key in every shard of a sharded search.
     """
-    got = _CONTENT_IDS.get(c)
-    if got is None:
-        got = _CONTENT_IDS[c] = int.from_bytes(
-            hashlib.blake2b(repr(c).encode(), digest_size=8).digest(), "big")
-    return got
-
-
-def state_digest(key: Any) -> bytes:
-    """Eight bytes naming a state's key (:func:`orbit_key` or :func:`canonical`), the same in
-    every process: how the shards of one search tell which states they share."""
-    return hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(state_digest(c), "big")
 
 
 Renaming = tuple[dict[int, int], dict[str, str]]
@@ -137,7 +131,6 @@ def _key_renamer(gmap: tuple[tuple[int, int], ...]) -> Callable[[Key], Key]:
         return k[0], table.get(k[1], k[1])
 
     return rename
-
 
 
 def state_key(cfg: Bounds) -> Callable[[PoolState], tuple[Any, ...]]:

@@ -4,7 +4,7 @@ looping over what can make its body true, not over every tuple of its carriers (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import z3  # type: ignore[import-untyped]
@@ -113,20 +113,25 @@ def plan(comp: Compiler, body: Expr, vs: list[str], sorts: list[z3.SortRef], env
         out.append(" ".join(clauses))
     return out
 
+def _pins(pending: list[Expr], n: int) -> Iterator[tuple[Expr, int, Expr]]:
+    """Each literal ``x == t`` of ``pending`` with ``x`` one of the binder's ``n`` variables, either
+    way round: (the literal, ``x``'s position, ``t``)."""
+    for c in pending:
+        if z3.is_eq(c) and not z3.is_bool(c.arg(0)):
+            for x, t in ((c.arg(0), c.arg(1)), (c.arg(1), c.arg(0))):
+                if z3.is_var(x) and z3.get_var_index(x) < n:
+                    yield c, n - 1 - z3.get_var_index(x), t
+
+
 def next_loop(comp: Compiler, pending: list[Expr], n: int, bound: set[int], sorts: list[z3.SortRef],
               ours: Callable[[Expr], set[int]]) -> int:
     """The variable to loop over: one whose value then pins another, else a block."""
     free = sorted(set(range(n)) - bound, key=lambda p: (not sorts[p].eq(Block), p))
     for p in free:
-        for c in pending:
-            if not z3.is_eq(c) or z3.is_bool(c.arg(0)):
-                continue
-            for x, t in ((c.arg(0), c.arg(1)), (c.arg(1), c.arg(0))):
-                if (z3.is_var(x) and z3.get_var_index(x) < n
-                        and n - 1 - z3.get_var_index(x) not in bound | {p}
-                        and ours(t) <= bound | {p}):
-                    return p
+        if any(x not in bound | {p} and ours(t) <= bound | {p} for _c, x, t in _pins(pending, n)):
+            return p
     return free[0]
+
 
 def generator(comp: Compiler, pending: list[Expr], n: int, bound: set[int], vs: list[str],
               inner: list[Src], ours: Callable[[Expr], set[int]]
@@ -153,12 +158,7 @@ def generator(comp: Compiler, pending: list[Expr], n: int, bound: set[int], vs: 
                 checks.append(f"if {tmp} == {comp.strict(comp.scalar(i, inner))}")
         text = f"for ({', '.join(targets)}) in {comp.array(arr, inner[:len(inner) - n]).build()}"
         return " ".join([text, *checks]), newly, c
-    for c in pending:  # x == t with t over bound variables: x is t
-        if not z3.is_eq(c) or z3.is_bool(c.arg(0)):
-            continue
-        for x, t in ((c.arg(0), c.arg(1)), (c.arg(1), c.arg(0))):
-            if z3.is_var(x) and z3.get_var_index(x) < n:
-                p = n - 1 - z3.get_var_index(x)
-                if p not in bound and ours(t) <= bound:
-                    return f"for {vs[p]} in ({comp.strict(comp.scalar(t, inner))},)", {p}, c
+    for c, p, t in _pins(pending, n):  # x == t with t over bound variables: x is t
+        if p not in bound and ours(t) <= bound:
+            return f"for {vs[p]} in ({comp.strict(comp.scalar(t, inner))},)", {p}, c
     return None
