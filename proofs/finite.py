@@ -19,12 +19,10 @@ import z3  # type: ignore[import-untyped]
 
 from .symbolic import EMPTY, NULL, Block, Content, Expr, KeySort, SymState
 
-FINITE_SORTS = (Block, KeySort, Content)
-
 
 def domain(n: int) -> dict[str, list[Expr]]:
     """``n`` fresh elements per finite sort, by sort name."""
-    return {str(s): [z3.Const(f"scope.{s}.{i}", s) for i in range(n)] for s in FINITE_SORTS}
+    return {str(s): [z3.Const(f"scope.{s}.{i}", s) for i in range(n)] for s in (Block, KeySort, Content)}
 
 
 def closure(dom: dict[str, list[Expr]], s: SymState, terms: list[Expr]) -> list[Expr]:

@@ -13,7 +13,7 @@ from kvpool.model.state import Key, PoolState
 from .. import bmc
 from ..evaluate.interp import Carriers, Interp, abstract, names_of
 from ..symbolic import Block
-from ..transitions import STEPS, StepSpec
+from ..transitions import STEPS
 from .properties import Plan, check_properties, check_queue
 from .report import Disagreement, Run
 from .scope import ARGUMENT_REFUSALS, BATCH_CONTRACTS, concrete_args
@@ -32,18 +32,9 @@ def plan(s: PoolState, name: str, args: Sequence[Any], result: Any) -> Plan:
     return op.split(s, result, *op.bind(args))
 
 
-def _block_arg(spec: StepSpec) -> int | None:
-    """Where a step's block argument ``b`` is (the block whose entries its events name)."""
-    return next((i for i, (arg, sort) in enumerate(spec.args) if arg == "b" and sort.eq(Block)), None)
-
-
-_BLOCK_ARG = {name: _block_arg(spec) for name, spec in STEPS.items()}
-
-
-def _step_block(step: str, args: tuple[Any, ...]) -> int | None:
-    """The block a step processes, if any."""
-    at = _BLOCK_ARG.get(step)
-    return None if at is None else int(args[at])
+_BLOCK_ARG = {name: next((i for i, (a, sort) in enumerate(spec.args) if a == "b" and sort.eq(Block)), None)
+              for name, spec in STEPS.items()}
+"""Per step, where its block argument ``b`` is (the block whose entries its events name)."""
 
 
 Entries = set[tuple[int, int]]
@@ -63,7 +54,7 @@ def event_entries(call: str, p: Plan, before: PoolState, after: PoolState, event
     ``_insert_block_hash`` publishes nothing: its caller announces the entry,
     which the model's ghost ``announced`` gains.
     """
-    blocks = [_step_block(st, a) for st, a in p.steps]
+    blocks = [None if (at := _BLOCK_ARG.get(st)) is None else int(a[at]) for st, a in p.steps]
     removed: list[Entries] = [set() for _ in p.steps]
     stored: list[Entries] = [set() for _ in p.steps]
     lost: list[str] = []

@@ -128,20 +128,15 @@ def check_properties(run: Run, s: PoolState, nxt: PoolState, result: Any, call: 
     transitions made wrong on purpose.
 
     Reachable calls keep every property, so each accepted call (one in ``perturb`` of them,
-    rotating) is also altered in ways that break one property in the model (:func:`_altered`: a
-    block nobody holds given other content, a shared block's content replaced, an evicted block
-    left indexed, a ``Stored`` of a live entry, a ``Removed`` of a key nobody announced, two
-    queued blocks swapped, a freed block at the other end, the second queued block handed out,
-    a watcher kept by a reset, a reset or an allocation refused where it must succeed, a block
-    cached again at a prefix as long), and, for a call of one z3 step, its next state is perturbed as
-    the states are (:func:`.states.perturbations`; on one in ``perturb`` of the altered calls,
-    one in ``perturb`` of the perturbations, rotating so that every kind comes round; the
-    unfaithful ones and those that edit the announcements alone left out).  On each, every
-    property z3 states is compared with the model's (the queue-order ones on the alterations
-    made for them: the z3 three divide the order per step, the model's per call, and their
-    conjunctions agree where the queue does): a property true in one and false in the other is
-    a disagreement, whichever is false, so a z3 property weaker than the model's by any
-    conjunct an alteration breaks is caught.
+    rotating) is also altered in ways that break one property in the model (:func:`_altered`),
+    and, for a call of one z3 step, its next state is perturbed as the states are
+    (:func:`.states.perturbations`; on one in ``perturb`` of the altered calls, one in ``perturb``
+    of the perturbations, rotating so that every kind comes round; the unfaithful ones and those
+    that edit the announcements alone left out).  On each, every property z3 states is compared
+    with the model's (the queue-order ones on the alterations made for them: the z3 three divide
+    the order per step, the model's per call, and their conjunctions agree where the queue does):
+    a property true in one and false in the other is a disagreement, whichever is false, so a z3
+    property weaker than the model's by any conjunct an alteration breaks is caught.
     """
     name, args = call
     op = OPERATIONS[name]
@@ -223,6 +218,7 @@ def _refused_on_purpose(run: Run, s: PoolState, nxt: PoolState, result: Any, cal
 
 def _altered(run: Run, s: PoolState, nxt: PoolState, result: Any, call: bmc.Call, steps: StepRun,
              queue: QueueRun) -> Iterator[Altered]:
+    """The call made wrong, one property at a time; each alteration's label says how."""
     d = run.compiled.domain
     name = call[0]
     lname, lst, _post, largs, lrem, lsto = steps[-1]

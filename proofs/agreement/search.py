@@ -28,14 +28,13 @@ def check(cfg: bmc.Bounds, depth: int, seconds: float = 3600.0, *, perturb: int 
           start: PoolState | None = None, first: bool = False) -> Report:
     """Check the encoding on every state the BMC keeps up to ``depth`` and every call it makes.
 
-    The search is :func:`kvpool.proofs.bmc.explore`'s (same calls, same
-    symmetry reduction, same states), without its property checks: each
-    kept state's predicates are compared, and those of one in ``perturb`` of
-    its perturbations (rotating, so that consecutive states get different
+    The search is :func:`kvpool.proofs.bmc.explore`'s (same calls, same symmetry reduction, same
+    states), without its property checks: each kept state's predicates are compared, and those of
+    one in ``perturb`` of its perturbations (rotating, so that consecutive states get different
     ones; 0: none); each call from a state above the last level is compared.
-    ``steps``/``predicates``/``properties``/``queue`` replace compiled terms
-    by name (seeded encoding bugs); ``start`` replaces the initial state (a focused check).  Stops
-    after ``seconds``, or with ``first`` at the first disagreement (``complete`` is then false).
+    ``steps``/``predicates``/``properties``/``queue`` replace compiled terms by name (seeded
+    encoding bugs); ``start`` replaces the initial state (a focused check).  Stops after
+    ``seconds``, or with ``first`` at the first disagreement (``complete`` is then false).
     """
     watch = Stopwatch()
     compiled = compile_all(domain_of(cfg), steps, predicates, properties, queue)

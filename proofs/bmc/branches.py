@@ -50,14 +50,9 @@ Branch = tuple[str, int, int]
 
 def decision_lines(module: ModuleType) -> frozenset[int]:
     """The lines of ``module`` whose next line depends on a test: ``if``/``elif``, loop heads."""
-    tree = ast.parse(inspect.getsource(module))
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If | ast.While):
-            out.add(node.test.lineno)
-        elif isinstance(node, ast.For):
-            out.add(node.lineno)
-    return frozenset(out)
+    return frozenset(node.test.lineno if isinstance(node, ast.If | ast.While) else node.lineno
+                     for node in ast.walk(ast.parse(inspect.getsource(module)))
+                     if isinstance(node, ast.If | ast.While | ast.For))
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Canonical states: one representative per class of states that differ only by names.
 
-The model, the argument domains and every checked property treat the real
-blocks, the two groups and the two watchers alike, so a renamed state has
-the renamed successors and the same verdicts: the search keeps one state per
-class (:func:`orbit_key`) and explores them all.
+The model, the argument domains (every id and pair of ids, both groups, both watchers) and
+every checked property treat the real blocks, the two groups and the two watchers alike (none
+compares or orders them), so a renamed state has the renamed successors and the same verdicts:
+the search keeps one state per class (:func:`orbit_key`) and explores them all.
 """
 
 from __future__ import annotations
@@ -70,15 +70,9 @@ def orbit_key(s: PoolState, renamings: Sequence[Renaming] = ()) -> tuple[Any, ..
     renaming leaves every signature as it is, so two states share a key
     exactly when one is a renaming of the other.  With ``renamings`` (group
     and watcher renamings, see :func:`renamings_of`) the key is the least over
-    them, so states that differ by one of those too share a key.
-
-    Why it is sound: the model, the argument domains (every id and pair of
-    ids, both groups, both watchers) and every checked property treat the
-    real blocks, the groups and the watchers alike (none compares or orders
-    them), so a renamed state has the renamed successors and the same
-    verdicts: exploring one state per key explores them all.  The free queue
-    orders the blocks in it, so block renaming mostly merges states whose
-    in-use blocks differ; group renaming halves the hashed states.
+    them, so states that differ by one of those too share a key (sound: see the module
+    docstring).  The free queue orders the blocks in it, so block renaming mostly merges
+    states whose in-use blocks differ; group renaming halves the hashed states.
     """
     n = s.num_blocks
     places: list[list[int]] = [[] for _ in range(n)]

@@ -76,11 +76,8 @@ class Compiled:
 def compile_terms(d: Carriers, names: Mapping[str, str], params: Sequence[str],
                   bodies: Mapping[str, Callable[[Compiler], str]], label: str,
                   extra: Mapping[str, Any] | None = None) -> tuple[dict[str, Callable[..., Any]], str]:
-    """Each body (Python source made by a compiler over ``names``) as a function of ``params``.
-
-    Each is compiled twice, plain and in Kleene's logic; the plain form runs first and the
-    Kleene form decides where it meets an undefined cell (:func:`_guarded`).
-    """
+    """Each body (Python source made by a compiler over ``names``) as a function of ``params``,
+    compiled plain and in Kleene's logic (:func:`_guarded`)."""
     sig = ", ".join(params)
     lines = []
     for fn, body in bodies.items():
@@ -147,8 +144,7 @@ def compile_claim(d: Carriers, spec: StepSpec, claim: Callable[..., Expr], label
     entries = z3.ArraySort(KeySort, Block, z3.BoolSort())
     pre, removed, stored = (z3.Bool("eval.claim.pre"), z3.Const("eval.claim.removed", entries),
                             z3.Const("eval.claim.stored", entries))
-    names.update({"eval.claim.pre": "c_pre", "eval.claim.removed": "c_removed",
-                  "eval.claim.stored": "c_stored"})
+    _bind(names, [pre, removed, stored], ["c_pre", "c_removed", "c_stored"])
     term = claim(s, args, SymStep(pre, p, removed, stored))
     fns, _ = compile_terms(d, names, [*FIELDS, *(f"p_{f}" for f in FIELDS), *params, "c_pre", "c_removed",
                                       "c_stored"], {"claim": _scalar(term)}, label)
