@@ -3,11 +3,12 @@ perturbations of them (states near a reached one where the model's predicates fa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from kvpool.model.state import NULL, Key, PoolState, Primary, Queue
+from kvpool.model.request import Content
+from kvpool.model.state import NULL, PoolState, Primary, Queue
 
 from .. import bmc
 from ..evaluate.interp import Carriers, Interp
@@ -64,16 +65,6 @@ def check_state(run: Run, s: PoolState, interp: Interp, what: str) -> None:
 # Perturbations: states near a reached one where the model's predicates fail.
 
 
-def _with_index(index: Mapping[Key, tuple[int, ...]], k: Key,
-                blocks: tuple[int, ...]) -> dict[Key, tuple[int, ...]]:
-    out = dict(index)
-    if blocks:
-        out[k] = blocks
-    else:
-        out.pop(k, None)
-    return out
-
-
 def perturbations(s: PoolState, d: Carriers, turn: int) -> Iterator[tuple[str, PoolState]]:
     """Small edits of ``s``, each labelled, that break (or keep) some invariant.
 
@@ -91,22 +82,24 @@ def perturbations(s: PoolState, d: Carriers, turn: int) -> Iterator[tuple[str, P
     hashed = [x for x in range(n) if s.primary[x] is not None]
     hbs = s.hash_block_size
 
+    def other(c: Content, by: int = 1 + turn) -> Content:
+        """The content ``by`` places after ``c`` in the domain's order."""
+        return contents[(contents.index(c) + by) % len(contents)]
+
     if entries:
         kk, bb = entries[turn % len(entries)]
+        kept = tuple(x for x in s.index[kk] if x != bb)
         yield "an index entry dropped", replace(
-            s, index=_with_index(s.index, kk, tuple(x for x in s.index[kk] if x != bb)))
+            s, index={**s.index, kk: kept} if kept else {x: v for x, v in s.index.items() if x != kk})
         yield "an index entry repeated", replace(s, index={**s.index, kk: (*s.index[kk], bb)})
         yield "an index key with an empty list", replace(s, index={**s.index, kk: ()})
         yield "an announcement dropped", replace(s, announced=s.announced - {(kk, bb)})
         if kk in s.names:
-            names = dict(s.names)
-            del names[kk]
-            yield "an indexed key's name forgotten", replace(s, names=names)
-            other = contents[(contents.index(s.names[kk]) + 1 + turn) % len(contents)]
-            yield "an indexed key names another prefix", replace(s, names={**s.names, kk: other})
+            yield "an indexed key's name forgotten", replace(
+                s, names={x: c for x, c in s.names.items() if x != kk})
+            yield "an indexed key names another prefix", replace(s, names={**s.names, kk: other(s.names[kk])})
             yield "an indexed block holds another prefix", replace(
-                s, holds=_set(s.holds, bb, contents[(contents.index(s.holds[bb]) + 1 + turn)
-                                                      % len(contents)]))
+                s, holds=_set(s.holds, bb, other(s.holds[bb])))
     for x in (b, NULL):
         if x not in s.index.get(k, ()):
             yield f"block {x} indexed under a key it does not have", replace(
@@ -136,12 +129,10 @@ def perturbations(s: PoolState, d: Carriers, turn: int) -> Iterator[tuple[str, P
         x = inuse[turn % len(inuse)]
         yield f"hashed block {x} idle but not queued", replace(
             s, ref=_set(s.ref, x, 0), holders=_set(s.holders, x, 0))
-    yield f"block {b} holds another prefix", replace(
-        s, holds=_set(s.holds, b, contents[(contents.index(s.holds[b]) + 1 + turn) % len(contents)]))
+    yield f"block {b} holds another prefix", replace(s, holds=_set(s.holds, b, other(s.holds[b])))
     if named:
         kk = named[turn % len(named)]
-        other = contents[(contents.index(s.names[kk]) + 1) % len(contents)]
-        yield "a key names another prefix", replace(s, names={**s.names, kk: other})
+        yield "a key names another prefix", replace(s, names={**s.names, kk: other(s.names[kk], 1)})
     for x in hashed:
         p = s.primary[x]
         assert p is not None
