@@ -54,8 +54,7 @@ def describe(step: Transition, labels: Mapping[Key, str]) -> list[str]:
         return prim + "".join(f" +{lab(k)}" for k in s.secondary[i])
 
     out: list[str] = []
-    refs = [f"{i}: {x}->{y}" for i, (x, y) in enumerate(zip(a.ref, b.ref, strict=True)) if x != y]
-    if refs:
+    if refs := [f"{i}: {x}->{y}" for i, (x, y) in enumerate(zip(a.ref, b.ref, strict=True)) if x != y]:
         out.append("ref " + ", ".join(refs))
     if tuple(a.free) != tuple(b.free):
         out.append(f"free queue {list(a.free)} -> {list(b.free)}")
@@ -72,11 +71,9 @@ def describe(step: Transition, labels: Mapping[Key, str]) -> list[str]:
         wa = {k: show_arg(v) for k, v in a.watchers.items()}
         wb = {k: show_arg(v) for k, v in b.watchers.items()}
         out.append(f"watchers {wa} -> {wb}")
-    evs = [_event(e, labels) for e in step.out.events]
-    if evs:
+    if evs := [_event(e, labels) for e in step.out.events]:
         out.append("events " + "; ".join(evs))
-    fired = [f"{show_arg(w)}({blk})" for w, blk in step.out.fired]
-    if fired:
+    if fired := [f"{show_arg(w)}({blk})" for w, blk in step.out.fired]:
         out.append("fired " + ", ".join(fired))
     return out or ["(no change)"]
 

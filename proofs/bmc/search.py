@@ -162,10 +162,8 @@ def explore(
 
     def trace_to(last: Transition) -> list[Transition]:
         out = [last]
-        p = parent[key(last.before)]
-        while p is not None:
+        while (p := parent[key(out[-1].before)]) is not None:
             out.append(p)
-            p = parent[key(p.before)]
         return out[::-1]
 
     def select(level: int, frontier: list[PoolState]) -> list[PoolState]:
