@@ -186,13 +186,16 @@ class Sequencer:
         """The replay socket's end marker: what it no longer had of the hole asked for is gone.
 
         An answer that had the hole's first batch and yet did not bring it lost it on the way (vLLM
-        0.31's ROUTER drops what exceeds its high-water mark): it is asked again, a few times.
+        0.31's ROUTER drops what exceeds its high-water mark): it is asked again, a few times in a row
+        without progress (a slow reader gets a part of each answer; a long hole takes many).
         """
         if self.asked is None:
             return []
         start = 0 if self.expected is None else self.expected
         gone = self.asked_until if self.answered is None else min(self.asked_until, self.answered - 1)
         if self.held and min(self.held) > start and gone < start:  # it had the hole's start
+            if start > self.asked:  # it brought part of the hole: the rest is a hole of its own
+                self.retries = 0
             if self.retries < 3:
                 self.retries += 1
                 return self._ask(start)
