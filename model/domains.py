@@ -47,7 +47,7 @@ def free_blocks(s: PoolState, scope: Scope) -> Iterator[Args]:
 
 
 def single_lists(s: PoolState, scope: Scope) -> Iterator[Args]:
-    """``evict_blocks``: one block at a time."""
+    """One block at a time, as a list (``free_blocks``' first half; ``evict_blocks`` derives the same)."""
     yield from (([b],) for b in _ids(s))
 
 

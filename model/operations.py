@@ -240,9 +240,11 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
 
 def _callable(op: Operation) -> Callable[..., Any]:
     """``op`` as a function of a state and its arguments: ``(state, result)``, a query's result alone."""
+    query = op.role == "query"
+
     def call(s: PoolState, *args: Any, **kwargs: Any) -> Any:
         result = op.run(s, op.bind(args, kwargs))
-        return result if op.role == "query" else (s, result)
+        return result if query else (s, result)
 
     call.__name__ = call.__qualname__ = op.next.__name__
     call.__doc__ = op.next.__doc__
