@@ -119,8 +119,11 @@ def _next_interp(d: Carriers, before: PoolState, base: Interp, after: PoolState)
         return abstract(d, after)
     kid, cid = d.key_id, d.content_id
     n = after.num_blocks
-    queued = set(after.free)
-    free = base.free if after.free == before.free else tuple(b in queued for b in range(n))
+    if after.free == before.free:
+        free = base.free
+    else:
+        queued = set(after.free)
+        free = tuple(b in queued for b in range(n))
     if after.primary == before.primary:
         prim, pkey, ptok = base.prim, base.pkey, base.ptok
     else:

@@ -68,6 +68,8 @@ impl FreeQueue {
 
     pub fn ids(&self) -> Vec<usize> {
         let after = |&b: &usize| Some(self.next[b]).filter(|&n| n != self.sentinel);
-        std::iter::successors(after(&self.sentinel), after).collect()
+        let mut out = Vec::with_capacity(self.len);
+        out.extend(std::iter::successors(after(&self.sentinel), after));
+        out
     }
 }

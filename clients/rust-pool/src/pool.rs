@@ -90,8 +90,9 @@ impl Pool {
     fn check_releasable(&self, ids: &[usize]) -> Outcome<()> {
         let mut listed: HashMap<usize, i128> = HashMap::new();
         for &b in ids.iter().filter(|&&b| b != NULL) {
-            *listed.entry(b).or_insert(0) += 1;
-            refuse_if(listed[&b] > self.ref_cnt[b], Refusal::NotInUse)?;
+            let n = listed.entry(b).or_insert(0);
+            *n += 1;
+            refuse_if(*n > self.ref_cnt[b], Refusal::NotInUse)?;
         }
         Ok(())
     }

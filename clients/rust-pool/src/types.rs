@@ -109,9 +109,32 @@ impl Bugs {
     ];
 
     pub fn plant(&mut self, name: &str) -> bool {
-        let flags = [&mut self.cached_to_head, &mut self.dup_listing_once, &mut self.mask_ignored,
-                     &mut self.mm_absolute_offset, &mut self.promote_keeps_partial, &mut self.group_blind,
-                     &mut self.reset_forgets_watchers, &mut self.null_hashed];  // in the order of NAMES
-        Self::NAMES.iter().zip(flags).find(|(n, _)| **n == name).map(|(_, flag)| *flag = true).is_some()
+        let flag = match name {
+            "cached-to-head" => &mut self.cached_to_head,
+            "dup-listing-once" => &mut self.dup_listing_once,
+            "mask-ignored" => &mut self.mask_ignored,
+            "mm-absolute-offset" => &mut self.mm_absolute_offset,
+            "promote-keeps-partial" => &mut self.promote_keeps_partial,
+            "group-blind" => &mut self.group_blind,
+            "reset-forgets-watchers" => &mut self.reset_forgets_watchers,
+            "null-hashed" => &mut self.null_hashed,
+            _ => return false,
+        };
+        *flag = true;
+        true
+    }
+
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bugs;
+
+    #[test]
+    fn every_bug_named_in_the_usage_can_be_planted() {
+        for name in Bugs::NAMES {
+            assert!(Bugs::default().plant(name), "{}", name);
+        }
+        assert!(!Bugs::default().plant("no-such-bug"));
     }
 }
