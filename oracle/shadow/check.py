@@ -20,7 +20,6 @@ import functools
 import itertools
 import json
 import logging
-import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -448,7 +447,7 @@ def _request(fields: dict[str, Any]) -> Request:
 
 def pid_totals() -> dict[str, Any]:
     """This process's totals, as JSON."""
-    return {**TOTALS.to_json(), "pid": os.getpid(), "cpu": time.process_time()}
+    return {**TOTALS.to_json(), "cpu": time.process_time()}
 
 
 __all__ = ["Checker", "PoolCheck", "pid_totals"]

@@ -375,7 +375,11 @@ class LlmdRouter(Profile):
         if not self.explains:
             return
         self.added[rk] = (self.seq, why, hashes)
-        self.groups_of.setdefault(rk, set()).add(group)
+        groups = self.groups_of.get(rk)
+        if groups is None:
+            self.groups_of[rk] = {group}
+        else:
+            groups.add(group)
         self.removed.pop(rk, None)
 
     def _evict(self, h: int, entry: Entry, group: int, pos: Position) -> None:
