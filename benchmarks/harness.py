@@ -1,5 +1,5 @@
 """What the benchmarks share: kvpool from the checkout when not installed, their command line,
-best-of-N timing, resident memory and the target verdicts.
+resident memory and the target verdicts.
 
 A benchmark imports it after putting its own folder on ``sys.path`` (``python -P`` leaves it off).
 """
@@ -7,11 +7,8 @@ A benchmark imports it after putting its own folder on ``sys.path`` (``python -P
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +28,6 @@ def parser(doc: str | None, **options: Any) -> argparse.ArgumentParser:
         else:
             ap.add_argument(flag, type=type(default), default=default, help=help)
     return ap
-
-
-def best(run: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter_ns,
-         collect: bool = False) -> float:
-    """The shortest of ``repeat`` timings of ``run()``, in ``clock``'s unit (``collect``: a garbage
-    collection before each, untimed)."""
-    shortest = float("inf")
-    for _ in range(repeat):
-        if collect:
-            gc.collect()
-        start = clock()
-        run()
-        shortest = min(shortest, clock() - start)
-    return shortest
 
 
 def rss_mib(pid: int | str = "self") -> float:

@@ -80,8 +80,10 @@ def child(args: argparse.Namespace) -> int:
         if cls is None:
             raise SystemExit(f"no {args.child} pool here")
         runs = bind(trace, fresh(cls))
-    counts = {op: [sum(len(a) for o, _m, a in runs if o == op), sum(o == op for o, _m, _a in runs)]
-              for op in OPS}  # calls, runs
+    counts = {op: [0, 0] for op in OPS}  # calls, runs
+    for op, _method, arglist in runs:
+        counts[op][0] += len(arglist)
+        counts[op][1] += 1
     Path(args.counts).write_text(json.dumps(counts))
     gc.collect()
     gc.disable()

@@ -246,7 +246,9 @@ def measure(workload: Workload, args: argparse.Namespace, pools: dict[str, Calla
         rounds.append(this)
 
     calls = Counter(op for op, _n, _name, _args in trace)
-    blocks = Counter({op: sum(n for o, n, _name, _args in trace if o == op) for op in calls})
+    blocks: Counter[str] = Counter()
+    for op, n, _name, _args in trace:
+        blocks[op] += n
     ops = [op for op in OPS if calls[op]]
     runs_of = Counter(op for op, _method, _arglist in bind(trace, pools[names[0]](nblocks, True, BLOCK_SIZE)))
     # The clock is read around each run, and around each take_events alone (see replay).

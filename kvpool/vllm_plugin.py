@@ -180,7 +180,7 @@ def uninstall() -> None:
         shadowed, base = _installed.pop("shadowed"), _installed.pop("shadowed_base")
         _installed.pop("shadow_rebound")
         _rebind(shadowed, base)
-        _reparent(_installed.pop("shadow_reparented"), shadowed, base)
+        _reparent(_installed.pop("shadow_reparented"), shadowed, base)  # any whose module is gone
         if "original" not in _installed:
             return
     # lazy: runs inside every vLLM process; loads only what the chosen mode needs
@@ -188,10 +188,8 @@ def uninstall() -> None:
     from kvpool.impl.events import use_event_classes
 
     original = _installed["original"]
-    for mod, _name, attr, value in _vllm_names():
-        if value is BlockPool:
-            setattr(mod, attr, original)
-    _reparent(_installed["reparented"], BlockPool, original)
+    _rebind(BlockPool, original)
+    _reparent(_installed["reparented"], BlockPool, original)  # any whose module is gone
     use_event_classes(*_installed["events"])
     _installed.clear()
 

@@ -17,7 +17,7 @@ from typing import Any
 from kvpool import __version__
 
 from . import check
-from .usage import fail
+from .usage import command_parser, fail
 
 # Subcommands whose module parses its own arguments: name -> (module, function, help).
 DELEGATED: dict[str, tuple[str, str, str]] = {
@@ -53,17 +53,13 @@ DELEGATED: dict[str, tuple[str, str, str]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvpool",
-        description=(
-            "A verified reference implementation of vLLM's KV-cache block pool.\n"
-            "kvpool.impl is the pool, kvpool.model its executable specification."
-        ),
-        epilog="examples:\n  kvpool verify --junit verify.xml --report out/\n"
-               "  kvpool conform --impl my_engine.block_pool:BlockPool\n"
-               "  kvpool check --steps 20000 --seed 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(
+        "kvpool",
+        "A verified reference implementation of vLLM's KV-cache block pool.\n"
+        "kvpool.impl is the pool, kvpool.model its executable specification.",
+        "examples:\n  kvpool verify --junit verify.xml --report out/\n"
+        "  kvpool conform --impl my_engine.block_pool:BlockPool\n"
+        "  kvpool check --steps 20000 --seed 1")
     parser.add_argument("--version", action="version", version=f"kvpool {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, _function, summary) in DELEGATED.items():

@@ -12,6 +12,7 @@ written; reported in one line.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -20,15 +21,15 @@ from typing import Any, TextIO
 from kvpool.verify import summary, write_outputs
 from kvpool.verify.merge import CONFORM_SCHEMA, MergeError, conform_junit, merge
 
-from .usage import UsageError, UsageParser, check_writable, fail
+from .usage import UsageError, check_writable, command_parser, fail
 
 
-def parser() -> UsageParser:
-    p = UsageParser(prog="kvpool merge",
-                    description="Join the --json results of kvpool verify --shard I/N (or kvpool conform\n"
-                                "--shard I/N), one per shard, into the result of one run.",
-                    epilog="example:\n  kvpool merge shard-1.json shard-2.json --json verify.json "
-                           "--junit verify.xml --report out/")
+def parser() -> argparse.ArgumentParser:
+    p = command_parser("kvpool merge",
+                       "Join the --json results of kvpool verify --shard I/N (or kvpool conform\n"
+                       "--shard I/N), one per shard, into the result of one run.",
+                       "example:\n  kvpool merge shard-1.json shard-2.json --json verify.json "
+                       "--junit verify.xml --report out/", raises=True)
     p.add_argument("files", nargs="+", metavar="FILE", help="a shard's --json result")
     p.add_argument("--json", metavar="FILE", help="write the merged result document")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML of the merged result")

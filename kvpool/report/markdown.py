@@ -59,7 +59,8 @@ def _code(s: str, in_table: bool = False) -> str:
 
 def _fence(text: str) -> str:
     """A fenced block longer than any backtick run inside, so the text cannot close it."""
-    return f"{_ticks(text, 3)}\n{text.rstrip()}\n{_ticks(text, 3)}"
+    ticks = _ticks(text, 3)
+    return f"{ticks}\n{text.rstrip()}\n{ticks}"
 
 
 class Markdown(e.Renderer):

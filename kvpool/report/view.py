@@ -219,9 +219,11 @@ def _proof_links(cells: ProofCells, failing: Failing) -> dict[tuple[str, str], s
     """Failure anchors by (column, invariant), matched on the case id's path segments."""
     out: dict[tuple[str, str], str] = {}
     for i, (phase, case) in enumerate(failing, 1):
+        if phase != "proofs":
+            continue
         segs = set(str(case.get("id", "")).split("/"))
         for col, inv, _r in cells:
-            if phase == "proofs" and col in segs and inv in segs:
+            if col in segs and inv in segs:
                 out.setdefault((col, inv), f"failure-{i}")
     return out
 

@@ -365,7 +365,8 @@ def legal_case() -> Case:
 def part_json(part: Any) -> dict[str, Any]:
     """A BMC part's figures; ``beyond`` packed as base64 of zlib'd (8-byte digest, 4-byte calls) rows."""
     rows = b"".join(d + made.to_bytes(4, "big") for d, made in sorted(part.beyond.items()))
-    return {**asdict(part), "index": part.index + 1,
+    figures = {f.name: getattr(part, f.name) for f in fields(part) if f.name != "beyond"}  # no copy of it
+    return {**figures, "index": part.index + 1,
             "beyond": base64.b64encode(zlib.compress(rows, 6)).decode("ascii")}
 
 
