@@ -80,15 +80,23 @@ def run_solver(facts: list[Expr], timeout_ms: int) -> tuple[str, float, str]:
     return "unsat", took, ""
 
 
-def refuted(facts: list[Expr], timeout_ms: int) -> Result:
-    """``proven`` iff ``facts`` (a negated goal, as they are) are unsatisfiable."""
-    verdict, took, detail = run_solver(facts, timeout_ms)
+def refuted(solved: tuple[str, float, str]) -> Result:
+    """A negated goal's solver outcome: ``proven`` iff it is unsatisfiable."""
+    verdict, took, detail = solved
     return Result({"unsat": PROVEN, "sat": COUNTEREXAMPLE}.get(verdict, UNKNOWN), took, detail)
+
+
+def witnessed(solved: tuple[str, float, str]) -> Result:
+    """A precondition's solver outcome: ``proven`` iff some state meets it (a proof about it is not
+    vacuous); ``counterexample`` if none does."""
+    verdict, took, detail = solved
+    return Result({"sat": PROVEN, "unsat": COUNTEREXAMPLE}.get(verdict, UNKNOWN), took,
+                  detail if verdict != "sat" else "")
 
 
 def _refute(assertions: list[Expr], timeout_ms: int) -> Result:
     """``proven`` iff ``assertions`` (a negated goal) and the prefix axioms are unsatisfiable."""
-    return refuted([*prefix_axioms(), *assertions], timeout_ms)
+    return refuted(_solve(assertions, timeout_ms))
 
 
 def in_scope(solved: tuple[str, float, str]) -> Result:
@@ -176,9 +184,7 @@ def check_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     """
     s = SymState.fresh("s")
     st = STEPS[step].fn(s, *STEPS[step].fresh_args())
-    verdict, took, detail = _solve([config_ok(s), inv(s), st.pre], timeout_ms)
-    status = {"sat": PROVEN, "unsat": COUNTEREXAMPLE}.get(verdict, UNKNOWN)
-    return Result(status, took, detail if verdict != "sat" else "")
+    return witnessed(_solve([config_ok(s), inv(s), st.pre], timeout_ms))
 
 
 def matrix(timeout_ms: int = TIMEOUT_MS) -> dict[str, dict[str, Result]]:

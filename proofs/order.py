@@ -48,7 +48,7 @@ from kvpool.model.state import PoolState
 
 from .concrete import _sat
 from .finite import ground
-from .inductive import COUNTEREXAMPLE, PROVEN, TIMEOUT_MS, UNKNOWN, Result, in_scope, refuted, run_solver
+from .inductive import TIMEOUT_MS, Result, in_scope, refuted, run_solver, witnessed
 from .symbolic import NULL, Block, Expr
 
 _x = z3.Const("bound.qx", Block)
@@ -291,13 +291,13 @@ def _negated_goal(step: str | QSpec, prop: str) -> tuple[list[Expr], list[Expr]]
 
 def check_order(step: str, prop: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     """Well-formed queue ∧ Pre ∧ Step ⇒ property, for one step and one property."""
-    return refuted(_negated_goal(step, prop)[0], timeout_ms)
+    return refuted(run_solver(_negated_goal(step, prop)[0], timeout_ms))
 
 
 def check_order_initial(timeout_ms: int = TIMEOUT_MS) -> Result:
     """The initial queue, whatever its size and order, is well formed."""
     s = initial()
-    return refuted([initial_facts(s), z3.Not(well_formed(s))], timeout_ms)
+    return refuted(run_solver([initial_facts(s), z3.Not(well_formed(s))], timeout_ms))
 
 
 def check_order_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
@@ -305,8 +305,7 @@ def check_order_enabled(step: str, timeout_ms: int = TIMEOUT_MS) -> Result:
     fn, sorts = QSTEPS[step]
     s = QState.fresh("q")
     st = fn(s, *[z3.Const(f"{a}.q", sort) for a, sort in sorts])
-    verdict, took, _ = run_solver([well_formed(s), st.pre], timeout_ms)
-    return Result({"sat": PROVEN, "unsat": COUNTEREXAMPLE}.get(verdict, UNKNOWN), took)
+    return witnessed(run_solver([well_formed(s), st.pre], timeout_ms))
 
 
 def order_matrix(timeout_ms: int = TIMEOUT_MS) -> dict[str, dict[str, Result]]:
